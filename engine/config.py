@@ -1,0 +1,89 @@
+"""Engine configuration: one frozen dataclass, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class Role(str, Enum):
+    """What the engine does with a request once its prompt is computed."""
+
+    COLOCATED = "colocated"  # prefill and decode in one engine
+    PREFILL = "prefill"  # finish after token 1, keep blocks pinned until released
+    DECODE = "decode"  # admits requests whose KV was filled from outside
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name not in _DTYPES.values():
+            raise ValueError(f"dtype {name} is not supported (float32, bfloat16, float16)")
+        return name
+    try:
+        return _DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(
+            f"dtype {name!r} is not supported; use one of {sorted(set(_DTYPES))}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Static engine settings. Runtime-discovered numbers (block count) live in engine state."""
+
+    model_dir: Path
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    role: Role = Role.COLOCATED
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: size from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # token budget per step
+    max_model_len: int | None = None  # None: model's max_position_embeddings
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"  # auto | torch | triton
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_dir", Path(self.model_dir))
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        object.__setattr__(self, "role", Role(self.role))
+        if not str(self.device).startswith(("cpu", "cuda")):
+            raise ValueError(f"device {self.device!r} is not supported (cpu, cuda, cuda:N)")
+        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} asked for, but CUDA is not available")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"EngineConfig.num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_gb <= 0:
+            raise ValueError(
+                f"EngineConfig.kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}"
+            )
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"EngineConfig.attention_backend must be auto, torch or triton, "
+                f"got {self.attention_backend!r}"
+            )
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
+            if self.max_model_len > self.max_num_batched_tokens:
+                raise ValueError(
+                    "without chunked prefill, max_num_batched_tokens "
+                    f"({self.max_num_batched_tokens}) must be >= max_model_len "
+                    f"({self.max_model_len})"
+                )

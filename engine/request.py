@@ -1,0 +1,75 @@
+"""Request state shared by the scheduler (integers) and the engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"  # queued, no blocks (new or preempted)
+    RUNNING = "running"  # has blocks, being computed or decoded
+    PINNED = "pinned"  # prefill role: first token out, blocks held until released
+    FINISHED = "finished"
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS or a stop token
+    LENGTH = "length"  # max_tokens or context length reached
+    ABORT = "abort"  # cancelled by the caller
+    PREFILLED = "prefilled"  # prefill role: first token produced, KV handed off
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence. Token ids only; the scheduler and block manager own the integer fields."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    max_model_len: int = 2048
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = 0  # of those, found in the prefix cache at admission
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id}: prompt_token_ids is empty")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def check_stop(self) -> FinishReason | None:
+        """Stop reason after the latest appended token, or None to continue."""
+        last = self.output_token_ids[-1]
+        if not self.params.ignore_eos and last in self.eos_token_ids:
+            return FinishReason.STOP
+        if last in self.params.stop_token_ids:
+            return FinishReason.STOP
+        if len(self.output_token_ids) >= self.params.max_tokens:
+            return FinishReason.LENGTH
+        if self.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None

@@ -1,0 +1,31 @@
+"""Shared fixtures. Triton runs in interpreter mode on machines without a GPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+if not os.environ.get("TRITON_INTERPRET"):
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+    except ImportError:
+        pass
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The default model as a HF directory, pulled once through the project's own code.
+
+    SPLITSERVE_TEST_MODEL_DIR points at an already converted copy to skip the pull.
+    """
+    override = os.environ.get("SPLITSERVE_TEST_MODEL_DIR")
+    if override:
+        return Path(override)
+    from cluster.models import ensure_model
+
+    return ensure_model("smollm2")
