@@ -1,1 +1,46 @@
+"""The inference engine: Llama-family model over a paged KV cache, continuous batching.
 
+`from engine import LLM, SamplingParams`. Names load lazily so that importing one engine
+module (say engine.config) does not load the model code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig, Role
+    from engine.engine import LLMEngine
+    from engine.llm import LLM
+    from engine.outputs import GenerationOutput, StepOutput, TokenLogprob
+    from engine.sampling_params import SamplingParams
+
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "LLMEngine": "engine.engine",
+    "EngineConfig": "engine.config",
+    "Role": "engine.config",
+    "SamplingParams": "engine.sampling_params",
+    "GenerationOutput": "engine.outputs",
+    "StepOutput": "engine.outputs",
+    "TokenLogprob": "engine.outputs",
+}
+
+__all__ = [
+    "LLM",
+    "EngineConfig",
+    "GenerationOutput",
+    "LLMEngine",
+    "Role",
+    "SamplingParams",
+    "StepOutput",
+    "TokenLogprob",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,116 @@
+"""What every benchmark shares: same-run hardware limits, JSON output, model FLOP counts."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path("bench/results")
+
+
+def matmul_peak_gflops(
+    dtype: torch.dtype = torch.float32, n: int = 2048, seconds: float = 2.0, device: str = "cpu"
+) -> float:
+    """Best achieved GFLOP/s of a square matmul: the compute limit of this run."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    for _ in range(2):
+        a @ b
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        _sync(device)
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def memcpy_gbps(nbytes: int, repeats: int = 5, device: str = "cpu") -> float:
+    """Best single-process copy bandwidth of `nbytes` (read + write counted once)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers a FLOP count needs, read from a HF config.json."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ModelShape:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        heads = cfg["num_attention_heads"]
+        return cls(
+            hidden=cfg["hidden_size"],
+            intermediate=cfg["intermediate_size"],
+            layers=cfg["num_hidden_layers"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab=cfg["vocab_size"],
+        )
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of the linear layers of one decoder layer."""
+        q_o = 2 * self.hidden * self.heads * self.head_dim
+        kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        return q_o + kv + 3 * self.hidden * self.intermediate
+
+    def sequence_flops(self, prompt_len: int, new_tokens: int) -> float:
+        """FLOPs to prefill `prompt_len` tokens and decode `new_tokens` (the first from prefill).
+
+        Linear layers: 2 per weight per token; attention: 4 * heads * head_dim per
+        (query, key) pair; lm_head only on the positions that are sampled.
+        """
+        computed = prompt_len + new_tokens - 1  # the last sampled token is never fed back
+        linear = 2 * self.layers * self.layer_params * computed
+        pairs = sum(p + 1 for p in range(computed))  # causal (query, key) pairs
+        attention = 4 * self.layers * self.heads * self.head_dim * pairs
+        lm_head = 2 * self.hidden * self.vocab * new_tokens
+        return float(linear + attention + lm_head)
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

@@ -1,0 +1,187 @@
+"""Offline throughput of the engine against the same-run matmul peak (and, optionally, HF).
+
+    python -m bench.offline [--model smollm2] [--compare-hf] [--out bench/results/offline.json]
+
+Workload: N requests with prompt lengths uniform in [min_len, max_len] (seeded random token
+ids), a fixed number of output tokens each, ignore_eos, greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from bench.common import RESULTS_DIR, ModelShape, environment, matmul_peak_gflops, write_json
+
+
+def make_workload(n: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Stay clear of the special tokens at the start of the vocabulary.
+    return [
+        [rng.randrange(100, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)
+    ]
+
+
+def run_engine(
+    model_dir: Path, prompts: list[list[int]], new_tokens: int, dtype: str, device: str, budget: int
+) -> dict[str, Any]:
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    max_len = max(len(p) for p in prompts) + new_tokens
+    blocks = len(prompts) * (-(-max_len // 16)) + 16
+    engine = LLMEngine(
+        EngineConfig(
+            model_dir=model_dir,
+            dtype=dtype,
+            device=device,
+            num_kv_blocks=blocks,
+            max_num_seqs=len(prompts),
+            max_num_batched_tokens=budget,
+        )
+    )
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"bench-{i}", p, params)
+    bar = tqdm(total=len(prompts) * new_tokens, desc="engine", unit="tok", file=sys.stderr)
+    start = time.perf_counter()
+    generated = 0
+    while engine.has_unfinished():
+        n = len(engine.step())
+        generated += n
+        bar.update(n)
+    elapsed = time.perf_counter() - start
+    bar.close()
+    return {"seconds": elapsed, "generated_tokens": generated, "steps": engine.counters.steps}
+
+
+def run_hf(
+    model_dir: Path, prompts: list[list[int]], new_tokens: int, dtype: str
+) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from engine.config import parse_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=parse_dtype(dtype)).eval()
+    width = max(len(p) for p in prompts)
+    pad = 0
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding, as generate expects for decoder-only models
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    print("transformers: batched generate ...", file=sys.stderr)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+    elapsed = time.perf_counter() - start
+    return {"seconds": elapsed, "generated_tokens": int((out.shape[1] - width) * len(prompts))}
+
+
+def summarize(
+    name: str,
+    run: dict[str, Any],
+    prompts: list[list[int]],
+    new_tokens: int,
+    shape: ModelShape,
+    peak: float,
+) -> dict[str, Any]:
+    secs = run["seconds"]
+    flops = sum(shape.sequence_flops(len(p), new_tokens) for p in prompts)
+    prompt_tokens = sum(len(p) for p in prompts)
+    gflops = flops / secs / 1e9
+    row = {
+        **run,
+        "output_tok_s": run["generated_tokens"] / secs,
+        "total_tok_s": (prompt_tokens + run["generated_tokens"]) / secs,
+        "model_gflop": flops / 1e9,
+        "achieved_gflop_s": gflops,
+        "ratio_to_matmul_peak": gflops / peak,
+    }
+    print(
+        f"{name:>13}: {secs:7.2f} s  output {row['output_tok_s']:8.1f} tok/s  total "
+        f"{row['total_tok_s']:8.1f} tok/s  {gflops:7.1f} GFLOP/s  "
+        f"ratio to peak {row['ratio_to_matmul_peak']:.3f}"
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--min-len", type=int, default=64)
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--budget", type=int, default=2048, help="max tokens per engine step")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
+    args = ap.parse_args(argv)
+
+    from cluster.models import ensure_model
+
+    model_dir = ensure_model(args.model)
+    shape = ModelShape.from_dir(model_dir)
+    prompts = make_workload(args.requests, args.min_len, args.max_len, shape.vocab, args.seed)
+    peak_dtype = torch.float32 if args.dtype in ("float32", "fp32") else torch.bfloat16
+    peak = matmul_peak_gflops(peak_dtype, device=args.device)
+    print(f"matmul peak ({peak_dtype}, {torch.get_num_threads()} threads): {peak:.1f} GFLOP/s")
+    results = {
+        "engine": summarize(
+            "splitserve",
+            run_engine(model_dir, prompts, args.new_tokens, args.dtype, args.device, args.budget),
+            prompts,
+            args.new_tokens,
+            shape,
+            peak,
+        )
+    }
+    if args.compare_hf:
+        results["transformers"] = summarize(
+            "transformers",
+            run_hf(model_dir, prompts, args.new_tokens, args.dtype),
+            prompts,
+            args.new_tokens,
+            shape,
+            peak,
+        )
+        ratio = results["transformers"]["seconds"] / results["engine"]["seconds"]
+        print(f"engine speed-up over transformers: {ratio:.2f}x")
+    write_json(
+        args.out,
+        {
+            "benchmark": "offline",
+            "workload": {
+                k: getattr(args, k)
+                for k in ("requests", "min_len", "max_len", "new_tokens", "dtype", "device", "seed")
+            },
+            "model": args.model,
+            "matmul_peak_gflop_s": peak,
+            "environment": environment(),
+            "results": results,
+        },
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

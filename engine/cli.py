@@ -1,0 +1,56 @@
+"""`splitserve generate`: offline generation with the engine, no cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompts", nargs="*", help="prompts (default: one example question)")
+    parser.add_argument("--model", default="smollm2", help="registry name or HF model directory")
+    parser.add_argument("--cache-dir", default=None, help="model cache directory")
+    parser.add_argument("--raw", action="store_true", help="no chat template")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cluster.models import resolve_model
+
+    try:
+        model_dir = resolve_model(args.model, Path(args.cache_dir) if args.cache_dir else None)
+        from engine.llm import LLM
+        from engine.sampling_params import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+        )
+        llm = LLM(model_dir, dtype=args.dtype, device=args.device)
+    except ValueError as exc:
+        print(f"splitserve: error: {exc}", file=sys.stderr)
+        return 2
+    prompts = args.prompts or ["What is the capital of France?"]
+    start = time.perf_counter()
+    if args.raw:
+        outputs = llm.generate(prompts, params)
+    else:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+    elapsed = time.perf_counter() - start
+    for prompt, out in zip(prompts, outputs, strict=True):
+        print(f"> {prompt}\n{out.text}\n")
+    n = sum(len(o.token_ids) for o in outputs)
+    print(f"[{n} tokens in {elapsed:.2f} s, {n / elapsed:.1f} tok/s]", file=sys.stderr)
+    return 0
