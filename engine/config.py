@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ _DTYPES = {
 }
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     """What the engine does with a request once its prompt is computed."""
 
     COLOCATED = "colocated"  # prefill and decode in one engine
@@ -80,10 +80,12 @@ class EngineConfig:
                 f"EngineConfig.attention_backend must be auto, torch or triton, "
                 f"got {self.attention_backend!r}"
             )
-        if not self.enable_chunked_prefill and self.max_model_len is not None:
-            if self.max_model_len > self.max_num_batched_tokens:
-                raise ValueError(
-                    "without chunked prefill, max_num_batched_tokens "
-                    f"({self.max_num_batched_tokens}) must be >= max_model_len "
-                    f"({self.max_model_len})"
-                )
+        if (
+            not self.enable_chunked_prefill
+            and self.max_model_len is not None
+            and self.max_model_len > self.max_num_batched_tokens
+        ):
+            raise ValueError(
+                "without chunked prefill, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 from engine.sampling_params import SamplingParams
 
@@ -16,7 +16,7 @@ class RequestStatus(Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     STOP = "stop"  # EOS or a stop token
     LENGTH = "length"  # max_tokens or context length reached
     ABORT = "abort"  # cancelled by the caller

@@ -23,25 +23,49 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; 0 = sampled token only; n = also top-n
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
-               f"must be an integer >= 1, got {self.max_tokens!r}")
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            "max_tokens",
+            f"must be an integer >= 1, got {self.max_tokens!r}",
+        )
         _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature!r}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
-               f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            f"must be an integer >= 0 (0 = off), got {self.top_k!r}",
+        )
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p!r}")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
-               f"must be in [-2, 2], got {self.presence_penalty!r}")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
-               f"must be in [-2, 2], got {self.frequency_penalty!r}")
-        _check(self.repetition_penalty > 0.0, "repetition_penalty",
-               f"must be > 0, got {self.repetition_penalty!r}")
-        _check(self.seed is None or isinstance(self.seed, int), "seed",
-               f"must be an integer, got {self.seed!r}")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               f"must be non-negative integers, got {self.stop_token_ids!r}")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
-               "logprobs", f"must be an integer in [0, 20], got {self.logprobs!r}")
+        _check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            f"must be in [-2, 2], got {self.presence_penalty!r}",
+        )
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            f"must be in [-2, 2], got {self.frequency_penalty!r}",
+        )
+        _check(
+            self.repetition_penalty > 0.0,
+            "repetition_penalty",
+            f"must be > 0, got {self.repetition_penalty!r}",
+        )
+        _check(
+            self.seed is None or isinstance(self.seed, int),
+            "seed",
+            f"must be an integer, got {self.seed!r}",
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            f"must be non-negative integers, got {self.stop_token_ids!r}",
+        )
+        _check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+            "logprobs",
+            f"must be an integer in [0, 20], got {self.logprobs!r}",
+        )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     @property
