@@ -1,0 +1,233 @@
+"""The wire protocol between router, prefill nodes and decode nodes.
+
+These pydantic models are the only types that cross process boundaries. Nodes deal in
+token ids only; the router owns text. Field names are a contract: add fields with defaults,
+never rename or repurpose one.
+
+Endpoints (all JSON over HTTP, `Content-Type: application/json`):
+
+- POST `/internal/prefill` (prefill nodes): `PrefillRequest` -> `PrefillResponse`
+- POST `/internal/release` (prefill nodes): `ReleaseRequest` -> `ControlResponse`
+- POST `/internal/generate` (decode and colocated nodes): `DecodeRequest` -> a stream of
+  `TokenEvent`, one JSON object per line (NDJSON, `application/x-ndjson`)
+- POST `/internal/abort` (decode and colocated nodes): `AbortRequest` -> `ControlResponse`
+- GET `/stats` (every node): -> `NodeStats`
+- GET `/health` (every node): 200 while the process serves
+
+Error answers (any endpoint, before a stream starts) carry an HTTP status and the body
+`NodeErrorResponse`: 400 for a request the node refuses (bad ids, too long), 429 or 503 when
+the node is overloaded or draining (the router tries another node), 500 for node bugs.
+Once a `/internal/generate` stream has started, a failure is sent as a final `TokenEvent`
+with `finished=true`, `finish_reason="error"` and `error` set.
+
+Release and abort are idempotent: an unknown or already finished request id answers 200
+with `done=false`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NodeRole = Literal["prefill", "decode", "colocated"]
+INTERNAL_PREFILL = "/internal/prefill"
+INTERNAL_RELEASE = "/internal/release"
+INTERNAL_GENERATE = "/internal/generate"
+INTERNAL_ABORT = "/internal/abort"
+STATS = "/stats"
+HEALTH = "/health"
+
+# finish_reason values on the wire: "stop" (EOS or a stop token id), "length" (max_tokens or
+# the context length), "abort" (cancelled through /internal/abort), "error" (see `error`).
+FINISH_REASONS = frozenset({"stop", "length", "abort", "error"})
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class SamplingSpec(_Msg):
+    """Sampling parameters; mirrors engine.sampling_params.SamplingParams field for field,
+    so a node builds `SamplingParams(**spec.model_dump())`.
+
+    `max_tokens` counts ALL output tokens of the request, including the ones a
+    `DecodeRequest` passes in `output_token_ids`. `logprobs`: None = off, 0 = the sampled
+    token only, n = also the top-n alternatives.
+    """
+
+    max_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)  # 0 = off
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class TokenLogprobMsg(_Msg):
+    """Log-probability of one sampled token; `top` holds (token_id, logprob) pairs, best first,
+    when the request asked for alternatives. Mirrors engine.outputs.TokenLogprob."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = Field(default_factory=list)
+
+
+class ErrorInfo(_Msg):
+    """Why a node refused or failed a request. `code` is a short machine-readable word
+    (e.g. "bad_request", "overloaded", "transfer_failed", "internal")."""
+
+    code: str
+    message: str
+    param: str | None = None
+
+
+class NodeErrorResponse(_Msg):
+    """Body of every non-2xx answer of a node."""
+
+    error: ErrorInfo
+
+
+class KVHandle(_Msg):
+    """Where a prefilled request's KV cache lives and for how long it is pinned.
+
+    peer_info: opaque text from kv_transfer (base64 or JSON) that lets a decode node reach the
+    prefill node's transfer agent. block_ids: the pinned blocks, in sequence order.
+    num_tokens: tokens whose KV is in those blocks (the prompt length).
+    lease_expires_at: unix time (seconds) after which the prefill node frees the blocks.
+    """
+
+    node_id: str
+    peer_info: str
+    block_ids: list[int]
+    num_tokens: int = Field(ge=0)
+    layout_fingerprint: str
+    lease_expires_at: float
+
+
+class PrefillRequest(_Msg):
+    """Router -> prefill node: compute the prompt's KV, sample token 1, pin the blocks."""
+
+    request_id: str
+    prompt_token_ids: list[int] = Field(min_length=1)
+    sampling: SamplingSpec
+
+
+class PrefillResponse(_Msg):
+    """Prefill node -> router. `finished` is true when the request ended at token 1 (EOS, a
+    stop token, or max_tokens=1); then `kv` is None and no blocks are pinned. Otherwise `kv`
+    holds the lease that the decode node (or `/internal/release`) ends."""
+
+    request_id: str
+    first_token_id: int
+    first_logprob: TokenLogprobMsg | None = None
+    finished: bool
+    finish_reason: str | None = None
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0
+    kv: KVHandle | None = None
+
+
+class ReleaseRequest(_Msg):
+    """Router -> prefill node: drop the lease of a request whose decode will not happen."""
+
+    request_id: str
+
+
+class AbortRequest(_Msg):
+    """Router -> decode node: stop generating for a request and free its blocks."""
+
+    request_id: str
+
+
+class ControlResponse(_Msg):
+    """Answer to release and abort: `done` is false when the id was unknown or finished."""
+
+    request_id: str
+    done: bool
+
+
+class DecodeRequest(_Msg):
+    """Router -> decode node: continue a request and stream its new tokens.
+
+    output_token_ids: tokens already produced (after a remote prefill: [first_token]; when
+    resuming after a node failure: every token so far; empty for a local prefill). They are
+    never streamed again. kv: the prefill node's lease; None means the decode node computes
+    the KV of prompt + output_token_ids itself.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int] = Field(min_length=1)
+    output_token_ids: list[int] = Field(default_factory=list)
+    sampling: SamplingSpec
+    kv: KVHandle | None = None
+
+
+class TokenEvent(_Msg):
+    """One line of the `/internal/generate` NDJSON stream: zero or more NEW tokens.
+
+    `logprobs` is aligned with `token_ids` when the request asked for logprobs, else None.
+    The last line has `finished=true` and a `finish_reason`. `num_cached_tokens` counts
+    prompt tokens whose KV was not computed by this node (received or prefix-cached).
+    """
+
+    token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[TokenLogprobMsg] | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: ErrorInfo | None = None
+
+
+class NodeInfo(_Msg):
+    """What a node publishes once at registration (and again on every heartbeat).
+
+    url: base URL the router calls, e.g. "http://10.0.0.5:8101". capacity: KV blocks in
+    total. started_at: unix time the process started (a restart changes it).
+    """
+
+    node_id: str
+    role: NodeRole
+    url: str
+    model: str
+    layout_fingerprint: str
+    peer_info: str = ""
+    max_model_len: int = Field(ge=1)
+    capacity: int = Field(ge=0)
+    started_at: float
+
+
+class NodeLoad(_Msg):
+    """A node's load, sent with every heartbeat. kv_usage = 1 - free_blocks / total_blocks."""
+
+    running: int = 0
+    waiting: int = 0
+    free_blocks: int = 0
+    total_blocks: int = 0
+    leases_held: int = 0
+    kv_usage: float = Field(default=0.0, ge=0.0, le=1.0)
+
+
+class NodeRecord(_Msg):
+    """The registry's value per node: info + latest load + when the node wrote it
+    (node's unix time; the router only compares it for change, never across clocks)."""
+
+    info: NodeInfo
+    load: NodeLoad = Field(default_factory=NodeLoad)
+    heartbeat_at: float
+
+
+class NodeStats(_Msg):
+    """GET /stats on a node: identity, load, and monotonically increasing counters
+    (e.g. "requests_total", "transfer_failures_total"), free-form by name."""
+
+    info: NodeInfo
+    load: NodeLoad
+    counters: dict[str, float] = Field(default_factory=dict)

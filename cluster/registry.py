@@ -1,0 +1,234 @@
+"""Cluster membership in Redis.
+
+Each node owns one key, `<namespace>:node:<node_id>`, holding a `NodeRecord` as JSON with a
+TTL. Every heartbeat rewrites the whole record (info + load) with a fresh TTL, so a node that
+stops beating disappears after `ttl_s`, and a Redis that restarted empty learns every live
+node again within one heartbeat.
+
+The router reads membership through `Membership`, which polls Redis and keeps the last known
+nodes when Redis is unreachable. `StaticMembership` serves a fixed list (tests, setups
+without Redis). Both let the router mark a node unhealthy after a connection error; the mark
+holds until the node's next heartbeat proves it alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
+
+log = logging.getLogger("splitserve.registry")
+
+DEFAULT_NAMESPACE = "splitserve"
+REDIS_ERRORS: tuple[type[BaseException], ...] = (aioredis.RedisError, OSError, TimeoutError)
+
+
+def node_key(node_id: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    return f"{namespace}:node:{node_id}"
+
+
+def connect(redis_url: str, timeout_s: float = 1.0) -> aioredis.Redis:
+    """A client that fails fast (no internal retries): the loops here retry on their own."""
+    return aioredis.Redis.from_url(
+        redis_url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+class NodeRegistry:
+    """A node's side: register, heartbeat, deregister. Each call raises on Redis errors;
+    `run_heartbeats` is the loop that tolerates them."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        ttl_s: float = 5.0,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self._redis = connect(redis_url)
+        self.ttl_s = ttl_s
+        self.namespace = namespace
+        self._info: NodeInfo | None = None
+        self._load = NodeLoad()
+
+    @property
+    def info(self) -> NodeInfo | None:
+        return self._info
+
+    async def register(self, info: NodeInfo, load: NodeLoad | None = None) -> None:
+        """Publish this node. Raises a redis error when Redis is unreachable."""
+        self._info = info
+        await self.heartbeat(load or self._load)
+
+    async def heartbeat(self, load: NodeLoad) -> None:
+        """Rewrite the full record with a fresh TTL."""
+        if self._info is None:
+            raise RuntimeError("heartbeat() before register()")
+        self._load = load
+        record = NodeRecord(info=self._info, load=load, heartbeat_at=time.time())
+        key = node_key(self._info.node_id, self.namespace)
+        await self._redis.set(key, record.model_dump_json(), px=int(self.ttl_s * 1000))
+
+    async def deregister(self) -> None:
+        """Remove this node's key (best effort: errors are logged, not raised)."""
+        if self._info is None:
+            return
+        try:
+            await self._redis.delete(node_key(self._info.node_id, self.namespace))
+        except REDIS_ERRORS as exc:
+            log.warning("deregister_failed node=%s error=%s", self._info.node_id, exc)
+
+    async def run_heartbeats(self, load_fn: Callable[[], NodeLoad], interval_s: float) -> None:
+        """Heartbeat every `interval_s` until cancelled. Redis outages are logged once and
+        survived; the first beat after one re-registers the node in full."""
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        down = False
+        while True:
+            try:
+                await self.heartbeat(load_fn())
+                if down:
+                    log.info("redis_reachable node=%s re_registered=true", self._node_id())
+                down = False
+            except REDIS_ERRORS as exc:
+                if not down:
+                    log.warning("redis_unreachable node=%s error=%s", self._node_id(), exc)
+                down = True
+            await asyncio.sleep(interval_s)
+
+    def _node_id(self) -> str:
+        return self._info.node_id if self._info else "?"
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+class StaticMembership:
+    """A node list set by the caller (`update`), with the router's unhealthy marks.
+
+    A node marked unhealthy is hidden from `nodes()` until an update brings a record with a
+    different `heartbeat_at` (a newer heartbeat) for it.
+    """
+
+    def __init__(self, records: Iterable[NodeRecord] = ()) -> None:
+        self._records: dict[str, NodeRecord] = {}
+        self._marked: dict[str, float] = {}  # node_id -> heartbeat_at seen when marked
+        self.update(records)
+
+    async def start(self) -> None:
+        """Nothing to start; `Membership` overrides this."""
+
+    async def stop(self) -> None:
+        """Nothing to stop; `Membership` overrides this."""
+
+    def update(self, records: Iterable[NodeRecord]) -> None:
+        """Replace the membership. Absent nodes are dropped; a newer heartbeat clears a mark."""
+        self._records = {r.info.node_id: r for r in records}
+        for node_id, seen in list(self._marked.items()):
+            record = self._records.get(node_id)
+            if record is None or record.heartbeat_at != seen:
+                del self._marked[node_id]
+                if record is not None:
+                    log.info("node_healthy_again node=%s", node_id)
+
+    def nodes(self) -> list[NodeRecord]:
+        """Known nodes not marked unhealthy, sorted by node id."""
+        return [
+            r
+            for node_id, r in sorted(self._records.items())
+            if self._marked.get(node_id) != r.heartbeat_at
+        ]
+
+    def all_nodes(self) -> list[NodeRecord]:
+        return [r for _, r in sorted(self._records.items())]
+
+    def mark_unhealthy(self, node_id: str) -> None:
+        """Hide a node until its next heartbeat (called after a connection error)."""
+        record = self._records.get(node_id)
+        if record is not None and node_id not in self._marked:
+            self._marked[node_id] = record.heartbeat_at
+            log.warning("node_marked_unhealthy node=%s", node_id)
+
+
+class Membership(StaticMembership):
+    """Polls Redis every `poll_s`; keeps the last known nodes while Redis is unreachable."""
+
+    def __init__(
+        self, redis_url: str, poll_s: float = 1.0, namespace: str = DEFAULT_NAMESPACE
+    ) -> None:
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
+        super().__init__()
+        self._redis_url = redis_url
+        self._redis: aioredis.Redis | None = None
+        self.poll_s = poll_s
+        self.namespace = namespace
+        self.redis_ok = False
+        self._outage_logged = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """One immediate poll (a failure is tolerated), then poll in the background."""
+        self._redis = connect(self._redis_url)
+        await self.refresh()
+        self._task = asyncio.create_task(self._poll_loop(), name="membership-poll")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    async def refresh(self) -> bool:
+        """Poll once. Returns whether Redis answered; on failure the membership is kept."""
+        if self._redis is None:
+            raise RuntimeError("Membership.refresh() before start()")
+        try:
+            records = await self._read_all(self._redis)
+        except REDIS_ERRORS as exc:
+            if not self._outage_logged:
+                log.warning("redis_unreachable keeping_nodes=%d error=%s", len(self._records), exc)
+                self._outage_logged = True
+            self.redis_ok = False
+            return False
+        if self._outage_logged:
+            log.info("redis_reachable nodes=%d", len(records))
+            self._outage_logged = False
+        self.redis_ok = True
+        self.update(records)
+        return True
+
+    async def _read_all(self, client: aioredis.Redis) -> list[NodeRecord]:
+        keys = [k async for k in client.scan_iter(match=f"{self.namespace}:node:*", count=500)]
+        values = await client.mget(keys) if keys else []
+        records = []
+        for key, raw in zip(keys, values, strict=True):
+            if raw is None:  # expired between SCAN and MGET
+                continue
+            try:
+                records.append(NodeRecord.model_validate_json(raw))
+            except ValidationError:
+                log.warning("bad_node_record key=%s", key)
+        return records
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            await self.refresh()
