@@ -1,0 +1,153 @@
+"""Registry and membership against a real (embedded) Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+
+from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
+from cluster.redis_server import EmbeddedRedis
+from cluster.registry import Membership, NodeRegistry, StaticMembership
+
+
+def _info(node_id: str, role: str = "decode") -> NodeInfo:
+    return NodeInfo.model_validate(
+        {
+            "node_id": node_id,
+            "role": role,
+            "url": f"http://127.0.0.1/{node_id}",
+            "model": "m",
+            "layout_fingerprint": "fp",
+            "max_model_len": 128,
+            "capacity": 10,
+            "started_at": 0.0,
+        }
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as srv:
+        yield srv
+
+
+@pytest.fixture
+async def membership(server: EmbeddedRedis) -> AsyncIterator[Membership]:
+    members = Membership(server.url, poll_s=0.05)
+    await members.start()
+    yield members
+    await members.stop()
+
+
+async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def _ids(members: StaticMembership) -> list[str]:
+    return [r.info.node_id for r in members.nodes()]
+
+
+async def test_register_heartbeat_and_deregister(
+    server: EmbeddedRedis, membership: Membership
+) -> None:
+    node = NodeRegistry(server.url, ttl_s=5.0)
+    await node.register(_info("d0"))
+    assert await membership.refresh()
+    assert _ids(membership) == ["d0"]
+    await node.heartbeat(NodeLoad(running=3, free_blocks=7, total_blocks=10, kv_usage=0.3))
+    await membership.refresh()
+    assert membership.nodes()[0].load.running == 3
+    await node.deregister()
+    await membership.refresh()
+    assert membership.nodes() == []
+    await node.close()
+
+
+async def test_node_that_stops_beating_expires(
+    server: EmbeddedRedis, membership: Membership
+) -> None:
+    quiet, alive = NodeRegistry(server.url, ttl_s=0.3), NodeRegistry(server.url, ttl_s=0.3)
+    await quiet.register(_info("quiet"))
+    await alive.register(_info("alive", role="prefill"))
+    beats = asyncio.create_task(alive.run_heartbeats(NodeLoad, interval_s=0.05))
+    await _wait_for(lambda: _ids(membership) == ["alive", "quiet"])
+    await _wait_for(lambda: _ids(membership) == ["alive"])
+    beats.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await beats
+    await quiet.close()
+    await alive.close()
+
+
+async def test_membership_survives_redis_outage_and_resyncs(server: EmbeddedRedis) -> None:
+    members = Membership(server.url, poll_s=0.05)
+    await members.start()
+    node = NodeRegistry(server.url, ttl_s=1.0)
+    gone = NodeRegistry(server.url, ttl_s=1.0)
+    await node.register(_info("d0"))
+    await gone.register(_info("d1"))
+    beats = asyncio.create_task(node.run_heartbeats(NodeLoad, interval_s=0.05))
+    await _wait_for(lambda: _ids(members) == ["d0", "d1"])
+
+    server.stop()  # Redis dies: the router keeps the last known nodes
+    await _wait_for(lambda: not members.redis_ok)
+    await asyncio.sleep(0.3)
+    assert _ids(members) == ["d0", "d1"]
+    assert not await members.refresh()
+
+    restarted = EmbeddedRedis(port=server.port).start()  # empty: no persistence
+    try:
+        # d0's heartbeat loop re-registers it; d1 never beats again and is dropped.
+        await _wait_for(lambda: members.redis_ok and _ids(members) == ["d0"])
+    finally:
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
+        await members.stop()
+        await node.close()
+        await gone.close()
+        restarted.stop()
+
+
+async def test_start_without_redis_is_tolerated() -> None:
+    with EmbeddedRedis() as srv:
+        url = srv.url
+    members = Membership(url, poll_s=0.05)
+    await members.start()  # Redis is gone: no exception, no nodes
+    assert members.nodes() == [] and not members.redis_ok
+    await members.stop()
+
+
+async def test_unhealthy_mark_holds_until_next_heartbeat(
+    server: EmbeddedRedis, membership: Membership
+) -> None:
+    node = NodeRegistry(server.url, ttl_s=5.0)
+    await node.register(_info("d0"))
+    await membership.refresh()
+    membership.mark_unhealthy("d0")
+    assert membership.nodes() == [] and len(membership.all_nodes()) == 1
+    await membership.refresh()
+    assert membership.nodes() == []  # same heartbeat: still hidden
+    await node.heartbeat(NodeLoad())
+    await membership.refresh()
+    assert _ids(membership) == ["d0"]
+    await node.close()
+
+
+def test_static_membership_marks_and_updates() -> None:
+    rec = NodeRecord(info=_info("p0", role="prefill"), heartbeat_at=1.0)
+    members = StaticMembership([rec])
+    members.mark_unhealthy("p0")
+    members.mark_unhealthy("unknown")  # ignored
+    assert members.nodes() == []
+    members.update([rec.model_copy(update={"heartbeat_at": 2.0})])
+    assert _ids(members) == ["p0"]
+    members.update([])
+    assert members.all_nodes() == []
