@@ -1,0 +1,71 @@
+"""Shared launch helpers: the per-layer view of the paged KV cache and tile choices."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+
+
+class KVLayerView(NamedTuple):
+    """Element offsets into the block-major cache ``[blocks, layers, 2, block, kv_heads, d]``.
+
+    K of token ``t`` in block ``b``, head ``h`` starts at
+    ``layer_offset + b * block_stride + t * token_stride + h * head_stride``; V is ``v_offset``
+    further. The head dimension is contiguous.
+    """
+
+    layer_offset: int
+    v_offset: int
+    block_stride: int
+    token_stride: int
+    head_stride: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def kv_layer_view(kv: torch.Tensor, layer: int) -> KVLayerView:
+    """Strides of layer ``layer`` of ``kv``; checks the layout instead of copying the cache."""
+    if kv.dim() != 6 or kv.shape[2] != 2:
+        raise ValueError(
+            f"kv must be [num_blocks, num_layers, 2, block_size, kv_heads, head_dim], "
+            f"got {tuple(kv.shape)}"
+        )
+    if not 0 <= layer < kv.shape[1]:
+        raise ValueError(f"layer {layer} out of range for a cache of {kv.shape[1]} layers")
+    if kv.stride(-1) != 1:
+        raise ValueError("kv must have a contiguous head_dim (stride 1)")
+    return KVLayerView(
+        layer_offset=layer * kv.stride(1),
+        v_offset=kv.stride(2),
+        block_stride=kv.stride(0),
+        token_stride=kv.stride(3),
+        head_stride=kv.stride(4),
+        block_size=kv.shape[3],
+        num_kv_heads=kv.shape[4],
+        head_dim=kv.shape[5],
+    )
+
+
+def interpreted(t: torch.Tensor) -> bool:
+    """True when kernels run in Triton's CPU interpreter (tensors on the CPU)."""
+    return t.device.type == "cpu"
+
+
+def pow2(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum): tl.arange needs power-of-two extents."""
+    return max(triton.next_power_of_2(n), minimum)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """Exact fp32 dots for fp32 inputs (TF32 would miss the reference); default otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    """Raise ValueError naming the tensors when they are not all on one device."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"tensors must share one device, got {devices}")
