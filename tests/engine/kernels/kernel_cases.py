@@ -1,0 +1,55 @@
+"""Shared cases for the Triton kernel tests: device, dtypes, a paged cache with poisoned gaps.
+
+On a machine without CUDA the root conftest sets TRITON_INTERPRET=1, so the same tests run
+the kernels on CPU tensors (fp32 only); on a GPU they also run in bf16 and fp16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16] if CUDA else [torch.float32]
+NUM_LAYERS = 3
+LAYER = 1
+
+
+class PagedCache(NamedTuple):
+    """A cache whose unused slots hold NaN, so any read past a context shows in the output."""
+
+    kv: torch.Tensor  # [blocks, layers, 2, block_size, kv_heads, d]
+    block_tables: torch.Tensor  # [batch, max_blocks] int32, shuffled, padded with unused ids
+    ctx_lens: torch.Tensor  # [batch] int32
+
+
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 2e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+
+
+def make_cache(
+    lengths: Sequence[int], block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> PagedCache:
+    """A cache holding random K/V for sequences of the given lengths, NaN everywhere else."""
+    gen = torch.Generator().manual_seed(1234)
+    needed = [-(-n // block_size) for n in lengths]
+    max_blocks = max(needed) + 2  # padding columns the kernels must not follow
+    num_blocks = sum(needed) * 2 + 3  # more blocks than used: tables are non-contiguous
+    shape = (num_blocks, NUM_LAYERS, 2, block_size, kv_heads, head_dim)
+    kv = torch.randn(shape, generator=gen).to(dtype)
+    kv[:, LAYER] = float("nan")
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = torch.empty((len(lengths), max_blocks), dtype=torch.int32)
+    taken = 0
+    for b, n in enumerate(lengths):
+        tables[b] = order[taken : taken + max_blocks].to(torch.int32)
+        pos = torch.arange(n)
+        blocks = tables[b].long()[pos // block_size]  # [n]
+        fresh = torch.randn((n, 2, kv_heads, head_dim), generator=gen).to(dtype)
+        kv[blocks, LAYER, :, pos % block_size] = fresh  # [n, 2, kv_heads, d]
+        taken += needed[b]
+    ctx = torch.tensor(list(lengths), dtype=torch.int32)
+    return PagedCache(kv.to(DEVICE), tables.to(DEVICE), ctx.to(DEVICE))
