@@ -15,18 +15,36 @@ KUBE_VERSION = "1.30"
 ERROR = 3
 
 
+# The toggles neither the defaults nor the GPU file turn on.
+OTHER_TOGGLES: dict[str, Any] = {
+    "auth": {"existingSecret": "llm-key"},
+    "model": {"source": "pvc", "pvc": {"claimName": "models", "readOnly": False}},
+    "redis": {"externalUrlSecret": {"name": "redis-cred", "key": "url"}},
+    "router": {
+        "service": {"type": "LoadBalancer"},
+        "autoscaling": {"enabled": True},
+        "pdb": {"minAvailable": "50%"},
+    },
+    "prefill": {"autoscaling": {"enabled": True}, "updateStrategy": {"type": "Recreate"}},
+    "decode": {"autoscaling": {"enabled": True, "behavior": {"scaleDown": {"policies": []}}}},
+    "transfer": {"portRange": {"enabled": False}},
+    "networkPolicy": {"nodeToNodeHttp": True, "routerFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+}
+CASES = ["default", "gpu", "other"]
+
+
 def _values(case: str) -> dict[str, Any]:
-    return {} if case == "default" else load_values(GPU_VALUES)
+    return {"default": {}, "gpu": load_values(GPU_VALUES), "other": OTHER_TOGGLES}[case]
 
 
-@pytest.mark.parametrize("case", ["default", "gpu"])
+@pytest.mark.parametrize("case", CASES)
 def test_lint_passes(case: str) -> None:
     report = helm_python.lint(CHART, _values(case), strict=True, kube_version=f"v{KUBE_VERSION}.0")
     errors = [m for m in report["messages"] if m["severity"] >= ERROR]
     assert report["errors"] == [] and errors == [], report
 
 
-@pytest.mark.parametrize("case", ["default", "gpu"])
+@pytest.mark.parametrize("case", CASES)
 def test_every_manifest_validates(case: str) -> None:
     docs = render(_values(case))
     assert docs
