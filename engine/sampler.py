@@ -30,6 +30,7 @@ from engine.outputs import TokenLogprob
 from engine.request import Request
 
 _MASK64 = (1 << 64) - 1
+_CANDIDATES = 4096  # tokens kept by the partial sort that top-k / top-p try first
 
 
 class SampleResult(NamedTuple):
@@ -87,38 +88,45 @@ class Sampler:
         return torch.log_softmax(logits, dim=-1)  # [n, vocab]
 
     def _sample_random(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Temperature, top-k, top-p, min-p, then a draw. logits: [m, vocab] -> tokens [m]."""
+        """Temperature, top-k, top-p, min-p, then a draw. logits: [m, vocab] (a scratch copy)."""
         device = logits.device
         temps = torch.tensor([r.params.temperature for r in requests], device=device)
-        logits = logits / temps.unsqueeze(1)  # [m, vocab]
-        top_k = [r.params.top_k for r in requests]
-        top_p = [r.params.top_p for r in requests]
-        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-            logits = _top_k_top_p(logits, top_k, top_p)
-        probs = torch.softmax(logits, dim=-1)  # [m, vocab]
+        logits.div_(temps.unsqueeze(1))  # [m, vocab]
+        rows = [i for i, r in enumerate(requests) if r.params.top_k > 0 or r.params.top_p < 1.0]
+        if rows:
+            top_k = [requests[i].params.top_k for i in rows]
+            top_p = [requests[i].params.top_p for i in rows]
+            logits[rows] = _top_k_top_p(logits[rows], top_k, top_p)
+        # unnormalized probabilities, 1 at each row's best token: the draw needs no normalizing
+        weights = logits.sub_(logits.max(dim=-1, keepdim=True).values).exp_()  # [m, vocab]
         min_p = [r.params.min_p for r in requests]
         if any(p > 0.0 for p in min_p):
-            probs = _min_p(probs, min_p)
-        q = self._exponential(probs.shape, requests, device)  # [m, vocab]
-        return (probs / q).argmax(dim=-1)
+            threshold = torch.tensor(min_p, device=device).unsqueeze(1)  # relative to the best
+            weights.masked_fill_(weights < threshold, 0.0)
+        q = self._exponential(weights.shape, requests, device)  # [m, vocab]
+        return weights.div_(q).argmax(dim=-1)
 
     def _exponential(
         self, shape: torch.Size, requests: list[Request], device: torch.device
     ) -> torch.Tensor:
-        """Exp(1) noise, [m, vocab]: seeded rows from their own generator, the rest shared."""
-        q = torch.empty(shape, device=device)
+        """Exp(1) noise, [m, vocab]: seeded rows from their own generator, the rest shared.
+
+        Drawn as -log(uniform): on CPU several times faster than Tensor.exponential_.
+        """
         shared = [i for i, r in enumerate(requests) if r.params.seed is None]
+        if len(shared) == len(requests):
+            u = torch.rand(shape, device=device, generator=self._shared_generator(device))
+            return u.log_().neg_().clamp_min_(torch.finfo(u.dtype).tiny)
+        u = torch.empty(shape, device=device)
         if shared:
-            noise = torch.empty((len(shared), shape[1]), device=device)
-            q[shared] = noise.exponential_(generator=self._shared_generator(device))
+            gen = self._shared_generator(device)
+            u[shared] = torch.rand((len(shared), shape[1]), device=device, generator=gen)
         for i, request in enumerate(requests):
             seed = request.params.seed
             if seed is not None:
                 step = step_seed(seed, len(request.output_token_ids))
-                q[i].exponential_(
-                    generator=self._request_generator(request.request_id, step, device)
-                )
-        return q.clamp_min_(torch.finfo(q.dtype).tiny)  # no 0/0
+                u[i].uniform_(generator=self._request_generator(request.request_id, step, device))
+        return u.log_().neg_().clamp_min_(torch.finfo(u.dtype).tiny)  # u = 0 gives inf: fine
 
     def _shared_generator(self, device: torch.device) -> torch.Generator:
         if self._shared is None or self._shared.device != device:
@@ -141,63 +149,94 @@ class Sampler:
 
 
 def _apply_penalties(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
-    """Repetition, frequency and presence penalties on the rows that ask for them."""
+    """Repetition, frequency and presence penalties on the rows that ask for them.
+
+    Works on the penalized token ids only (gather, change, scatter back), not the whole vocab.
+    """
     rows = [i for i, r in enumerate(requests) if r.params.has_penalties]
     if not rows:
         return logits
     picked = [requests[i] for i in rows]
-    vocab = logits.shape[1]
-    sub = logits[rows]  # [m, vocab], a copy: the caller's logits stay untouched
+    m, vocab = len(rows), logits.shape[1]
+    device = logits.device
+    # padded ids point at a spare column `vocab`, dropped at the end
+    sub = torch.cat([logits[rows], logits.new_zeros((m, 1))], dim=1)  # [m, vocab + 1]
     rep = [r.params.repetition_penalty for r in picked]
     if any(p != 1.0 for p in rep):
-        seen = _token_counts([r.all_token_ids for r in picked], vocab, sub.device) > 0
-        penalty = torch.tensor(rep, device=sub.device).unsqueeze(1).expand_as(sub)  # [m, vocab]
-        scaled = torch.where(sub > 0, sub / penalty, sub * penalty)
-        sub = torch.where(seen, scaled, sub)
+        ids = _padded_ids([r.all_token_ids for r in picked], vocab, device)  # [m, L]
+        penalty = torch.tensor(rep, device=device).unsqueeze(1)  # [m, 1]
+        seen = sub.gather(1, ids)  # [m, L]
+        sub.scatter_(1, ids, torch.where(seen > 0, seen / penalty, seen * penalty))
     freq = [r.params.frequency_penalty for r in picked]
     pres = [r.params.presence_penalty for r in picked]
     if any(f != 0.0 for f in freq) or any(p != 0.0 for p in pres):
-        counts = _token_counts([r.output_token_ids for r in picked], vocab, sub.device)
-        sub = sub - torch.tensor(freq, device=sub.device).unsqueeze(1) * counts
-        sub = sub - torch.tensor(pres, device=sub.device).unsqueeze(1) * (counts > 0).float()
+        ids = _padded_ids([r.output_token_ids for r in picked], vocab, device)  # [m, L]
+        counts = torch.zeros_like(sub).scatter_add_(1, ids, torch.ones(ids.shape, device=device))
+        count = counts.gather(1, ids)  # [m, L], occurrences of each listed id
+        penalty = torch.tensor(freq, device=device).unsqueeze(1) * count
+        penalty += torch.tensor(pres, device=device).unsqueeze(1) * (count > 0).float()
+        sub.scatter_(1, ids, sub.gather(1, ids) - penalty)
     out = logits.clone()
-    out[rows] = sub
+    out[rows] = sub[:, :vocab]
     return out
 
 
-def _token_counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """How often each token id occurs per list: [len(token_lists), vocab] float32."""
-    width = max((len(t) for t in token_lists), default=0)
-    counts = torch.zeros((len(token_lists), vocab + 1), device=device)  # last column: padding
-    if width == 0:
-        return counts[:, :vocab]
+def _padded_ids(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """Token ids as [len(token_lists), longest] int64, padded (and out-of-range ids) -> vocab."""
+    width = max(1, max(len(t) for t in token_lists))
     padded = [t + [vocab] * (width - len(t)) for t in token_lists]
-    ids = torch.tensor(padded, device=device).clamp_(0, vocab)  # [m, width]
-    counts.scatter_add_(1, ids, torch.ones(ids.shape, device=device))
-    return counts[:, :vocab]
+    ids = torch.tensor(padded, dtype=torch.long, device=device)
+    return ids.masked_fill_((ids < 0) | (ids > vocab), vocab)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Mask all but each row's top-k, then all but the top-p nucleus of what remains."""
-    m, vocab = logits.shape
+    """Mask all but each row's top-k, then all but the top-p nucleus of what remains.
+
+    Sorting the whole vocab is slow on CPU, so the best _CANDIDATES tokens are tried first;
+    that is exact for a row whose top-k fits in them or (top-k off) whose nucleus does. Only
+    the other rows get a full sort.
+    """
+    vocab = logits.shape[1]
     device = logits.device
-    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [m, vocab]
-    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=device)
-    position = torch.arange(vocab, device=device).expand(m, vocab)  # [m, vocab]
-    sorted_logits = sorted_logits.masked_fill(position >= k.unsqueeze(1), float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)  # [m, vocab]
+    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=device)  # [m]
+    p = torch.tensor(top_p, device=device).unsqueeze(1)  # [m, 1]
+    width = min(_CANDIDATES, vocab, max(kk if kk > 0 else vocab for kk in top_k))
+    values, order = logits.topk(width, dim=-1)  # [m, width], descending
+    values = _mask_beyond_k(values, k)
+    lse = values.logsumexp(dim=-1)  # [m]
+    out = torch.full_like(logits, float("-inf"))  # [m, vocab]
+    if width == vocab:
+        return out.scatter_(1, order, _nucleus(values, lse, p))
+    full_lse = logits.logsumexp(dim=-1)  # [m]
+    exact = (k <= width) | ((k == vocab) & ((lse - full_lse).exp() >= p[:, 0]))  # [m]
+    lse = torch.where(k <= width, lse, full_lse)
+    out.scatter_(1, order, _nucleus(values, lse, p))
+    rows = (~exact).nonzero().squeeze(1)
+    if rows.numel():
+        values, order = logits[rows].sort(dim=-1, descending=True)  # [r, vocab]
+        values = _mask_beyond_k(values, k[rows])
+        out[rows] = torch.empty_like(values).scatter_(
+            1, order, _nucleus(values, values.logsumexp(dim=-1), p[rows])
+        )
+    return out
+
+
+def _nucleus(values: torch.Tensor, lse: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """values: [m, w] sorted descending, lse: [m] their row normalizer, p: [m, 1].
+
+    -inf on the tokens outside each row's top-p nucleus; the best token always stays.
+    """
+    probs = (values - lse.unsqueeze(1)).exp()  # [m, w]
     mass_before = probs.cumsum(dim=-1) - probs  # probability of strictly better tokens
-    p = torch.tensor(top_p, device=device).unsqueeze(1)
-    drop = (mass_before >= p) & (position > 0)  # the best token always stays
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    position = torch.arange(values.shape[1], device=values.device)
+    drop = (mass_before >= p) & (position > 0) & (p < 1.0)
+    return values.masked_fill(drop, float("-inf"))
 
 
-def _min_p(probs: torch.Tensor, min_p: list[float]) -> torch.Tensor:
-    """Zero the tokens whose probability is below min_p x the row's largest. probs: [m, vocab]."""
-    threshold = torch.tensor(min_p, device=probs.device).unsqueeze(1)
-    threshold = threshold * probs.max(dim=-1, keepdim=True).values  # [m, 1]
-    return probs.masked_fill(probs < threshold, 0.0)
+def _mask_beyond_k(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """values: [m, w] sorted descending; -inf from position k[i] on."""
+    position = torch.arange(values.shape[1], device=values.device)
+    return values.masked_fill(position >= k.unsqueeze(1), float("-inf"))
 
 
 def _token_logprobs(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.request import Request
-from engine.sampler import Sampler
+from engine.sampler import Sampler, _top_k_top_p
 from engine.sampling_params import SamplingParams
 
 VOCAB = 64
@@ -81,6 +81,39 @@ def test_top_p_keeps_smallest_nucleus() -> None:
     sampler = Sampler(seed=4)
     seen = {sampler.sample(logits, [_req(top_p=0.7)]).token_ids[0] for _ in range(200)}
     assert seen == {1, 2}
+
+
+def _reference_top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """Full sort, one row: the textbook definition."""
+    values, order = logits.sort(descending=True)
+    if k > 0:
+        values[k:] = float("-inf")
+    probs = values.softmax(-1)
+    drop = (probs.cumsum(-1) - probs >= p) & (p < 1.0)
+    drop[0] = False
+    values[drop] = float("-inf")
+    return torch.full_like(logits, float("-inf")).scatter(0, order, values)
+
+
+@pytest.mark.parametrize(
+    ("scale", "k", "p"),
+    [
+        (8.0, 0, 0.9),  # peaked: nucleus inside the partial sort
+        (0.1, 0, 0.9),  # flat: nucleus needs the full sort
+        (1.0, 50, 1.0),
+        (1.0, 6000, 0.95),  # top-k wider than the partial sort
+        (0.1, 9000, 0.5),
+    ],
+)
+def test_top_k_top_p_partial_sort_is_exact(scale: float, k: int, p: float) -> None:
+    vocab = 10_000
+    logits = _logits(3, seed=11, vocab=vocab) * scale
+    logits[1] = _logits(1, seed=12, vocab=vocab)[0] * 8.0  # a peaked row beside it
+    got = _top_k_top_p(logits, [k, k, 0], [p, p, 0.9])
+    for row, (kk, pp) in enumerate([(k, p), (k, p), (0, 0.9)]):
+        want = _reference_top_k_top_p(logits[row], kk, pp)
+        assert torch.equal(torch.isinf(got[row]), torch.isinf(want)), row
+        assert torch.allclose(got[row][~torch.isinf(got[row])], want[~torch.isinf(want)])
 
 
 def test_min_p_filters_relative_to_best() -> None:
