@@ -129,7 +129,7 @@ def _decode_reduce_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-def _plan_splits(batch: int, kv_heads: int, max_ctx: int, tile_n: int, device: torch.device) -> int:
+def plan_splits(batch: int, kv_heads: int, max_ctx: int, tile_n: int, device: torch.device) -> int:
     """Splits per sequence so that batch x kv_heads x splits fills the GPU a few times over."""
     if device.type != "cuda":
         return 1
@@ -166,7 +166,7 @@ def paged_decode_attention(
     head_pad = pow2(head_dim, 16)
     tile_n = 16 if interpreted(q) else 64
     max_ctx = block_tables.shape[1] * view.block_size
-    splits = num_splits or _plan_splits(batch, view.num_kv_heads, max_ctx, tile_n, q.device)
+    splits = num_splits or plan_splits(batch, view.num_kv_heads, max_ctx, tile_n, q.device)
     partition = triton.cdiv(triton.cdiv(max_ctx, splits), tile_n) * tile_n
     splits = triton.cdiv(max_ctx, partition)
     out = torch.empty_like(q)
