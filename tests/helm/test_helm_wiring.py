@@ -31,7 +31,7 @@ def test_api_key_secret_reaches_the_router_only() -> None:
     router = main_container(deployments(docs)["router"])
     ref = env_of(router)["SPLITSERVE_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], "api-key")
-    assert arg_after(router, "--api-key-env") == "SPLITSERVE_API_KEY"
+    assert not any("sk-test" in str(a) for a in router["args"])  # never in the process list
     for component in ("prefill", "decode", "redis"):
         for container in all_containers(deployments(docs)[component]):
             assert "SPLITSERVE_API_KEY" not in env_of(container)
@@ -53,7 +53,6 @@ def test_auth_disabled_means_no_key_anywhere() -> None:
     docs = render({"auth": {"enabled": False}})
     assert of_kind(docs, "Secret") == []
     router = main_container(deployments(docs)["router"])
-    assert "--api-key-env" not in router["args"]
     assert "SPLITSERVE_API_KEY" not in env_of(router)
 
 
@@ -67,7 +66,6 @@ def test_bundled_redis_is_what_every_process_uses() -> None:
     for component in SPLITSERVE:
         container = main_container(deployments(docs)[component])
         assert env_of(container)["SPLITSERVE_REDIS_URL"]["value"] == url
-        assert arg_after(container, "--redis") == "$(SPLITSERVE_REDIS_URL)"
 
 
 def test_bundled_redis_is_absent_with_an_external_url() -> None:

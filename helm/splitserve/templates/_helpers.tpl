@@ -65,7 +65,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if or .Values.redis.externalUrl .Values.redis.externalUrlSecret.name }}true{{ end }}
 {{- end }}
 
-{{/* The SPLITSERVE_REDIS_URL env var; the args refer to it as $(SPLITSERVE_REDIS_URL). */}}
+{{/* SPLITSERVE_REDIS_URL: cluster.settings reads it (no --redis flag: the URL may hold a password). */}}
 {{- define "splitserve.redis.env" -}}
 - name: SPLITSERVE_REDIS_URL
 {{- if .Values.redis.externalUrlSecret.name }}

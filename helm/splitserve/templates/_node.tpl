@@ -81,8 +81,6 @@ spec:
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args:
             - {{ .role }}
-            - --redis
-            - $(SPLITSERVE_REDIS_URL)
             - --host
             - 0.0.0.0
             - --port

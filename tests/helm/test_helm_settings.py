@@ -1,0 +1,52 @@
+"""The chart speaks the processes' language: every command line it renders parses with the real
+`splitserve` subcommand, and every SPLITSERVE_* variable it sets is a setting that is read."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import pytest
+from helm_render import container_port, deployments, env_of, main_container, pod_spec, render
+
+from cluster.settings import ENV_PREFIX, NodeSettings, RouterSettings
+
+CLI_MODULES = {"router": "router.cli", "prefill": "prefill_node.cli", "decode": "decode_node.cli"}
+SETTINGS: dict[str, type[RouterSettings] | type[NodeSettings]] = {
+    "router": RouterSettings,
+    "prefill": NodeSettings,
+    "decode": NodeSettings,
+}
+
+
+def _parse(module_name: str, argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="splitserve", exit_on_error=False)
+    importlib.import_module(module_name).add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("component", list(SETTINGS))
+def test_env_vars_are_real_settings(component: str) -> None:
+    env = env_of(main_container(deployments(render({"auth": {"apiKey": "k"}}))[component]))
+    ours = [name for name in env if name.startswith(ENV_PREFIX)]
+    assert ours
+    fields = SETTINGS[component].model_fields
+    for name in ours:
+        assert name.removeprefix(ENV_PREFIX).lower() in fields, f"{name} is read by nobody"
+
+
+def test_model_pull_init_container_parses() -> None:
+    init = pod_spec(deployments(render())["decode"])["initContainers"][0]
+    command, *argv = init["args"]
+    assert command == "model"
+    args = _parse("cluster.models_cli", argv)
+    assert (args.model_command, args.name, str(args.cache_dir)) == ("pull", "smollm2", "/models")
+
+
+@pytest.mark.parametrize("component", list(CLI_MODULES))
+def test_command_line_parses_with_the_subcommand(component: str) -> None:
+    container = main_container(deployments(render())[component])
+    command, *argv = (str(a) for a in container["args"])
+    assert command == component
+    args = _parse(CLI_MODULES[component], argv)
+    assert int(args.port) == container_port(container, "http")
