@@ -239,7 +239,8 @@ def _check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
             raise ValueError(f"messages[{i}] must be an object with role and content")
         role = message.get("role")
         if role not in ROLES:
-            raise ValueError(f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}")
+            shown = repr(role)[:40]  # the value is client input: keep it short
+            raise ValueError(f"messages[{i}].role must be one of {sorted(ROLES)}, got {shown}")
         clean = {k: v for k, v in message.items() if v is not None}
         if "content" in clean:
             clean["content"] = _content_text(clean["content"], i)

@@ -45,6 +45,7 @@ def test_sampler_does_not_modify_callers_logits() -> None:
         _req("b", prompt=[3], repetition_penalty=1.5, temperature=0.0),
     ]
     Sampler(seed=0).sample(logits, requests)
+    Sampler(seed=0).sample(logits, [_req("c", top_p=0.5, min_p=0.1), _req("d", seed=3)])
     assert torch.equal(logits, before)
 
 
