@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -28,7 +29,11 @@ class SamplingParams:
             "max_tokens",
             f"must be an integer >= 1, got {self.max_tokens!r}",
         )
-        _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature!r}")
+        _check(
+            math.isfinite(self.temperature) and self.temperature >= 0.0,
+            "temperature",
+            f"must be a finite number >= 0, got {self.temperature!r}",
+        )
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
         _check(
             isinstance(self.top_k, int) and self.top_k >= 0,
@@ -84,3 +89,7 @@ class SamplingParams:
 def _check(ok: bool, name: str, message: str) -> None:
     if not ok:
         raise ValueError(f"SamplingParams.{name} {message}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
