@@ -25,7 +25,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
             "max_tokens",
             f"must be an integer >= 1, got {self.max_tokens!r}",
         )
@@ -36,7 +36,7 @@ class SamplingParams:
         )
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
         _check(
-            isinstance(self.top_k, int) and self.top_k >= 0,
+            _is_int(self.top_k) and self.top_k >= 0,
             "top_k",
             f"must be an integer >= 0 (0 = off), got {self.top_k!r}",
         )
