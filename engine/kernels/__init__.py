@@ -40,11 +40,12 @@ def paged_decode_attention(
     ctx_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    max_ctx_len: int | None = None,
 ) -> torch.Tensor:
     """Decode attention, one query per sequence; see ``decode_attention``."""
     from engine.kernels.decode_attention import paged_decode_attention as impl
 
-    return impl(q, kv, layer, block_tables, ctx_lens, scale, num_splits)
+    return impl(q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len)
 
 
 def paged_prefill_attention(

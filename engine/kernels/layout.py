@@ -64,8 +64,24 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def check_same_device(**tensors: torch.Tensor) -> None:
-    """Raise ValueError naming the tensors when they are not all on one device."""
+def check_attention_inputs(
+    q: torch.Tensor, kv: torch.Tensor, view: KVLayerView, **index_tensors: torch.Tensor
+) -> None:
+    """Raise ValueError on inputs the attention kernels would misread.
+
+    q: [rows, heads, d] with heads a multiple of the cache's KV heads; same dtype as kv;
+    everything on one device; contiguous last dimensions.
+    """
+    if q.dim() != 3 or q.shape[2] != view.head_dim or q.shape[1] % view.num_kv_heads:
+        raise ValueError(
+            f"q {tuple(q.shape)} does not fit kv heads={view.num_kv_heads} d={view.head_dim}"
+        )
+    if q.dtype != kv.dtype:
+        raise ValueError(f"q dtype {q.dtype} differs from the cache dtype {kv.dtype}")
+    tensors = {"q": q, "kv": kv, **index_tensors}
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         raise ValueError(f"tensors must share one device, got {devices}")
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} needs a contiguous last dimension")

@@ -13,7 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.layout import dot_precision, interpreted, kv_layer_view, pow2
+from engine.kernels.layout import (
+    check_attention_inputs,
+    dot_precision,
+    interpreted,
+    kv_layer_view,
+    pow2,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -114,13 +120,8 @@ def paged_prefill_attention(
     Returns [tokens, heads, d] in q's dtype.
     """
     view = kv_layer_view(kv, layer)
+    check_attention_inputs(q, kv, view, cu_q=cu_q, ctx_lens=ctx_lens, block_tables=block_tables)
     tokens, heads, head_dim = q.shape
-    if head_dim != view.head_dim or heads % view.num_kv_heads:
-        raise ValueError(
-            f"q {tuple(q.shape)} does not fit kv heads={view.num_kv_heads} d={view.head_dim}"
-        )
-    if q.stride(-1) != 1 or block_tables.stride(-1) != 1:
-        raise ValueError("q and block_tables need a contiguous last dimension")
     batch = ctx_lens.shape[0]
     if cu_q.shape[0] != batch + 1:
         raise ValueError(f"cu_q must have batch + 1 = {batch + 1} entries, got {cu_q.shape[0]}")

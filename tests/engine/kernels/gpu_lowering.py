@@ -48,8 +48,8 @@ def signature(fn: Any, dtype: str, consts: dict[str, Any]) -> dict[str, str]:
 def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
     """(kernel, dtype, constexprs, num_warps) at the default model's shapes and the tests'."""
     decode = {"BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 16, "HEAD_DIM": 64, "HEAD_PAD": 64}
-    decode |= {"TILE_N": 64, "PARTITION": 704, "NUM_SPLITS": 3, "PRECISION": "tf32"}
-    decode_fp32 = decode | {"HEAD_DIM": 16, "HEAD_PAD": 16, "NUM_SPLITS": 1, "PRECISION": "ieee"}
+    decode |= {"TILE_N": 64, "SINGLE": False, "PRECISION": "tf32"}
+    decode_fp32 = decode | {"HEAD_DIM": 16, "HEAD_PAD": 16, "SINGLE": True, "PRECISION": "ieee"}
     prefill = {"BLOCK_SIZE": 16, "GROUP": 3, "HEAD_DIM": 64, "HEAD_PAD": 64, "BLOCK_M": 64}
     prefill |= {"BLOCK_N": 64, "PRECISION": "tf32"}
     return [
@@ -58,7 +58,7 @@ def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
         (
             decode_attention._decode_reduce_kernel,
             "bf16",
-            {"HEAD_DIM": 64, "HEAD_PAD": 64, "NUM_SPLITS": 3, "SPLITS_PAD": 4},
+            {"HEAD_DIM": 64, "HEAD_PAD": 64, "SPLITS_PAD": 4},
             1,
         ),
         (prefill_attention._prefill_kernel, "bf16", prefill, 4),
