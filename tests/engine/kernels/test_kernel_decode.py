@@ -57,3 +57,19 @@ def test_decode_rejects_heads_that_do_not_fit() -> None:
     q = torch.randn(1, KV_HEADS * 2 + 1, HEAD_DIM, device=DEVICE)
     with pytest.raises(ValueError, match="does not fit"):
         paged_decode_attention(q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+
+
+def test_decode_rejects_a_query_dtype_other_than_the_cache() -> None:
+    cache = make_cache([3], 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(1, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=torch.float64)
+    with pytest.raises(ValueError, match="dtype"):
+        paged_decode_attention(q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+
+
+def test_decode_with_a_context_hint_matches_reference() -> None:
+    lengths = [6, 13]
+    cache = make_cache(lengths, 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(2, KV_HEADS * 3, HEAD_DIM, device=DEVICE)
+    args = (q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+    out = paged_decode_attention(*args, num_splits=2, max_ctx_len=max(lengths))
+    torch.testing.assert_close(out, decode_attention_ref(*args), **tolerance(torch.float32))
