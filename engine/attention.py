@@ -1,0 +1,226 @@
+"""Attention over the paged KV cache: per-step metadata and the torch backend.
+
+The torch backend runs on the CPU and is the oracle for the Triton kernels. A step's tokens
+are flattened; its sequences are either decodes (one query token, batched into one SDPA call)
+or prefill chunks (several query tokens, causal with an offset when a prefix is cached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where each sequence's query tokens sit in the flattened step and what they attend to.
+
+    Sequence ``i`` owns tokens ``query_start_loc[i] .. query_start_loc[i + 1] - 1``; its
+    queries sit at positions ``context_lens[i] - query_lens[i] .. context_lens[i] - 1`` and
+    attend to every earlier position of the same sequence. The first ``num_decodes`` sequences
+    have exactly one query token.
+    """
+
+    num_decodes: int
+    query_lens: tuple[int, ...]  # host copies: no device sync to plan the step
+    context_lens_host: tuple[int, ...]
+    block_size: int
+    positions: torch.Tensor  # [tokens] int64
+    slot_mapping: torch.Tensor  # [tokens] int64: block id * block_size + offset
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    context_lens: torch.Tensor  # [num_seqs] int32
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with block 0
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: Sequence[int],
+        starts: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
+        """Tensors for sequences given as (query length, first position, block table).
+
+        Block tables may be longer than needed; only the blocks that cover the context are
+        kept. A table too short for its context raises ValueError naming the sequence.
+        """
+        context_lens = [s + n for s, n in zip(starts, query_lens, strict=True)]
+        tables = _padded_tables(block_tables, context_lens, block_size)
+        lens = torch.tensor(query_lens, dtype=torch.int64)  # [seqs]
+        seq_starts = torch.tensor(starts, dtype=torch.int64)  # [seqs]
+        qsl = torch.zeros(len(lens) + 1, dtype=torch.int64)
+        torch.cumsum(lens, 0, out=qsl[1:])
+        seq_of_token = torch.repeat_interleave(torch.arange(len(lens)), lens)  # [tokens]
+        offsets = torch.arange(int(qsl[-1])) - qsl[seq_of_token]  # [tokens]
+        positions = seq_starts[seq_of_token] + offsets  # [tokens]
+        table_t = torch.tensor(tables, dtype=torch.int32)  # [seqs, max_blocks]
+        blocks = table_t[seq_of_token, positions // block_size].long()  # [tokens]
+        slots = blocks * block_size + positions % block_size
+        num_decodes = next((i for i, n in enumerate(query_lens) if n != 1), len(query_lens))
+        return cls(
+            num_decodes=num_decodes,
+            query_lens=tuple(query_lens),
+            context_lens_host=tuple(context_lens),
+            block_size=block_size,
+            positions=positions.to(device),
+            slot_mapping=slots.to(device),
+            query_start_loc=qsl.to(device, torch.int32),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+            block_tables=table_t.to(device),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    @cached_property
+    def decode_block_tables(self) -> torch.Tensor:
+        """[decodes, blocks] int32: the decodes' tables, only as wide as they need."""
+        d = self.num_decodes
+        width = max((-(-n // self.block_size) for n in self.context_lens_host[:d]), default=0)
+        return self.block_tables[:d, :width]
+
+    @cached_property
+    def decode_mask(self) -> torch.Tensor:
+        """[decodes, 1, 1, keys] bool: key slots inside each decode's context."""
+        d = self.num_decodes
+        num_keys = self.decode_block_tables.shape[1] * self.block_size
+        keys = torch.arange(num_keys, device=self.block_tables.device)
+        return (keys[None, :] < self.context_lens[:d, None])[:, None, None, :]
+
+    @cached_property
+    def prefill_masks(self) -> dict[int, torch.Tensor]:
+        """Sequence index -> [queries, context] bool causal mask, for chunks after a prefix."""
+        device = self.block_tables.device
+        masks = {}
+        for i in range(self.num_decodes, len(self.query_lens)):
+            n, ctx = self.query_lens[i], self.context_lens_host[i]
+            if ctx > n:
+                query_pos = torch.arange(ctx - n, ctx, device=device)
+                masks[i] = torch.arange(ctx, device=device)[None, :] <= query_pos[:, None]
+        return masks
+
+
+class AttentionBackend(Protocol):
+    """Attention of a step's queries over the paged cache, after its new K/V are written."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, already in the
+        cache). Returns [tokens, heads, d]."""
+        ...
+
+
+class TorchAttention:
+    """SDPA over gathered blocks: one batched call for all decodes, one call per prefill chunk."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        d = meta.num_decodes
+        if d == meta.num_tokens:
+            return decode_attention(q, kv_cache, layer, meta.decode_block_tables, meta.decode_mask)
+        out = torch.empty_like(q)  # [tokens, heads, d]
+        if d:
+            out[:d] = decode_attention(
+                q[:d], kv_cache, layer, meta.decode_block_tables, meta.decode_mask
+            )
+        start = d
+        for i in range(d, len(meta.query_lens)):
+            end = start + meta.query_lens[i]
+            mask = meta.prefill_masks.get(i)
+            if mask is None:  # no cached prefix: this step's K/V are the whole context
+                out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end], None)
+            else:
+                kc, vc = gather_context(kv_cache, layer, meta.block_tables[i], mask.shape[1])
+                out[start:end] = _sdpa(q[start:end], kc, vc, mask)
+            start = end
+        return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer: int,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """One query per sequence over its paged context, all sequences in one SDPA call.
+
+    q: [seqs, heads, d]; block_tables: [seqs, max_blocks]; mask: [seqs, 1, 1, max_blocks *
+    block_size] bool. Returns [seqs, heads, d].
+    """
+    seqs, _, head_dim = q.shape
+    _, _, _, block_size, kv_heads, _ = kv_cache.shape
+    keys = block_tables.shape[1] * block_size
+    table = block_tables.flatten()
+    k = kv_cache[:, layer, 0].index_select(0, table).view(seqs, keys, kv_heads, head_dim)
+    v = kv_cache[:, layer, 1].index_select(0, table).view(seqs, keys, kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [seqs, heads, 1, d]
+        k.transpose(1, 2),  # [seqs, kv_heads, keys, d]
+        v.transpose(1, 2),
+        attn_mask=mask,
+        enable_gqa=True,
+    )
+    return out.squeeze(2)
+
+
+def gather_context(
+    kv_cache: torch.Tensor, layer: int, block_table: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense K and V of one sequence's first ``length`` positions: each [length, kv_heads, d]."""
+    _, _, _, block_size, kv_heads, head_dim = kv_cache.shape
+    table = block_table[: -(-length // block_size)]
+    k = kv_cache[:, layer, 0].index_select(0, table).view(-1, kv_heads, head_dim)
+    v = kv_cache[:, layer, 1].index_select(0, table).view(-1, kv_heads, head_dim)
+    return k[:length], v[:length]
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Causal attention of one sequence. q: [n, heads, d]; k, v: [ctx, kv_heads, d];
+    mask: [n, ctx] bool, or None for plain causal with n == ctx. Returns [n, heads, d]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),  # [1, heads, n, d]
+        k.transpose(0, 1).unsqueeze(0),  # [1, kv_heads, ctx, d]
+        v.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
+
+
+def _padded_tables(
+    block_tables: Sequence[Sequence[int]], context_lens: Sequence[int], block_size: int
+) -> list[list[int]]:
+    """Each table cut to the blocks its context needs, padded with block 0 to one width."""
+    needed = [-(-n // block_size) for n in context_lens]
+    width = max(needed, default=0)
+    tables = []
+    for i, (table, n) in enumerate(zip(block_tables, needed, strict=True)):
+        if len(table) < n:
+            raise ValueError(f"sequence {i}: block table has {len(table)} blocks, needs {n}")
+        tables.append([*table[:n], *([0] * (width - n))])
+    return tables
