@@ -1,0 +1,398 @@
+"""Continuous batching over the block manager: integers in, a SchedulerOutput out.
+
+Each step has a token budget (max_num_batched_tokens) and a cap on live sequences
+(max_num_seqs). The order is: running decodes (one token each), then the rest of running
+prefills (chunked when longer than the budget left), then waiting requests, FIFO, while
+blocks last. A running request that needs a block when none is free preempts the most
+recently arrived running request (itself, if it is the newest): its blocks are freed and it
+goes back to the front of the waiting queue, to be recomputed from prompt + tokens so far.
+
+Protocol: `schedule()`, run the chunks, `update(out, sampled)`. Nothing advances in
+`schedule()`, so calling it again without `update()` (say after a failed step) just plans the
+same work again.
+
+Limits, decided: a request whose tokens alone need more blocks than the whole cache is
+refused at `add()` with RequestTooLargeError (a ValueError). A request that grows to the
+cache's capacity finishes with FinishReason.LENGTH, like one reaching the context length.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, Role
+from engine.request import FinishReason, Request, RequestStatus
+from engine.schedule import ScheduledChunk, SchedulerOutput
+
+
+class RequestTooLargeError(ValueError):
+    """The request needs more KV blocks than the whole cache holds."""
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    """Where the KV of a request admitted by `add_prefilled` goes.
+
+    The KV of the first ``num_kv_tokens`` tokens must be written before `commit_prefilled`.
+    The first ``num_cached_tokens`` of them (whole blocks) are already in the local prefix
+    cache; block j of the sender goes to ``block_ids[j]`` for j in the range of
+    ``fill_block_ids``.
+    """
+
+    block_ids: tuple[int, ...]  # the request's whole block table
+    num_cached_tokens: int
+    num_kv_tokens: int
+    block_size: int
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.num_cached_tokens // self.block_size
+
+    @property
+    def fill_block_ids(self) -> tuple[int, ...]:
+        """Local blocks to write, in order: block indices num_cached_blocks onward."""
+        end = -(-self.num_kv_tokens // self.block_size)
+        return self.block_ids[self.num_cached_blocks : end]
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What `update()` did: the requests that got a token, in chunk order."""
+
+    advanced: tuple[Request, ...]
+
+    @property
+    def finished(self) -> tuple[Request, ...]:
+        """Those that finished (or, prefill role, were pinned) with this token."""
+        return tuple(r for r in self.advanced if r.status is not RequestStatus.RUNNING)
+
+
+@dataclass
+class _Step:
+    budget: int
+    scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens
+    preempted: list[str] = field(default_factory=list)
+
+    def add(self, request: Request, num_tokens: int) -> None:
+        self.scheduled[request.request_id] = num_tokens
+        self.budget -= num_tokens
+
+    def drop(self, request: Request) -> None:
+        self.budget += self.scheduled.pop(request.request_id, 0)
+        self.preempted.append(request.request_id)
+
+
+@dataclass
+class _Import:
+    request: Request
+    output_token_ids: list[int]
+
+
+class Scheduler:
+    """Decides which tokens of which requests run each step. Not thread-safe."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        if block_manager.block_size != config.block_size:
+            raise ValueError(
+                f"block manager block_size {block_manager.block_size} differs from "
+                f"EngineConfig.block_size {config.block_size}"
+            )
+        self._config = config
+        self._blocks = block_manager
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []  # arrival order, newest last
+        self._pinned: dict[str, Request] = {}
+        self._importing: dict[str, _Import] = {}
+        self._live: dict[str, Request] = {}
+        self._arrival: dict[str, int] = {}
+        self._counter = itertools.count()
+        self._last: tuple[SchedulerOutput, dict[str, Request]] | None = None
+
+    # ---- introspection ------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_pinned(self) -> int:
+        return len(self._pinned)
+
+    @property
+    def num_importing(self) -> int:
+        return len(self._importing)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether schedule() may produce chunks: some request waits or runs."""
+        return bool(self._waiting or self._running)
+
+    def get(self, request_id: str) -> Request | None:
+        """The live request (waiting, running, pinned or importing) with that id."""
+        return self._live.get(request_id)
+
+    def audit(self) -> None:
+        """Check block accounting against every live request; RuntimeError on a violation."""
+        self._blocks.audit(r.block_ids for r in self._live.values())
+
+    # ---- entering and leaving -----------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a new request. ValueError for a reused id; RequestTooLargeError if it can
+        never fit in the cache."""
+        self._check_new(request, request.num_tokens)
+        self._enter(request)
+        self._waiting.append(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request in any state with ABORT and free its blocks. False when unknown."""
+        request = self._live.get(request_id)
+        if request is None:
+            return False
+        if request_id in self._importing:
+            del self._importing[request_id]
+        elif request.status is RequestStatus.WAITING:
+            self._waiting.remove(request)
+        elif request.status is RequestStatus.RUNNING:
+            self._running.remove(request)
+        else:
+            del self._pinned[request_id]
+        self._retire(request, FinishReason.ABORT)
+        return True
+
+    def release(self, request_id: str) -> bool:
+        """Prefill role: free the blocks of a pinned request. False when none is pinned."""
+        request = self._pinned.pop(request_id, None)
+        if request is None:
+            return False
+        self._retire(request, FinishReason.PREFILLED)
+        return True
+
+    def add_prefilled(self, request: Request, output_token_ids: Sequence[int]) -> ImportPlan | None:
+        """Decode role: reserve blocks for a request whose KV is written from outside.
+
+        output_token_ids are the tokens generated elsewhere (usually just the first); the KV
+        of the prompt and all of them but the last comes from outside. None: no room now (no
+        blocks, or max_num_seqs reached); nothing changed, try again later or recompute.
+        The request is held, not scheduled, until `commit_prefilled` (or `abort`).
+        """
+        if self._config.role is not Role.DECODE:
+            raise RuntimeError(f"add_prefilled needs role=decode, this is {self._config.role}")
+        if not output_token_ids or request.output_token_ids:
+            raise ValueError(
+                f"request {request.request_id}: add_prefilled takes a request without outputs "
+                "and at least one generated token"
+            )
+        num_tokens = request.num_tokens + len(output_token_ids)
+        self._check_new(request, num_tokens)
+        if len(self._running) + len(self._importing) >= self._config.max_num_seqs:
+            return None
+        all_tokens = request.prompt_token_ids + list(output_token_ids)
+        hits = self._blocks.match_prefix(all_tokens)
+        if not self._blocks.allocate(request, num_tokens, hits):
+            return None
+        self._enter(request)
+        self._importing[request.request_id] = _Import(request, list(output_token_ids))
+        return ImportPlan(
+            block_ids=tuple(request.block_ids),
+            num_cached_tokens=request.num_cached_tokens,
+            num_kv_tokens=num_tokens - 1,
+            block_size=self._blocks.block_size,
+        )
+
+    def commit_prefilled(self, request_id: str) -> Request | None:
+        """Decode role: the KV is written; admit the request into the running batch.
+
+        Returns it (finished already when its last generated token was a stop), or None when
+        no request with that id is importing (aborted meanwhile).
+        """
+        held = self._importing.pop(request_id, None)
+        if held is None:
+            return None
+        request = held.request
+        request.output_token_ids.extend(held.output_token_ids)
+        request.num_computed_tokens = request.num_tokens - 1
+        self._start_running(request)
+        self._blocks.commit_full_blocks(request)
+        self._after_token(request)
+        return request
+
+    # ---- the step -----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step within the token budget and the sequence cap."""
+        step = _Step(budget=self._config.max_num_batched_tokens)
+        self._schedule_running(step, decodes=True)
+        self._schedule_running(step, decodes=False)
+        if not step.preempted:  # no admission while short of blocks: avoids thrashing
+            self._admit_waiting(step)
+        requests = {rid: self._live[rid] for rid in step.scheduled}
+        chunks = tuple(self._chunk(requests[rid], n) for rid, n in step.scheduled.items())
+        out = SchedulerOutput(chunks=chunks, preempted=tuple(step.preempted))
+        self._last = (out, requests)
+        return out
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> StepUpdate:
+        """Apply a computed step: advance, append sampled tokens, stop, finish or pin.
+
+        sampled maps the request id of every chunk with sample=True to its new token.
+        Requests aborted since `schedule()` are skipped.
+        """
+        if self._last is None or self._last[0] is not out:
+            raise RuntimeError("update() takes the output of the latest schedule()")
+        requests = self._last[1]
+        self._last = None
+        advanced: list[Request] = []
+        for chunk in out.chunks:
+            request = requests[chunk.request_id]
+            if self._live.get(chunk.request_id) is not request:
+                continue  # aborted in between
+            request.num_computed_tokens += chunk.num_tokens
+            if chunk.sample:
+                request.output_token_ids.append(_sampled_token(sampled, chunk.request_id))
+            self._blocks.commit_full_blocks(request)
+            if chunk.sample:
+                advanced.append(request)
+                self._after_token(request)
+        return StepUpdate(tuple(advanced))
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _schedule_running(self, step: _Step, decodes: bool) -> None:
+        for request in list(self._running):
+            if step.budget == 0:
+                return
+            if request.status is not RequestStatus.RUNNING or request.request_id in step.scheduled:
+                continue  # preempted earlier in this step, or already planned
+            remaining = request.num_tokens - request.num_computed_tokens
+            if (remaining == 1) != decodes:
+                continue
+            num_tokens = self._chunk_len(remaining, step.budget)
+            if num_tokens and self._grow(request, request.num_computed_tokens + num_tokens, step):
+                step.add(request, num_tokens)
+
+    def _grow(self, request: Request, num_tokens: int, step: _Step) -> bool:
+        """Allocate for a running request, preempting the newest ones; False if it was."""
+        while not self._blocks.allocate(request, num_tokens):
+            victim = self._running[-1]
+            self._preempt(victim, step)
+            if victim is request:
+                return False
+        return True
+
+    def _admit_waiting(self, step: _Step) -> None:
+        while self._waiting and step.budget > 0:
+            if len(self._running) + len(self._importing) >= self._config.max_num_seqs:
+                return
+            request = self._waiting[0]
+            hits = self._blocks.match_prefix(request.all_token_ids)
+            cached = len(hits) * self._blocks.block_size
+            num_tokens = self._chunk_len(request.num_tokens - cached, step.budget)
+            if not num_tokens or not self._blocks.allocate(request, cached + num_tokens, hits):
+                return  # FIFO: the head waits, nobody overtakes it
+            self._waiting.popleft()
+            self._start_running(request)
+            step.add(request, num_tokens)
+
+    def _chunk_len(self, remaining: int, budget: int) -> int:
+        """Tokens to compute now out of remaining; 0 when it must wait for a later step."""
+        if remaining <= budget:
+            return remaining
+        if self._config.enable_chunked_prefill or remaining > self._config.max_num_batched_tokens:
+            return budget  # without chunking, a prompt larger than any step is chunked anyway
+        return 0
+
+    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        end = start + num_tokens
+        return ScheduledChunk(
+            request_id=request.request_id,
+            token_ids=_token_slice(request, start, end),
+            start=start,
+            block_table=tuple(request.block_ids),
+            sample=end == request.num_tokens,
+        )
+
+    def _after_token(self, request: Request) -> None:
+        reason = request.check_stop()
+        if reason is not None:
+            self._finish(request, reason)
+        elif self._config.role is Role.PREFILL:
+            self._running.remove(request)
+            request.status = RequestStatus.PINNED
+            request.finish_reason = FinishReason.PREFILLED
+            self._pinned[request.request_id] = request
+        elif request.num_tokens > self._capacity:
+            self._finish(request, FinishReason.LENGTH)  # the next token's KV cannot fit
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        self._running.remove(request)
+        self._blocks.free(request)
+        request.num_computed_tokens = 0
+        request.num_cached_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self._waiting.appendleft(request)
+        step.drop(request)
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        self._running.remove(request)
+        self._retire(request, reason)
+
+    def _retire(self, request: Request, reason: FinishReason) -> None:
+        self._blocks.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self._live[request.request_id]
+        del self._arrival[request.request_id]
+
+    def _start_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        keys = [self._arrival[r.request_id] for r in self._running]
+        position = bisect.bisect(keys, self._arrival[request.request_id])
+        self._running.insert(position, request)
+
+    def _enter(self, request: Request) -> None:
+        self._live[request.request_id] = request
+        self._arrival[request.request_id] = next(self._counter)
+
+    def _check_new(self, request: Request, num_tokens: int) -> None:
+        rid = request.request_id
+        if rid in self._live:
+            raise ValueError(f"request id {rid!r} is already in use")
+        if request.status is not RequestStatus.WAITING or request.block_ids:
+            raise ValueError(f"request {rid} is not new (status {request.status.value})")
+        if num_tokens > self._capacity:
+            raise RequestTooLargeError(
+                f"request {rid} has {num_tokens} tokens; the KV cache holds at most "
+                f"{self._capacity} ({self._blocks.num_total_blocks} blocks of "
+                f"{self._blocks.block_size})"
+            )
+
+    @property
+    def _capacity(self) -> int:
+        return self._blocks.num_total_blocks * self._blocks.block_size
+
+
+def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
+    prompt = request.prompt_token_ids
+    if end <= len(prompt):
+        return tuple(prompt[start:end])
+    outputs = request.output_token_ids
+    return tuple(prompt[start:]) + tuple(outputs[max(0, start - len(prompt)) : end - len(prompt)])
+
+
+def _sampled_token(sampled: dict[str, int], request_id: str) -> int:
+    try:
+        return sampled[request_id]
+    except KeyError:
+        raise KeyError(f"no sampled token for request {request_id}") from None
