@@ -1,0 +1,181 @@
+"""KVTransferAgent: a node's endpoint for moving KV blocks, whichever transport carries them.
+
+agent = KVTransferAgent(kv, fingerprint=layout.fingerprint(), layout=layout.describe(),
+                        config=TransferConfig(node_name="prefill-0"), leases=leases)
+publish(agent.info.to_json())                    # owner: through Redis / HTTP
+result = await agent.read_blocks(peer, remote_ids, local_ids, request_id="r1")  # reader
+asyncio.create_task(agent.serve())               # owner: releases and lease expiry
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kv_transfer.config import TransferConfig
+from kv_transfer.deadline import Deadline
+from kv_transfer.errors import LayoutMismatch, TransferError, TransferTimeout, TransportUnavailable
+from kv_transfer.hugepages import use_hugepages
+from kv_transfer.lease import LeaseTable
+from kv_transfer.peer_info import Identity, PeerInfo
+from kv_transfer.region import KVRegion, check_block_ids
+from kv_transfer.tcp_transport import TcpTransport
+from kv_transfer.transport import TransferResult, Transport
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TransferCounters:
+    """Reads by outcome and bytes moved, for the node's metrics."""
+
+    ok: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    bytes: int = 0
+
+
+class KVTransferAgent:
+    """Registers one node's KV tensor and moves given blocks to and from peers.
+
+    Owner role: publishes `info`; readers' release notices end leases in `leases`
+    (drained by `poll` / `serve`). Reader role: `read_blocks`. A node may play both.
+    """
+
+    def __init__(
+        self,
+        kv: torch.Tensor,
+        *,
+        fingerprint: str,
+        layout: str,
+        config: TransferConfig,
+        leases: LeaseTable | None = None,
+    ) -> None:
+        self.region = KVRegion(kv)
+        if config.hugepages:
+            use_hugepages(kv)
+        self.config = config
+        self.leases = leases
+        self.identity = Identity(config.node_name, uuid.uuid4().hex[:12], fingerprint, layout)
+        self.transport: Transport = _select_transport(self.region, self.identity, config)
+        self.counters = TransferCounters()
+        self.info = PeerInfo(
+            node_name=config.node_name,
+            incarnation=self.identity.incarnation,
+            transport=self.transport.kind,
+            fingerprint=fingerprint,
+            layout=layout,
+            num_blocks=self.region.num_blocks,
+            block_bytes=self.region.block_bytes,
+            mem_type=self.region.mem_type,
+            device_id=self.region.device_id,
+            base_address=self.region.base_address,
+            **self.transport.peer_fields(),  # type: ignore[arg-type]
+        )
+
+    async def read_blocks(
+        self,
+        peer: PeerInfo,
+        remote_block_ids: Sequence[int],
+        local_block_ids: Sequence[int],
+        *,
+        request_id: str,
+        deadline_s: float | None = None,
+    ) -> TransferResult:
+        """Copy `peer`'s blocks `remote_block_ids` into this node's `local_block_ids` (pairwise,
+        in order), then tell the owner that `request_id` is done with them.
+
+        Raises ValueError for bad ids, LayoutMismatch, PeerUnavailable, TransferTimeout (after
+        `deadline_s`, default `config.deadline_s`) or another TransferError. Once it raises,
+        nothing writes into the local blocks any more.
+        """
+        self._check(peer, remote_block_ids, local_block_ids, request_id)
+        deadline = Deadline.after(deadline_s or self.config.deadline_s)
+        start = time.perf_counter()
+        try:
+            nbytes = await self.transport.read(
+                peer, remote_block_ids, local_block_ids, request_id, deadline
+            )
+        except TransferError as exc:
+            self._count_failure(exc, peer)
+            raise
+        self.counters.ok += 1
+        self.counters.bytes += nbytes
+        return TransferResult(nbytes, time.perf_counter() - start)
+
+    def poll(self) -> int:
+        """Owner: end the leases that readers released and those past expiry; returns how many."""
+        released = self.transport.take_releases()
+        if self.leases is None:
+            return 0
+        ended = sum(self.leases.release(request_id) for request_id in released)
+        return ended + len(self.leases.expire())
+
+    async def serve(self) -> None:
+        """Owner: run `poll` every `config.poll_interval_s` until cancelled."""
+        while True:
+            self.poll()
+            await asyncio.sleep(self.config.poll_interval_s)
+
+    def forget_peer(self, node_name: str) -> None:
+        """Drop cached connections to `node_name` (e.g. when the registry says it left)."""
+        self.transport.forget(node_name)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def _check(
+        self, peer: PeerInfo, remote: Sequence[int], local: Sequence[int], request_id: str
+    ) -> None:
+        if peer.fingerprint != self.info.fingerprint or peer.block_bytes != self.region.block_bytes:
+            raise LayoutMismatch(self.info.layout, peer.layout, peer.agent_name)
+        if peer.transport is not self.transport.kind:
+            raise TransferError(
+                f"peer {peer.agent_name} speaks {peer.transport.value}, "
+                f"this node {self.transport.kind.value}"
+            )
+        if not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if len(remote) != len(local):
+            raise ValueError(
+                f"remote_block_ids has {len(remote)} ids but local_block_ids has {len(local)}"
+            )
+        check_block_ids(remote, peer.num_blocks, "remote_block_ids", unique=False)
+        self.region.check_ids(local, "local_block_ids", unique=True)
+
+    def _count_failure(self, exc: TransferError, peer: PeerInfo) -> None:
+        self.counters.failed += 1
+        if isinstance(exc, TransferTimeout):
+            self.counters.timed_out += 1
+        logger.warning("READ from %s failed: %s", peer.agent_name, exc)
+
+
+def _select_transport(region: KVRegion, identity: Identity, config: TransferConfig) -> Transport:
+    transport: Transport
+    if config.transport == "tcp":
+        transport = TcpTransport(region, identity, config)
+    else:
+        try:
+            from kv_transfer.nixl_transport import NixlTransport
+
+            transport = NixlTransport(region, identity, config)
+        except TransportUnavailable as exc:
+            if config.transport == "nixl":
+                raise
+            logger.warning("NIXL unavailable, falling back to TCP: %s", exc)
+            transport = TcpTransport(region, identity, config)
+    logger.info(
+        "kv_transfer agent %s: transport %s; %d blocks of %d bytes (%s)",
+        identity.agent_name,
+        transport.describe(),
+        region.num_blocks,
+        region.block_bytes,
+        region.mem_type,
+    )
+    return transport

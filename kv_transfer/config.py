@@ -1,0 +1,56 @@
+"""Transfer agent settings: one frozen dataclass, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRANSPORTS = ("auto", "nixl", "tcp")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How a node moves KV blocks.
+
+    transport: "auto" (NIXL when importable, else TCP), "nixl" or "tcp".
+    tcp_host / tcp_port: where the TCP block server listens (port 0: any free port).
+    advertise_host: the address peers dial (default: tcp_host; set it when binding 0.0.0.0).
+    deadline_s: default deadline of one READ.
+    ucx_tls: UCX_TLS used for host-memory KV when the environment sets none (see nixl_loader).
+    progress_wakeup_us: NIXL progress thread's periodic wakeup; it sleeps on UCX events between.
+    hugepages: back a CPU KV tensor with transparent huge pages at registration (best effort).
+    poll_interval_s: how often the owner drains release notifications and expires leases.
+    """
+
+    node_name: str
+    transport: str = "auto"
+    tcp_host: str = "127.0.0.1"
+    tcp_port: int = 0
+    advertise_host: str | None = None
+    deadline_s: float = 5.0
+    ucx_tls: str = "tcp,cma,self"
+    progress_wakeup_us: int = 10_000
+    hugepages: bool = True
+    poll_interval_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not self.node_name or any(c.isspace() for c in self.node_name):
+            raise ValueError(
+                f"TransferConfig.node_name must be a non-empty word: {self.node_name!r}"
+            )
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"TransferConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}"
+            )
+        if not 0 <= self.tcp_port <= 65535:
+            raise ValueError(f"TransferConfig.tcp_port must be in [0, 65535], got {self.tcp_port}")
+        for name in ("deadline_s", "poll_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TransferConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.progress_wakeup_us < 1:
+            raise ValueError(
+                f"TransferConfig.progress_wakeup_us must be >= 1, got {self.progress_wakeup_us}"
+            )
+
+    @property
+    def dial_host(self) -> str:
+        return self.advertise_host or self.tcp_host

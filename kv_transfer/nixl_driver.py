@@ -1,0 +1,211 @@
+"""One thread that owns a NIXL agent: every NIXL call runs on it, transfers are watched there.
+
+Why a thread: a READ over CMA copies inside `transfer()`, which would stall the caller's
+event loop for the whole copy; and NIXL agents are not thread safe, so one thread makes all
+calls. The thread never spins: between checks of an in-flight transfer it sleeps on its job
+queue (50 us, doubling up to 1 ms); with nothing in flight it wakes every
+`notify_interval_s` to collect notifications.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kv_transfer.deadline import Deadline
+from kv_transfer.errors import (
+    PeerUnavailable,
+    TransferCancelled,
+    TransferError,
+    TransferTimeout,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_FIRST_WAIT_S = 50e-6
+_MAX_WAIT_S = 1e-3
+
+
+OnFinish = Callable[[TransferError | None], None]
+
+
+@dataclass
+class _Inflight:
+    handle: Any
+    future: cf.Future[None]
+    on_finish: OnFinish
+    deadline: Deadline
+    next_check: float
+    wait_s: float
+
+
+class NixlDriver:
+    """Runs jobs and watches transfers of one nixl_agent on a dedicated thread."""
+
+    def __init__(
+        self, name: str, notify_interval_s: float, on_notif: Callable[[str, bytes], None]
+    ) -> None:
+        self.agent: Any = None  # set by the first job; touched only on the thread
+        self._notify_interval_s = notify_interval_s
+        self._on_notif = on_notif
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._inflight: list[_Inflight] = []
+        self._thread = threading.Thread(target=self._run, name=f"nixl-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> cf.Future[T]:
+        """Run `fn` on the driver thread."""
+        future: cf.Future[T] = cf.Future()
+
+        def job() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        self._jobs.put(job)
+        return future
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return self.submit(fn).result()
+
+    def transfer(
+        self, make_handle: Callable[[], Any], deadline: Deadline, on_finish: OnFinish
+    ) -> cf.Future[None]:
+        """Create a transfer with `make_handle` (on the thread), post it, and watch it.
+
+        The future ends with None or a TransferError; the handle is released either way, then
+        `on_finish(error)` runs on the thread (only if `make_handle` returned a handle)."""
+        future: cf.Future[None] = cf.Future()
+        self._jobs.put(lambda: self._post(make_handle, deadline, on_finish, future))
+        return future
+
+    def cancel(self, future: cf.Future[None]) -> cf.Future[None]:
+        """Abort the transfer behind `future`; done once no NIXL request writes any more."""
+        return self.submit(lambda: self._abort(future))
+
+    def inflight(self) -> int:
+        return self.call(lambda: len(self._inflight))
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        next_notify = time.monotonic()
+        while True:
+            try:
+                job = self._jobs.get(timeout=self._wait_s(next_notify))
+                if job is None:
+                    break
+                job()
+            except queue.Empty:
+                pass
+            self._check_inflight()
+            if self.agent is not None and time.monotonic() >= next_notify:
+                self._drain_notifs()
+                next_notify = time.monotonic() + self._notify_interval_s
+        for item in self._inflight:
+            self._finish(item, TransferError("transfer agent closed"))
+
+    def _wait_s(self, next_notify: float) -> float:
+        wake = min([next_notify, *(i.next_check for i in self._inflight)])
+        return max(wake - time.monotonic(), 0.0)
+
+    def _post(
+        self,
+        make_handle: Callable[[], Any],
+        deadline: Deadline,
+        on_finish: OnFinish,
+        fut: cf.Future[None],
+    ) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return  # the caller gave up before the transfer started
+        try:
+            handle = make_handle()
+        except BaseException as exc:
+            fut.set_exception(as_transfer_error(exc))
+            return
+        first_check = time.monotonic() + _FIRST_WAIT_S
+        item = _Inflight(handle, fut, on_finish, deadline, first_check, _FIRST_WAIT_S)
+        try:
+            state = self.agent.transfer(handle)
+        except Exception as exc:
+            self._finish(item, as_transfer_error(exc))
+            return
+        self._settle(item, state)
+
+    def _check_inflight(self) -> None:
+        now = time.monotonic()
+        for item in [i for i in self._inflight if i.next_check <= now]:
+            try:
+                state = self.agent.check_xfer_state(item.handle)
+            except Exception as exc:
+                self._finish(item, as_transfer_error(exc))
+                continue
+            self._settle(item, state)
+
+    def _settle(self, item: _Inflight, state: str) -> None:
+        if state == "DONE":
+            self._finish(item, None)
+        elif state != "PROC":
+            self._finish(item, TransferError(f"NIXL transfer failed (state {state})"))
+        elif item.deadline.expired():
+            budget = item.deadline.budget_s
+            self._finish(item, TransferTimeout(f"transfer exceeded its deadline of {budget:.3f} s"))
+        else:
+            if item not in self._inflight:
+                self._inflight.append(item)
+            item.wait_s = min(item.wait_s * 2, _MAX_WAIT_S)
+            item.next_check = min(time.monotonic() + item.wait_s, item.deadline.at)
+
+    def _abort(self, fut: cf.Future[None]) -> None:
+        for item in self._inflight:
+            if item.future is fut:
+                self._finish(item, TransferCancelled("transfer cancelled"))
+
+    def _finish(self, item: _Inflight, error: TransferError | None) -> None:
+        if item in self._inflight:
+            self._inflight.remove(item)
+        try:
+            item.handle.release()  # cancels a request still in progress
+        except Exception:
+            logger.exception("NIXL could not release a transfer handle; its request may linger")
+        try:
+            item.on_finish(error)
+        except Exception:
+            logger.exception("transfer completion hook failed")
+        if item.future.done():
+            return
+        if error is None:
+            item.future.set_result(None)
+        else:
+            item.future.set_exception(error)
+
+    def _drain_notifs(self) -> None:
+        try:
+            notifs = self.agent.get_new_notifs()
+        except Exception:
+            logger.exception("NIXL notification poll failed")
+            return
+        for sender, messages in notifs.items():
+            for message in messages:
+                self._on_notif(sender, message)
+
+
+def as_transfer_error(exc: BaseException) -> TransferError:
+    """Map an exception raised by NIXL (or our own code) to a TransferError."""
+    if isinstance(exc, TransferError):
+        return exc
+    name = type(exc).__name__
+    if name == "nixlRemoteDisconnectError":
+        return PeerUnavailable(f"peer disconnected ({name})")
+    return TransferError(f"NIXL error: {name}: {exc}")

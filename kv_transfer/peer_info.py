@@ -1,0 +1,111 @@
+"""PeerInfo: what a reader needs to pull blocks from an owner, as text the cluster can carry.
+
+The owner publishes it (through Redis and HTTP); the reader passes it to `read_blocks`. A new
+process gets a new `incarnation`, so a reader holding a restarted peer's old PeerInfo is
+refused instead of reading from state that no longer exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+_VERSION = 1
+
+
+class TransportKind(StrEnum):
+    NIXL = "nixl"
+    TCP = "tcp"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this process is to its peers: node, incarnation and KV layout."""
+
+    node_name: str
+    incarnation: str
+    fingerprint: str
+    layout: str
+
+    @property
+    def agent_name(self) -> str:
+        return f"{self.node_name}.{self.incarnation}"
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """One owner process's transfer endpoint and KV region.
+
+    agent_name: unique per process (`node_name.incarnation`). fingerprint / layout: the KV
+    layout's hash and readable description. base_address, block_bytes, num_blocks, mem_type
+    ("DRAM" or "VRAM"), device_id: where block `i` lives (`base_address + i * block_bytes`).
+    nixl_metadata: the NIXL agent's metadata (NIXL transport). tcp_host / tcp_port: the block
+    server's address (TCP transport).
+    """
+
+    node_name: str
+    incarnation: str
+    transport: TransportKind
+    fingerprint: str
+    layout: str
+    num_blocks: int
+    block_bytes: int
+    mem_type: str
+    device_id: int
+    base_address: int
+    nixl_metadata: bytes | None = None
+    tcp_host: str | None = None
+    tcp_port: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transport", TransportKind(self.transport))
+        for name in ("node_name", "incarnation", "fingerprint"):
+            if not getattr(self, name):
+                raise ValueError(f"PeerInfo.{name} must be a non-empty string")
+        for name in ("num_blocks", "block_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PeerInfo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.mem_type not in ("DRAM", "VRAM"):
+            raise ValueError(f"PeerInfo.mem_type must be DRAM or VRAM, got {self.mem_type!r}")
+        if self.transport is TransportKind.NIXL and not self.nixl_metadata:
+            raise ValueError("PeerInfo.nixl_metadata is required for the nixl transport")
+        if self.transport is TransportKind.TCP and (not self.tcp_host or not self.tcp_port):
+            raise ValueError("PeerInfo.tcp_host and tcp_port are required for the tcp transport")
+
+    @property
+    def agent_name(self) -> str:
+        return f"{self.node_name}.{self.incarnation}"
+
+    def to_json(self) -> str:
+        fields: dict[str, Any] = asdict(self)
+        fields["transport"] = self.transport.value
+        if self.nixl_metadata is not None:
+            fields["nixl_metadata"] = base64.b64encode(self.nixl_metadata).decode("ascii")
+        return json.dumps({"v": _VERSION, **fields}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PeerInfo:
+        """Parse `to_json` output; ValueError names what is wrong."""
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"PeerInfo is not valid JSON: {exc}") from None
+        if not isinstance(fields, dict) or fields.pop("v", None) != _VERSION:
+            raise ValueError(f"PeerInfo must be a JSON object with v={_VERSION}")
+        meta = fields.get("nixl_metadata")
+        if meta is not None:
+            fields["nixl_metadata"] = base64.b64decode(meta)
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise ValueError(f"PeerInfo fields are wrong: {exc}") from None
+
+    def to_bytes(self) -> bytes:
+        return self.to_json().encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PeerInfo:
+        return cls.from_json(data)

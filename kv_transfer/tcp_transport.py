@@ -1,0 +1,106 @@
+"""The TCP fallback transport: the NIXL interface over plain sockets.
+
+Owner side: a BlockServer (tcp_server.py) serves the registered blocks from threads. Reader
+side: each READ is a BlockRead (tcp_client.py) on a small thread pool, awaited here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures as cf
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+
+from kv_transfer.config import TransferConfig
+from kv_transfer.deadline import Deadline
+from kv_transfer.errors import TransferTimeout
+from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
+from kv_transfer.region import KVRegion
+from kv_transfer.tcp_client import BlockRead, ConnectionPool
+from kv_transfer.tcp_server import BlockServer
+
+_READ_THREADS = 4
+_STUCK_GRACE_S = 2.0  # beyond the deadline, stop waiting for a reader thread that hangs
+
+
+class TcpTransport:
+    kind = TransportKind.TCP
+
+    def __init__(self, region: KVRegion, identity: Identity, config: TransferConfig) -> None:
+        self._region = region
+        self._identity = identity
+        self._host = config.dial_host
+        self._releases: collections.deque[str] = collections.deque()
+        self._server = BlockServer(
+            region, identity, config.tcp_host, config.tcp_port, self._releases.append
+        )
+        self._pool = ConnectionPool()
+        self._executor = cf.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="kv-tcp-read")
+        self._inflight = 0
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f"tcp (block server on {self._host}:{self._server.port})"
+
+    def peer_fields(self) -> dict[str, object]:
+        return {"tcp_host": self._host, "tcp_port": self._server.port}
+
+    async def read(
+        self,
+        peer: PeerInfo,
+        remote_ids: Sequence[int],
+        local_ids: Sequence[int],
+        request_id: str,
+        deadline: Deadline,
+    ) -> int:
+        ids = (list(remote_ids), list(local_ids))
+        job = BlockRead(self._pool, self._region, self._identity, peer, ids, request_id, deadline)
+        future = asyncio.wrap_future(self._executor.submit(self._counted, job))
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(future), max(deadline.left(), 0.0) + _STUCK_GRACE_S
+            )
+        except asyncio.CancelledError:
+            job.abort()
+            await asyncio.wait([future])  # the thread stops writing into local blocks first
+            raise
+        except TimeoutError:
+            job.abort()
+            raise TransferTimeout(
+                "transfer exceeded its deadline (reader thread stalled)"
+            ) from None
+        return len(local_ids) * self._region.block_bytes
+
+    def _counted(self, job: BlockRead) -> None:
+        with self._counting():
+            job.run()
+
+    @contextlib.contextmanager
+    def _counting(self) -> Iterator[None]:
+        with self._lock:
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def take_releases(self) -> list[str]:
+        out = []
+        while self._releases:
+            out.append(self._releases.popleft())
+        return out
+
+    def forget(self, node_name: str) -> None:
+        self._pool.forget(node_name)
+
+    def inflight(self) -> int:
+        with self._lock:
+            return self._inflight
+
+    def close(self) -> None:
+        self._server.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()

@@ -1,0 +1,253 @@
+"""Two real processes per transport: an owner (owner_process.py) and this test as the reader."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kv_transfer import (
+    KVTransferAgent,
+    PeerInfo,
+    PeerUnavailable,
+    TransferConfig,
+    TransferError,
+    TransferTimeout,
+    nixl_available,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from owner_process import FINGERPRINT, LAYOUT, SHAPE, reference_kv
+
+OWNER_SCRIPT = Path(__file__).with_name("owner_process.py")
+TRANSPORTS = [
+    "tcp",
+    pytest.param("nixl", marks=pytest.mark.skipif(not nixl_available(), reason="needs NIXL")),
+]
+READER_BLOCKS = 40
+
+
+class OwnerProcess:
+    """An owner process and its JSON-lines command channel. Starts at once, waited for on the
+    first use of `info` (so that its start overlaps other setup)."""
+
+    def __init__(
+        self, transport: str, seed: int, node: str, port: int = 0, device: str = "cpu"
+    ) -> None:
+        self.seed = seed
+        args = ["--transport", transport, "--seed", str(seed), "--node", node, "--port", str(port)]
+        args += ["--device", device]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(OWNER_SCRIPT), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._info: PeerInfo | None = None
+
+    @property
+    def info(self) -> PeerInfo:
+        if self._info is None:
+            self._info = PeerInfo.from_json(self._read_line(timeout=60)["info"])
+        return self._info
+
+    def _read_line(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"owner process gave no answer (exit code {self.proc.poll()})")
+        return dict(json.loads(line))
+
+    def ask(self, **cmd: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.info is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read_line(timeout=10)
+
+    def wait_counts(self, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """Counts once `done(counts)` holds (the owner drains releases every 20 ms)."""
+        give_up = time.monotonic() + 5
+        counts = self.ask(op="counts")
+        while not done(counts) and time.monotonic() < give_up:
+            time.sleep(0.02)
+            counts = self.ask(op="counts")
+        return counts
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def reader(transport: str, owners: dict[str, OwnerProcess]) -> Iterator[KVTransferAgent]:
+    kv = torch.zeros((READER_BLOCKS, *SHAPE[1:]))
+    config = TransferConfig("reader", transport=transport)
+    agent = KVTransferAgent(kv, fingerprint=FINGERPRINT, layout=LAYOUT, config=config)
+    yield agent
+    agent.close()
+
+
+@pytest.fixture(scope="module")
+def owners(transport: str) -> Iterator[dict[str, OwnerProcess]]:
+    """The live owner of this transport, shared by tests; a test that kills it replaces it."""
+    pool = {"owner": OwnerProcess(transport, seed=1, node="owner")}
+    yield pool
+    for owner in pool.values():
+        owner.kill()
+
+
+@pytest.fixture
+def owner(owners: dict[str, OwnerProcess], transport: str) -> OwnerProcess:
+    if "owner" not in owners or not owners["owner"].alive():
+        owners["owner"] = OwnerProcess(transport, seed=1, node="owner")
+    return owners["owner"]
+
+
+def local_kv(agent: KVTransferAgent) -> torch.Tensor:
+    return agent.region.kv
+
+
+async def test_random_blocks_arrive_byte_equal(
+    reader: KVTransferAgent, owner: OwnerProcess
+) -> None:
+    remote = [5, 2, 9, 30, 31, 0, 47]  # out of order, with a contiguous pair
+    local = [1, 17, 3, 8, 9, 39, 20]
+    before = local_kv(reader).clone()
+    result = await reader.read_blocks(owner.info, remote, local, request_id="plain")
+    expected = reference_kv(owner.seed)
+    assert torch.equal(local_kv(reader)[local], expected[remote])
+    untouched = [i for i in range(READER_BLOCKS) if i not in local]
+    assert torch.equal(local_kv(reader)[untouched], before[untouched])
+    assert result.nbytes == len(remote) * reader.region.block_bytes
+    assert result.seconds > 0
+
+
+async def test_release_frees_the_blocks_once(reader: KVTransferAgent, owner: OwnerProcess) -> None:
+    start = owner.ask(op="counts")
+    blocks = owner.ask(op="grant", request_id="rel-1", num_blocks=5, ttl_s=60)["blocks"]
+    assert owner.ask(op="counts")["free"] == start["free"] - 5
+    await reader.read_blocks(owner.info, blocks, [0, 2, 4, 6, 8], request_id="rel-1")
+    assert torch.equal(local_kv(reader)[[0, 2, 4, 6, 8]], reference_kv(owner.seed)[blocks])
+    counts = owner.wait_counts(lambda c: c["free"] == start["free"])
+    assert counts["free"] == start["free"] and counts["held"] == 0
+    assert counts["freed"].count("rel-1") == 1
+    assert owner.ask(op="release", request_id="rel-1") == {"released": False}  # the HTTP path
+
+
+async def test_lease_expiry_frees_unreleased_blocks(owner: OwnerProcess) -> None:
+    start = owner.ask(op="counts")
+    owner.ask(op="grant", request_id="exp-1", num_blocks=3, ttl_s=0.3)
+    assert owner.ask(op="counts")["held"] == 3
+    counts = owner.wait_counts(lambda c: "exp-1" in c["freed"])
+    assert counts["free"] == start["free"] and counts["held"] == 0 and counts["leases"] == 0
+
+
+async def test_stalled_peer_times_out_without_spinning(
+    reader: KVTransferAgent, owner: OwnerProcess
+) -> None:
+    await reader.read_blocks(owner.info, [1], [1], request_id="warm")  # connection cached
+    owner.signal(signal.SIGSTOP)
+    try:
+        cpu_before, t = _cpu_seconds(), time.monotonic()
+        with pytest.raises(TransferTimeout):
+            await reader.read_blocks(owner.info, [3, 4], [3, 4], request_id="st", deadline_s=1.0)
+        waited, cpu = time.monotonic() - t, _cpu_seconds() - cpu_before
+        assert 0.9 < waited < 3.0
+        assert cpu < 0.5 * waited, f"{cpu:.2f} s of CPU while waiting {waited:.2f} s"
+        task = asyncio.create_task(
+            reader.read_blocks(owner.info, [5], [5], request_id="cx", deadline_s=5)
+        )
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert reader.transport.inflight() == 0
+    finally:
+        owner.signal(signal.SIGCONT)
+    await reader.read_blocks(owner.info, [6, 7], [6, 7], request_id="after")
+    assert torch.equal(local_kv(reader)[[6, 7]], reference_kv(owner.seed)[[6, 7]])
+
+
+async def test_dead_peer_fails_in_time_and_restarted_peer_is_detected(
+    reader: KVTransferAgent, owners: dict[str, OwnerProcess], owner: OwnerProcess, transport: str
+) -> None:
+    await reader.read_blocks(owner.info, [1], [1], request_id="warm")
+    owner.kill()
+    t = time.monotonic()
+    with pytest.raises(TransferError):
+        await reader.read_blocks(owner.info, [2, 3], [2, 3], request_id="dead", deadline_s=2.0)
+    assert time.monotonic() - t < 5.0
+    assert reader.transport.inflight() == 0
+
+    port = owner.info.tcp_port or 0  # TCP: the new process takes over the same port
+    restarted = OwnerProcess(transport, seed=7, node=owner.info.node_name, port=port)
+    owners["owner"] = restarted
+    assert restarted.info.incarnation != owner.info.incarnation
+    start = restarted.ask(op="counts")
+    with pytest.raises(PeerUnavailable):  # the old PeerInfo is refused, never served
+        await reader.read_blocks(owner.info, [2], [2], request_id="stale", deadline_s=2.0)
+    blocks = restarted.ask(op="grant", request_id="new-1", num_blocks=4, ttl_s=60)["blocks"]
+    await reader.read_blocks(restarted.info, blocks, [10, 11, 12, 13], request_id="new-1")
+    assert torch.equal(local_kv(reader)[[10, 11, 12, 13]], reference_kv(7)[blocks])
+    counts = restarted.wait_counts(lambda c: c["free"] == start["free"])
+    assert counts["free"] == start["free"] and counts["held"] == 0
+    assert reader.transport.inflight() == 0
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_an_idle_agent_does_not_spin(reader: KVTransferAgent) -> None:
+    cpu_before, t = _cpu_seconds(), time.monotonic()
+    time.sleep(0.5)
+    cpu, waited = _cpu_seconds() - cpu_before, time.monotonic() - t
+    assert cpu < 0.3 * waited, f"{cpu:.2f} s of CPU in {waited:.2f} s of idling"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_vram_blocks_arrive_byte_equal(transport: str) -> None:
+    owner = OwnerProcess(transport, seed=5, node="gpu-owner", device="cuda")
+    kv = torch.zeros((READER_BLOCKS, *SHAPE[1:]), device="cuda")
+    config = TransferConfig("gpu-reader", transport=transport)
+    reader = KVTransferAgent(kv, fingerprint=FINGERPRINT, layout=LAYOUT, config=config)
+    try:
+        assert owner.info.mem_type == "VRAM" and reader.info.mem_type == "VRAM"
+        remote, local = [7, 1, 2, 40], [0, 30, 31, 5]
+        blocks = owner.ask(op="grant", request_id="g", num_blocks=2, ttl_s=60)["blocks"]
+        await reader.read_blocks(owner.info, remote, local, request_id="other")
+        await reader.read_blocks(owner.info, blocks, [10, 11], request_id="g")
+        expected = reference_kv(owner.seed)
+        assert torch.equal(kv[local].cpu(), expected[remote])
+        assert torch.equal(kv[[10, 11]].cpu(), expected[blocks])
+        assert owner.wait_counts(lambda c: c["held"] == 0)["held"] == 0
+    finally:
+        reader.close()
+        owner.kill()
