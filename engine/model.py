@@ -1,0 +1,167 @@
+"""The Llama decoder in plain torch, over the paged KV cache.
+
+A forward takes the flattened tokens of a whole step (prefill chunks and decode tokens mixed)
+and returns logits only for the rows that are sampled. Projections are fused at load time:
+one ``qkv`` matmul and one ``gate_up`` matmul per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.kv_cache import write_kv
+from engine.model_config import ModelConfig, RopeScaling
+
+
+def _weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    """Uninitialised frozen weight; the loader fills it."""
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [tokens, hidden]. Normalised in fp32, scaled in the model dtype."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype) * weight
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """[head_dim / 2] fp32 inverse frequencies, llama3-scaled when ``scaling`` is given."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    wavelen = 2 * math.pi / inv_freq
+    old_len = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_len / scaling.low_freq_factor
+    high_freq_wavelen = old_len / scaling.high_freq_factor
+    # long wavelengths are slowed by `factor`, short ones kept, the band between blended
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+class Rotary(nn.Module):
+    """Precomputed cos/sin tables ``[max_len, head_dim / 2]`` (rotate-half convention)."""
+
+    def __init__(
+        self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
+        self.register_buffer("cos", freqs.cos().to(device, dtype), persistent=False)
+        self.register_buffer("sin", freqs.sin().to(device, dtype), persistent=False)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for ``positions`` [tokens]: each [tokens, 1, head_dim / 2]."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; cos, sin: [tokens, 1, head_dim / 2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.index = index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        self.input_norm = _weight(hidden, dtype=dtype, device=device)
+        self.qkv = _weight(config.q_size + 2 * config.kv_size, hidden, dtype=dtype, device=device)
+        self.o_proj = _weight(hidden, config.q_size, dtype=dtype, device=device)
+        self.post_norm = _weight(hidden, dtype=dtype, device=device)
+        self.gate_up = _weight(2 * inter, hidden, dtype=dtype, device=device)
+        self.down = _weight(hidden, inter, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attention: AttentionBackend,
+    ) -> torch.Tensor:
+        """h: [tokens, hidden] -> [tokens, hidden]."""
+        tokens = h.shape[0]
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        x = rms_norm(h, self.input_norm, self.eps)
+        qkv = F.linear(x, self.qkv).view(tokens, heads + 2 * kv_heads, self.head_dim)
+        qk = apply_rope(qkv[:, : heads + kv_heads], *rope)  # [tokens, heads + kv_heads, d]
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+        write_kv(kv_cache, self.index, k, v, meta.slot_mapping)
+        o = attention(q, k, v, kv_cache, self.index, meta)  # [tokens, heads, d]
+        h = h.addmm_(o.reshape(tokens, -1), self.o_proj.t())
+        x = rms_norm(h, self.post_norm, self.eps)
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)  # each [tokens, inter]
+        return h.addmm_(F.silu(gate) * up, self.down.t())
+
+
+class LlamaModel(nn.Module):
+    """Llama-family causal LM. Weights are empty until ``engine.loader.load_weights``."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        attention: AttentionBackend,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.attention = attention
+        vocab, hidden = config.vocab_size, config.hidden_size
+        self.embed = _weight(vocab, hidden, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers)
+        )
+        self.norm = _weight(hidden, dtype=dtype, device=device)
+        self.lm_head = (
+            self.embed
+            if config.tie_word_embeddings
+            else _weight(vocab, hidden, dtype=dtype, device=device)
+        )
+        self.rotary = Rotary(config, max_len, dtype, device)
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """input_ids: [tokens]; logits_indices: [sampled] rows of the step to score.
+
+        Writes the step's K/V into ``kv_cache``; returns logits [sampled, vocab] in the
+        model dtype.
+        """
+        h = F.embedding(input_ids, self.embed)  # [tokens, hidden]
+        rope = self.rotary.tables(meta.positions)
+        for layer in self.layers:
+            h = layer(h, rope, kv_cache, meta, self.attention)
+        last = rms_norm(h[logits_indices], self.norm, self.config.rms_norm_eps)
+        return F.linear(last, self.lm_head)  # [sampled, vocab]
