@@ -1,0 +1,96 @@
+"""ModelRunner: turns a SchedulerOutput into tensors, runs the model, returns logits.
+
+It owns the weights and the KV cache and knows nothing of requests, sampling or scheduling.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import torch
+
+from engine.attention import AttentionBackend, AttentionMetadata, TorchAttention
+from engine.config import EngineConfig
+from engine.kv_cache import KVLayout, allocate_kv_cache, num_blocks_for
+from engine.loader import load_weights
+from engine.model import LlamaModel
+from engine.model_config import ModelConfig
+from engine.schedule import ScheduledChunk, SchedulerOutput
+
+
+class ModelRunner:
+    """The model's weights, the node's KV cache tensor, and one forward per step."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        attention: AttentionBackend | None = None,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = torch.device(config.device)
+        self.max_model_len = min(
+            config.max_model_len or model_config.max_position_embeddings,
+            model_config.max_position_embeddings,
+        )
+        self.model = LlamaModel(
+            model_config,
+            attention or TorchAttention(),
+            self.max_model_len,
+            config.dtype,
+            self.device,
+        )
+        load_weights(self.model, config.model_dir)
+        self.layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
+        self.num_blocks = num_blocks_for(config, self.layout)
+        # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
+        self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+        """Run one step; float32 logits [sampled chunks, vocab] in the sampled chunks' order.
+
+        Computes K/V for every scheduled token into the cache, and the LM head only for the
+        last token of chunks with ``sample`` set.
+        """
+        if out.is_empty:
+            raise ValueError("execute() needs at least one scheduled chunk")
+        order = _decodes_first(out.chunks)
+        chunks = [out.chunks[i] for i in order]
+        meta = AttentionMetadata.build(
+            [c.num_tokens for c in chunks],
+            [c.start for c in chunks],
+            [c.block_table for c in chunks],
+            self.config.block_size,
+            self.device,
+        )
+        self._check_lengths(meta)
+        input_ids = torch.tensor(list(chain.from_iterable(c.token_ids for c in chunks)))
+        logits_indices = torch.tensor(_sampled_rows(out.chunks, order), dtype=torch.int64)
+        logits = self.model(
+            input_ids.to(self.device), meta, self.kv_cache, logits_indices.to(self.device)
+        )
+        return logits.float()
+
+    def _check_lengths(self, meta: AttentionMetadata) -> None:
+        longest = max(meta.context_lens_host)
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
+            )
+
+
+def _decodes_first(chunks: tuple[ScheduledChunk, ...]) -> list[int]:
+    """Chunk indices, single-token chunks first (batched decode attention), then prefills."""
+    return sorted(range(len(chunks)), key=lambda i: chunks[i].num_tokens != 1)
+
+
+def _sampled_rows(chunks: tuple[ScheduledChunk, ...], order: list[int]) -> list[int]:
+    """Row of each sampled chunk's last token in the reordered step, in scheduled order."""
+    end: dict[int, int] = {}
+    total = 0
+    for i in order:
+        total += chunks[i].num_tokens
+        end[i] = total
+    return [end[i] - 1 for i, c in enumerate(chunks) if c.sample]
