@@ -1,0 +1,309 @@
+"""EngineLoop: one thread owns an LLMEngine; asyncio code reaches it through commands.
+
+HTTP handlers never touch the engine. They send commands (callables taking the engine)
+through a thread-safe queue; the thread runs every queued command between two steps, then
+one step, and hands each request's outputs to that request's asyncio queue with
+`call_soon_threadsafe`. With no request to run, the thread sleeps on the command queue, so
+an idle node spends no CPU.
+
+    loop = EngineLoop(engine, torch_threads=1)
+    loop.start()
+    stream = await loop.open("r1", lambda e: e.add_request("r1", ids, params))
+    while not (item := await stream.get(timeout_s=30)).output.finished: ...
+    await loop.abort("r1")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from engine.engine import EngineCounters, EngineStats, LLMEngine
+from engine.outputs import StepOutput
+from engine.request import FinishReason
+
+log = logging.getLogger("splitserve.engine.loop")
+
+T = TypeVar("T")
+Command = Callable[[LLMEngine], Any]
+
+
+@dataclass(frozen=True)
+class LoopOutput:
+    """One engine output of a request. `pinned_block_ids`: in the prefill role, the blocks
+    the request holds once its first token is out (finish_reason PREFILLED), read in the
+    engine thread during the same step."""
+
+    output: StepOutput
+    pinned_block_ids: tuple[int, ...] = ()
+
+
+class EngineFailed(RuntimeError):
+    """The engine failed or stopped while running the request; its blocks are freed."""
+
+
+@dataclass(frozen=True)
+class LoopSnapshot:
+    """The engine's numbers after the loop's latest iteration; safe to read from any thread."""
+
+    stats: EngineStats
+    counters: EngineCounters
+
+
+class RequestStream:
+    """The outputs of one request, in order, read on the event loop that opened it.
+
+    The last output has `output.finished` set (abort included); an engine failure raises
+    EngineFailed instead.
+    """
+
+    def __init__(self, request_id: str, items: asyncio.Queue[LoopOutput | EngineFailed]) -> None:
+        self.request_id = request_id
+        self._items = items
+
+    async def get(self, timeout_s: float) -> LoopOutput:
+        """The next output; TimeoutError after `timeout_s` seconds without one."""
+        async with asyncio.timeout(timeout_s):
+            item = await self._items.get()
+        return _unwrap(item)
+
+    def get_nowait(self) -> LoopOutput | None:
+        """An output already delivered, or None."""
+        try:
+            item = self._items.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        return _unwrap(item)
+
+
+def _unwrap(item: LoopOutput | EngineFailed) -> LoopOutput:
+    if isinstance(item, EngineFailed):
+        raise item
+    return item
+
+
+@dataclass(frozen=True)
+class _Sink:
+    loop: asyncio.AbstractEventLoop
+    items: asyncio.Queue[LoopOutput | EngineFailed]
+
+    def put(self, item: LoopOutput | EngineFailed) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody listens
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+
+
+@dataclass(frozen=True)
+class _Job:
+    command: Command
+    future: cf.Future[Any] | None  # None: fire and forget, errors are logged
+
+    def run(self, engine: LLMEngine) -> None:
+        if self.future is None:
+            try:
+                self.command(engine)
+            except Exception:
+                log.exception("engine command failed")
+            return
+        if not self.future.set_running_or_notify_cancel():
+            return  # the caller gave up before it ran
+        try:
+            self.future.set_result(self.command(engine))
+        except Exception as exc:
+            self.future.set_exception(exc)
+
+
+_STOP = object()
+
+
+class EngineLoop:
+    """Runs an LLMEngine in a dedicated thread. Async methods are called from one event loop
+    thread; `post` and `snapshot` from any thread."""
+
+    def __init__(
+        self, engine: LLMEngine, torch_threads: int | None = None, name: str = "engine-loop"
+    ) -> None:
+        if torch_threads is not None and torch_threads < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {torch_threads!r}")
+        self.engine = engine  # read-only outside the thread: config, layout, KV tensor
+        self._torch_threads = torch_threads
+        self._commands: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._lock = threading.Lock()
+        self._closed = False
+        self._snapshot = LoopSnapshot(engine.stats(), dataclasses.replace(engine.counters))
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish the current step, fail the open streams, end the thread. Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._commands.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    @property
+    def snapshot(self) -> LoopSnapshot:
+        return self._snapshot
+
+    # ---- commands -----------------------------------------------------------------------
+
+    def post(self, command: Command) -> None:
+        """Run `command(engine)` between steps; returns at once. Thread safe. Dropped (with
+        a log line) when the loop has stopped."""
+        if not self._put(_Job(command, None)):
+            log.warning("engine loop stopped; command dropped")
+
+    async def call(self, command: Callable[[LLMEngine], T]) -> T:
+        """Run `command(engine)` between steps and return its result (or raise its error).
+
+        Cancelling the caller before the command runs skips it; once it ran, its effects
+        stay (callers undo them with another command).
+        """
+        future: cf.Future[T] = cf.Future()
+        if not self._put(_Job(command, future)):
+            raise EngineFailed("the engine loop is not running")
+        return await asyncio.wrap_future(future)
+
+    async def open(self, request_id: str, start: Command) -> RequestStream:
+        """Run `start(engine)` (add_request, commit_import...) and route the request's outputs
+        to a new stream, atomically. Errors of `start` propagate (ValueError: bad request)."""
+        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+
+        def attach(engine: LLMEngine) -> None:
+            if request_id in self._sinks:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            start(engine)
+            self._sinks[request_id] = sink
+            if engine.scheduler.get(request_id) is None:  # finished at admission
+                self._end(request_id, None)
+
+        def undo(engine: LLMEngine) -> None:
+            if self._sinks.get(request_id) is sink:
+                self._abort_now(engine, request_id)
+
+        try:
+            await self.call(attach)
+        except asyncio.CancelledError:
+            self.post(undo)
+            raise
+        return RequestStream(request_id, sink.items)
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a request in any state; its stream ends with finish_reason ABORT.
+        False when the engine did not know it."""
+        return await self.call(lambda engine: self._abort_now(engine, request_id))
+
+    def post_abort(self, request_id: str) -> None:
+        """`abort` without waiting: for cleanup paths that may not await (thread safe)."""
+        self.post(lambda engine: self._abort_now(engine, request_id))
+
+    # ---- the thread ---------------------------------------------------------------------
+
+    def _put(self, job: _Job) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._commands.put(job)
+            return True
+
+    def _run(self) -> None:
+        if self._torch_threads is not None:
+            torch.set_num_threads(self._torch_threads)
+        try:
+            while self._run_commands(block=not self.engine.has_unfinished()):
+                if self.engine.has_unfinished():
+                    self._step()
+                self._snapshot = LoopSnapshot(
+                    self.engine.stats(), dataclasses.replace(self.engine.counters)
+                )
+        finally:
+            self._shut_down()
+
+    def _run_commands(self, block: bool) -> bool:
+        """Run the queued commands (waiting for one when `block`); False on stop."""
+        try:
+            first = self._commands.get(block=block)
+        except queue.Empty:
+            return True
+        pending = [first]
+        for _ in range(self._commands.qsize()):
+            pending.append(self._commands.get_nowait())
+        for job in pending:
+            if job is _STOP:
+                return False
+            if isinstance(job, _Job):
+                job.run(self.engine)
+        return True
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            log.exception("engine step failed; aborting its %d requests", len(self._sinks))
+            self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+            return
+        for out in outputs:
+            self._deliver(out)
+
+    def _deliver(self, out: StepOutput) -> None:
+        pinned: tuple[int, ...] = ()
+        if out.finish_reason is FinishReason.PREFILLED:
+            pinned = tuple(self.engine.pinned_blocks(out.request_id))
+        sink = self._sinks.get(out.request_id)
+        if sink is None:
+            return
+        if out.finished:
+            del self._sinks[out.request_id]
+        sink.put(LoopOutput(out, pinned))
+
+    def _abort_now(self, engine: LLMEngine, request_id: str) -> bool:
+        found = engine.abort(request_id)
+        self._end(request_id, FinishReason.ABORT)
+        return found
+
+    def _end(self, request_id: str, reason: FinishReason | None) -> None:
+        """Close a request's stream with a final output that carries no token."""
+        sink = self._sinks.pop(request_id, None)
+        if sink is not None:
+            sink.put(LoopOutput(StepOutput(request_id, (), (), True, reason, 0, 0)))
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, sink in list(self._sinks.items()):
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                log.exception("abort of %s failed", request_id)
+            sink.put(EngineFailed(message))
+        self._sinks.clear()
+
+    def _shut_down(self) -> None:
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                job = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            future = job.future if isinstance(job, _Job) else None
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_exception(EngineFailed("the engine loop stopped"))
+        self._fail_all("the engine loop stopped")
