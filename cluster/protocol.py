@@ -17,8 +17,11 @@ Endpoints (all JSON over HTTP, `Content-Type: application/json`):
 Error answers (any endpoint, before a stream starts) carry an HTTP status and the body
 `NodeErrorResponse`: 400 for a request the node refuses (bad ids, too long), 429 or 503 when
 the node is overloaded or draining (the router tries another node), 500 for node bugs.
-Once a `/internal/generate` stream has started, a failure is sent as a final `TokenEvent`
-with `finished=true`, `finish_reason="error"` and `error` set.
+A decode node answers `/internal/generate` with its status line and headers as soon as it
+has accepted (or refused) the request, before the first token, so the router tells refusal
+from slowness. Once the stream has started, a failure is sent as a final `TokenEvent` with
+`finished=true`, `finish_reason="error"` and `error` set. The router treats a stream that
+ends without a finished event, or stays silent past its idle timeout, as a dead node.
 
 Release and abort are idempotent: an unknown or already finished request id answers 200
 with `done=false`.

@@ -1,0 +1,160 @@
+"""The router's FastAPI app: factory, startup/shutdown, error handlers, request metrics.
+
+`create_app` does nothing heavy: the tokenizer loads, the node client opens and the
+membership starts in the lifespan. Errors always answer in OpenAI's JSON format; bad input
+never yields a 500, and a real 500 never shows internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cluster.registry import Membership, StaticMembership
+from cluster.settings import RouterSettings
+from cluster.tokenizer import Tokenizer
+from router import endpoints
+from router.errors import APIError, bad_request, internal_error
+from router.metrics import RouterMetrics
+from router.node_client import NodeClient
+from router.policy import NodePicker
+from router.state import Admission, RouterState
+
+log = logging.getLogger("splitserve.router")
+
+
+def create_app(
+    settings: RouterSettings,
+    *,
+    membership: StaticMembership | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> FastAPI:
+    """The router app. Without `membership` it follows Redis at settings.redis_url; without
+    `tokenizer` it loads the tokenizer of settings.model at startup. The app starts and
+    stops the membership it uses."""
+    metrics = RouterMetrics()
+    state = RouterState(
+        settings=settings,
+        membership=membership or Membership(settings.redis_url, settings.membership_poll_s),
+        metrics=metrics,
+        picker=NodePicker(settings.policy),
+        admission=Admission(settings.max_inflight, settings.retry_after_s, metrics),
+        tokenizer=tokenizer,
+    )
+    app = FastAPI(
+        title="splitserve router", lifespan=_lifespan, docs_url=None, redoc_url=None,
+        openapi_url=None,
+    )  # fmt: skip
+    app.state.router = state
+    for router in _ROUTERS:
+        app.include_router(router)
+    _install_error_handlers(app)
+    app.add_middleware(RequestMetrics, metrics=metrics, routes=route_paths())
+    return app
+
+
+_ROUTERS = (endpoints.v1, endpoints.probes)
+
+
+def route_paths() -> set[str]:
+    """Paths the router serves (the Helm chart's probes and Service rely on them)."""
+    return {
+        p
+        for r in _ROUTERS
+        for route in r.routes
+        if isinstance(p := getattr(route, "path", None), str)
+    }
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: RouterState = app.state.router
+    settings = state.settings
+    if state.tokenizer is None:
+        state.tokenizer = await asyncio.to_thread(_load_tokenizer, settings)
+    http = httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        timeout=httpx.Timeout(settings.prefill_timeout_s, connect=settings.connect_timeout_s),
+        trust_env=False,  # node traffic never goes through an HTTP proxy
+    )
+    state.nodes = NodeClient(
+        http, settings.connect_timeout_s, settings.prefill_timeout_s, settings.decode_idle_timeout_s
+    )
+    await state.membership.start()
+    state.started_at = time.time()
+    log.info("router_started model=%s policy=%s", settings.model_name(), settings.policy)
+    try:
+        yield
+    finally:
+        await state.membership.stop()
+        await state.drain()
+        await http.aclose()
+
+
+def _load_tokenizer(settings: RouterSettings) -> Tokenizer:
+    from cluster.models import resolve_model
+
+    return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache))
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, APIError):
+            raise TypeError(f"unexpected {type(exc).__name__}")
+        return exc.response()
+
+    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        loc = [str(p) for p in errors[0]["loc"][1:]] if errors else []
+        msg = errors[0]["msg"] if errors else "invalid request"
+        return bad_request(f"invalid request: {msg}", param=".".join(loc) or None).response()
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+        detail = exc.detail if isinstance(exc, StarletteHTTPException) else "error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+        return APIError(status, str(detail), code=code).response()
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error(
+            "unhandled_error path=%s error=%s", request.url.path, type(exc).__name__, exc_info=exc
+        )
+        return internal_error().response()
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+class RequestMetrics:
+    """Pure ASGI middleware: counts answered requests by route and status code."""
+
+    def __init__(self, app: ASGIApp, metrics: RouterMetrics, routes: set[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        route = path if path in self.routes else "other"
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

@@ -1,0 +1,69 @@
+"""`splitserve router`: run the OpenAI-compatible router (uvicorn + uvloop).
+
+Flags override SPLITSERVE_* environment variables (see cluster.settings.RouterSettings);
+prefer SPLITSERVE_API_KEY over --api-key, which other users can see in the process list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from cluster.settings import RouterSettings, SettingsError, load
+
+_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--host", str, "address to listen on (default 127.0.0.1)"),
+    ("--port", int, "port to listen on (default 8000)"),
+    ("--redis-url", str, "Redis holding the cluster registry"),
+    ("--model", str, "model registry name or HF directory, for the tokenizer"),
+    ("--model-cache", str, "model cache directory"),
+    ("--served-model-name", str, "the model name clients send (default: the model's name)"),
+    ("--api-key", str, "require `Authorization: Bearer KEY` on /v1 (prefer the env var)"),
+    ("--local-prefill-max-tokens", int, "prompts shorter than this skip the prefill pool"),
+    ("--max-model-len", int, "context length (default: the smallest of the nodes')"),
+    ("--max-inflight", int, "concurrent requests before 429"),
+    ("--request-timeout-s", float, "deadline of one request"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, kind, help_text in _FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=help_text)
+    parser.add_argument("--policy", choices=["round_robin", "least_loaded"], default=None)
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {flag.lstrip("-").replace("-", "_"): None for flag, _, _ in _FLAGS}
+    overrides.update(policy=None, log_level=None)
+    try:
+        settings = load(RouterSettings, **{k: getattr(args, k, None) for k in overrides})
+    except SettingsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    import uvicorn
+
+    from router.app import create_app
+
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def configure_logging(level: str) -> None:
+    """key=value lines on stderr."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )

@@ -1,0 +1,224 @@
+"""HTTP endpoints: the OpenAI API (/v1/...) and the probes (/health, /ready, /metrics).
+
+Request bodies are read and validated here rather than by FastAPI, so that the size limit
+(413), malformed JSON and bad fields (400 naming the parameter) all answer in OpenAI's
+error format. Order of checks: API key, body size, schema, model name, admission (429),
+nodes (503), prompt and context length (400), then the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+import uuid
+from typing import Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from router.completions import TokenFlow
+from router.errors import APIError, unavailable
+from router.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    SamplingRequest,
+    parse_request,
+)
+from router.output import OutputProcessor
+from router.policy import Pools
+from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_spec
+from router.responses import ChatFormatter, CompletionFormatter, Formatter
+from router.state import RouterState, Ticket
+from router.streaming import EventStreamResponse, collect, sse_events, usage_of
+
+T = TypeVar("T")
+
+
+def get_state(request: Request) -> RouterState:
+    state: RouterState = request.app.state.router
+    return state
+
+
+def require_api_key(request: Request) -> None:
+    """401 unless `Authorization: Bearer <api_key>` matches (when a key is configured)."""
+    key = get_state(request).settings.api_key
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    expected = key.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        raise APIError(
+            401,
+            "missing or invalid API key: send `Authorization: Bearer <key>`",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+probes = APIRouter()
+
+
+@v1.get("/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = get_state(request)
+    lens = Pools.of(state.membership.nodes()).max_model_len()
+    card = ModelCard(
+        id=state.settings.model_name(),
+        created=int(state.started_at),
+        max_model_len=state.settings.max_model_len or lens,
+    )
+    return JSONResponse(ModelList(data=[card]).model_dump())
+
+
+@v1.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state = get_state(request)
+    body = await read_body(request, state.settings.max_body_bytes)
+    req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body)
+    return await serve(request, state, req, "chat")
+
+
+@v1.post("/completions")
+async def completions(request: Request) -> Response:
+    state = get_state(request)
+    body = await read_body(request, state.settings.max_body_bytes)
+    req: CompletionRequest = parse_request(CompletionRequest, body)
+    return await serve(request, state, req, "completion")
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, or 413 as soon as it exceeds `max_bytes`."""
+    too_large = APIError(
+        413, f"request body exceeds {max_bytes} bytes", param=None, code="request_too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > max_bytes:
+            raise too_large
+        parts.append(part)
+    return b"".join(parts)
+
+
+async def serve(
+    request: Request,
+    state: RouterState,
+    req: SamplingRequest,
+    kind: Literal["chat", "completion"],
+) -> Response:
+    """Shared path of both endpoints, streaming or not."""
+    arrived = time.monotonic()
+    if req.model != state.settings.model_name():
+        raise APIError(
+            404,
+            f"the model '{req.model}' does not exist; this router serves "
+            f"'{state.settings.model_name()}'",
+            param="model",
+            code="model_not_found",
+        )
+    ticket = state.admission.admit()
+    try:
+        flow, output, fmt = await _prepare(state, req, kind, ticket, arrived)
+    except BaseException:
+        ticket.release()
+        raise
+    try:
+        await flow.start()
+    except BaseException:
+        await flow.close()
+        raise
+    if req.stream:
+        events = sse_events(flow, output, fmt, req.include_usage())
+        return EventStreamResponse(events, on_close=flow.close)
+    try:
+        deltas = await until_disconnect(request, collect(flow, output))
+    finally:
+        await flow.close()
+    if deltas is None:  # the client left; nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(fmt.response(deltas, usage_of(flow, output)).model_dump())
+
+
+async def _prepare(
+    state: RouterState,
+    req: SamplingRequest,
+    kind: Literal["chat", "completion"],
+    ticket: Ticket,
+    arrived: float,
+) -> tuple[TokenFlow, OutputProcessor, Formatter]:
+    tokenizer = state.require_tokenizer()
+    max_len = state.settings.max_model_len or Pools.of(state.membership.nodes()).max_model_len()
+    if max_len is None:
+        raise unavailable("no node is available", state.settings.retry_after_s)
+    if isinstance(req, ChatCompletionRequest):
+        prompt = await chat_prompt(tokenizer, req)
+        requested, param = req.requested_max_tokens()
+        logprobs = req.requested_logprobs()
+    elif isinstance(req, CompletionRequest):
+        prompt = await completion_prompt(tokenizer, req)
+        requested, param, logprobs = req.max_tokens, "max_tokens", req.logprobs
+    else:
+        raise TypeError(f"unexpected request type {type(req).__name__}")
+    max_tokens = resolve_max_tokens(prompt, requested, param, max_len)
+    spec = sampling_spec(tokenizer, req, max_tokens, logprobs)
+    request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    flow = TokenFlow(state, request_id, prompt.token_ids, spec, ticket, arrived)
+    output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
+    fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
+    return flow, output, fmt_cls(request_id, req.model, tokenizer, logprobs)
+
+
+async def until_disconnect(request: Request, work: Any) -> Any:
+    """Await `work`; cancel it and return None if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return None if task.cancelled() else task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@probes.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@probes.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    """200 once a prefill and a decode node (or a colocated node) are known, else 503."""
+    state = get_state(request)
+    pools = Pools.of(state.membership.nodes())
+    body = {
+        "status": "ready" if pools.ready else "not_ready",
+        "prefill_nodes": len(pools.prefill),
+        "decode_nodes": len(pools.decode),
+        "colocated_nodes": len(pools.colocated),
+    }
+    if pools.ready:
+        return JSONResponse(body)
+    headers = {"Retry-After": str(state.settings.retry_after_s)}
+    return JSONResponse(body, status_code=503, headers=headers)
+
+
+@probes.get("/metrics")
+async def metrics(request: Request) -> Response:
+    body, content_type = get_state(request).metrics.render()
+    return Response(body, media_type=content_type)

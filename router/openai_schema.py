@@ -1,0 +1,344 @@
+"""OpenAI API request and response models (the subset the router serves).
+
+Requests validate strictly (a string is not a number) and ignore unknown fields, as OpenAI
+clients send extras. Features the router does not implement are refused with a 400 naming
+the field rather than silently ignored: n > 1, echo, suffix, best_of > 1, logit_bias, tools.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from router.errors import APIError, bad_request
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class SamplingRequest(_Request):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = 1
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_are_short_and_nonempty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 16:
+            raise ValueError("at most 16 stop strings")
+        if any(not s or len(s) > 256 for s in stops):
+            raise ValueError("stop strings must be 1 to 256 characters")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids_are_non_negative(cls, value: list[int] | None) -> list[int] | None:
+        if value and min(value) < 0:
+            raise ValueError("token ids must be >= 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingRequest):
+    """POST /v1/completions. `prompt`: text or token ids (a batch of one is accepted)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(
+        cls, value: str | list[int] | list[str] | list[list[int]]
+    ) -> str | list[int] | list[str] | list[list[int]]:
+        batch = isinstance(value, list) and value and isinstance(value[0], str | list)
+        if batch and len(value) != 1:
+            raise ValueError("batched prompts are not supported; send one per request")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo=true is not supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix is not supported")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("only best_of=1 is supported")
+        return value
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: text or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            return prompt[0]  # type: ignore[return-value]
+        return prompt  # type: ignore[return-value]
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template wants it (text parts joined)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "\n".join(part.text for part in content)
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ResponseFormat(_Request):
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value:
+            raise ValueError("tools are not supported")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs=true")
+        return value
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        """(max tokens asked for, the parameter that carried it)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+_FIELD_NAMES = frozenset(
+    name
+    for cls in (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions)
+    for name in cls.model_fields
+)
+
+
+def parse_request(cls: type[SamplingRequest], raw: bytes) -> Any:
+    """Validate a JSON body into `cls`, or raise a 400 APIError naming the bad parameter."""
+    try:
+        return cls.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _to_api_error(exc) from None
+
+
+def _to_api_error(exc: ValidationError) -> APIError:
+    err = exc.errors(include_url=False, include_input=False)[0]
+    if err["type"] == "json_invalid":
+        return bad_request(f"malformed JSON body: {err['msg']}", code="invalid_json")
+    param = _param(err["loc"])
+    if param is None:
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "model_type":
+            msg = "request body must be a JSON object"
+        return bad_request(msg, code="invalid_request")
+    if err["type"] == "missing":
+        return bad_request(f"missing required parameter '{param}'", param=param, code="missing")
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return bad_request(f"invalid '{param}': {msg}", param=param, code="invalid_value")
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """`messages[0].content` from a pydantic location, skipping union-member tags."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part in _FIELD_NAMES:
+            param += f".{part}" if param else part
+    return param or None
+
+
+# ---------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] = Field(default_factory=list)
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, str]
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    """Both the non-streaming answer and each streamed chunk of /v1/completions."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "splitserve"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,109 @@
+"""From a validated OpenAI request to what nodes take: prompt token ids and a SamplingSpec.
+
+Tokenization and chat templates run in a worker thread (they are CPU work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TypeVar
+
+from cluster.protocol import SamplingSpec
+from cluster.tokenizer import Tokenizer
+from router.errors import bad_request
+from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids of a prompt and the parameter name to blame if it is too long."""
+
+    token_ids: list[int]
+    param: str
+
+
+async def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> Prompt:
+    prompt = req.single_prompt()
+    if isinstance(prompt, str):
+        ids = await asyncio.to_thread(tokenizer.encode, prompt, True)
+    else:
+        ids = list(prompt)
+        _check_ids(tokenizer, ids, "prompt")
+    if not ids:
+        raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
+    return Prompt(ids, "prompt")
+
+
+async def chat_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> Prompt:
+    messages = [m.template_dict() for m in req.messages]
+    try:
+        ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages, True)
+    except ValueError as exc:  # the template refused the conversation
+        raise bad_request(str(exc), param="messages", code="invalid_messages") from None
+    if not ids:
+        raise bad_request("the messages render to an empty prompt", param="messages")
+    return Prompt(ids, "messages")
+
+
+def _check_ids(tokenizer: Tokenizer, ids: list[int], param: str) -> None:
+    vocab = tokenizer.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", param=param)
+
+
+def resolve_max_tokens(
+    prompt: Prompt, requested: int | None, param: str, max_model_len: int
+) -> int:
+    """The output budget: `requested`, or all the room left when None.
+
+    Raises 400 naming `prompt.param` when the prompt leaves no room, or `param` when
+    prompt + requested exceeds the context length.
+    """
+    n = len(prompt.token_ids)
+    if n >= max_model_len:
+        raise bad_request(
+            f"the prompt has {n} tokens; the context length is {max_model_len}, "
+            "which leaves no room for output",
+            param=prompt.param,
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return max_model_len - n
+    if n + requested > max_model_len:
+        raise bad_request(
+            f"prompt ({n} tokens) + {param} ({requested}) exceeds the context length "
+            f"of {max_model_len}",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def sampling_spec(
+    tokenizer: Tokenizer, req: SamplingRequest, max_tokens: int, logprobs: int | None
+) -> SamplingSpec:
+    """SamplingSpec with OpenAI's defaults for what the request leaves out."""
+    stop_ids = list(req.stop_token_ids or [])
+    _check_ids(tokenizer, stop_ids, "stop_token_ids")
+    return SamplingSpec(
+        max_tokens=max_tokens,
+        temperature=_or(req.temperature, 1.0),
+        top_p=_or(req.top_p, 1.0),
+        top_k=_or(req.top_k, 0),
+        min_p=_or(req.min_p, 0.0),
+        seed=req.seed,
+        presence_penalty=_or(req.presence_penalty, 0.0),
+        frequency_penalty=_or(req.frequency_penalty, 0.0),
+        repetition_penalty=_or(req.repetition_penalty, 1.0),
+        stop_token_ids=tuple(stop_ids),
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+    )
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value

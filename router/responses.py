@@ -1,0 +1,156 @@
+"""Text deltas -> OpenAI response objects, for chat and for plain completions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from cluster.protocol import TokenLogprobMsg
+from cluster.tokenizer import Tokenizer
+from router.openai_schema import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    TopLogprob,
+    Usage,
+)
+from router.output import TextDelta
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+class Formatter(Protocol):
+    """Builds one endpoint's stream chunks and final response."""
+
+    def chunk(self, delta: TextDelta, first: bool) -> BaseModel | None:
+        """The SSE chunk for a delta; None when there is nothing to send."""
+        ...
+
+    def usage_chunk(self, usage: Usage) -> BaseModel: ...
+
+    def response(self, deltas: Sequence[TextDelta], usage: Usage) -> BaseModel: ...
+
+
+class _Base:
+    def __init__(
+        self, request_id: str, model: str, tokenizer: Tokenizer, top_n: int | None
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self._tokenizer = tokenizer
+        self._top_n = top_n  # None = no logprobs
+
+    def _wants(self, delta: TextDelta) -> bool:
+        return self._top_n is not None and bool(delta.logprobs)
+
+    def _top(self, lp: TokenLogprobMsg) -> list[tuple[str, float]]:
+        n = self._top_n or 0
+        return [(self._tokenizer.token_to_str(t), v) for t, v in lp.top[:n]]
+
+
+class ChatFormatter(_Base):
+    """chat.completion and chat.completion.chunk objects."""
+
+    def chunk(self, delta: TextDelta, first: bool) -> ChatCompletionChunk | None:
+        content: dict[str, str] = {"role": "assistant"} if first else {}
+        if delta.text or first:
+            content["content"] = delta.text
+        logprobs = self._logprobs([delta])
+        if not content and logprobs is None and delta.finish_reason is None:
+            return None
+        choice = ChatChunkChoice(
+            delta=content, logprobs=logprobs, finish_reason=delta.finish_reason
+        )
+        return ChatCompletionChunk(
+            id=self.request_id, created=self.created, model=self.model, choices=[choice]
+        )
+
+    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.request_id, created=self.created, model=self.model, choices=[], usage=usage
+        )
+
+    def response(self, deltas: Sequence[TextDelta], usage: Usage) -> ChatCompletion:
+        message = ChatResponseMessage(content="".join(d.text for d in deltas))
+        choice = ChatChoice(
+            message=message,
+            logprobs=self._logprobs(deltas),
+            finish_reason=deltas[-1].finish_reason if deltas else None,
+        )
+        return ChatCompletion(
+            id=self.request_id, created=self.created, model=self.model, choices=[choice],
+            usage=usage,
+        )  # fmt: skip
+
+    def _logprobs(self, deltas: Sequence[TextDelta]) -> ChatLogprobs | None:
+        entries = [self._entry(lp) for d in deltas if self._wants(d) for lp in d.logprobs or []]
+        return ChatLogprobs(content=entries) if entries else None
+
+    def _entry(self, lp: TokenLogprobMsg) -> ChatTokenLogprob:
+        token = self._tokenizer.token_to_str(lp.token_id)
+        top = [TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for t, v in self._top(lp)]
+        return ChatTokenLogprob(
+            token=token, logprob=lp.logprob, bytes=list(token.encode()), top_logprobs=top
+        )
+
+
+class CompletionFormatter(_Base):
+    """text_completion objects (the same shape streamed and not)."""
+
+    def chunk(self, delta: TextDelta, first: bool) -> Completion | None:
+        logprobs = self._logprobs([delta])
+        if not delta.text and logprobs is None and delta.finish_reason is None:
+            return None
+        choice = CompletionChoice(
+            text=delta.text, logprobs=logprobs, finish_reason=delta.finish_reason
+        )
+        return Completion(
+            id=self.request_id, created=self.created, model=self.model, choices=[choice]
+        )
+
+    def usage_chunk(self, usage: Usage) -> Completion:
+        return Completion(
+            id=self.request_id, created=self.created, model=self.model, choices=[], usage=usage
+        )
+
+    def response(self, deltas: Sequence[TextDelta], usage: Usage) -> Completion:
+        choice = CompletionChoice(
+            text="".join(d.text for d in deltas),
+            logprobs=self._logprobs(deltas),
+            finish_reason=deltas[-1].finish_reason if deltas else None,
+        )
+        return Completion(
+            id=self.request_id, created=self.created, model=self.model, choices=[choice],
+            usage=usage,
+        )  # fmt: skip
+
+    def _logprobs(self, deltas: Sequence[TextDelta]) -> CompletionLogprobs | None:
+        out = CompletionLogprobs()
+        for delta in deltas:
+            if not self._wants(delta):
+                continue
+            for lp in delta.logprobs or []:
+                out.tokens.append(self._tokenizer.token_to_str(lp.token_id))
+                out.token_logprobs.append(lp.logprob)
+                out.top_logprobs.append(dict(self._top(lp)))
+                out.text_offset.append(delta.text_offset)
+        return out if out.tokens else None

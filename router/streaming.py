@@ -1,0 +1,102 @@
+"""Server-sent events: chunk encoding, the stream of one request, and a response class
+that always cleans up (aborts the decode, releases the lease) however the stream ends."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from router.completions import TokenFlow
+from router.errors import APIError, internal_error
+from router.openai_schema import Usage
+from router.output import OutputProcessor, TextDelta
+from router.responses import Formatter, make_usage
+
+log = logging.getLogger("splitserve.router")
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(payload: BaseModel | dict[str, Any]) -> bytes:
+    """One `data:` event."""
+    body = (
+        payload.model_dump_json(exclude_none=True)
+        if isinstance(payload, BaseModel)
+        else json.dumps(payload, separators=(",", ":"))
+    )
+    return b"data: " + body.encode() + b"\n\n"
+
+
+def usage_of(flow: TokenFlow, output: OutputProcessor) -> Usage:
+    return make_usage(len(flow.prompt_ids), output.num_tokens, flow.num_cached_tokens)
+
+
+async def sse_events(
+    flow: TokenFlow, output: OutputProcessor, fmt: Formatter, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """Chunks as tokens arrive, the usage chunk if asked, then `[DONE]`.
+
+    A failure after the stream started becomes an error event (`data: {"error": ...}`)
+    followed by `[DONE]`.
+    """
+    first = True
+    try:
+        async with aclosing(flow.events()) as events:
+            async for chunk in events:
+                delta = output.feed(chunk)
+                piece = fmt.chunk(delta, first)
+                if piece is not None:
+                    first = False
+                    yield sse(piece)
+                if delta.finish_reason is not None:
+                    break
+        if include_usage:
+            yield sse(fmt.usage_chunk(usage_of(flow, output)))
+    except APIError as err:
+        yield sse(err.body())
+    except Exception:
+        log.exception("stream_failed id=%s", flow.request_id)
+        yield sse(internal_error().body())
+    yield DONE
+
+
+async def collect(flow: TokenFlow, output: OutputProcessor) -> list[TextDelta]:
+    """The whole generation, for a non-streaming answer."""
+    deltas = []
+    async with aclosing(flow.events()) as events:
+        async for chunk in events:
+            deltas.append(output.feed(chunk))
+            if deltas[-1].finish_reason is not None:
+                break
+    return deltas
+
+
+class EventStreamResponse(StreamingResponse):
+    """A text/event-stream response that awaits `on_close` when the stream ends, fails, or
+    the client goes away (shielded from the cancellation that a disconnect causes)."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._content = content
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                aclose = getattr(self._content, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await self._on_close()

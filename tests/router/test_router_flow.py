@@ -1,0 +1,364 @@
+"""The router's request flow over fake prefill/decode nodes, all on real localhost HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from conftest import ANSWER
+from router_fakes import FakeNode, dead_url, fake_cluster
+
+from cluster.tokenizer import Tokenizer
+
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
+pytestmark = pytest.mark.timeout(60)
+
+
+def _nodes(script: list[int], **decode_kwargs: Any) -> list[FakeNode]:
+    return [FakeNode("p0", "prefill", script), FakeNode("d0", "decode", script, **decode_kwargs)]
+
+
+async def _sse(resp: httpx.Response) -> list[Any]:
+    """Parsed `data:` payloads of an SSE response ("[DONE]" stays a string)."""
+    events = []
+    async for line in resp.aiter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def _chat_text(events: list[Any]) -> str:
+    return "".join(
+        e["choices"][0]["delta"].get("content", "")
+        for e in events
+        if isinstance(e, dict) and e.get("choices")
+    )
+
+
+async def _eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_streaming_chat_prefills_then_decodes_with_usage(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"stream": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = await _sse(r)
+    prefill, decode = c.nodes
+    assert events[-1] == "[DONE]"
+    assert _chat_text(events) == ANSWER
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    finals = [e for e in events[:-1] if e["choices"] and e["choices"][0].get("finish_reason")]
+    assert [f["choices"][0]["finish_reason"] for f in finals] == ["stop"]
+    usage = events[-2]["usage"]
+    assert events[-2]["choices"] == []
+    prompt_len = len(prefill.prefills[0].prompt_token_ids)
+    assert usage["prompt_tokens"] == prompt_len
+    assert usage["completion_tokens"] == len(script)
+    assert usage["total_tokens"] == prompt_len + len(script)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 3
+    # the decode node got the KV handle and token 1, and generated the rest
+    (dec,) = decode.decodes
+    assert dec.kv is not None and dec.kv.node_id == "p0"
+    assert dec.output_token_ids == [script[0]]
+    assert dec.prompt_token_ids == prefill.prefills[0].prompt_token_ids
+    assert decode.aborts == [] and prefill.releases == []
+
+
+async def test_non_streaming_completion(tokenizer: Tokenizer, script: list[int]) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c, httpx.AsyncClient() as client:
+        body = {"model": "smollm2", "prompt": "The capital of France", "max_tokens": 5}
+        r = await client.post(c.router_url + "/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["object"] == "text_completion"
+    assert out["choices"][0]["text"] == tokenizer.decode(script[:5])
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 5
+    prompt = c.nodes[0].prefills[0]
+    assert prompt.prompt_token_ids == tokenizer.encode("The capital of France")
+    assert prompt.sampling.max_tokens == 5
+
+
+async def test_token_one_reaches_the_client_before_the_decode_starts(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    gate = asyncio.Event()
+    nodes = _nodes(script, gate=gate)
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"stream": True}
+        async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
+            lines = r.aiter_lines()
+            first = await asyncio.wait_for(anext(lines), 5)  # the decode is still blocked
+            assert not gate.is_set()
+            assert first.startswith("data: ")
+            delta = json.loads(first[6:])["choices"][0]["delta"]
+            assert delta["content"] == tokenizer.decode(script[:1])
+            gate.set()
+            rest = [line async for line in lines]
+    assert "data: [DONE]" in rest
+
+
+async def test_prefill_retries_another_node_and_marks_the_dead_one(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    dead = FakeNode("p-dead", "prefill", script, url=dead_url())
+    nodes = [*_nodes(script), FakeNode("p1", "prefill", script)]
+    async with (
+        fake_cluster(tokenizer, nodes, extra_records=[dead.record()], policy="round_robin") as c,
+        httpx.AsyncClient() as client,
+    ):
+        # round robin over p-dead, p0, p1: some request meets the dead node first
+        for _ in range(3):
+            r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["message"]["content"] == ANSWER
+        healthy = {n.info.node_id for n in c.membership.nodes()}
+        metrics = (await client.get(c.router_url + "/metrics")).text
+    assert "p-dead" not in healthy and {"p0", "p1", "d0"} <= healthy
+    assert "splitserve_router_prefill_retries_total 1.0" in metrics
+
+
+async def test_prefill_pool_failing_falls_back_to_local_prefill(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = [
+        FakeNode("p0", "prefill", script, prefill_status=500),
+        FakeNode("d0", "decode", script),
+    ]
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
+        metrics = (await client.get(c.router_url + "/metrics")).text
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
+    assert c.nodes[1].decodes[0].kv is None
+    assert 'splitserve_router_local_prefill_total{reason="prefill_failed"} 1.0' in metrics
+
+
+async def test_decode_death_gives_an_error_event_then_done(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = _nodes(script, die_after=2)
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        start = time.monotonic()
+        body = CHAT | {"stream": True}
+        async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
+            events = await _sse(r)
+        elapsed = time.monotonic() - start
+        healthy = {n.info.node_id for n in c.membership.nodes()}
+    assert elapsed < 5
+    assert events[-1] == "[DONE]"
+    error = events[-2]["error"]
+    assert error["type"] == "server_error" and error["code"] == "node_failed"
+    assert _chat_text(events) == tokenizer.decode(script[:3])  # token 1 + 2 decoded
+    assert "d0" not in healthy
+    assert c.nodes[0].releases == [c.nodes[1].decodes[0].request_id]  # lease freed early
+
+
+async def test_decode_death_resumes_on_another_decode_node(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = [*_nodes(script, die_after=2), FakeNode("d1", "decode", script)]
+    async with (
+        fake_cluster(tokenizer, nodes, policy="round_robin") as c,
+        httpx.AsyncClient() as client,
+    ):
+        r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == ANSWER
+    assert r.json()["usage"]["completion_tokens"] == len(script)
+    (resumed,) = c.nodes[2].decodes
+    assert resumed.kv is None and resumed.output_token_ids == script[:3]
+
+
+async def test_client_disconnect_aborts_the_decode(tokenizer: Tokenizer, script: list[int]) -> None:
+    long_script = script[:-1] * 20 + script[-1:]
+    nodes = _nodes(long_script, token_delay_s=0.05)
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"stream": True}
+        async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
+            lines = r.aiter_lines()
+            for _ in range(6):
+                await anext(lines)
+        # leaving the block closed the connection mid-stream
+        decode = c.nodes[1]
+        await _eventually(lambda: decode.aborts == [decode.decodes[0].request_id])
+        await _eventually(lambda: c.app.state.router.admission.inflight == 0)
+
+
+async def test_stop_string_truncates_and_aborts(tokenizer: Tokenizer, script: list[int]) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"stop": ["Paris", "zzz"]}
+        r = await client.post(c.router_url + "/v1/chat/completions", json=body)
+        choice = r.json()["choices"][0]
+        assert choice["message"]["content"] == ANSWER.split("Paris")[0]
+        assert choice["finish_reason"] == "stop"
+        decode = c.nodes[1]
+        await _eventually(lambda: decode.aborts == [decode.decodes[0].request_id])
+
+
+async def test_stop_at_token_one_releases_the_lease(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    first_text = tokenizer.decode(script[:1])
+    async with fake_cluster(tokenizer, _nodes(script)) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"stop": first_text, "stream": True}
+        async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
+            events = await _sse(r)
+        prefill, decode = c.nodes
+        await _eventually(lambda: prefill.releases == [prefill.prefills[0].request_id])
+    assert _chat_text(events) == "" and events[-1] == "[DONE]"
+    assert decode.decodes == []
+
+
+async def test_short_prompt_is_prefilled_on_the_decode_node(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    async with (
+        fake_cluster(tokenizer, _nodes(script), local_prefill_max_tokens=32) as c,
+        httpx.AsyncClient() as client,
+    ):
+        body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 4, "stream": True}
+        async with client.stream("POST", c.router_url + "/v1/completions", json=body) as r:
+            events = await _sse(r)
+        metrics = (await client.get(c.router_url + "/metrics")).text
+    prefill, decode = c.nodes
+    text = "".join(e["choices"][0]["text"] for e in events[:-1])
+    assert text == tokenizer.decode(script[:4])
+    assert prefill.prefills == []
+    assert decode.decodes[0].kv is None and decode.decodes[0].output_token_ids == []
+    assert 'splitserve_router_local_prefill_total{reason="short_prompt"} 1.0' in metrics
+
+
+async def test_logprobs_are_returned(tokenizer: Tokenizer, script: list[int]) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"logprobs": True, "top_logprobs": 2, "max_tokens": 3}
+        chat = (await client.post(c.router_url + "/v1/chat/completions", json=body)).json()
+        body = {"model": "smollm2", "prompt": "x " * 40, "logprobs": 1, "max_tokens": 3}
+        comp = (await client.post(c.router_url + "/v1/completions", json=body)).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == [tokenizer.token_to_str(t) for t in script[:3]]
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] == -0.5 for e in content)
+    lp = comp["choices"][0]["logprobs"]
+    assert lp["tokens"] == [tokenizer.token_to_str(t) for t in script[:3]]
+    assert all(len(top) == 1 for top in lp["top_logprobs"])
+    assert c.nodes[0].prefills[0].sampling.logprobs == 2
+
+
+async def test_overload_gives_429_with_retry_after(tokenizer: Tokenizer, script: list[int]) -> None:
+    gate = asyncio.Event()
+    async with (
+        fake_cluster(tokenizer, _nodes(script, gate=gate), max_inflight=1) as c,
+        httpx.AsyncClient() as client,
+    ):
+        body = CHAT | {"stream": True}
+        async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
+            await anext(r.aiter_lines())  # token 1 is out; the request holds its slot
+            second = await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
+            gate.set()
+    assert second.status_code == 429
+    assert second.headers["retry-after"] == "1"
+    assert second.json()["error"]["type"] == "rate_limit_error"
+
+
+async def test_readiness_and_models(tokenizer: Tokenizer, script: list[int]) -> None:
+    prefill_only = [FakeNode("p0", "prefill", script)]
+    async with fake_cluster(tokenizer, prefill_only) as c, httpx.AsyncClient() as client:
+        assert (await client.get(c.router_url + "/ready")).status_code == 503
+        assert (await client.get(c.router_url + "/health")).status_code == 200
+        c.membership.update([*c.membership.all_nodes(), FakeNode("d0", "decode", []).record()])
+        ready = await client.get(c.router_url + "/ready")
+        models = (await client.get(c.router_url + "/v1/models")).json()
+    assert ready.status_code == 200 and ready.json()["decode_nodes"] == 1
+    assert models["data"][0]["id"] == "smollm2"
+    assert models["data"][0]["max_model_len"] == 256
+
+
+async def test_official_openai_client(tokenizer: Tokenizer, script: list[int]) -> None:
+    async with fake_cluster(tokenizer, _nodes(script), api_key="sekrit") as c:
+        client = openai.AsyncOpenAI(base_url=c.router_url + "/v1", api_key="sekrit")
+        chat = await client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Capital of France?"}]
+        )
+        stream = await client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "Capital of France?"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        parts, usage = [], None
+        async for chunk in stream:
+            parts += [ch.delta.content or "" for ch in chunk.choices]
+            usage = chunk.usage or usage
+        comp = await client.completions.create(model="smollm2", prompt="Paris is", max_tokens=4)
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(
+                model="gpt-4", messages=[{"role": "user", "content": "hi"}]
+            )
+        bad = openai.AsyncOpenAI(base_url=c.router_url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            await bad.models.list()
+        await client.close()
+        await bad.close()
+    assert chat.choices[0].message.content == ANSWER
+    assert chat.choices[0].finish_reason == "stop"
+    assert "".join(parts) == ANSWER and usage is not None
+    assert usage.completion_tokens == len(script)
+    assert comp.choices[0].text == tokenizer.decode(script[:4])
+
+
+async def test_non_streaming_client_disconnect_aborts_the_decode(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = _nodes(script[:-1] * 20 + script[-1:], token_delay_s=0.05)
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient(timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
+            await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
+        decode = c.nodes[1]
+        await _eventually(lambda: decode.aborts == [decode.decodes[0].request_id])
+        await _eventually(lambda: c.app.state.router.admission.inflight == 0)
+
+
+async def test_silent_decode_node_times_out_with_an_error_event(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = _nodes(script, gate=asyncio.Event())  # accepts, then never sends a token
+    async with (
+        fake_cluster(tokenizer, nodes, decode_idle_timeout_s=0.5) as c,
+        httpx.AsyncClient() as client,
+    ):
+        start = time.monotonic()
+        r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT | {"stream": True})
+        elapsed = time.monotonic() - start
+        healthy = {n.info.node_id for n in c.membership.nodes()}
+    assert elapsed < 3
+    assert r.text.endswith("data: [DONE]\n\n") and '"node_failed"' in r.text
+    assert "d0" not in healthy
+
+
+async def test_request_deadline_ends_generation_without_blaming_the_node(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = _nodes(script, token_delay_s=0.3)
+    async with (
+        fake_cluster(tokenizer, nodes, request_timeout_s=0.5) as c,
+        httpx.AsyncClient() as client,
+    ):
+        r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT | {"stream": True})
+        assert {"d0"} <= {n.info.node_id for n in c.membership.nodes()}
+        decode = c.nodes[1]
+        await _eventually(lambda: decode.aborts == [decode.decodes[0].request_id])
+    assert '"code":"timeout"' in r.text and r.text.endswith("data: [DONE]\n\n")

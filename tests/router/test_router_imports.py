@@ -1,0 +1,66 @@
+"""The router never imports torch or the engine, even indirectly; its CLI builds settings."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router import cli
+from router.app import route_paths
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("torch", "engine", "triton", "nixl", "nixl_cu12", "transformers", "kv_transfer",
+             "prefill_node", "decode_node")  # fmt: skip
+
+
+def test_router_runs_without_torch_in_a_fresh_interpreter() -> None:
+    code = """
+import sys
+from cluster.registry import StaticMembership
+from cluster.settings import RouterSettings
+from router.app import create_app, route_paths
+import router.cli, router.completions, router.streaming
+create_app(RouterSettings(), membership=StaticMembership())
+route_paths()
+bad = sorted(m for m in sys.modules if m.split(".")[0] in FORBIDDEN)
+print("FORBIDDEN:", bad)
+sys.exit(1 if bad else 0)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", f"FORBIDDEN = {FORBIDDEN!r}\n{code}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_router_sources_import_only_allowed_packages() -> None:
+    for path in sorted((ROOT / "router").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in FORBIDDEN, f"{path.name} imports {name}"
+
+
+def test_route_paths_lists_the_api_and_the_probes() -> None:
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
+            "/metrics"} <= route_paths()  # fmt: skip
+
+
+def test_cli_refuses_invalid_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--port", "70000", "--policy", "round_robin"])
+    assert cli.run(args) == 2
+    assert "port (env SPLITSERVE_PORT)" in capsys.readouterr().err
