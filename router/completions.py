@@ -62,7 +62,7 @@ class TokenFlow:
         self.error: str | None = None
         self._prefill: PrefillResponse | None = None
         self._prefill_node: NodeInfo | None = None
-        self._lease: tuple[NodeInfo, KVHandle] | None = None  # a KV lease nobody took yet
+        self._lease_holder: NodeInfo | None = None  # prefill node pinning KV nobody took yet
         self._decode: NodeInfo | None = None
         self._decode_kv: KVHandle | None = None
         self._stream: AsyncIterator[TokenEvent] | None = None
@@ -149,7 +149,7 @@ class TokenFlow:
         self.path = "disaggregated"
         self.num_cached_tokens = resp.num_cached_tokens
         if resp.kv is not None and not resp.finished:
-            self._lease = (node, resp.kv)
+            self._lease_holder = node
         self._first_token_now()
 
     def _first_token_now(self) -> None:
@@ -161,12 +161,13 @@ class TokenFlow:
 
     async def _open_decode(self, candidates: Sequence[NodeRecord], kv: KVHandle | None) -> None:
         """Start /internal/generate on one of `candidates`; raises APIError if none accepts."""
-        busy = 0
+        busy = tried = 0
         while len(self._decode_tried) < self._s.settings.decode_attempts:
             node = self._s.picker.pick("decode", candidates, self._decode_tried)
             if node is None:
                 break
             self._decode_tried.add(node.info.node_id)
+            tried += 1
             req = DecodeRequest(
                 request_id=self.request_id,
                 prompt_token_ids=self.prompt_ids,
@@ -186,9 +187,9 @@ class TokenFlow:
             self._decode, self._decode_kv = node.info, kv
             self._s.picker.begin(node.info.node_id)
             if kv is not None:
-                self._lease = None  # the decode node owns the lease now
+                self._lease_holder = None  # the decode node owns the lease now
             return
-        if busy and busy == len(self._decode_tried):
+        if busy and busy == tried:
             raise overloaded("every decode node is busy", self._retry_after)
         raise unavailable("no decode node could take the request", self._retry_after)
 
@@ -285,10 +286,9 @@ class TokenFlow:
         )
 
     def _release_lease(self) -> None:
-        if self._lease is not None:
-            node, _ = self._lease
-            self._s.spawn(self._s.require_nodes().release(node, self.request_id))
-            self._lease = None
+        if self._lease_holder is not None:
+            holder, self._lease_holder = self._lease_holder, None
+            self._s.spawn(self._s.require_nodes().release(holder, self.request_id))
 
     def _end_decode(self) -> NodeInfo | None:
         node, self._decode, self._stream = self._decode, None, None

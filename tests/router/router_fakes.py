@@ -75,6 +75,7 @@ class FakeNode:
     fingerprint: str = FINGERPRINT
     url: str = ""
     gate: asyncio.Event | None = None  # decode waits for it before the first event
+    accept_gate: asyncio.Event | None = None  # decode waits for it before answering at all
     prefills: list[p.PrefillRequest] = field(default_factory=list)
     decodes: list[p.DecodeRequest] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
@@ -139,6 +140,8 @@ class FakeNode:
     async def _generate(self, req: p.DecodeRequest) -> Any:
         self.decodes.append(req)
         self.decode_started.set()
+        if self.accept_gate is not None:
+            await self.accept_gate.wait()
         if self.decode_status != 200:
             err = p.NodeErrorResponse(error=p.ErrorInfo(code="busy", message="scripted"))
             return JSONResponse(err.model_dump(), status_code=self.decode_status)
