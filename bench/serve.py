@@ -12,9 +12,13 @@ streaming. Per request it records TTFT, TPOT (DistServe: (last token - first tok
 and output-token throughput and goodput (req/s within --slo-ttft-ms and --slo-tpot-ms), and
 the JSON holds every request's record (see bench/serve_client.py, bench/serve_stats.py).
 
-Sizing: the full workloads (bench/workloads.py) suit a GPU. On a small CPU box (2 cores, the
-135M default model) shrink them, e.g. `--max-output 64 --max-prompt 512 --rates 0.5,1,2`,
-so that a 32-request point finishes in one to two minutes.
+Sizing: a point lasts about num_requests / rate seconds plus the tail of the last requests,
+as long as the server keeps up (rate x mean output length below its decode throughput, which
+bench/offline.py measures). The full workloads (bench/workloads.py) suit a GPU. On a 2-core
+CPU box with the 135M default model shrink them, e.g. `--max-prompt 256 --max-output 32
+--rates 0.25,0.5,1`, and keep the default 32 requests so a point stays within one to two
+minutes; check the printed achieved / offered rate: well below 1 means the rate is past
+what the server can serve and the point only measures queueing.
 """
 
 from __future__ import annotations
