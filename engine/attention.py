@@ -51,7 +51,7 @@ class AttentionMetadata:
         kept. A table too short for its context raises ValueError naming the sequence.
         """
         context_lens = [s + n for s, n in zip(starts, query_lens, strict=True)]
-        tables = _padded_tables(block_tables, context_lens, block_size)
+        table_t = _padded_tables(block_tables, context_lens, block_size)  # [seqs, max_blocks]
         lens = torch.tensor(query_lens, dtype=torch.int64)  # [seqs]
         seq_starts = torch.tensor(starts, dtype=torch.int64)  # [seqs]
         qsl = torch.zeros(len(lens) + 1, dtype=torch.int64)
@@ -59,7 +59,6 @@ class AttentionMetadata:
         seq_of_token = torch.repeat_interleave(torch.arange(len(lens)), lens)  # [tokens]
         offsets = torch.arange(int(qsl[-1])) - qsl[seq_of_token]  # [tokens]
         positions = seq_starts[seq_of_token] + offsets  # [tokens]
-        table_t = torch.tensor(tables, dtype=torch.int32)  # [seqs, max_blocks]
         blocks = table_t[seq_of_token, positions // block_size].long()  # [tokens]
         slots = blocks * block_size + positions % block_size
         num_decodes = next((i for i, n in enumerate(query_lens) if n != 1), len(query_lens))
@@ -214,13 +213,14 @@ def _sdpa(
 
 def _padded_tables(
     block_tables: Sequence[Sequence[int]], context_lens: Sequence[int], block_size: int
-) -> list[list[int]]:
-    """Each table cut to the blocks its context needs, padded with block 0 to one width."""
+) -> torch.Tensor:
+    """[seqs, width] int32: each table cut to the blocks its context needs, padded with 0."""
     needed = [-(-n // block_size) for n in context_lens]
     width = max(needed, default=0)
-    tables = []
+    flat: list[int] = []
     for i, (table, n) in enumerate(zip(block_tables, needed, strict=True)):
         if len(table) < n:
             raise ValueError(f"sequence {i}: block table has {len(table)} blocks, needs {n}")
-        tables.append([*table[:n], *([0] * (width - n))])
-    return tables
+        flat += table[:n]
+        flat += [0] * (width - n)
+    return torch.tensor(flat, dtype=torch.int32).view(len(needed), width)

@@ -114,7 +114,8 @@ class DecoderLayer(nn.Module):
         h = h.addmm_(o.reshape(tokens, -1), self.o_proj.t())
         x = rms_norm(h, self.post_norm, self.eps)
         gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)  # each [tokens, inter]
-        return h.addmm_(F.silu(gate) * up, self.down.t())
+        act = F.silu(gate, inplace=True).mul_(up)  # in place: no [tokens, inter] temporaries
+        return h.addmm_(act, self.down.t())
 
 
 class LlamaModel(nn.Module):
