@@ -1,0 +1,139 @@
+"""The command line shared by `splitserve prefill` and `splitserve decode`, and the server
+runner (uvicorn + uvloop).
+
+Every flag overrides its SPLITSERVE_* environment variable (cluster.settings.NodeSettings);
+flag names are the settings' names with dashes. The listening socket is bound before the
+model loads: a port in use fails at once, and calls that arrive while the node starts wait
+in the socket's backlog instead of being refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cluster.settings import NodeSettings, SettingsError, load
+
+GRACEFUL_SHUTDOWN_S = 10  # time streams get to finish after SIGTERM
+
+_HELP: dict[str, str] = {
+    "host": "address to listen on (default 127.0.0.1)",
+    "port": "HTTP port (default 8100)",
+    "redis_url": "Redis holding the cluster registry",
+    "model": "model registry name (pulled) or HF model directory",
+    "model_cache": "model cache directory",
+    "device": "where the engine runs",
+    "dtype": "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    "block_size": "tokens per KV block",
+    "num_kv_blocks": "KV blocks to allocate (else sized by --kv-cache-memory-gb)",
+    "kv_cache_memory_gb": "memory for the KV cache, in GiB (default 1)",
+    "max_num_seqs": "requests batched together at most",
+    "max_num_batched_tokens": "tokens computed per engine step at most",
+    "max_model_len": "context length (default: the model's)",
+    "transfer": "KV transport: nixl, tcp, or auto (NIXL when available)",
+    "transfer_port": "TCP port of the KV block server (0: any free port)",
+    "transfer_failure": "decode: what a failed KV transfer does",
+    "lease_ttl_s": "prefill: seconds a KV lease lives without a release",
+    "heartbeat_s": "seconds between registry heartbeats",
+    "ttl_s": "registry TTL: the node disappears this long after its last heartbeat",
+    "node_id": "node id in the registry (default: ROLE-HOSTNAME-PORT)",
+    "advertise_host": "host others use to reach this node (default: --host)",
+    "torch_threads": "torch CPU threads of the engine",
+    "log_level": "log level",
+}
+
+
+def add_node_arguments(parser: argparse.ArgumentParser, roles: Sequence[str]) -> None:
+    """The node flags; `--role` only when the command serves more than one role."""
+    for name, help_text in _HELP.items():
+        kind, choices = _arg_type(NodeSettings.model_fields[name].annotation)
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=kind, choices=choices, default=None, help=help_text)
+    if len(roles) > 1:
+        parser.add_argument("--role", choices=list(roles), default=None, help=f"default {roles[0]}")
+
+
+def _arg_type(annotation: Any) -> tuple[Callable[[str], Any], list[str] | None]:
+    """argparse type and choices for a settings field: Literal -> choices, X | None -> X."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is typing.Literal:
+        return str, [str(a) for a in typing.get_args(annotation)]
+    if annotation in (int, float):
+        return typing.cast(Callable[[str], Any], annotation), None
+    if annotation is not str and annotation is not Path:
+        raise TypeError(f"no command-line type for {annotation!r}")
+    return str, None
+
+
+def settings_from_args(args: argparse.Namespace, role: str) -> NodeSettings:
+    """NodeSettings from the environment and the flags; SettingsError names bad values."""
+    overrides = {name: getattr(args, name, None) for name in _HELP}
+    return load(NodeSettings, role=role, **overrides)
+
+
+def run_node(
+    args: argparse.Namespace, role: str, app_factory: Callable[[NodeSettings], Any]
+) -> int:
+    """Parse settings, bind the port, build the app with `app_factory` and serve it until
+    SIGINT / SIGTERM. Exit codes: 2 bad settings, 1 port unavailable, 3 start failed."""
+    try:
+        settings = settings_from_args(args, role)
+    except SettingsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    try:
+        sock = listen_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return 1
+    return serve(app_factory(settings), sock, settings.log_level)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(app: Any, sock: socket.socket, log_level: str) -> int:
+    """Run `app` on `sock` with uvicorn and uvloop; 3 when its lifespan failed to start."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        lifespan="on",
+        log_config=None,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0 if server.started else 3
+
+
+def configure_logging(level: str) -> None:
+    """key=value lines on stderr."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )

@@ -1,0 +1,330 @@
+"""What every node serves, whatever its role: the FastAPI shell, /health, /ready, /stats,
+/metrics, the registry heartbeat and the error format.
+
+Torch-free. A role package (prefill_node, decode_node) adds its internal endpoints and a
+`NodeRuntime` factory; `create_node_app` loads nothing: the runtime (model, engine thread,
+transfer agent) opens in the app's lifespan, then the node registers in Redis and beats
+every `heartbeat_s` with a TTL of `ttl_s`. A Redis outage is survived: the node keeps
+serving, reports not ready, and registers again when Redis answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from cluster.node_metrics import NodeMetrics
+from cluster.protocol import (
+    HEALTH,
+    STATS,
+    ErrorInfo,
+    NodeErrorResponse,
+    NodeInfo,
+    NodeLoad,
+    NodeStats,
+)
+from cluster.registry import REDIS_ERRORS, NodeRegistry
+from cluster.settings import NodeSettings
+
+log = logging.getLogger("splitserve.node")
+
+T = TypeVar("T")
+READY = "/ready"
+METRICS = "/metrics"
+
+
+class NodeRuntime(Protocol):
+    """A loaded node as the shared endpoints see it."""
+
+    @property
+    def info(self) -> NodeInfo: ...
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine thread has died: the node must be restarted."""
+        ...
+
+    def load(self) -> NodeLoad: ...
+
+    def counters(self) -> dict[str, float]: ...
+
+
+RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[Any]]
+
+
+class NodeError(Exception):
+    """An answer other than 200, in the protocol's `NodeErrorResponse` format."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.info = ErrorInfo(code=code, message=message, param=param)
+
+    def response(self) -> JSONResponse:
+        body = NodeErrorResponse(error=self.info).model_dump(mode="json")
+        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None) -> NodeError:
+    return NodeError(400, "bad_request", message, param)
+
+
+def checked(build: Callable[[], T], param: str | None = None) -> T:
+    """`build()`, with a ValueError turned into a 400 naming `param`."""
+    try:
+        return build()
+    except ValueError as exc:
+        raise bad_request(str(exc), param) from None
+
+
+async def checked_async(work: Awaitable[T], param: str | None = None) -> T:
+    """`await work`, with a ValueError turned into a 400 naming `param`."""
+    try:
+        return await work
+    except ValueError as exc:
+        raise bad_request(str(exc), param) from None
+
+
+def not_ready(message: str = "the node is starting or stopping") -> NodeError:
+    return NodeError(503, "not_ready", message)
+
+
+@dataclass
+class NodeState:
+    """Per-app state the shared endpoints read; `runtime` is set once the lifespan opened it."""
+
+    settings: NodeSettings
+    metrics: NodeMetrics
+    runtime: Any = None  # the role's runtime, a NodeRuntime
+    registered: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.runtime is not None and self.runtime.healthy and self.registered
+
+
+def node_state(request: Request) -> NodeState:
+    state: NodeState = request.app.state.node
+    return state
+
+
+def runtime_of(request: Request) -> Any:
+    """The role's runtime; 503 while the node is still loading."""
+    runtime = node_state(request).runtime
+    if runtime is None:
+        raise not_ready()
+    return runtime
+
+
+def create_node_app(
+    settings: NodeSettings, routes: APIRouter, open_runtime: RuntimeFactory, title: str
+) -> FastAPI:
+    """The node app: shared probes plus the role's `routes`; `open_runtime(settings)` is
+    entered in the lifespan and must yield a NodeRuntime."""
+    state = NodeState(settings, NodeMetrics(settings.role, settings.resolved_node_id()))
+    app = FastAPI(
+        title=title, lifespan=_lifespan(open_runtime), docs_url=None, redoc_url=None,
+        openapi_url=None,
+    )  # fmt: skip
+    app.state.node = state
+    app.include_router(probes)
+    app.include_router(routes)
+    _install_error_handlers(app)
+    return app
+
+
+def node_route_paths(routes: APIRouter) -> set[str]:
+    """Paths a node with the role's `routes` serves (the Helm chart's probes rely on them)."""
+    return {
+        path
+        for router in (probes, routes)
+        for route in router.routes
+        if isinstance(path := getattr(route, "path", None), str)
+    }
+
+
+def _lifespan(
+    open_runtime: RuntimeFactory,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state: NodeState = app.state.node
+        settings = state.settings
+        started = time.monotonic()
+        async with open_runtime(settings) as runtime:
+            state.runtime = runtime
+            registry = NodeRegistry(settings.redis_url, settings.ttl_s)
+            beats = asyncio.create_task(_heartbeats(state, registry), name="heartbeat")
+            log.info(
+                "node_loaded node=%s role=%s url=%s load_s=%.1f",
+                runtime.info.node_id, settings.role, runtime.info.url,
+                time.monotonic() - started,
+            )  # fmt: skip
+            try:
+                yield
+            finally:
+                beats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beats
+                state.registered = False
+                await registry.deregister()
+                await registry.close()
+                state.runtime = None
+
+    return lifespan
+
+
+async def _heartbeats(state: NodeState, registry: NodeRegistry) -> None:
+    """Register at once, then rewrite the record every heartbeat_s; log outages once."""
+    runtime: NodeRuntime = state.runtime
+    while True:
+        try:
+            await registry.register(runtime.info, runtime.load())
+            if not state.registered:
+                log.info("node_registered node=%s", runtime.info.node_id)
+            state.registered = True
+        except REDIS_ERRORS as exc:
+            if state.registered:
+                log.warning("redis_unreachable node=%s error=%s", runtime.info.node_id, exc)
+            state.registered = False
+        await asyncio.sleep(state.settings.heartbeat_s)
+
+
+probes = APIRouter()
+
+
+@probes.get(HEALTH)
+async def health(request: Request) -> JSONResponse:
+    """200 while the process serves; 503 once its engine thread has died."""
+    runtime = node_state(request).runtime
+    if runtime is not None and not runtime.healthy:
+        return JSONResponse({"status": "engine_dead"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@probes.get(READY)
+async def ready(request: Request) -> JSONResponse:
+    """200 once the model is loaded and the node is registered in Redis."""
+    state = node_state(request)
+    body = {
+        "status": "ready" if state.ready else "not_ready",
+        "loaded": state.runtime is not None,
+        "registered": state.registered,
+    }
+    return JSONResponse(body, status_code=200 if state.ready else 503)
+
+
+@probes.get(STATS)
+async def stats(request: Request) -> JSONResponse:
+    runtime: NodeRuntime = runtime_of(request)
+    body = NodeStats(info=runtime.info, load=runtime.load(), counters=runtime.counters())
+    return JSONResponse(body.model_dump(mode="json"))
+
+
+@probes.get(METRICS)
+async def metrics(request: Request) -> Response:
+    state = node_state(request)
+    if state.runtime is not None:
+        state.metrics.observe(state.runtime.load())
+    body, content_type = state.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def node_error(_: Request, exc: Exception) -> JSONResponse:
+        if not isinstance(exc, NodeError):
+            raise TypeError(f"unexpected {type(exc).__name__}")
+        return exc.response()
+
+    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first["loc"][1:]) or None
+        return bad_request(f"invalid request: {first['msg']}", param).response()
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled_error path=%s", request.url.path, exc_info=exc)
+        return NodeError(500, "internal", "internal error in the node").response()
+
+    app.add_exception_handler(NodeError, node_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def node_info(
+    settings: NodeSettings,
+    *,
+    layout_fingerprint: str,
+    peer_info: str,
+    max_model_len: int,
+    capacity: int,
+    started_at: float,
+) -> NodeInfo:
+    """What the node publishes in the registry."""
+    return NodeInfo(
+        node_id=settings.resolved_node_id(),
+        role=settings.role,
+        url=settings.url(),
+        model=settings.model,
+        layout_fingerprint=layout_fingerprint,
+        peer_info=peer_info,
+        max_model_len=max_model_len,
+        capacity=capacity,
+        started_at=started_at,
+    )
+
+
+def node_load(
+    *, running: int, waiting: int, free_blocks: int, total_blocks: int, leases_held: int = 0
+) -> NodeLoad:
+    usage = 1.0 - free_blocks / total_blocks if total_blocks else 0.0
+    return NodeLoad(
+        running=running,
+        waiting=waiting,
+        free_blocks=free_blocks,
+        total_blocks=total_blocks,
+        leases_held=leases_held,
+        kv_usage=min(max(usage, 0.0), 1.0),
+    )
+
+
+def engine_options(settings: NodeSettings) -> dict[str, Any]:
+    """The engine settings among a node's, as keyword arguments (device and dtype may be
+    "auto"); engine.loop.engine_config turns them into an EngineConfig."""
+    options: dict[str, Any] = {
+        "role": settings.role,
+        "device": settings.device,
+        "dtype": settings.dtype,
+        "block_size": settings.block_size,
+        "num_kv_blocks": settings.num_kv_blocks,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "max_model_len": settings.max_model_len,
+    }
+    if settings.kv_cache_memory_gb is not None:
+        options["kv_cache_memory_gb"] = settings.kv_cache_memory_gb
+    return options
+
+
+def transfer_options(settings: NodeSettings) -> dict[str, Any]:
+    """kv_transfer.TransferConfig keyword arguments for this node; peers dial the host of
+    the node's URL."""
+    return {
+        "node_name": settings.resolved_node_id(),
+        "transport": settings.transfer,
+        "tcp_host": settings.host,
+        "tcp_port": settings.transfer_port,
+        "advertise_host": urlsplit(settings.url()).hostname,
+    }
