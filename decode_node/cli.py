@@ -1,0 +1,25 @@
+"""`splitserve decode`: run a decode node, or with `--role colocated` a node that prefills
+and decodes alone (flags: cluster.node_cli)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cluster.node_cli import add_node_arguments, run_node
+from cluster.settings import NodeSettings
+
+ROLES = ("decode", "colocated")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_node_arguments(parser, roles=ROLES)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_node(args, getattr(args, "role", None) or ROLES[0], _create_app)
+
+
+def _create_app(settings: NodeSettings) -> object:
+    from decode_node.app import create_app  # torch loads here, after the flags parsed
+
+    return create_app(settings)

@@ -1,0 +1,135 @@
+"""Decode role: take over a request prefilled elsewhere.
+
+1. `reserve`: the engine reserves blocks for prompt + given tokens (retried while the cache
+   is full, up to RESERVE_WAIT_S; then 503 so the router tries another decode node).
+2. `pull`: one READ of the prefill node's blocks that the local prefix cache lacks, within
+   the transfer deadline and the lease. A READ that completes tells the prefill node to end
+   the lease. While a READ runs, its blocks stay reserved: an abort cancels the READ first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from cluster.node_server import NodeError, checked_async
+from cluster.protocol import DecodeRequest, KVHandle
+from engine.engine import LLMEngine
+from engine.loop import EngineLoop
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ImportPlan
+from kv_transfer import KVTransferAgent, PeerInfo, TransferError
+
+RESERVE_WAIT_S = 2.0  # how long a request waits for free blocks before a 503
+RESERVE_RETRY_S = 0.02
+LEASE_MARGIN_S = 0.5  # a READ must end this long before the lease expires
+
+
+@dataclass
+class DecodeJob:
+    """One /internal/generate request. `aborted`: POST /internal/abort came; `ended`: the
+    stream sent its final event."""
+
+    req: DecodeRequest
+    params: SamplingParams
+    transfer: asyncio.Task[object] | None = None
+    aborted: bool = False
+    ended: bool = False
+
+    @property
+    def kv(self) -> KVHandle:
+        if self.req.kv is None:
+            raise ValueError(f"request {self.req.request_id} carries no KV handle")
+        return self.req.kv
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """How a pull ended: `error` is None on success."""
+
+    error: str | None = None
+    aborted: bool = False
+    num_blocks: int = 0
+
+
+async def reserve(loop: EngineLoop, job: DecodeJob) -> ImportPlan:
+    """Blocks for the request's KV; NodeError 400 for a request that can never fit, 503 when
+    none free up in time."""
+    req = job.req
+    deadline = time.monotonic() + RESERVE_WAIT_S
+
+    def attempt(engine: LLMEngine) -> ImportPlan | None:
+        return engine.import_request(
+            req.request_id, list(req.prompt_token_ids), list(req.output_token_ids), job.params
+        )
+
+    while not job.aborted:
+        plan = await checked_async(loop.call(attempt), "prompt_token_ids")
+        if plan is not None:
+            return plan
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(RESERVE_RETRY_S)
+    raise NodeError(503, "overloaded", "no free KV blocks on this decode node")
+
+
+def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
+    """(remote, local) block ids to copy, pairwise. When the local prefix cache already
+    holds every block, one block still moves, into the request's first uncached block (the
+    next token overwrites it): a completed READ is what ends the prefill node's lease."""
+    fill = list(plan.fill_block_ids)
+    first = plan.num_cached_blocks
+    if fill:
+        return remote_blocks[first : first + len(fill)], fill
+    return [remote_blocks[-1]], [plan.block_ids[first]]
+
+
+def check_handle(kv: KVHandle, num_kv_tokens: int, block_size: int) -> None:
+    """400 unless the handle holds the KV of exactly `num_kv_tokens` tokens."""
+    if kv.num_tokens != num_kv_tokens:
+        raise NodeError(
+            400,
+            "bad_request",
+            f"the KV handle holds {kv.num_tokens} tokens; prompt + output_token_ids "
+            f"need {num_kv_tokens}",
+            "kv.num_tokens",
+        )
+    if len(kv.block_ids) < -(-num_kv_tokens // block_size):
+        raise NodeError(
+            400, "bad_request", "the KV handle has too few blocks for its tokens", "kv.block_ids"
+        )
+
+
+async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> PullResult:
+    """Copy the remote blocks into the plan's blocks. Never raises for a failed transfer."""
+    kv = job.kv
+    try:
+        peer = PeerInfo.from_json(kv.peer_info)
+    except ValueError as exc:
+        return PullResult(f"unreadable peer info: {exc}")
+    left = kv.lease_expires_at - time.time() - LEASE_MARGIN_S
+    if left <= 0:
+        return PullResult("the KV lease has expired")
+    if job.aborted:
+        return PullResult(aborted=True)
+    remote, local = transfer_pairs(plan, list(kv.block_ids))
+    job.transfer = asyncio.create_task(
+        agent.read_blocks(
+            peer,
+            remote,
+            local,
+            request_id=job.req.request_id,
+            deadline_s=min(agent.config.deadline_s, left),
+        )
+    )
+    try:
+        await job.transfer
+    except (TransferError, ValueError) as exc:
+        return PullResult(f"{type(exc).__name__}: {exc}")
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if job.aborted and current is not None and current.cancelling() == 0:
+            return PullResult(aborted=True)
+        raise
+    return PullResult(aborted=job.aborted, num_blocks=len(local))

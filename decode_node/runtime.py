@@ -1,0 +1,276 @@
+"""The decode and colocated roles: continue requests and stream their tokens.
+
+POST /internal/generate with a KV handle (decode role): reserve blocks, pull the prefill
+node's KV, admit the request into the running batch. A failed pull recomputes the prompt
+here (counted) or, with transfer_failure=fail, ends the stream with an error. Without a
+handle: prefill locally from prompt + the tokens given so far. Either way tokens stream as
+TokenEvents until the request finishes, is aborted (POST /internal/abort, or the client
+disconnects), or fails (a final event carrying `error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+
+from cluster.models import resolve_model
+from cluster.node_server import (
+    NodeError,
+    bad_request,
+    checked,
+    checked_async,
+    engine_options,
+    node_info,
+    node_load,
+    transfer_options,
+)
+from cluster.protocol import DecodeRequest, NodeInfo, NodeLoad, TokenEvent
+from cluster.settings import NodeSettings
+from decode_node.events import abort_event, error_event, token_event
+from decode_node.importer import DecodeJob, check_handle, pull, reserve
+from engine.engine import LLMEngine
+from engine.loop import EngineFailed, EngineLoop, LoopOutput, RequestStream, engine_config
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ImportPlan
+from kv_transfer import KVTransferAgent, TransferConfig
+
+log = logging.getLogger("splitserve.decode")
+
+Events = AsyncGenerator[TokenEvent, None]
+STREAM_IDLE_TIMEOUT_S = 120.0  # no token for this long ends the stream with an error
+
+
+class DecodeRuntime:
+    """A decode (or colocated) node's engine thread and transfer agent (reader side)."""
+
+    def __init__(self, settings: NodeSettings, loop: EngineLoop, started_at: float) -> None:
+        self.settings = settings
+        self.loop = loop
+        self.agent: KVTransferAgent | None = None  # None on a colocated node
+        self.started_at = started_at
+        self._jobs: dict[str, DecodeJob] = {}
+        self._counts: Counter[str] = Counter()
+        self._info: NodeInfo | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: NodeSettings) -> AsyncIterator[DecodeRuntime]:
+        """Load the model, start the engine thread and (decode role) the transfer agent."""
+        started_at = time.time()
+        model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
+        config = engine_config(model_dir, **engine_options(settings))
+        loop = await EngineLoop.launch(config, settings.torch_threads)
+        runtime = cls(settings, loop, started_at)
+        try:
+            if settings.role == "decode":
+                runtime.agent = await asyncio.to_thread(runtime._make_agent)
+            yield runtime
+        finally:
+            if runtime.agent is not None:
+                runtime.agent.close()
+            await asyncio.to_thread(loop.stop)
+
+    def _make_agent(self) -> KVTransferAgent:
+        layout = self.loop.engine.runner.layout
+        return KVTransferAgent(
+            self.loop.engine.runner.kv_cache,
+            fingerprint=layout.fingerprint(),
+            layout=layout.describe(),
+            config=TransferConfig(**transfer_options(self.settings)),
+        )
+
+    # ---- NodeRuntime ----------------------------------------------------------------------
+
+    @property
+    def info(self) -> NodeInfo:
+        if self._info is None:
+            engine = self.loop.engine
+            self._info = node_info(
+                self.settings,
+                layout_fingerprint=engine.runner.layout.fingerprint(),
+                peer_info=self.agent.info.to_json() if self.agent is not None else "",
+                max_model_len=engine.max_model_len,
+                capacity=engine.block_manager.num_total_blocks,
+                started_at=self.started_at,
+            )
+        return self._info
+
+    @property
+    def healthy(self) -> bool:
+        return self.loop.running
+
+    def load(self) -> NodeLoad:
+        stats = self.loop.snapshot.stats
+        return node_load(
+            running=stats.running + stats.importing,
+            waiting=stats.waiting,
+            free_blocks=stats.free_blocks,
+            total_blocks=stats.total_blocks,
+        )
+
+    def counters(self) -> dict[str, float]:
+        out: dict[str, float] = dict(self._counts)
+        out.update(asdict(self.loop.snapshot.counters))
+        if self.agent is not None:
+            out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
+        return out
+
+    # ---- requests -------------------------------------------------------------------------
+
+    async def generate(self, req: DecodeRequest) -> tuple[Events, Callable[[], None]]:
+        """Checks and reservations that may still refuse the request (NodeError), then the
+        event stream and its cleanup, to call once the stream is over or was never read."""
+        rid = req.request_id
+        job = DecodeJob(req, self._params(req))
+        if rid in self._jobs:
+            raise bad_request(f"request id {rid!r} is already being generated", "request_id")
+        self._counts["requests_total"] += 1
+        self._jobs[rid] = job
+        try:
+            if req.kv is None:
+                stream = await self._open_local(job)
+                events = self._relay(job, stream, cached=None)
+            else:
+                events = self._import(job, await self._reserve(job))
+        except BaseException:
+            self._jobs.pop(rid, None)
+            raise
+        return self._events(job, events), functools.partial(self._close, job)
+
+    def _params(self, req: DecodeRequest) -> SamplingParams:
+        params = checked(lambda: SamplingParams(**req.sampling.model_dump()), "sampling")
+        if len(req.output_token_ids) >= params.max_tokens:
+            raise bad_request("output_token_ids already hold max_tokens tokens", "sampling")
+        if req.kv is not None and self.settings.role != "decode":
+            raise bad_request("a colocated node takes no KV handle; send kv=null", "kv")
+        if req.kv is not None and not req.output_token_ids:
+            raise bad_request("a KV handle comes with the first token", "output_token_ids")
+        return params
+
+    async def _reserve(self, job: DecodeJob) -> ImportPlan:
+        kv = job.kv
+        if kv.layout_fingerprint != self.info.layout_fingerprint:
+            raise bad_request(
+                f"KV layout {kv.layout_fingerprint} differs from this node's "
+                f"{self.info.layout_fingerprint}",
+                "kv.layout_fingerprint",
+            )
+        num_kv_tokens = len(job.req.prompt_token_ids) + len(job.req.output_token_ids) - 1
+        check_handle(kv, num_kv_tokens, self.loop.engine.config.block_size)
+        return await reserve(self.loop, job)
+
+    async def _open_local(self, job: DecodeJob) -> RequestStream:
+        """Prefill prompt + the tokens so far here; generate the rest of max_tokens."""
+        req = job.req
+        prompt = list(req.prompt_token_ids) + list(req.output_token_ids)
+        params = dataclasses.replace(
+            job.params, max_tokens=job.params.max_tokens - len(req.output_token_ids)
+        )
+        self._counts["local_prefills_total"] += 1
+
+        def add(engine: LLMEngine) -> None:
+            engine.add_request(req.request_id, prompt, params)
+
+        return await checked_async(self.loop.open(req.request_id, add), "prompt_token_ids")
+
+    async def _import(self, job: DecodeJob, plan: ImportPlan) -> AsyncIterator[TokenEvent]:
+        rid = job.req.request_id
+        result = await pull(self._require_agent(), job, plan)
+        if job.aborted or result.aborted:
+            await self.loop.abort(rid)
+            yield abort_event()
+            return
+        if result.error is None:
+            self._counts["imports_total"] += 1
+            self._counts["imported_blocks_total"] += result.num_blocks
+            stream = await self.loop.open(rid, lambda engine: engine.commit_import(rid))
+        else:
+            await self.loop.abort(rid)  # frees the reserved blocks
+            self._counts["transfer_failures_total"] += 1
+            log.warning("transfer_failed id=%s error=%s", rid, result.error)
+            if self.settings.transfer_failure == "fail":
+                yield error_event("transfer_failed", result.error)
+                return
+            self._counts["recomputes_total"] += 1
+            try:
+                stream = await self._open_local(job)
+            except NodeError as exc:
+                yield error_event(exc.info.code, exc.info.message)
+                return
+        cached = len(job.req.prompt_token_ids) if result.error is None else None
+        async for event in self._relay(job, stream, cached):
+            yield event
+
+    async def _relay(
+        self, job: DecodeJob, stream: RequestStream, cached: int | None
+    ) -> AsyncIterator[TokenEvent]:
+        """The request's outputs as events, several tokens per event when they queued up.
+        `cached`: prompt tokens this node did not compute (None: as the engine reports)."""
+        num_prompt = len(job.req.prompt_token_ids)
+        with_logprobs = job.params.logprobs is not None
+        while True:
+            try:
+                items = [await stream.get(STREAM_IDLE_TIMEOUT_S)]
+            except TimeoutError:
+                yield error_event("stalled", f"no token in {STREAM_IDLE_TIMEOUT_S:.0f}s")
+                return
+            except EngineFailed as exc:
+                yield error_event("engine_failed", str(exc))
+                return
+            items += _queued(stream, items[-1])
+            if cached is None:
+                cached = min(items[0].output.num_cached_tokens, num_prompt)
+            event = token_event(items, num_prompt, cached, with_logprobs)
+            yield event
+            if event.finished:
+                return
+
+    async def _events(
+        self, job: DecodeJob, events: AsyncIterator[TokenEvent]
+    ) -> AsyncGenerator[TokenEvent, None]:
+        async for event in events:
+            job.ended = event.finished and event.error is None
+            yield event
+
+    def _close(self, job: DecodeJob) -> None:
+        """After the stream: a request that did not end cleanly (client gone, stalled) is
+        aborted and its blocks freed; a READ in flight has stopped by then."""
+        rid = job.req.request_id
+        if self._jobs.get(rid) is job:
+            del self._jobs[rid]
+        if not job.ended:
+            self._counts["streams_cut_total"] += 1
+            self.loop.post_abort(rid)
+
+    async def abort(self, request_id: str) -> bool:
+        """Stop a request: cancel its READ if one runs (its blocks are freed once it has
+        stopped), else abort it in the engine."""
+        job = self._jobs.get(request_id)
+        if job is not None:
+            job.aborted = True
+            self._counts["aborts_total"] += 1
+            if job.transfer is not None and not job.transfer.done():
+                job.transfer.cancel()
+                return True
+        return await self.loop.abort(request_id) or job is not None
+
+    def _require_agent(self) -> KVTransferAgent:
+        if self.agent is None:
+            raise bad_request("this node has no KV transfer agent", "kv")
+        return self.agent
+
+
+def _queued(stream: RequestStream, last: LoopOutput) -> list[LoopOutput]:
+    """Outputs already delivered after `last`, up to the final one."""
+    more: list[LoopOutput] = []
+    while not last.output.finished and (item := stream.get_nowait()) is not None:
+        more.append(item)
+        last = item
+    return more
