@@ -21,6 +21,8 @@ from types import TracebackType
 
 import redis
 
+from cluster.process import die_with_parent_hook
+
 
 class RedisStartError(RuntimeError):
     """The redis-server binary is missing or did not answer PING in time."""
@@ -48,13 +50,18 @@ class EmbeddedRedis:
     """One redis-server child process. `port=None` picks a free port at start."""
 
     def __init__(
-        self, port: int | None = None, host: str = "127.0.0.1", start_timeout_s: float = 10.0
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        start_timeout_s: float = 10.0,
+        die_with_parent: bool = False,  # SIGTERM redis-server when this process dies (Linux)
     ) -> None:
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s!r}")
         self.host = host
         self.port = port
         self.start_timeout_s = start_timeout_s
+        self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: str | None = None
 
@@ -63,6 +70,11 @@ class EmbeddedRedis:
         if self.port is None:
             raise RuntimeError("EmbeddedRedis has no port before start()")
         return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """The redis-server process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
 
     @property
     def running(self) -> bool:
@@ -77,7 +89,11 @@ class EmbeddedRedis:
         self._dir = tempfile.mkdtemp(prefix="splitserve-redis-")
         with open(Path(self._dir) / "redis.log", "wb") as log:
             self._proc = subprocess.Popen(
-                self._command(self._dir), stdout=log, stderr=subprocess.STDOUT, cwd=self._dir
+                self._command(self._dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._dir,
+                preexec_fn=die_with_parent_hook() if self.die_with_parent else None,
             )
         try:
             self._wait_ready()

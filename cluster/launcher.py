@@ -1,0 +1,308 @@
+"""`splitserve up`: a whole cluster on this machine, in child processes.
+
+Pulls the model when missing, starts an embedded Redis (unless --redis), the router and
+N prefill + M decode nodes (default 1 + 1; --colocated: M colocated nodes instead), each on
+a free port, and waits until every node and the router are ready. Then it prints the URL
+and an example request, and runs until Ctrl-C or SIGTERM, when it stops every process it
+started: router first, then nodes, then Redis (SIGTERM, then SIGKILL after a grace period).
+A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
+
+Logs: each child writes to RUN_DIR/NAME.log (RUN_DIR: --run-dir or a new temporary
+directory, printed at start); RUN_DIR/pids.json maps each child's name to its pid.
+A node that exits is reported and the cluster keeps serving without it; when the router or
+Redis exits, the launcher stops everything and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from cluster.process import Child, stop_all
+from cluster.redis_server import EmbeddedRedis, free_port
+
+STOP_GRACE_S = 15.0
+POLL_S = 0.25
+
+
+class LaunchError(RuntimeError):
+    """The cluster could not start; the message names the process and shows its log."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str  # also the node id
+    command: str  # "prefill" or "decode"
+    role: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="registry name or HF model dir")
+    parser.add_argument("--model-cache", default=None, help="model cache directory")
+    parser.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
+    parser.add_argument("--decode", type=int, default=1, help="decode nodes (default 1)")
+    parser.add_argument(
+        "--colocated", action="store_true",
+        help="run --decode colocated nodes (prefill and decode in one) and no prefill pool",
+    )  # fmt: skip
+    parser.add_argument("--redis", default=None, help="use this Redis URL, not an embedded one")
+    parser.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
+    parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
+    parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
+    parser.add_argument("--run-dir", default=None, help="where logs and pids.json go")
+    parser.add_argument("--ready-timeout-s", type=float, default=300.0)
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        _check_args(args)
+        model = _ensure_model(args)
+    except (ValueError, LaunchError) as exc:
+        print(f"splitserve up: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="splitserve-up-")).absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"logs: {run_dir}", flush=True)
+    with _stop_on_sigterm():
+        try:
+            return _run_cluster(args, model, run_dir)
+        except KeyboardInterrupt:
+            return 0
+        except LaunchError as exc:
+            print(f"splitserve up: {exc}", file=sys.stderr, flush=True)
+            return 1
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.decode < 1:
+        raise ValueError("--decode must be >= 1")
+    if not args.colocated and args.prefill < 1:
+        raise ValueError("--prefill must be >= 1 (or use --colocated)")
+    if args.threads_per_node is not None and args.threads_per_node < 1:
+        raise ValueError("--threads-per-node must be >= 1")
+    if not 1 <= args.port <= 65535:
+        raise ValueError("--port must be in [1, 65535]")
+
+
+def _ensure_model(args: argparse.Namespace) -> Path:
+    from cluster.models import ensure_model
+
+    cache = Path(args.model_cache) if args.model_cache else None
+    try:
+        return ensure_model(args.model, cache, progress=True)
+    except Exception as exc:
+        raise LaunchError(f"model {args.model!r}: {exc}") from None
+
+
+@contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM stops the cluster like Ctrl-C does."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
+    redis = None
+    children: list[Child] = []
+    try:
+        if args.redis:
+            redis_url = args.redis
+        else:
+            redis = EmbeddedRedis(die_with_parent=True).start()
+            redis_url = redis.url
+        nodes = _plan_nodes(args)
+        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url)))
+        for node in nodes:
+            children.append(_spawn(run_dir, node.name, _node_argv(args, model, redis_url, node)))
+        _write_pids(run_dir, children, redis)
+        _wait_ready(args, children, nodes)
+        _announce(args, model, nodes)
+        return _supervise(children, redis)
+    finally:
+        if children or redis is not None:
+            print("stopping...", flush=True)
+        killed = stop_all(children, STOP_GRACE_S)
+        if killed:
+            print(f"killed (did not stop in {STOP_GRACE_S:.0f}s): {', '.join(killed)}")
+        if redis is not None:
+            redis.stop()
+        if children:
+            print("stopped", flush=True)
+
+
+def _plan_nodes(args: argparse.Namespace) -> list[NodePlan]:
+    nodes: list[NodePlan] = []
+    if args.colocated:
+        for i in range(args.decode):
+            nodes.append(NodePlan(f"colocated-{i}", "decode", "colocated", free_port()))
+        return nodes
+    for i in range(args.prefill):
+        nodes.append(NodePlan(f"prefill-{i}", "prefill", "prefill", free_port()))
+    for i in range(args.decode):
+        nodes.append(NodePlan(f"decode-{i}", "decode", "decode", free_port()))
+    return nodes
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "cluster.cli"]
+
+
+def _router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[str]:
+    argv = [*_cli(), "router", "--host", args.host, "--port", str(args.port)]
+    argv += ["--redis-url", redis_url, "--model", str(model)]
+    if args.log_level:
+        argv += ["--log-level", args.log_level]
+    return argv
+
+
+def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodePlan) -> list[str]:
+    argv = [*_cli(), node.command, "--host", "127.0.0.1", "--port", str(node.port)]
+    argv += ["--redis-url", redis_url, "--model", str(model), "--node-id", node.name]
+    argv += ["--transfer", args.transfer]
+    if node.command == "decode":
+        argv += ["--role", node.role]
+    optional = {
+        "--torch-threads": args.threads_per_node,
+        "--num-kv-blocks": args.num_kv_blocks,
+        "--max-num-seqs": args.max_num_seqs,
+        "--log-level": args.log_level,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _spawn(run_dir: Path, name: str, argv: list[str]) -> Child:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return Child(name, argv, run_dir / f"{name}.log", env)
+
+
+def _write_pids(run_dir: Path, children: list[Child], redis: EmbeddedRedis | None) -> None:
+    pids = {c.name: c.pid for c in children}
+    if redis is not None and redis.pid is not None:
+        pids["redis"] = redis.pid
+    pids["launcher"] = os.getpid()
+    (run_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
+    for child in children:
+        print(f"started {child.name} pid={child.pid}", flush=True)
+
+
+def _wait_ready(args: argparse.Namespace, children: list[Child], nodes: list[NodePlan]) -> None:
+    """Until every node's /ready and the router's /ready (knowing all nodes) answer 200."""
+    deadline = time.monotonic() + args.ready_timeout_s
+    pending = {n.name: f"{n.url}/ready" for n in nodes}
+    router_url = f"http://127.0.0.1:{args.port}/ready"
+    with httpx.Client(timeout=2.0, trust_env=False) as http:
+        while True:
+            _check_alive(children)
+            pending = {name: url for name, url in pending.items() if not _ok(http, url)}
+            if not pending and _router_ready(http, router_url, nodes):
+                return
+            if time.monotonic() > deadline:
+                waiting = ", ".join(pending) or "router"
+                raise LaunchError(f"not ready after {args.ready_timeout_s:.0f}s: {waiting}")
+            time.sleep(POLL_S)
+
+
+def _check_alive(children: list[Child]) -> None:
+    for child in children:
+        code = child.exit_code()
+        if code is not None:
+            raise LaunchError(
+                f"{child.name} exited with code {code} during start; "
+                f"last lines of {child.log_path}:\n{child.log_tail()}"
+            )
+
+
+def _ok(http: httpx.Client, url: str) -> bool:
+    try:
+        return http.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _router_ready(http: httpx.Client, url: str, nodes: list[NodePlan]) -> bool:
+    try:
+        resp = http.get(url)
+    except httpx.HTTPError:
+        return False
+    if resp.status_code != 200:
+        return False
+    body = resp.json()
+    for role in ("prefill", "decode", "colocated"):
+        if body.get(f"{role}_nodes", 0) < sum(n.role == role for n in nodes):
+            return False
+    return True
+
+
+def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan]) -> None:
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    base = f"http://{host}:{args.port}"
+    pools = ", ".join(f"{n.name} {n.url}" for n in nodes)
+    body = json.dumps(
+        {
+            "model": model.name,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 32,
+        }
+    )
+    print(
+        f"splitserve is up: {base}/v1 (model {model.name})\n"
+        f"  nodes: {pools}\n"
+        f"  try:   curl {base}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d '{body}'\n"
+        "  Ctrl-C stops everything.",
+        flush=True,
+    )
+
+
+def _supervise(children: list[Child], redis: EmbeddedRedis | None) -> int:
+    """Run until interrupted; 1 when the router or Redis exits, nodes may come and go."""
+    reported: set[str] = set()
+    while True:
+        time.sleep(POLL_S)
+        if redis is not None and not redis.running:
+            print("redis-server exited; stopping the cluster", file=sys.stderr, flush=True)
+            return 1
+        for child in children:
+            code = child.exit_code()
+            if code is None or child.name in reported:
+                continue
+            reported.add(child.name)
+            print(
+                f"{child.name} exited with code {code}; last lines of {child.log_path}:\n"
+                f"{child.log_tail(10)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if child.name == "router":
+                return 1
