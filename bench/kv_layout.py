@@ -4,14 +4,16 @@
 
 One decode attention step = for every layer, gather each sequence's K and V blocks through a
 scattered block table, then one batched SDPA call. Block-major is the engine's layout
-``[blocks, layers, 2, block_size, kv_heads, head_dim]`` and runs the engine's own
-``decode_attention``; layer-major ``[layers, 2, blocks, block_size, kv_heads, head_dim]`` runs
-the same code with a per-layer gather. Both are compared to a same-run memcpy of the bytes
-that one step gathers, and the gathers alone are timed too (the only part the layout
-changes). The machine may be shared, so each sample is one layer (short calls, layers cycled
-so caches stay cold), variants interleaved; a step is the fastest layer sample times the
-layer count (medians are in the JSON too). Single-threaded by default. Shapes default to
-SmolLM2-135M.
+``[blocks, layers, 2, block_size, kv_heads, head_dim]``; layer-major is ``[layers, 2, blocks,
+block_size, kv_heads, head_dim]``. Both run the engine's own ``decode_attention`` (the
+layer-major tensor is seen through a view indexed like the block-major one: only the memory
+order differs). Both are compared to a same-run memcpy of the bytes one step gathers, and the
+gathers alone are timed too (the only part the layout changes).
+
+The machine may be shared, so time is this thread's CPU time by default (blind to
+preemption), each sample is one layer (layers cycled so caches stay cold), variants
+interleaved; a step is the fastest layer sample times the layer count (medians are in the
+JSON too). Single-threaded by default. Shapes default to SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -24,32 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bench.common import RESULTS_DIR, environment, write_json
-from engine.attention import decode_attention
+from engine.attention import GatherBuffers, decode_attention, gather_blocks
 
 KEEP_BLOCK_MAJOR_UNLESS = 1.2  # switch only if layer-major is this much faster
 
 
-def layer_major_decode(
-    q: torch.Tensor, kv: torch.Tensor, layer: int, tables: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """``decode_attention`` over a layer-major cache. q: [seqs, heads, d] -> same shape."""
-    seqs, _, head_dim = q.shape
-    _, _, _, block_size, kv_heads, _ = kv.shape
-    keys = tables.shape[1] * block_size
-    flat = tables.flatten()
-    k = kv[layer, 0].index_select(0, flat).view(seqs, keys, kv_heads, head_dim)
-    v = kv[layer, 1].index_select(0, flat).view(seqs, keys, kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
-    )
-    return out.squeeze(2)
-
-
 def sample_layers(
-    variants: dict[str, Callable[[int], object]], layers: int, samples: int
+    variants: dict[str, Callable[[int], object]],
+    layers: int,
+    samples: int,
+    clock: Callable[[], float],
 ) -> dict[str, list[float]]:
     """Milliseconds of single-layer calls, variants interleaved, layers cycled (cold caches)."""
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -57,9 +45,9 @@ def sample_layers(
         fn(0)  # warm-up: allocator
     for i in range(samples):
         for name, fn in variants.items():
-            start = time.perf_counter()
+            start = clock()
             fn(i % layers)
-            times[name].append((time.perf_counter() - start) * 1e3)
+            times[name].append((clock() - start) * 1e3)
     return times
 
 
@@ -75,7 +63,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per_seq = -(-args.context // bs)
     num_blocks = args.seqs * per_seq + 8
     block_major = torch.randn(num_blocks, layers, 2, bs, kvh, d, dtype=dtype)
-    layer_major = block_major.permute(1, 2, 0, 3, 4, 5).contiguous()
+    # the same data stored layer-major, seen through a view indexed like the block-major cache
+    layer_major = block_major.permute(1, 2, 0, 3, 4, 5).contiguous().permute(2, 0, 1, 3, 4, 5)
     tables = torch.randperm(num_blocks)[: args.seqs * per_seq].view(args.seqs, per_seq)
     tables = tables.to(torch.int32)  # scattered blocks, as after some churn
     flat = tables.flatten()
@@ -84,25 +73,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     q = torch.randn(args.seqs, args.heads, d, dtype=dtype)
     last = layers - 1
     same = decode_attention(q, block_major, last, tables, mask)
-    if not torch.allclose(same, layer_major_decode(q, layer_major, last, tables, mask)):
+    if not torch.equal(same, decode_attention(q, layer_major, last, tables, mask)):
         raise RuntimeError("the two layouts disagree; the benchmark is broken")
     layer_bytes = args.seqs * per_seq * bs * kvh * d * dtype.itemsize * 2
     src = torch.empty(layers, layer_bytes, dtype=torch.uint8).random_(0, 255)
     dst = torch.empty_like(src)
+    bm, lm = GatherBuffers(), GatherBuffers()  # as the engine's backend: no per-call allocation
     variants: dict[str, Callable[[int], object]] = {
-        "block_major": lambda i: decode_attention(q, block_major, i, tables, mask),
-        "layer_major": lambda i: layer_major_decode(q, layer_major, i, tables, mask),
-        "gather_block_major": lambda i: (
-            block_major[:, i, 0].index_select(0, flat),
-            block_major[:, i, 1].index_select(0, flat),
-        ),
-        "gather_layer_major": lambda i: (
-            layer_major[i, 0].index_select(0, flat),
-            layer_major[i, 1].index_select(0, flat),
-        ),
+        "block_major": lambda i: decode_attention(q, block_major, i, tables, mask, bm),
+        "layer_major": lambda i: decode_attention(q, layer_major, i, tables, mask, lm),
+        "gather_block_major": lambda i: gather_blocks(block_major, i, flat, bm),
+        "gather_layer_major": lambda i: gather_blocks(layer_major, i, flat, lm),
         "memcpy": lambda i: dst[i].copy_(src[i]),
     }
-    times = sample_layers(variants, layers, args.samples)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    times = sample_layers(variants, layers, args.samples, clock)
     ms = {name: step_ms(t, layers) for name, t in times.items()}
     best = {name: m["best"] for name, m in ms.items()}
     return {
@@ -134,12 +119,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--samples", type=int, default=300, help="single-layer calls per variant")
+    p.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: this thread's CPU time, blind to preemption on a shared machine (one thread "
+        "only); wall: perf_counter",
+    )
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "kv_layout.json")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        raise SystemExit("--clock cpu measures one thread; use --clock wall with --threads > 1")
     torch.set_num_threads(args.threads)
     r = run(args)
     gb = r["gathered_bytes_per_step"] / 1e9

@@ -123,8 +123,36 @@ class AttentionBackend(Protocol):
         ...
 
 
+class GatherBuffers:
+    """K and V gather buffers reused across layers and steps.
+
+    A fresh multi-megabyte tensor per layer costs page faults on the CPU that were measured
+    to take longer than the gather itself; these grow to the largest step seen and stay.
+    """
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+
+    def take(self, blocks: int, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two [blocks, block_size, kv_heads, d] buffers shaped like ``kv_cache``'s blocks."""
+        shape = (blocks, *kv_cache.shape[3:])
+        n = blocks * kv_cache[0, 0, 0].numel()
+        buf = self._buf
+        if (
+            buf is None
+            or buf.numel() < 2 * n
+            or buf.dtype != kv_cache.dtype
+            or (buf.device != kv_cache.device)
+        ):
+            buf = self._buf = torch.empty(2 * n, dtype=kv_cache.dtype, device=kv_cache.device)
+        return buf[:n].view(shape), buf[n : 2 * n].view(shape)
+
+
 class TorchAttention:
     """SDPA over gathered blocks: one batched call for all decodes, one call per prefill chunk."""
+
+    def __init__(self) -> None:
+        self.buffers = GatherBuffers()
 
     def __call__(
         self,
@@ -136,13 +164,12 @@ class TorchAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         d = meta.num_decodes
+        tables, buffers = meta.decode_block_tables, self.buffers
         if d == meta.num_tokens:
-            return decode_attention(q, kv_cache, layer, meta.decode_block_tables, meta.decode_mask)
+            return decode_attention(q, kv_cache, layer, tables, meta.decode_mask, buffers)
         out = torch.empty_like(q)  # [tokens, heads, d]
         if d:
-            out[:d] = decode_attention(
-                q[:d], kv_cache, layer, meta.decode_block_tables, meta.decode_mask
-            )
+            out[:d] = decode_attention(q[:d], kv_cache, layer, tables, meta.decode_mask, buffers)
         start = d
         for i in range(d, len(meta.query_lens)):
             end = start + meta.query_lens[i]
@@ -150,8 +177,9 @@ class TorchAttention:
             if mask is None:  # no cached prefix: this step's K/V are the whole context
                 out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end], None)
             else:
-                kc, vc = gather_context(kv_cache, layer, meta.block_tables[i], mask.shape[1])
-                out[start:end] = _sdpa(q[start:end], kc, vc, mask)
+                table = meta.block_tables[i, : -(-mask.shape[1] // meta.block_size)]
+                kc, vc = gather_blocks(kv_cache, layer, table, buffers)
+                out[start:end] = _sdpa(q[start:end], kc[: mask.shape[1]], vc[: mask.shape[1]], mask)
             start = end
         return out
 
@@ -162,6 +190,7 @@ def decode_attention(
     layer: int,
     block_tables: torch.Tensor,
     mask: torch.Tensor,
+    buffers: GatherBuffers | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged context, all sequences in one SDPA call.
 
@@ -169,30 +198,34 @@ def decode_attention(
     block_size] bool. Returns [seqs, heads, d].
     """
     seqs, _, head_dim = q.shape
-    _, _, _, block_size, kv_heads, _ = kv_cache.shape
-    keys = block_tables.shape[1] * block_size
-    table = block_tables.flatten()
-    k = kv_cache[:, layer, 0].index_select(0, table).view(seqs, keys, kv_heads, head_dim)
-    v = kv_cache[:, layer, 1].index_select(0, table).view(seqs, keys, kv_heads, head_dim)
+    kv_heads = kv_cache.shape[4]
+    k, v = gather_blocks(kv_cache, layer, block_tables.flatten(), buffers)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [seqs, heads, 1, d]
-        k.transpose(1, 2),  # [seqs, kv_heads, keys, d]
-        v.transpose(1, 2),
+        k.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),  # [seqs, kv_heads, keys, d]
+        v.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),
         attn_mask=mask,
         enable_gqa=True,
     )
     return out.squeeze(2)
 
 
-def gather_context(
-    kv_cache: torch.Tensor, layer: int, block_table: torch.Tensor, length: int
+def gather_blocks(
+    kv_cache: torch.Tensor,
+    layer: int,
+    table: torch.Tensor,
+    buffers: GatherBuffers | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense K and V of one sequence's first ``length`` positions: each [length, kv_heads, d]."""
-    _, _, _, block_size, kv_heads, head_dim = kv_cache.shape
-    table = block_table[: -(-length // block_size)]
-    k = kv_cache[:, layer, 0].index_select(0, table).view(-1, kv_heads, head_dim)
-    v = kv_cache[:, layer, 1].index_select(0, table).view(-1, kv_heads, head_dim)
-    return k[:length], v[:length]
+    """K and V of ``layer`` in the blocks of ``table`` [n], in order: each [n * block_size,
+    kv_heads, d]. Views into ``buffers`` when given (valid until their next use)."""
+    if buffers is None:
+        k = kv_cache[:, layer, 0].index_select(0, table)
+        v = kv_cache[:, layer, 1].index_select(0, table)
+    else:
+        k, v = buffers.take(table.shape[0], kv_cache)
+        torch.index_select(kv_cache[:, layer, 0], 0, table, out=k)
+        torch.index_select(kv_cache[:, layer, 1], 0, table, out=v)
+    return k.flatten(0, 1), v.flatten(0, 1)
 
 
 def _sdpa(
