@@ -105,7 +105,7 @@ class LLMEngine:
         return list(request.block_ids)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_running + self.scheduler.num_waiting > 0
+        return self.scheduler.has_work
 
     def stats(self) -> EngineStats:
         return EngineStats(
