@@ -1,0 +1,153 @@
+"""Nodes over a tiny random-weight Llama, served in this process by real uvicorn servers on
+localhost, registered in an embedded Redis. Shared by tests/prefill_node and
+tests/decode_node (the prefill tests put this folder on sys.path in their conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import uvicorn
+from tokenizers import Tokenizer, models
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from cluster.node_cli import listen_socket
+from cluster.protocol import DecodeRequest, NodeStats, TokenEvent
+from cluster.redis_server import free_port
+from cluster.settings import NodeSettings
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+VOCAB = 128
+TINY: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+BLOCK_SIZE = 4
+NUM_BLOCKS = 32
+
+
+def save_tiny_model(path: Path) -> Path:
+    """A random Llama whose logits are far from uniform (so greedy has no near-ties), plus a
+    word-level tokenizer.json (model-dir validation wants one; nodes never tokenize)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    model.save_pretrained(path)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(path / "tokenizer.json"))
+    return path
+
+
+def node_settings(model_dir: Path, redis_url: str, role: str, **overrides: Any) -> NodeSettings:
+    port = free_port()
+    fields: dict[str, Any] = {
+        "model": str(model_dir),
+        "role": role,
+        "port": port,
+        "redis_url": redis_url,
+        "node_id": f"{role}-{port}",
+        "block_size": BLOCK_SIZE,
+        "num_kv_blocks": NUM_BLOCKS,
+        "torch_threads": 1,
+        "transfer": "tcp",
+        "heartbeat_s": 0.2,
+        "ttl_s": 1.0,
+    }
+    return NodeSettings(**(fields | overrides))
+
+
+@asynccontextmanager
+async def serving(app: Any, settings: NodeSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """Run the node app (lifespan included) until the block ends; yields a client for it."""
+    sock = listen_socket(settings.host, settings.port)
+    config = uvicorn.Config(
+        app, lifespan="on", loop="asyncio", log_level="warning", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("node exited at start")
+            await asyncio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=settings.url(), trust_env=False) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.wait_for(task, 30)
+        except TimeoutError:
+            raise RuntimeError(f"node {settings.node_id} did not stop in 30 s") from None
+        finally:
+            sock.close()
+
+
+async def stats(client: httpx.AsyncClient) -> NodeStats:
+    resp = await client.get("/stats")
+    resp.raise_for_status()
+    return NodeStats.model_validate_json(resp.content)
+
+
+async def wait_idle(client: httpx.AsyncClient, timeout_s: float = 10.0) -> NodeStats:
+    """Stats once every block is free and no lease is held (or the last stats at timeout)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        now = await stats(client)
+        load = now.load
+        idle = load.free_blocks == load.total_blocks and load.leases_held == 0
+        if (idle and load.running == 0) or asyncio.get_running_loop().time() > deadline:
+            return now
+        await asyncio.sleep(0.05)
+
+
+async def generate(client: httpx.AsyncClient, req: DecodeRequest) -> list[TokenEvent]:
+    """POST /internal/generate and read the whole NDJSON stream."""
+    events = []
+    body = req.model_dump_json()
+    headers = {"content-type": "application/json"}
+    async with client.stream("POST", "/internal/generate", content=body, headers=headers) as r:
+        if r.status_code != 200:
+            await r.aread()
+            r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.strip():
+                events.append(TokenEvent.model_validate_json(line))
+    return events
+
+
+def tokens_of(events: Sequence[TokenEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+def offline_tokens(model_dir: Path, prompt: list[int], params: SamplingParams) -> list[int]:
+    """The same model run by one engine in this process: the expected greedy output."""
+    engine = LLMEngine(
+        EngineConfig(model_dir=model_dir, block_size=BLOCK_SIZE, num_kv_blocks=NUM_BLOCKS)
+    )
+    engine.add_request("offline", prompt, params)
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.extend(out.new_token_ids)
+    return tokens

@@ -1,0 +1,142 @@
+"""The prefill node: token 1 plus a KV lease; every way a lease ends frees the blocks
+(release, expiry); probes, registry record, stats, metrics and error answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+import redis
+from node_harness import NUM_BLOCKS, node_settings, save_tiny_model, serving, stats, wait_idle
+
+from cluster.protocol import NodeRecord, PrefillResponse
+from cluster.redis_server import EmbeddedRedis
+from cluster.registry import node_key
+from prefill_node.app import create_app, route_paths
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]  # 9 tokens: 3 blocks of 4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def node(model_dir: Path, redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    settings = node_settings(model_dir, redis_url, "prefill", lease_ttl_s=0.6)
+    async with serving(create_app(settings), settings) as client:
+        yield client
+
+
+def _body(rid: str, max_tokens: int = 8, prompt: list[int] = PROMPT) -> dict[str, object]:
+    sampling = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    return {"request_id": rid, "prompt_token_ids": prompt, "sampling": sampling}
+
+
+async def _prefill(node: httpx.AsyncClient, rid: str, **kw: object) -> PrefillResponse:
+    resp = await node.post("/internal/prefill", json=_body(rid, **kw))  # type: ignore[arg-type]
+    assert resp.status_code == 200, resp.text
+    return PrefillResponse.model_validate_json(resp.content)
+
+
+async def test_prefill_pins_the_prompt_blocks_under_a_lease(node: httpx.AsyncClient) -> None:
+    answer = await _prefill(node, "pin")
+    assert not answer.finished and answer.kv is not None
+    assert answer.num_prompt_tokens == len(PROMPT) == answer.kv.num_tokens
+    assert len(answer.kv.block_ids) == 3
+    now = await stats(node)
+    assert now.load.leases_held == 1
+    assert now.load.free_blocks == NUM_BLOCKS - 3
+    assert answer.kv.layout_fingerprint == now.info.layout_fingerprint
+    assert answer.kv.peer_info == now.info.peer_info
+
+
+async def test_release_frees_the_blocks_once(node: httpx.AsyncClient) -> None:
+    await _prefill(node, "rel", prompt=[7, 7, 7, 7, 7])
+    first = await node.post("/internal/release", json={"request_id": "rel"})
+    again = await node.post("/internal/release", json={"request_id": "rel"})
+    assert first.json() == {"request_id": "rel", "done": True}
+    assert again.json() == {"request_id": "rel", "done": False}
+    idle = await wait_idle(node)
+    assert idle.load.free_blocks == NUM_BLOCKS  # "pin" of the test above expired too
+
+
+async def test_expired_lease_frees_the_blocks_through_the_engine(node: httpx.AsyncClient) -> None:
+    await _prefill(node, "expire", prompt=[3, 1, 4, 1, 5, 9, 2, 6])
+    assert (await stats(node)).load.leases_held == 1
+    await asyncio.sleep(0.8)  # lease_ttl_s=0.6, leases checked every 20 ms
+    idle = await stats(node)
+    assert (idle.load.leases_held, idle.load.free_blocks) == (0, NUM_BLOCKS)
+    assert idle.counters["leases_ended_total"] >= 1
+
+
+async def test_request_done_at_the_first_token_holds_no_lease(node: httpx.AsyncClient) -> None:
+    answer = await _prefill(node, "one", max_tokens=1)
+    assert answer.finished and answer.kv is None and answer.finish_reason == "length"
+    now = await stats(node)
+    assert now.load.leases_held == 0 and now.load.free_blocks == NUM_BLOCKS
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_body("bad1", prompt=[]), "prompt_token_ids"),
+        (_body("bad2", prompt=[999]), "prompt_token_ids"),
+        (_body("bad3", prompt=[1] * 300), "prompt_token_ids"),
+        ({"request_id": "bad4", "prompt_token_ids": [1]}, "sampling"),
+        (
+            {"request_id": "bad5", "prompt_token_ids": [1], "sampling": {"top_p": 0}},
+            "sampling.top_p",
+        ),
+    ],
+)
+async def test_bad_requests_answer_400_and_hold_nothing(
+    node: httpx.AsyncClient, body: dict[str, object], param: str
+) -> None:
+    resp = await node.post("/internal/prefill", json=body)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["code"] == "bad_request" and error["param"] == param and error["message"]
+    now = await stats(node)
+    assert now.load.running == 0 and now.load.waiting == 0
+
+
+async def test_ready_and_registered_in_redis(node: httpx.AsyncClient, redis_url: str) -> None:
+    ready = await node.get("/ready")
+    assert ready.status_code == 200 and ready.json()["registered"] is True
+    assert (await node.get("/health")).status_code == 200
+    info = (await stats(node)).info
+    raw = redis.Redis.from_url(redis_url).get(node_key(info.node_id))
+    assert raw is not None
+    record = NodeRecord.model_validate_json(raw)
+    assert record.info == info and record.info.role == "prefill"
+    assert record.load.total_blocks == NUM_BLOCKS
+
+
+async def test_metrics_carry_role_and_node_labels(node: httpx.AsyncClient) -> None:
+    text = (await node.get("/metrics")).text
+    node_id = (await stats(node)).info.node_id
+    for name in ("running_requests", "waiting_requests", "kv_usage_ratio"):
+        assert f'splitserve_{name}{{node="{node_id}",role="prefill"}}' in text
+
+
+async def test_create_app_loads_nothing_and_serves_the_probe_paths(model_dir: Path) -> None:
+    settings = node_settings(model_dir, "redis://127.0.0.1:1/0", "prefill")
+    app = create_app(settings)
+    assert app.state.node.runtime is None
+    assert {"/health", "/ready", "/stats", "/metrics", "/internal/prefill"} <= route_paths()
+    with pytest.raises(ValueError, match="role=prefill"):
+        create_app(node_settings(model_dir, "redis://127.0.0.1:1/0", "decode"))
