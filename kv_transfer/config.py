@@ -16,7 +16,9 @@ class TransferConfig:
     advertise_host: the address peers dial (default: tcp_host; set it when binding 0.0.0.0).
     deadline_s: default deadline of one READ.
     ucx_tls: UCX_TLS used for host-memory KV when the environment sets none (see nixl_loader).
-    progress_wakeup_us: NIXL progress thread's periodic wakeup; it sleeps on UCX events between.
+    progress_wakeup_us: NIXL progress thread's periodic wakeup; it sleeps on UCX events in
+        between. Keep it long: a wakeup during a READ makes that thread contend for the UCX
+        worker until the READ ends (10 ms halved CMA bandwidth here; 1 s costs < 10%).
     hugepages: back a CPU KV tensor with transparent huge pages at registration (best effort).
     poll_interval_s: how often the owner drains release notifications and expires leases.
     """
@@ -28,7 +30,7 @@ class TransferConfig:
     advertise_host: str | None = None
     deadline_s: float = 5.0
     ucx_tls: str = "tcp,cma,self"
-    progress_wakeup_us: int = 10_000
+    progress_wakeup_us: int = 1_000_000
     hugepages: bool = True
     poll_interval_s: float = 0.02
 

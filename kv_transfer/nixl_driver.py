@@ -1,10 +1,11 @@
-"""One thread that owns a NIXL agent: every NIXL call runs on it, transfers are watched there.
+"""One thread that makes every NIXL call of a process and watches its transfers.
 
 Why a thread: a READ over CMA copies inside `transfer()`, which would stall the caller's
 event loop for the whole copy; and NIXL agents are not thread safe, so one thread makes all
 calls. The thread never spins: between checks of an in-flight transfer it sleeps on its job
 queue (50 us, doubling up to 1 ms); with nothing in flight it wakes every
-`notify_interval_s` to collect notifications.
+`notify_interval_s` to collect notifications (which also progresses agents that have no
+progress thread of their own).
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ T = TypeVar("T")
 _FIRST_WAIT_S = 50e-6
 _MAX_WAIT_S = 1e-3
 
-
 OnFinish = Callable[[TransferError | None], None]
+OnNotif = Callable[[str, bytes], None]
+MakeHandle = Callable[[], tuple[Any, Any]]  # -> (agent, transfer handle)
 
 
 @dataclass
 class _Inflight:
+    agent: Any
     handle: Any
     future: cf.Future[None]
     on_finish: OnFinish
@@ -47,14 +50,11 @@ class _Inflight:
 
 
 class NixlDriver:
-    """Runs jobs and watches transfers of one nixl_agent on a dedicated thread."""
+    """Runs jobs and watches transfers of nixl agents on one dedicated thread."""
 
-    def __init__(
-        self, name: str, notify_interval_s: float, on_notif: Callable[[str, bytes], None]
-    ) -> None:
-        self.agent: Any = None  # set by the first job; touched only on the thread
+    def __init__(self, name: str, notify_interval_s: float) -> None:
         self._notify_interval_s = notify_interval_s
-        self._on_notif = on_notif
+        self._sources: list[tuple[Any, OnNotif]] = []  # touched only on the thread
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._inflight: list[_Inflight] = []
         self._thread = threading.Thread(target=self._run, name=f"nixl-{name}", daemon=True)
@@ -77,8 +77,12 @@ class NixlDriver:
     def call(self, fn: Callable[[], T]) -> T:
         return self.submit(fn).result()
 
+    def watch_notifs(self, agent: Any, on_notif: OnNotif) -> None:
+        """Collect `agent`'s notifications periodically (call on the thread)."""
+        self._sources.append((agent, on_notif))
+
     def transfer(
-        self, make_handle: Callable[[], Any], deadline: Deadline, on_finish: OnFinish
+        self, make_handle: MakeHandle, deadline: Deadline, on_finish: OnFinish
     ) -> cf.Future[None]:
         """Create a transfer with `make_handle` (on the thread), post it, and watch it.
 
@@ -110,10 +114,10 @@ class NixlDriver:
             except queue.Empty:
                 pass
             self._check_inflight()
-            if self.agent is not None and time.monotonic() >= next_notify:
+            if time.monotonic() >= next_notify:
                 self._drain_notifs()
                 next_notify = time.monotonic() + self._notify_interval_s
-        for item in self._inflight:
+        for item in list(self._inflight):
             self._finish(item, TransferError("transfer agent closed"))
 
     def _wait_s(self, next_notify: float) -> float:
@@ -121,23 +125,19 @@ class NixlDriver:
         return max(wake - time.monotonic(), 0.0)
 
     def _post(
-        self,
-        make_handle: Callable[[], Any],
-        deadline: Deadline,
-        on_finish: OnFinish,
-        fut: cf.Future[None],
+        self, make_handle: MakeHandle, deadline: Deadline, on_finish: OnFinish, fut: cf.Future[None]
     ) -> None:
         if not fut.set_running_or_notify_cancel():
             return  # the caller gave up before the transfer started
         try:
-            handle = make_handle()
+            agent, handle = make_handle()
         except BaseException as exc:
             fut.set_exception(as_transfer_error(exc))
             return
         first_check = time.monotonic() + _FIRST_WAIT_S
-        item = _Inflight(handle, fut, on_finish, deadline, first_check, _FIRST_WAIT_S)
+        item = _Inflight(agent, handle, fut, on_finish, deadline, first_check, _FIRST_WAIT_S)
         try:
-            state = self.agent.transfer(handle)
+            state = agent.transfer(handle)
         except Exception as exc:
             self._finish(item, as_transfer_error(exc))
             return
@@ -147,7 +147,7 @@ class NixlDriver:
         now = time.monotonic()
         for item in [i for i in self._inflight if i.next_check <= now]:
             try:
-                state = self.agent.check_xfer_state(item.handle)
+                state = item.agent.check_xfer_state(item.handle)
             except Exception as exc:
                 self._finish(item, as_transfer_error(exc))
                 continue
@@ -168,7 +168,7 @@ class NixlDriver:
             item.next_check = min(time.monotonic() + item.wait_s, item.deadline.at)
 
     def _abort(self, fut: cf.Future[None]) -> None:
-        for item in self._inflight:
+        for item in list(self._inflight):
             if item.future is fut:
                 self._finish(item, TransferCancelled("transfer cancelled"))
 
@@ -191,14 +191,15 @@ class NixlDriver:
             item.future.set_exception(error)
 
     def _drain_notifs(self) -> None:
-        try:
-            notifs = self.agent.get_new_notifs()
-        except Exception:
-            logger.exception("NIXL notification poll failed")
-            return
-        for sender, messages in notifs.items():
-            for message in messages:
-                self._on_notif(sender, message)
+        for agent, on_notif in self._sources:
+            try:
+                notifs = agent.get_new_notifs()
+            except Exception:
+                logger.exception("NIXL notification poll failed")
+                continue
+            for sender, messages in notifs.items():
+                for message in messages:
+                    on_notif(sender, message)
 
 
 def as_transfer_error(exc: BaseException) -> TransferError:

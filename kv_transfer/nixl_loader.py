@@ -7,9 +7,10 @@ selection measured slower here and `sm,self` alone cannot start (no active-messa
 transport). VRAM KV keeps UCX's defaults so that cuda_copy / cuda_ipc / RDMA stay available.
 
 Progress thread: nixl's Python wrapper starts the UCX progress thread with a wakeup delay of
-0, which polls without sleeping and burns a core for the life of the process. We start it
-with a delay instead: the thread then sleeps on UCX's event descriptors and wakes on traffic
-or every `progress_wakeup_us`.
+0, which polls without sleeping and burns a core for the life of the process. The serving
+agent gets one with a delay instead: it sleeps on UCX's event descriptors and wakes on
+traffic (connection setup, notifications, an owner's share of a TCP-emulated get) or every
+`progress_wakeup_us`. The reading agent gets none: the driver thread progresses its READs.
 """
 
 from __future__ import annotations
@@ -70,18 +71,21 @@ def apply_ucx_defaults(mem_type: str, ucx_tls: str) -> str:
     return f"UCX_TLS={ucx_tls} (splitserve default for host memory)"
 
 
-def create_agent(api: ModuleType, name: str, wakeup_us: int) -> Any:
-    """A UCX-backed nixl_agent whose progress thread sleeps between events."""
+def create_agent(api: ModuleType, name: str, progress_wakeup_us: int | None) -> Any:
+    """A UCX-backed nixl_agent. With `progress_wakeup_us`, it has a progress thread that
+    sleeps between events; with None, none (its owner must progress it)."""
     bindings = api.nixlBind
     original = bindings.nixlAgentConfig
+    config = api.nixl_agent_config(
+        backends=["UCX"], enable_prog_thread=progress_wakeup_us is not None
+    )
+    if progress_wakeup_us is not None:
+        try:
+            bindings.nixlAgentConfig = _sleeping_config_class(original, progress_wakeup_us)
+        except TypeError:  # the binding's config class cannot be subclassed in this build
+            logger.warning("NIXL progress thread cannot be given a delay; it will busy-poll")
     try:
-        sleeping = _sleeping_config_class(original, wakeup_us)
-    except TypeError:  # the binding's config class cannot be subclassed in this build
-        logger.warning("NIXL progress thread cannot be given a delay; it will busy-poll")
-        sleeping = original
-    bindings.nixlAgentConfig = sleeping  # read once, inside nixl_agent.__init__
-    try:
-        agent = api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
+        agent = api.nixl_agent(name, config)  # reads nixlAgentConfig once, in __init__
     except Exception as exc:
         raise TransportUnavailable(f"NIXL agent with a UCX backend failed to start: {exc}") from exc
     finally:
