@@ -8,7 +8,8 @@ started: router first, then nodes, then Redis (SIGTERM, then SIGKILL after a gra
 A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
 
 Logs: each child writes to RUN_DIR/NAME.log (RUN_DIR: --run-dir or a new temporary
-directory, printed at start); RUN_DIR/pids.json maps each child's name to its pid.
+directory, printed at start). RUN_DIR/cluster.json, written as the children start, holds
+the router URL, the Redis URL, each node's URL and every process id (launcher included).
 A node that exits is reported and the cluster keeps serving without it; when the router or
 Redis exits, the launcher stops everything and exits 1.
 """
@@ -142,7 +143,7 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
         children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url)))
         for node in nodes:
             children.append(_spawn(run_dir, node.name, _node_argv(args, model, redis_url, node)))
-        _write_pids(run_dir, children, redis)
+        _write_cluster_file(run_dir, args, redis_url, nodes, children, redis)
         _wait_ready(args, children, nodes)
         _announce(args, model, nodes)
         return _supervise(children, redis)
@@ -206,12 +207,25 @@ def _spawn(run_dir: Path, name: str, argv: list[str]) -> Child:
     return Child(name, argv, run_dir / f"{name}.log", env)
 
 
-def _write_pids(run_dir: Path, children: list[Child], redis: EmbeddedRedis | None) -> None:
+def _write_cluster_file(
+    run_dir: Path,
+    args: argparse.Namespace,
+    redis_url: str,
+    nodes: list[NodePlan],
+    children: list[Child],
+    redis: EmbeddedRedis | None,
+) -> None:
     pids = {c.name: c.pid for c in children}
     if redis is not None and redis.pid is not None:
         pids["redis"] = redis.pid
     pids["launcher"] = os.getpid()
-    (run_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
+    layout = {
+        "router": f"http://127.0.0.1:{args.port}",
+        "redis": redis_url,
+        "nodes": {n.name: {"url": n.url, "role": n.role} for n in nodes},
+        "pids": pids,
+    }
+    (run_dir / "cluster.json").write_text(json.dumps(layout, indent=2) + "\n")
     for child in children:
         print(f"started {child.name} pid={child.pid}", flush=True)
 

@@ -1,0 +1,110 @@
+"""`splitserve up` as a child of the test: start, read its cluster.json, stop with SIGINT, and
+check that every process it started is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cluster.protocol import NodeStats
+from cluster.redis_server import free_port
+
+UP_TIMEOUT_S = 240.0
+
+
+@dataclass
+class Cluster:
+    """A running `splitserve up`; `layout` is its cluster.json."""
+
+    proc: subprocess.Popen[bytes]
+    run_dir: Path
+    layout: dict[str, Any]
+
+    @property
+    def base_url(self) -> str:
+        return str(self.layout["router"])
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.layout["pids"].items()}
+
+    def node_url(self, name: str) -> str:
+        return str(self.layout["nodes"][name]["url"])
+
+    def node_names(self, role: str) -> list[str]:
+        return [n for n, v in self.layout["nodes"].items() if v["role"] == role]
+
+    def stats(self, name: str) -> NodeStats:
+        resp = httpx.get(self.node_url(name) + "/stats", timeout=5, trust_env=False)
+        resp.raise_for_status()
+        return NodeStats.model_validate_json(resp.content)
+
+    def output(self) -> str:
+        return (self.run_dir / "launcher.out").read_text(errors="replace")
+
+    def wait_idle(self, names: list[str], timeout_s: float = 15.0) -> dict[str, NodeStats]:
+        """Stats of `names` once each holds no request, no block and no lease."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = {n: self.stats(n) for n in names}
+            if all(_idle(s) for s in now.values()) or time.monotonic() > deadline:
+                return now
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 40.0) -> int:
+        """Ctrl-C the launcher; its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+
+
+def _idle(stats: NodeStats) -> bool:
+    load = stats.load
+    return (
+        load.running == 0
+        and load.waiting == 0
+        and load.leases_held == 0
+        and load.free_blocks == load.total_blocks
+    )
+
+
+def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
+    """`splitserve up` with 1 torch thread per node; returns once it reports ready."""
+    port = free_port()
+    argv = [sys.executable, "-m", "cluster.cli", "up", "--model", str(model_dir)]
+    argv += ["--port", str(port), "--threads-per-node", "1", "--run-dir", str(run_dir), *args]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "launcher.out"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    cluster = Cluster(proc, run_dir, {})
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while "splitserve is up" not in cluster.output():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            cluster.stop()
+            raise RuntimeError(f"splitserve up did not come up:\n{cluster.output()[-3000:]}")
+        time.sleep(0.2)
+    cluster.layout = json.loads((run_dir / "cluster.json").read_text())
+    return cluster
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

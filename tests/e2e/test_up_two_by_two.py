@@ -1,0 +1,77 @@
+"""`splitserve up` with 2 prefill + 2 decode nodes under 50 concurrent streamed chats: all
+complete with the offline engine's greedy text, every node takes part, and afterwards every
+KV block is free and no lease is held on either side."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from cluster_harness import Cluster, alive, start_cluster
+from oracle import Oracle
+
+pytestmark = pytest.mark.e2e
+
+NUM_REQUESTS = 50
+MAX_TOKENS = 8
+CHATS = [
+    [{"role": "user", "content": f"Write one short sentence about the number {i}."}]
+    for i in range(NUM_REQUESTS)
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    run_dir = tmp_path_factory.mktemp("up-2x2")
+    up = start_cluster(
+        default_model_dir, run_dir, "--prefill", "2", "--decode", "2", "--num-kv-blocks", "256"
+    )
+    try:
+        yield up
+    finally:
+        assert up.stop() == 0
+        assert [name for name, pid in up.pids.items() if alive(pid)] == []
+        for pid in up.pids.values():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def _stream(client: openai.AsyncOpenAI, model: str, chat: list[dict[str, str]]) -> str:
+    stream = await client.chat.completions.create(
+        model=model, messages=chat, max_tokens=MAX_TOKENS, temperature=0,  # type: ignore[arg-type]
+        stream=True,
+    )  # fmt: skip
+    text = ""
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+    return text
+
+
+async def _all(base_url: str) -> list[str]:
+    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    async with client:
+        model = (await client.models.list()).data[0].id
+        return await asyncio.gather(*(_stream(client, model, chat) for chat in CHATS))
+
+
+def test_concurrent_streams_match_and_leave_nothing_behind(
+    cluster: Cluster, oracle: Oracle
+) -> None:
+    expected = [e.text for e in oracle.chat(CHATS, max_tokens=MAX_TOKENS)]
+    texts = asyncio.run(asyncio.wait_for(_all(cluster.base_url), 300))
+    assert texts == expected
+    prefill, decode = cluster.node_names("prefill"), cluster.node_names("decode")
+    idle = cluster.wait_idle(prefill + decode)
+    for name, stats in idle.items():
+        load = stats.load
+        assert (load.free_blocks, load.leases_held, load.running) == (load.total_blocks, 0, 0), name
+    assert all(idle[n].counters.get("leases_granted_total", 0) > 0 for n in prefill)
+    assert all(idle[n].counters.get("imports_total", 0) > 0 for n in decode)
+    assert sum(idle[n].counters["imports_total"] for n in decode) == NUM_REQUESTS
+    assert sum(idle[n].counters.get("transfer_failures_total", 0) for n in decode) == 0
