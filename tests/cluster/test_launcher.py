@@ -1,0 +1,143 @@
+"""`splitserve up` without a model: the command lines it gives its children parse with the
+real subcommands, children stop on request (or are killed), die with their parent, and a
+child that fails at start is named with its log."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import launcher
+from cluster.launcher import LaunchError, NodePlan
+from cluster.process import Child, stop_all
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    launcher.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _parse_child(argv: list[str]) -> argparse.Namespace:
+    """Parse a child's command line with the subcommand module it names."""
+    assert argv[:3] == [sys.executable, "-m", "cluster.cli"]
+    command, rest = argv[3], argv[4:]
+    module = {"router": "router.cli", "prefill": "prefill_node.cli", "decode": "decode_node.cli"}
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    importlib.import_module(module[command]).add_arguments(parser)
+    return parser.parse_args(rest)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> None:
+    args = _args("--threads-per-node", "2", "--num-kv-blocks", "64", "--transfer", "tcp")
+    plans = launcher._plan_nodes(args)
+    assert [(p.name, p.role) for p in plans] == [("prefill-0", "prefill"), ("decode-0", "decode")]
+    for plan in plans:
+        parsed = _parse_child(launcher._node_argv(args, tmp_path, "redis://h:1/0", plan))
+        assert (parsed.port, parsed.node_id, parsed.model) == (plan.port, plan.name, str(tmp_path))
+        assert (parsed.torch_threads, parsed.num_kv_blocks, parsed.transfer) == (2, 64, "tcp")
+    router = _parse_child(launcher._router_argv(args, tmp_path, "redis://h:1/0"))
+    assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
+
+
+def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
+    args = _args("--colocated", "--decode", "2")
+    plans = launcher._plan_nodes(args)
+    assert [(p.name, p.command, p.role) for p in plans] == [
+        ("colocated-0", "decode", "colocated"),
+        ("colocated-1", "decode", "colocated"),
+    ]
+    parsed = _parse_child(launcher._node_argv(args, tmp_path, "redis://h:1/0", plans[0]))
+    assert parsed.role == "colocated"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--decode", "0"], "--decode"), (["--prefill", "0"], "--prefill"),
+     (["--model", "./no/such/model"], "no/such/model")],
+)  # fmt: skip
+def test_bad_arguments_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert launcher.run(_args(*argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_stop_all_terminates_then_kills(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    polite = Child("polite", SLEEPER, tmp_path / "polite.log", env)
+    stubborn = Child("stubborn", STUBBORN, tmp_path / "stubborn.log", env)
+    time.sleep(0.5)  # let the stubborn one install its handler
+    started = time.monotonic()
+    killed = stop_all([polite, stubborn], grace_s=1.0)
+    assert killed == ["stubborn"]
+    assert time.monotonic() - started < 5
+    assert polite.exit_code() == -signal.SIGTERM
+    assert stubborn.exit_code() == -signal.SIGKILL
+
+
+def test_children_die_with_their_parent(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    parent_code = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from pathlib import Path
+        from cluster.process import Child
+        child = Child("c", {SLEEPER!r}, Path({str(tmp_path / "c.log")!r}), dict(os.environ))
+        Path({str(pid_file)!r}).write_text(str(child.pid))
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child_pid = int(pid_file.read_text())
+        assert _alive(child_pid)
+        parent.kill()  # SIGKILL: no cleanup code runs in the parent
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid)
+    finally:
+        parent.kill()
+
+
+def test_a_child_that_fails_at_start_is_named_with_its_log(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "print('model dir is broken'); raise SystemExit(3)"]
+    child = Child("decode-7", argv, tmp_path / "decode-7.log", dict(os.environ))
+    child.proc.wait(timeout=30)
+    with pytest.raises(LaunchError) as caught:
+        launcher._check_alive([child])
+    message = str(caught.value)
+    assert "decode-7 exited with code 3" in message and "model dir is broken" in message
+
+
+def test_node_plan_urls_are_local() -> None:
+    assert NodePlan("decode-0", "decode", "decode", 8123).url == "http://127.0.0.1:8123"
