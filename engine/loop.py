@@ -24,10 +24,12 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from engine.config import EngineConfig
 from engine.engine import EngineCounters, EngineStats, LLMEngine
 from engine.outputs import StepOutput
 from engine.request import FinishReason
@@ -144,6 +146,16 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------------------
+
+    @classmethod
+    async def launch(cls, config: EngineConfig, torch_threads: int | None = None) -> EngineLoop:
+        """Build the engine (loads the model) off the event loop, then start its thread."""
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        engine = await asyncio.to_thread(LLMEngine, config)
+        loop = cls(engine, torch_threads)
+        loop.start()
+        return loop
 
     def start(self) -> None:
         self._thread.start()
@@ -307,3 +319,19 @@ class EngineLoop:
             if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(EngineFailed("the engine loop stopped"))
         self._fail_all("the engine loop stopped")
+
+
+def engine_config(
+    model_dir: Path, *, device: str = "auto", dtype: str = "auto", **options: Any
+) -> EngineConfig:
+    """An EngineConfig with "auto" resolved: CUDA when available (bfloat16), else CPU (float32).
+
+    `options` are the other EngineConfig fields (role, block_size, num_kv_blocks...); None
+    values keep the EngineConfig default.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    given = {k: v for k, v in options.items() if v is not None}
+    return EngineConfig(model_dir=Path(model_dir), device=device, dtype=dtype, **given)  # type: ignore[arg-type]

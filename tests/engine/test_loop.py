@@ -14,7 +14,7 @@ from tiny_llama import save_tiny_llama
 
 from engine.config import EngineConfig, Role
 from engine.engine import LLMEngine
-from engine.loop import EngineFailed, EngineLoop, RequestStream
+from engine.loop import EngineFailed, EngineLoop, RequestStream, engine_config
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 
@@ -199,3 +199,11 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def test_engine_config_resolves_auto_and_drops_unset_options(tiny_dir: Path) -> None:
+    config = engine_config(tiny_dir, role="prefill", num_kv_blocks=None, max_num_seqs=3)
+    want_device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert str(config.device) == want_device
+    assert config.dtype == (torch.bfloat16 if want_device == "cuda" else torch.float32)
+    assert (config.role, config.num_kv_blocks, config.max_num_seqs) == (Role.PREFILL, None, 3)
