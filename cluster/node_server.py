@@ -187,9 +187,15 @@ def _lifespan(
 
 
 async def _heartbeats(state: NodeState, registry: NodeRegistry) -> None:
-    """Register at once, then rewrite the record every heartbeat_s; log outages once."""
+    """Register at once, then rewrite the record every heartbeat_s; log outages once. A node
+    whose engine thread died leaves the registry and stops beating (/health turns 503)."""
     runtime: NodeRuntime = state.runtime
     while True:
+        if not runtime.healthy:
+            log.error("engine_dead node=%s leaving the registry", runtime.info.node_id)
+            state.registered = False
+            await registry.deregister()
+            return
         try:
             await registry.register(runtime.info, runtime.load())
             if not state.registered:

@@ -118,6 +118,22 @@ async def test_kv_handoff_gives_the_offline_output(nodes: Nodes, expected: list[
     assert decode_idle.counters["imports_total"] >= 1
 
 
+async def test_logprobs_come_with_every_token(nodes: Nodes) -> None:
+    spec = SPEC.model_copy(update={"logprobs": 2})
+    body = {"request_id": "lp", "prompt_token_ids": PROMPT, "sampling": spec.model_dump()}
+    answer = PrefillResponse.model_validate_json(
+        (await nodes.prefill.post("/internal/prefill", json=body)).content
+    )
+    assert answer.first_logprob is not None
+    assert answer.first_logprob.token_id == answer.first_token_id
+    req = _decode_req("lp", answer).model_copy(update={"sampling": spec})
+    events = await generate(nodes.decode, req)
+    for event in events:
+        assert event.logprobs is not None and len(event.logprobs) == len(event.token_ids)
+        for token, logprob in zip(event.token_ids, event.logprobs, strict=True):
+            assert logprob.token_id == token and len(logprob.top) == 2 and logprob.logprob <= 0
+
+
 async def test_fully_cached_prompt_still_ends_the_lease(nodes: Nodes, model_dir: Path) -> None:
     prompt = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks
     want = offline_tokens(model_dir, prompt, PARAMS)

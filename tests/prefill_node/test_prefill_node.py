@@ -140,3 +140,19 @@ async def test_create_app_loads_nothing_and_serves_the_probe_paths(model_dir: Pa
     assert {"/health", "/ready", "/stats", "/metrics", "/internal/prefill"} <= route_paths()
     with pytest.raises(ValueError, match="role=prefill"):
         create_app(node_settings(model_dir, "redis://127.0.0.1:1/0", "decode"))
+
+
+async def test_a_dead_engine_thread_fails_health_and_leaves_the_registry(
+    model_dir: Path, redis_url: str
+) -> None:
+    settings = node_settings(model_dir, redis_url, "prefill")
+    app = create_app(settings)
+    store = redis.Redis.from_url(redis_url)
+    async with serving(app, settings) as client:
+        assert (await client.get("/ready")).status_code == 200
+        assert store.get(node_key(settings.resolved_node_id())) is not None
+        await asyncio.to_thread(app.state.node.runtime.loop.stop)
+        await asyncio.sleep(3 * settings.heartbeat_s)
+        assert (await client.get("/health")).status_code == 503
+        assert (await client.get("/ready")).status_code == 503
+        assert store.get(node_key(settings.resolved_node_id())) is None
