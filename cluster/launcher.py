@@ -67,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
     parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
+    parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
@@ -191,6 +193,8 @@ def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: Node
     if node.command == "decode":
         argv += ["--role", node.role]
     optional = {
+        "--device": args.device,
+        "--dtype": args.dtype,
         "--torch-threads": args.threads_per_node,
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,

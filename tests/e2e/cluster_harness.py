@@ -82,10 +82,12 @@ def _idle(stats: NodeStats) -> bool:
 
 
 def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
-    """`splitserve up` with 1 torch thread per node; returns once it reports ready."""
+    """`splitserve up` on the CPU in float32 (the oracle's settings), 1 torch thread per node;
+    returns once it reports ready."""
     port = free_port()
     argv = [sys.executable, "-m", "cluster.cli", "up", "--model", str(model_dir)]
-    argv += ["--port", str(port), "--threads-per-node", "1", "--run-dir", str(run_dir), *args]
+    argv += ["--port", str(port), "--device", "cpu", "--dtype", "float32"]
+    argv += ["--threads-per-node", "1", "--run-dir", str(run_dir), *args]
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "launcher.out"
     with open(out, "wb") as sink:
