@@ -11,8 +11,12 @@ measured in the same run. The fixed cost per READ is the 128-token case and the 
 a least-squares line through all sizes. Targets (dev box): NIXL >= 0.5 of memcpy at 2048
 tokens and more; fixed cost <= 2 ms.
 
-UCX settings: those the agent picks (UCX_TLS=tcp,cma,self for host memory unless UCX_TLS is
-set; see kv_transfer/nixl_loader.py); the JSON records them. --no-hugepages keeps 4 KiB pages.
+UCX settings: UCX_TLS as in the environment, else UCX's own choice (the agent sets nothing by
+default; see kv_transfer/nixl_loader.py); the JSON records it. On one host UCX reads with CMA
+either way, and `UCX_TLS=tcp,cma,self` measured the same as the default. What does matter:
+the reading NIXL agent has no progress thread (one halved the bandwidth by contending for the
+UCX worker during each copy), and the KV tensors sit in huge pages (CMA pins every page;
+--no-hugepages keeps 4 KiB pages to compare).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ FINGERPRINT = "bench-smollm2-block-major-30x3x64-b16-f32"
 LAYOUT = "SmolLM2-135M KV: layers=30 kv_heads=3 head_dim=64 block=16 float32 (block-major)"
 BLOCK_SHAPE_BYTES = LAYERS * 2 * BLOCK * KV_HEADS * HEAD_DIM * 4  # float32: 737,280
 TOKENS = (128, 512, 2048, 8192)
+LAG_READS = 3
 
 
 def blocks_for(tokens: int) -> int:
@@ -135,16 +140,19 @@ async def measure_transport(transport: str, args: argparse.Namespace) -> dict[st
         for tokens in args.tokens:
             n = blocks_for(tokens)
             times, copies, lags = [], [], []
-            for i in range(args.warmup + args.repeats):
+            for i in range(args.warmup + args.repeats + LAG_READS):
                 remote, local = sparse_ids(rng, n, num_blocks), sparse_ids(rng, n, num_blocks)
                 read = reader.read_blocks(peer, remote, local, request_id=f"b{tokens}-{i}")
-                result, lag = await loop_lag_during(read)
+                if i < args.warmup + args.repeats:
+                    result = await read
+                else:  # a few extra READs with the loop ticker, kept out of the timings
+                    result, lag = await loop_lag_during(read)
+                    lags.append(lag)
                 _check(kv, remote, local)
                 copy_s = memcpy.seconds(n, rng)
-                if i >= args.warmup:
+                if args.warmup <= i < args.warmup + args.repeats:
                     times.append(result.seconds)
                     copies.append(copy_s)
-                    lags.append(lag)
             rows.append(_row(tokens, n, times, copies, lags))
             print(_format(transport, rows[-1]), file=sys.stderr, flush=True)
     finally:
@@ -185,7 +193,7 @@ def _row(
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     xs, ys = [r["bytes"] for r in rows], [r["ms"] for r in rows]
-    slope, intercept = statistics.linear_regression(xs, ys)
+    slope, intercept = statistics.linear_regression(xs, ys) if len(rows) > 1 else (0.0, 0.0)
     large = [r["ratio_to_memcpy"] for r in rows if r["tokens"] >= 2048]
     smallest = min(rows, key=lambda r: r["tokens"])
     return {
@@ -225,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         "layout": LAYOUT,
         "block_bytes": BLOCK_SHAPE_BYTES,
         "hugepages": args.hugepages,
-        "ucx_tls": os.environ.get("UCX_TLS"),
+        "ucx_tls": os.environ.get("UCX_TLS", "unset (UCX default)"),
+        "ucx_note": "UCX_TLS left to UCX unless set in the environment; tcp,cma,self measured "
+        "the same here. Reading agent without progress thread; KV in huge pages.",
         "memcpy": "single thread, one process, same number of random sparse blocks, "
         "interleaved with the transfers",
         "load_average_before_after": [load_before, os.getloadavg()],

@@ -15,10 +15,9 @@ class TransferConfig:
     tcp_host / tcp_port: where the TCP block server listens (port 0: any free port).
     advertise_host: the address peers dial (default: tcp_host; set it when binding 0.0.0.0).
     deadline_s: default deadline of one READ.
-    ucx_tls: UCX_TLS used for host-memory KV when the environment sets none (see nixl_loader).
-    progress_wakeup_us: NIXL progress thread's periodic wakeup; it sleeps on UCX events in
-        between. Keep it long: a wakeup during a READ makes that thread contend for the UCX
-        worker until the READ ends (10 ms halved CMA bandwidth here; 1 s costs < 10%).
+    ucx_tls: UCX_TLS to use when the environment sets none; None leaves UCX to choose.
+    progress_wakeup_us: periodic wakeup of the serving NIXL agent's progress thread, which
+        sleeps on UCX events in between; it bounds the delay if UCX misses an event.
     hugepages: back a CPU KV tensor with transparent huge pages at registration (best effort).
     poll_interval_s: how often the owner drains release notifications and expires leases.
     """
@@ -29,8 +28,8 @@ class TransferConfig:
     tcp_port: int = 0
     advertise_host: str | None = None
     deadline_s: float = 5.0
-    ucx_tls: str = "tcp,cma,self"
-    progress_wakeup_us: int = 1_000_000
+    ucx_tls: str | None = None
+    progress_wakeup_us: int = 100_000
     hugepages: bool = True
     poll_interval_s: float = 0.02
 

@@ -81,6 +81,10 @@ class NixlDriver:
         """Collect `agent`'s notifications periodically (call on the thread)."""
         self._sources.append((agent, on_notif))
 
+    def forget_agents(self) -> None:
+        """Drop the references to watched agents (call on the thread)."""
+        self._sources.clear()
+
     def transfer(
         self, make_handle: MakeHandle, deadline: Deadline, on_finish: OnFinish
     ) -> cf.Future[None]:
@@ -98,6 +102,10 @@ class NixlDriver:
 
     def inflight(self) -> int:
         return self.call(lambda: len(self._inflight))
+
+    @property
+    def stopped(self) -> bool:
+        return not self._thread.is_alive()
 
     def stop(self) -> None:
         self._jobs.put(None)

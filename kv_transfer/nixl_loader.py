@@ -1,10 +1,11 @@
 """Finding NIXL, choosing UCX settings, and creating an agent whose progress thread sleeps.
 
-UCX_TLS: for host-memory KV, when the environment sets none, `tcp,cma,self` is used: CMA
-(process_vm_readv) moves the bytes in one copy between processes on a host, tcp carries UCX's
-active messages (connection setup, notifications) and reaches other hosts. UCX's default
-selection measured slower here and `sm,self` alone cannot start (no active-message
-transport). VRAM KV keeps UCX's defaults so that cuda_copy / cuda_ipc / RDMA stay available.
+UCX_TLS: left to UCX unless the environment or TransferConfig.ucx_tls sets it. Between two
+processes on one host UCX then reads with CMA (process_vm_readv, one copy) and carries its
+active messages over tcp or shared memory; `tcp,cma,self` measured the same here (see
+bench/transfer.py), and UCX's own choice keeps RDMA and CUDA transports where a host has
+them. `sm,self` alone cannot start: UCX needs an active-message transport. The slowness once
+blamed on UCX's defaults came from progress threads contending for the worker (below).
 
 Progress thread: nixl's Python wrapper starts the UCX progress thread with a wakeup delay of
 0, which polls without sleeping and burns a core for the life of the process. The serving
@@ -60,15 +61,17 @@ def nixl_available() -> bool:
     return True
 
 
-def apply_ucx_defaults(mem_type: str, ucx_tls: str) -> str:
-    """Set UCX_TLS for host memory unless the user did; returns a line for the log."""
+def apply_ucx_settings(ucx_tls: str | None) -> str:
+    """Set UCX_TLS from the config unless the environment has it; returns a line for the log.
+
+    UCX reads it when an agent's context is created, so this runs before."""
     user = os.environ.get("UCX_TLS")
     if user is not None:
         return f"UCX_TLS={user} (from the environment)"
-    if mem_type != "DRAM":
-        return "UCX_TLS unset (UCX default, VRAM KV)"
+    if ucx_tls is None:
+        return "UCX_TLS unset (UCX chooses its transports)"
     os.environ["UCX_TLS"] = ucx_tls
-    return f"UCX_TLS={ucx_tls} (splitserve default for host memory)"
+    return f"UCX_TLS={ucx_tls} (from TransferConfig.ucx_tls)"
 
 
 def create_agent(api: ModuleType, name: str, progress_wakeup_us: int | None) -> Any:

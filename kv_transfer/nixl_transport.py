@@ -27,8 +27,8 @@ from kv_transfer.errors import (
     TransferTimeout,
     TransportUnavailable,
 )
-from kv_transfer.nixl_driver import NixlDriver
-from kv_transfer.nixl_loader import apply_ucx_defaults, create_agent, load_nixl
+from kv_transfer.nixl_driver import NixlDriver, as_transfer_error
+from kv_transfer.nixl_loader import apply_ucx_settings, create_agent, load_nixl
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion, block_descriptors
 from kv_transfer.transport import parse_release, release_message
@@ -56,7 +56,7 @@ class NixlTransport:
     kind = TransportKind.NIXL
 
     def __init__(self, region: KVRegion, identity: Identity, config: TransferConfig) -> None:
-        self.ucx_settings = apply_ucx_defaults(region.mem_type, config.ucx_tls)
+        self.ucx_settings = apply_ucx_settings(config.ucx_tls)
         api = load_nixl()
         self._region = region
         self._releases: collections.deque[str] = collections.deque()
@@ -151,6 +151,22 @@ class NixlTransport:
             raise TransferTimeout("transfer exceeded its deadline (driver stalled)") from None
         return len(local_ids) * self._region.block_bytes
 
+    async def connect(self, peer: PeerInfo, deadline: Deadline) -> None:
+        def setup() -> None:
+            agent = self._reading_agent()
+            self._connection(agent, peer)
+            agent.make_connection(peer.agent_name)  # wireup completes as the driver progresses
+
+        future = self._driver.submit(setup)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(future), max(deadline.left(), 0.0))
+        except TimeoutError:
+            raise TransferTimeout(f"connecting to {peer.agent_name} timed out") from None
+        except TransferError:
+            raise
+        except Exception as exc:
+            raise as_transfer_error(exc) from exc
+
     def _notify(self, conn: _Peer, message: bytes) -> None:
         """Tell the owner the READ is done. Sent after completion rather than attached to the
         transfer, so the READ does not wait for the owner to acknowledge it; a lost notice
@@ -224,19 +240,27 @@ class NixlTransport:
                 if conn.info.node_name == node_name:
                     self._retire(conn)
 
-        self._driver.call(drop)
+        self._driver.submit(drop)
 
     def inflight(self) -> int:
+        """Blocks until the driver thread answers (for tests and diagnostics)."""
         return self._driver.inflight()
 
     def close(self) -> None:
-        def release() -> None:
+        """Drop peers and destroy both agents on the driver thread (their destructors stop
+        UCX's threads; left to interpreter exit, that can abort the process). Idempotent."""
+
+        def teardown() -> None:
             for conn in list(self._peers.values()):
                 self._retire(conn)
             if self._local is not None:
                 self._local.release()
+            self._local = self._reading = None
+            self._driver.forget_agents()  # the last references: destructors run here
 
+        if self._driver.stopped:
+            return
         try:
-            self._driver.call(release)
+            self._driver.call(teardown)
         finally:
             self._driver.stop()

@@ -107,6 +107,10 @@ class BlockRead:
             self.pool.give_back(self.peer, sock)
             return
 
+    def connect_only(self) -> None:
+        """Open a connection and leave it in the pool for the next READ."""
+        self.pool.give_back(self.peer, self._guarded(self._connect))
+
     def _exchange_on(self, sock: socket.socket) -> None:
         self._sock = sock
         try:

@@ -73,6 +73,18 @@ class TcpTransport:
             ) from None
         return len(local_ids) * self._region.block_bytes
 
+    async def connect(self, peer: PeerInfo, deadline: Deadline) -> None:
+        job = BlockRead(self._pool, self._region, self._identity, peer, ([], []), "", deadline)
+        future = asyncio.wrap_future(self._executor.submit(job.connect_only))
+        try:
+            await asyncio.wait_for(asyncio.shield(future), max(deadline.left(), 0) + _STUCK_GRACE_S)
+        except asyncio.CancelledError:
+            job.abort()
+            raise
+        except TimeoutError:
+            job.abort()
+            raise TransferTimeout(f"connecting to {peer.agent_name} timed out") from None
+
     def _counted(self, job: BlockRead) -> None:
         with self._counting():
             job.run()

@@ -51,6 +51,10 @@ class Transport(Protocol):
         that `request_id` is done with them. Returns bytes moved; raises TransferError."""
         ...
 
+    async def connect(self, peer: PeerInfo, deadline: Deadline) -> None:
+        """Open and cache the connection to `peer` now; raises TransferError."""
+        ...
+
     def take_releases(self) -> list[str]:
         """Request ids that readers released since the last call (owner side)."""
         ...

@@ -136,4 +136,4 @@ def test_auto_picks_nixl_and_logs_ucx_settings(caplog: pytest.LogCaptureFixture)
         )
     agent.close()
     assert agent.info.transport is TransportKind.NIXL and agent.info.nixl_metadata
-    assert "transport nixl (UCX backend, UCX_TLS=" in caplog.text
+    assert "transport nixl (UCX backend, UCX_TLS" in caplog.text

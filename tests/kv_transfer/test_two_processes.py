@@ -146,6 +146,15 @@ async def test_random_blocks_arrive_byte_equal(
     assert result.seconds > 0
 
 
+async def test_connect_ahead_of_the_first_read(
+    reader: KVTransferAgent, owner: OwnerProcess
+) -> None:
+    reader.forget_peer(owner.info.node_name)
+    await reader.connect(owner.info)
+    await reader.read_blocks(owner.info, [11, 13], [12, 14], request_id="after-connect")
+    assert torch.equal(local_kv(reader)[[12, 14]], reference_kv(owner.seed)[[11, 13]])
+
+
 async def test_release_frees_the_blocks_once(reader: KVTransferAgent, owner: OwnerProcess) -> None:
     start = owner.ask(op="counts")
     blocks = owner.ask(op="grant", request_id="rel-1", num_blocks=5, ttl_s=60)["blocks"]
@@ -201,6 +210,8 @@ async def test_dead_peer_fails_in_time_and_restarted_peer_is_detected(
     with pytest.raises(TransferError):
         await reader.read_blocks(owner.info, [2, 3], [2, 3], request_id="dead", deadline_s=2.0)
     assert time.monotonic() - t < 5.0
+    with pytest.raises(PeerUnavailable):
+        await reader.connect(owner.info, deadline_s=2.0)
     assert reader.transport.inflight() == 0
 
     port = owner.info.tcp_port or 0  # TCP: the new process takes over the same port
