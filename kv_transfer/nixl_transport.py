@@ -198,8 +198,12 @@ class NixlTransport:
         descs = block_descriptors(
             peer.base_address, peer.block_bytes, peer.num_blocks, peer.device_id
         )
-        conn = _Peer(peer, agent.prep_xfer_dlist(name, descs, peer.mem_type))
-        self._peers[name] = conn
+        try:
+            dlist = agent.prep_xfer_dlist(name, descs, peer.mem_type)
+        except Exception as exc:
+            agent.remove_remote_agent(name)
+            raise PeerUnavailable(f"NIXL refused the blocks of {name}: {exc}") from exc
+        conn = self._peers[name] = _Peer(peer, dlist)
         return conn
 
     def _retire(self, conn: _Peer) -> None:

@@ -96,6 +96,8 @@ class BlockRead:
     def run(self) -> None:
         """Raises only TransferError subclasses."""
         for attempt in (1, 2):  # a cached socket may have died idle: retry once on a new one
+            if self._aborted:
+                raise TransferCancelled("transfer cancelled")
             cached = self.pool.take(self.peer)
             try:
                 sock = cached or self._guarded(self._connect)
@@ -114,6 +116,8 @@ class BlockRead:
     def _exchange_on(self, sock: socket.socket) -> None:
         self._sock = sock
         try:
+            if self._aborted:  # abort() may have run before the socket was visible
+                raise TransferCancelled("transfer cancelled")
             self._guarded(self._exchange)
         except BaseException:
             sock.close()
@@ -143,6 +147,8 @@ class BlockRead:
         sock = socket.socket(family, kind, proto)
         self._sock = sock  # abort() can interrupt the connect and the handshake
         try:
+            if self._aborted:
+                raise TransferCancelled("transfer cancelled")
             sock.settimeout(self.deadline.remaining())
             sock.connect(address)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
