@@ -94,6 +94,12 @@ class AttentionMetadata:
         return (keys[None, :] < self.context_lens[:d, None])[:, None, None, :]
 
     @cached_property
+    def prefill_query_start_loc(self) -> torch.Tensor:
+        """[prefills + 1] int32: query offsets of the prefill chunks, from 0."""
+        qsl = self.query_start_loc[self.num_decodes :]
+        return qsl - qsl[0]
+
+    @cached_property
     def prefill_masks(self) -> dict[int, torch.Tensor]:
         """Sequence index -> [queries, context] bool causal mask, for chunks after a prefix."""
         device = self.block_tables.device
@@ -182,6 +188,56 @@ class TorchAttention:
                 out[start:end] = _sdpa(q[start:end], kc[: mask.shape[1]], vc[: mask.shape[1]], mask)
             start = end
         return out
+
+
+class TritonAttention:
+    """The Triton kernels (engine.kernels) behind the same interface: the GPU backend."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        from engine.kernels import paged_decode_attention, paged_prefill_attention
+
+        d, scale = meta.num_decodes, q.shape[-1] ** -0.5
+        if d == meta.num_tokens:
+            return paged_decode_attention(
+                q, kv_cache, layer, meta.decode_block_tables, meta.context_lens, scale,
+                max_ctx_len=max(meta.context_lens_host),
+            )  # fmt: skip
+        out = torch.empty_like(q)  # [tokens, heads, d]
+        if d:
+            out[:d] = paged_decode_attention(
+                q[:d], kv_cache, layer, meta.decode_block_tables, meta.context_lens[:d], scale,
+                max_ctx_len=max(meta.context_lens_host[:d]),
+            )  # fmt: skip
+        out[d:] = paged_prefill_attention(
+            q[d:], kv_cache, layer, meta.prefill_query_start_loc, meta.context_lens[d:],
+            meta.block_tables[d:], scale, max_q_len=max(meta.query_lens[d:]),
+        )  # fmt: skip
+        return out
+
+
+def select_attention(name: str, device: torch.device) -> AttentionBackend:
+    """``torch``, ``triton``, or ``auto``: Triton on CUDA when it is importable, else torch."""
+    if name not in ("auto", "torch", "triton"):
+        raise ValueError(f"attention backend must be auto, torch or triton, got {name!r}")
+    if name == "torch" or (name == "auto" and device.type != "cuda"):
+        return TorchAttention()
+    from engine.kernels import triton_available
+
+    if triton_available():
+        return TritonAttention()
+    if name == "triton":
+        raise ValueError(
+            "attention_backend 'triton' needs triton and a CUDA device (or TRITON_INTERPRET=1)"
+        )
+    return TorchAttention()
 
 
 def decode_attention(

@@ -12,7 +12,7 @@ from itertools import chain
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata, TorchAttention
+from engine.attention import AttentionBackend, AttentionMetadata, select_attention
 from engine.config import EngineConfig
 from engine.kv_cache import KVLayout, allocate_kv_cache, num_blocks_for
 from engine.loader import load_weights
@@ -41,7 +41,7 @@ class ModelRunner:
         )
         self.model = LlamaModel(
             model_config,
-            attention or TorchAttention(),
+            attention or select_attention(config.attention_backend, self.device),
             self.max_model_len,
             config.dtype,
             self.device,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata, TorchAttention
+from engine.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    TorchAttention,
+    TritonAttention,
+    select_attention,
+)
 from engine.kv_cache import write_kv
 
 BLOCK = 4
@@ -27,7 +33,10 @@ def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
 
 
 def run_step(
-    seqs: list[tuple[int, int]], group: int, seed: int = 0
+    seqs: list[tuple[int, int]],
+    group: int,
+    seed: int = 0,
+    backend: AttentionBackend | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Sequences given as (total length, start): positions before ``start`` are already in the
     cache, the rest are this step's queries. Returns (paged output, dense expectation, metadata)."""
@@ -54,7 +63,7 @@ def run_step(
     )
     k_step, v_step = torch.cat(ks), torch.cat(vs)
     write_kv(kv, 1, k_step, v_step, meta.slot_mapping)
-    out = TorchAttention()(torch.cat(qs), k_step, v_step, kv, 1, meta)
+    out = (backend or TorchAttention())(torch.cat(qs), k_step, v_step, kv, 1, meta)
     return out, torch.cat(expected).float(), meta
 
 
@@ -99,3 +108,30 @@ def test_metadata_positions_and_slots() -> None:
 def test_short_block_table_is_refused() -> None:
     with pytest.raises(ValueError, match="sequence 1"):
         AttentionMetadata.build([1, 4], [0, 2], [(1,), (2,)], BLOCK)
+
+
+def needs_triton() -> None:
+    pytest.importorskip("triton")
+    from engine.kernels import triton_available
+
+    if not triton_available():
+        pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_triton_backend_equals_dense_causal(group: int) -> None:
+    """Runs interpreted on the CPU; on a GPU host the tests here run on the CPU tensors too."""
+    needs_triton()
+    out, expected, _ = run_step(MIXED, group, backend=TritonAttention())
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    seqs = [(n, n - 1) for n in (1, 5, 13)]
+    out, expected, _ = run_step(seqs, group, seed=1, backend=TritonAttention())
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_backend_selection() -> None:
+    cpu = torch.device("cpu")
+    assert isinstance(select_attention("torch", cpu), TorchAttention)
+    assert isinstance(select_attention("auto", cpu), TorchAttention)
+    with pytest.raises(ValueError):
+        select_attention("bogus", cpu)

@@ -9,7 +9,7 @@ import torch
 from tiny_llama import LLAMA3_ROPE, chunk, hf_logits, make_runner, save_tiny_llama, step
 from transformers import LlamaForCausalLM
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionMetadata, TritonAttention
 from engine.model import rope_inv_freq
 from engine.model_config import ModelConfig, RopeScaling
 from engine.runner import ModelRunner
@@ -121,3 +121,21 @@ def test_model_config_reads_the_saved_tiny_model(tmp_path: Path) -> None:
     assert cfg.architecture == "LlamaForCausalLM"
     assert cfg.head_dim == 16 and cfg.num_key_value_heads == 2
     assert cfg.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 64)
+
+
+def test_triton_backend_through_the_runner(tmp_path: Path) -> None:
+    """The GPU backend, interpreted on the CPU here: same logits as transformers."""
+    pytest.importorskip("triton")
+    from engine.kernels import triton_available
+
+    if not triton_available():
+        pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
+    hf = save_tiny_llama(tmp_path)
+    runner = make_runner(tmp_path, attention_backend="triton")
+    assert isinstance(runner.model.attention, TritonAttention)
+    a, c = list(PROMPT_A), list(PROMPT_C)
+    logits = step(runner, chunk("a", a, 0, 13, TABLE_A), chunk("c", c, 0, 6, TABLE_C, False))
+    a.append(int(logits[0].argmax()))
+    logits = step(runner, chunk("c", c, 6, 18, TABLE_C), chunk("a", a, 13, 14, TABLE_A))
+    torch.testing.assert_close(logits[0], hf_logits(hf, c)[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], hf_logits(hf, a)[-1], atol=ATOL, rtol=0)
