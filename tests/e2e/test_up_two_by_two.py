@@ -19,10 +19,11 @@ pytestmark = pytest.mark.e2e
 
 NUM_REQUESTS = 50
 MAX_TOKENS = 8
-CHATS = [
+DISTINCT = [
     [{"role": "user", "content": f"Write one short sentence about the number {i}."}]
-    for i in range(NUM_REQUESTS)
+    for i in range(10)
 ]
+CHATS = [DISTINCT[i % len(DISTINCT)] for i in range(NUM_REQUESTS)]  # repeats hit prefix caches
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,8 @@ async def _all(base_url: str) -> list[str]:
 def test_concurrent_streams_match_and_leave_nothing_behind(
     cluster: Cluster, oracle: Oracle
 ) -> None:
-    expected = [e.text for e in oracle.chat(CHATS, max_tokens=MAX_TOKENS)]
+    distinct = [e.text for e in oracle.chat(DISTINCT, max_tokens=MAX_TOKENS)]
+    expected = [distinct[i % len(DISTINCT)] for i in range(NUM_REQUESTS)]
     texts = asyncio.run(asyncio.wait_for(_all(cluster.base_url), 300))
     assert texts == expected
     prefill, decode = cluster.node_names("prefill"), cluster.node_names("decode")
