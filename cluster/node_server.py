@@ -1,5 +1,6 @@
 """What every node serves, whatever its role: the FastAPI shell, /health, /ready, /stats,
-/metrics, the registry heartbeat and the error format.
+/metrics, the registry heartbeat, and error answers in the protocol's format
+(cluster.node_errors).
 
 Torch-free. A role package (prefill_node, decode_node) adds its internal endpoints and a
 `NodeRuntime` factory; `create_node_app` loads nothing: the runtime (model, engine thread,
@@ -14,22 +15,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from cluster.node_errors import NodeError, bad_request, not_ready
 from cluster.node_metrics import NodeMetrics
 from cluster.protocol import (
     HEALTH,
     STATS,
-    ErrorInfo,
-    NodeErrorResponse,
     NodeInfo,
     NodeLoad,
     NodeStats,
@@ -39,7 +39,6 @@ from cluster.settings import NodeSettings
 
 log = logging.getLogger("splitserve.node")
 
-T = TypeVar("T")
 READY = "/ready"
 METRICS = "/metrics"
 
@@ -61,44 +60,6 @@ class NodeRuntime(Protocol):
 
 
 RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[Any]]
-
-
-class NodeError(Exception):
-    """An answer other than 200, in the protocol's `NodeErrorResponse` format."""
-
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.info = ErrorInfo(code=code, message=message, param=param)
-
-    def response(self) -> JSONResponse:
-        body = NodeErrorResponse(error=self.info).model_dump(mode="json")
-        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
-def bad_request(message: str, param: str | None = None) -> NodeError:
-    return NodeError(400, "bad_request", message, param)
-
-
-def checked(build: Callable[[], T], param: str | None = None) -> T:
-    """`build()`, with a ValueError turned into a 400 naming `param`."""
-    try:
-        return build()
-    except ValueError as exc:
-        raise bad_request(str(exc), param) from None
-
-
-async def checked_async(work: Awaitable[T], param: str | None = None) -> T:
-    """`await work`, with a ValueError turned into a 400 naming `param`."""
-    try:
-        return await work
-    except ValueError as exc:
-        raise bad_request(str(exc), param) from None
-
-
-def not_ready(message: str = "the node is starting or stopping") -> NodeError:
-    return NodeError(503, "not_ready", message)
 
 
 @dataclass

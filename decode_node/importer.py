@@ -13,7 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from cluster.node_server import NodeError, checked_async
+from cluster.node_errors import NodeError, checked_async
 from cluster.protocol import DecodeRequest, KVHandle
 from engine.engine import LLMEngine
 from engine.loop import EngineLoop

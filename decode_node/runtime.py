@@ -21,11 +21,8 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 
 from cluster.models import resolve_model
+from cluster.node_errors import NodeError, bad_request, checked, checked_async
 from cluster.node_server import (
-    NodeError,
-    bad_request,
-    checked,
-    checked_async,
     engine_options,
     node_info,
     node_load,

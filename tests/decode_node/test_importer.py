@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cluster.node_server import NodeError
+from cluster.node_errors import NodeError
 from cluster.protocol import DecodeRequest, SamplingSpec
 from decode_node import importer
 from decode_node.importer import DecodeJob, reserve, transfer_pairs
