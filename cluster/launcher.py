@@ -4,7 +4,7 @@ Pulls the model when missing, starts an embedded Redis (unless --redis), the rou
 N prefill + M decode nodes (default 1 + 1; --colocated: M colocated nodes instead), each on
 a free port, and waits until every node and the router are ready. Then it prints the URL
 and an example request, and runs until Ctrl-C or SIGTERM, when it stops every process it
-started: router first, then nodes, then Redis (SIGTERM, then SIGKILL after a grace period).
+started (SIGTERM, then SIGKILL after a grace period), Redis last.
 A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
 
 Logs: each child writes to RUN_DIR/NAME.log (RUN_DIR: --run-dir or a new temporary
