@@ -32,7 +32,7 @@ def make_workload(n: int, min_len: int, max_len: int, vocab: int, seed: int) -> 
 def run_engine(
     model_dir: Path, prompts: list[list[int]], new_tokens: int, dtype: str, device: str, budget: int
 ) -> dict[str, Any]:
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, parse_dtype
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
@@ -41,7 +41,7 @@ def run_engine(
     engine = LLMEngine(
         EngineConfig(
             model_dir=model_dir,
-            dtype=dtype,
+            dtype=parse_dtype(dtype),
             device=device,
             num_kv_blocks=blocks,
             max_num_seqs=len(prompts),

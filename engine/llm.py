@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from cluster.tokenizer import IncrementalDetokenizer, Tokenizer
-from engine.config import EngineConfig
+from engine.config import EngineConfig, parse_dtype
 from engine.engine import LLMEngine
 from engine.outputs import GenerationOutput, TokenLogprob
 from engine.request import FinishReason
@@ -35,7 +35,7 @@ class LLM:
         **engine_kwargs: Any,
     ) -> None:
         config = EngineConfig(
-            model_dir=Path(model_dir), dtype=dtype, device=device, **engine_kwargs
+            model_dir=Path(model_dir), dtype=parse_dtype(dtype), device=device, **engine_kwargs
         )
         self.tokenizer = Tokenizer.from_dir(config.model_dir)
         self.engine = LLMEngine(config)
