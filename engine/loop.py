@@ -109,19 +109,26 @@ class _Job:
     command: Command
     future: cf.Future[Any] | None  # None: fire and forget, errors are logged
 
-    def run(self, engine: LLMEngine) -> None:
+    def run(self, engine: LLMEngine, refresh: Callable[[], None]) -> None:
+        """Run the command, `refresh` the loop's snapshot, then hand over the result, so a
+        caller that awaited the command reads numbers that include its effect."""
         if self.future is None:
             try:
                 self.command(engine)
             except Exception:
                 log.exception("engine command failed")
+            refresh()
             return
         if not self.future.set_running_or_notify_cancel():
             return  # the caller gave up before it ran
         try:
-            self.future.set_result(self.command(engine))
+            result = self.command(engine)
         except Exception as exc:
+            refresh()
             self.future.set_exception(exc)
+            return
+        refresh()
+        self.future.set_result(result)
 
 
 _STOP = object()
@@ -244,9 +251,6 @@ class EngineLoop:
             while self._run_commands(block=not self.engine.has_unfinished()):
                 if self.engine.has_unfinished():
                     self._step()
-                self._snapshot = LoopSnapshot(
-                    self.engine.stats(), dataclasses.replace(self.engine.counters)
-                )
         finally:
             self._shut_down()
 
@@ -263,16 +267,24 @@ class EngineLoop:
             if job is _STOP:
                 return False
             if isinstance(job, _Job):
-                job.run(self.engine)
+                job.run(self.engine, self._refresh)
         return True
 
+    def _refresh(self) -> None:
+        self._snapshot = LoopSnapshot(
+            self.engine.stats(), dataclasses.replace(self.engine.counters)
+        )
+
     def _step(self) -> None:
+        """One engine step; the snapshot is refreshed before its outputs go out."""
         try:
             outputs = self.engine.step()
         except Exception as exc:
             log.exception("engine step failed; aborting its %d requests", len(self._sinks))
             self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
+            self._refresh()
             return
+        self._refresh()
         for out in outputs:
             self._deliver(out)
 

@@ -5,6 +5,7 @@ tests/decode_node (the prefill tests put this folder on sys.path in their confte
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -98,7 +99,12 @@ async def serving(app: Any, settings: NodeSettings) -> AsyncIterator[httpx.Async
         try:
             await asyncio.wait_for(task, 30)
         except TimeoutError:
-            raise RuntimeError(f"node {settings.node_id} did not stop in 30 s") from None
+            stacks = io.StringIO()
+            for other in asyncio.all_tasks():
+                other.print_stack(file=stacks)
+            raise RuntimeError(
+                f"node {settings.node_id} did not stop in 30 s; tasks:\n{stacks.getvalue()}"
+            ) from None
         finally:
             sock.close()
 

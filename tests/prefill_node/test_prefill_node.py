@@ -149,6 +149,10 @@ async def test_a_dead_engine_thread_fails_health_and_leaves_the_registry(
     app = create_app(settings)
     store = redis.Redis.from_url(redis_url)
     async with serving(app, settings) as client:
+        for _ in range(50):  # the first heartbeat registers the node
+            if (await client.get("/ready")).status_code == 200:
+                break
+            await asyncio.sleep(0.05)
         assert (await client.get("/ready")).status_code == 200
         assert store.get(node_key(settings.resolved_node_id())) is not None
         await asyncio.to_thread(app.state.node.runtime.loop.stop)
