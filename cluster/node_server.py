@@ -40,6 +40,7 @@ from cluster.settings import NodeSettings
 log = logging.getLogger("splitserve.node")
 
 READY = "/ready"
+HEARTBEAT_STOP_S = 5.0
 METRICS = "/metrics"
 
 
@@ -127,7 +128,8 @@ def _lifespan(
         async with open_runtime(settings) as runtime:
             state.runtime = runtime
             registry = NodeRegistry(settings.redis_url, settings.ttl_s)
-            beats = asyncio.create_task(_heartbeats(state, registry), name="heartbeat")
+            stop = asyncio.Event()
+            beats = asyncio.create_task(_heartbeats(state, registry, stop), name="heartbeat")
             log.info(
                 "node_loaded node=%s role=%s url=%s load_s=%.1f",
                 runtime.info.node_id, settings.role, runtime.info.url,
@@ -136,9 +138,7 @@ def _lifespan(
             try:
                 yield
             finally:
-                beats.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beats
+                await _stop_beating(beats, stop)
                 state.registered = False
                 await registry.deregister()
                 await registry.close()
@@ -147,11 +147,12 @@ def _lifespan(
     return lifespan
 
 
-async def _heartbeats(state: NodeState, registry: NodeRegistry) -> None:
-    """Register at once, then rewrite the record every heartbeat_s; log outages once. A node
-    whose engine thread died leaves the registry and stops beating (/health turns 503)."""
+async def _heartbeats(state: NodeState, registry: NodeRegistry, stop: asyncio.Event) -> None:
+    """Register at once, then rewrite the record every heartbeat_s until `stop`; log outages
+    once. A node whose engine thread died leaves the registry and stops beating (/health
+    turns 503)."""
     runtime: NodeRuntime = state.runtime
-    while True:
+    while not stop.is_set():
         if not runtime.healthy:
             log.error("engine_dead node=%s leaving the registry", runtime.info.node_id)
             state.registered = False
@@ -166,7 +167,19 @@ async def _heartbeats(state: NodeState, registry: NodeRegistry) -> None:
             if state.registered:
                 log.warning("redis_unreachable node=%s error=%s", runtime.info.node_id, exc)
             state.registered = False
-        await asyncio.sleep(state.settings.heartbeat_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), state.settings.heartbeat_s)
+
+
+async def _stop_beating(beats: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """End the heartbeat loop through its event, not by cancelling it: on Python 3.11 a
+    cancel that lands while redis' own timeout fires becomes a TimeoutError, which the loop
+    survives, and awaiting the task would then hang."""
+    stop.set()
+    done, _ = await asyncio.wait({beats}, timeout=HEARTBEAT_STOP_S)
+    if not done:
+        beats.cancel()
+        log.warning("heartbeat loop did not stop in %.0fs; cancelled", HEARTBEAT_STOP_S)
 
 
 probes = APIRouter()
