@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, parse_dtype
 from engine.engine import EngineCounters, EngineStats, LLMEngine
 from engine.outputs import StepOutput
 from engine.request import FinishReason
@@ -346,4 +346,4 @@ def engine_config(
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     given = {k: v for k, v in options.items() if v is not None}
-    return EngineConfig(model_dir=Path(model_dir), device=device, dtype=dtype, **given)  # type: ignore[arg-type]
+    return EngineConfig(model_dir=Path(model_dir), device=device, dtype=parse_dtype(dtype), **given)
