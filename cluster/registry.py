@@ -91,13 +91,19 @@ class NodeRegistry:
         except REDIS_ERRORS as exc:
             log.warning("deregister_failed node=%s error=%s", self._info.node_id, exc)
 
-    async def run_heartbeats(self, load_fn: Callable[[], NodeLoad], interval_s: float) -> None:
-        """Heartbeat every `interval_s` until cancelled. Redis outages are logged once and
-        survived; the first beat after one re-registers the node in full."""
+    async def run_heartbeats(
+        self, load_fn: Callable[[], NodeLoad], interval_s: float, stop: asyncio.Event
+    ) -> None:
+        """Heartbeat every `interval_s` until `stop` is set. Redis outages are logged once and
+        survived; the first beat after one re-registers the node in full.
+
+        Stop it with the event, not by cancelling: on Python 3.11 a cancel that lands inside
+        redis' own timeout can be swallowed, and awaiting the task would then hang.
+        """
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
         down = False
-        while True:
+        while not stop.is_set():
             try:
                 await self.heartbeat(load_fn())
                 if down:
@@ -107,7 +113,8 @@ class NodeRegistry:
                 if not down:
                     log.warning("redis_unreachable node=%s error=%s", self._node_id(), exc)
                 down = True
-            await asyncio.sleep(interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
 
     def _node_id(self) -> str:
         return self._info.node_id if self._info else "?"
@@ -179,6 +186,7 @@ class Membership(StaticMembership):
         self.redis_ok = False
         self._outage_logged = False
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     async def start(self) -> None:
         """One immediate poll (a failure is tolerated), then poll in the background."""
@@ -188,9 +196,10 @@ class Membership(StaticMembership):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stop.set()  # not a cancel: see NodeRegistry.run_heartbeats
+            done, _ = await asyncio.wait({self._task}, timeout=self.poll_s + 5.0)
+            if not done:
+                self._task.cancel()
             self._task = None
         if self._redis is not None:
             await self._redis.aclose()
@@ -229,6 +238,8 @@ class Membership(StaticMembership):
         return records
 
     async def _poll_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            await self.refresh()
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.poll_s)
+            if not self._stop.is_set():
+                await self.refresh()

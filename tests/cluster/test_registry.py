@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
@@ -76,12 +75,12 @@ async def test_node_that_stops_beating_expires(
     quiet, alive = NodeRegistry(server.url, ttl_s=0.3), NodeRegistry(server.url, ttl_s=0.3)
     await quiet.register(_info("quiet"))
     await alive.register(_info("alive", role="prefill"))
-    beats = asyncio.create_task(alive.run_heartbeats(NodeLoad, interval_s=0.05))
+    stop = asyncio.Event()
+    beats = asyncio.create_task(alive.run_heartbeats(NodeLoad, interval_s=0.05, stop=stop))
     await _wait_for(lambda: _ids(membership) == ["alive", "quiet"])
     await _wait_for(lambda: _ids(membership) == ["alive"])
-    beats.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await beats
+    stop.set()
+    await asyncio.wait_for(beats, 5)
     await quiet.close()
     await alive.close()
 
@@ -93,7 +92,8 @@ async def test_membership_survives_redis_outage_and_resyncs(server: EmbeddedRedi
     gone = NodeRegistry(server.url, ttl_s=1.0)
     await node.register(_info("d0"))
     await gone.register(_info("d1"))
-    beats = asyncio.create_task(node.run_heartbeats(NodeLoad, interval_s=0.05))
+    stop = asyncio.Event()
+    beats = asyncio.create_task(node.run_heartbeats(NodeLoad, interval_s=0.05, stop=stop))
     await _wait_for(lambda: _ids(members) == ["d0", "d1"])
 
     server.stop()  # Redis dies: the router keeps the last known nodes
@@ -107,9 +107,8 @@ async def test_membership_survives_redis_outage_and_resyncs(server: EmbeddedRedi
         # d0's heartbeat loop re-registers it; d1 never beats again and is dropped.
         await _wait_for(lambda: members.redis_ok and _ids(members) == ["d0"])
     finally:
-        beats.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beats
+        stop.set()
+        await asyncio.wait_for(beats, 5)
         await members.stop()
         await node.close()
         await gone.close()
