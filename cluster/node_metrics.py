@@ -1,20 +1,81 @@
 """Prometheus metrics of a prefill, decode or colocated node (GET /metrics).
 
-Each app has its own registry, so several nodes can live in one process (tests). Gauges are
-set from the node's load when scraped; every series carries the labels `role` and `node`.
+Each app has its own registry, so several nodes can live in one process (tests). Every
+series carries the labels `role` and `node`. Three sources feed it:
+- gauges, set from the node's load when scraped (`observe`);
+- counters of engine and runtime totals (`watch`): read from `NodeRuntime.counters()` at
+  scrape time, so they are exactly the engine's numbers and never counted twice;
+- histograms and event counters that the runtime updates as requests go (on the event loop).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from cluster.protocol import NodeLoad
 
 _LABELS = ("role", "node")
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+TRANSFER_FAILURE_KINDS = ("timeout", "peer", "layout", "other")
+
+# metric name (without _total) -> (key in NodeRuntime.counters(), help text)
+TOTALS: dict[str, tuple[str, str]] = {
+    "splitserve_requests": ("requests_total", "Requests received by the node"),
+    "splitserve_generation_tokens": ("generated_tokens", "Tokens sampled by the engine"),
+    "splitserve_prefix_cache_hit_tokens": (
+        "prefix_hit_tokens",
+        "Prompt tokens found in the prefix cache at admission",
+    ),
+    "splitserve_prefix_cache_query_tokens": (
+        "prefix_query_tokens",
+        "Tokens looked up in the prefix cache at admission",
+    ),
+    "splitserve_preemptions": ("preemptions", "Requests preempted for lack of KV blocks"),
+    "splitserve_kv_recomputes": (
+        "recomputes_total",
+        "Prompts recomputed locally after a failed KV transfer",
+    ),
+}
+
+
+class _Totals(Collector):
+    """Counters read from a `counters()` callable at scrape time."""
+
+    def __init__(self, labels: tuple[str, str]) -> None:
+        self._labels = list(labels)
+        self.source: Callable[[], Mapping[str, float]] | None = None
+        self._last: Mapping[str, float] = {}
+
+    def follow(self, source: Callable[[], Mapping[str, float]] | None) -> None:
+        if source is None and self.source is not None:
+            self._last = dict(self.source())  # the final values outlive the runtime
+        self.source = source
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        if self.source is not None:
+            self._last = dict(self.source())
+        for name, (key, doc) in TOTALS.items():
+            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            family.add_metric(self._labels, float(self._last.get(key, 0)))
+            yield family
 
 
 class NodeMetrics:
-    """The node's gauges, labelled with its role and id."""
+    """The node's metrics, labelled with its role and id."""
 
     def __init__(self, role: str, node_id: str) -> None:
         self.registry = CollectorRegistry()
@@ -25,16 +86,65 @@ class NodeMetrics:
             "splitserve_kv_usage_ratio", "Share of KV blocks held by requests (0..1)"
         )
         self.leases = self._gauge("splitserve_kv_leases", "KV leases held for decode nodes")
+        self.queue_time = self._histogram(
+            "splitserve_queue_time_seconds",
+            "From arrival at the node to the request's first scheduled engine step",
+        )
+        self.ttft = self._histogram(
+            "splitserve_ttft_seconds", "From arrival at the node to its first token out"
+        )
+        self.e2e = self._histogram(
+            "splitserve_e2e_seconds", "From arrival at the node to the end of its stream (decode)"
+        )
+        self.prompt_tokens = self._counter(
+            "splitserve_prompt_tokens", "Prompt tokens of the requests the node accepted"
+        )
+        self.transfer_seconds = self._histogram(
+            "splitserve_kv_transfer_seconds",
+            "Duration of KV transfers (READs) that completed",
+            TRANSFER_BUCKETS,
+        )
+        self.transfer_bytes = self._counter(
+            "splitserve_kv_transfer_bytes", "Bytes of KV moved by completed transfers"
+        )
+        self._failures = Counter(
+            "splitserve_kv_transfer_failures",
+            "Failed KV transfers, by kind (timeout, peer, layout, other)",
+            [*_LABELS, "kind"],
+            registry=self.registry,
+        )
+        for kind in TRANSFER_FAILURE_KINDS:  # every kind shows, at 0 until it happens
+            self._failures.labels(*self._labels, kind)
+        self._totals = _Totals(self._labels)
+        self.registry.register(self._totals)
 
     def _gauge(self, name: str, doc: str) -> Gauge:
-        return Gauge(name, doc, _LABELS, registry=self.registry)
+        return Gauge(name, doc, _LABELS, registry=self.registry).labels(*self._labels)
+
+    def _counter(self, name: str, doc: str) -> Counter:
+        return Counter(name, doc, _LABELS, registry=self.registry).labels(*self._labels)
+
+    def _histogram(
+        self, name: str, doc: str, buckets: tuple[float, ...] = LATENCY_BUCKETS
+    ) -> Histogram:
+        family = Histogram(name, doc, _LABELS, buckets=buckets, registry=self.registry)
+        return family.labels(*self._labels)
+
+    def transfer_failed(self, kind: str) -> None:
+        """Count one failed transfer; `kind` is one of TRANSFER_FAILURE_KINDS."""
+        if kind not in TRANSFER_FAILURE_KINDS:
+            raise ValueError(f"kind must be one of {TRANSFER_FAILURE_KINDS}, got {kind!r}")
+        self._failures.labels(*self._labels, kind).inc()
+
+    def watch(self, counters: Callable[[], Mapping[str, float]] | None) -> None:
+        """Read the totals from `counters()` at each scrape (None: keep the last values)."""
+        self._totals.follow(counters)
 
     def observe(self, load: NodeLoad) -> None:
-        labels = self._labels
-        self.running.labels(*labels).set(load.running)
-        self.waiting.labels(*labels).set(load.waiting)
-        self.kv_usage.labels(*labels).set(load.kv_usage)
-        self.leases.labels(*labels).set(load.leases_held)
+        self.running.set(load.running)
+        self.waiting.set(load.waiting)
+        self.kv_usage.set(load.kv_usage)
+        self.leases.set(load.leases_held)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -60,7 +60,7 @@ class NodeRuntime(Protocol):
     def counters(self) -> dict[str, float]: ...
 
 
-RuntimeFactory = Callable[[NodeSettings], AbstractAsyncContextManager[Any]]
+RuntimeFactory = Callable[[NodeSettings, NodeMetrics], AbstractAsyncContextManager[Any]]
 
 
 @dataclass
@@ -93,8 +93,9 @@ def runtime_of(request: Request) -> Any:
 def create_node_app(
     settings: NodeSettings, routes: APIRouter, open_runtime: RuntimeFactory, title: str
 ) -> FastAPI:
-    """The node app: shared probes plus the role's `routes`; `open_runtime(settings)` is
-    entered in the lifespan and must yield a NodeRuntime."""
+    """The node app: shared probes plus the role's `routes`; `open_runtime(settings,
+    metrics)` is entered in the lifespan and must yield a NodeRuntime that records its
+    request latencies in `metrics`."""
     state = NodeState(settings, NodeMetrics(settings.role, settings.resolved_node_id()))
     app = FastAPI(
         title=title, lifespan=_lifespan(open_runtime), docs_url=None, redoc_url=None,
@@ -125,8 +126,9 @@ def _lifespan(
         state: NodeState = app.state.node
         settings = state.settings
         started = time.monotonic()
-        async with open_runtime(settings) as runtime:
+        async with open_runtime(settings, state.metrics) as runtime:
             state.runtime = runtime
+            state.metrics.watch(runtime.counters)
             registry = NodeRegistry(settings.redis_url, settings.ttl_s)
             stop = asyncio.Event()
             beats = asyncio.create_task(_heartbeats(state, registry, stop), name="heartbeat")
@@ -142,6 +144,7 @@ def _lifespan(
                 state.registered = False
                 await registry.deregister()
                 await registry.close()
+                state.metrics.watch(None)
                 state.runtime = None
 
     return lifespan

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cluster.node_errors import NodeError, checked_async
 from cluster.protocol import DecodeRequest, KVHandle
@@ -19,7 +19,15 @@ from engine.engine import LLMEngine
 from engine.loop import EngineLoop
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ImportPlan
-from kv_transfer import KVTransferAgent, PeerInfo, TransferError
+from kv_transfer import (
+    KVTransferAgent,
+    LayoutMismatch,
+    PeerInfo,
+    PeerUnavailable,
+    TransferError,
+    TransferResult,
+    TransferTimeout,
+)
 
 RESERVE_WAIT_S = 2.0  # how long a request waits for free blocks before a 503
 RESERVE_RETRY_S = 0.02
@@ -29,13 +37,16 @@ LEASE_MARGIN_S = 0.5  # a READ must end this long before the lease expires
 @dataclass
 class DecodeJob:
     """One /internal/generate request. `aborted`: POST /internal/abort came; `ended`: the
-    stream sent its final event."""
+    stream sent its final event. `arrived_at` / `first_token_at`: time.monotonic() stamps
+    for the latency metrics."""
 
     req: DecodeRequest
     params: SamplingParams
-    transfer: asyncio.Task[object] | None = None
+    transfer: asyncio.Task[TransferResult] | None = None
     aborted: bool = False
     ended: bool = False
+    arrived_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
 
     @property
     def kv(self) -> KVHandle:
@@ -46,11 +57,15 @@ class DecodeJob:
 
 @dataclass(frozen=True)
 class PullResult:
-    """How a pull ended: `error` is None on success."""
+    """How a pull ended: `error` is None on success; then `kind` says what failed
+    (timeout, peer, layout or other, the metric's label)."""
 
     error: str | None = None
     aborted: bool = False
     num_blocks: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
+    kind: str = "other"
 
 
 async def reserve(loop: EngineLoop, job: DecodeJob) -> ImportPlan:
@@ -107,10 +122,10 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
     try:
         peer = PeerInfo.from_json(kv.peer_info)
     except ValueError as exc:
-        return PullResult(f"unreadable peer info: {exc}")
+        return PullResult(f"unreadable peer info: {exc}", kind="peer")
     left = kv.lease_expires_at - time.time() - LEASE_MARGIN_S
     if left <= 0:
-        return PullResult("the KV lease has expired")
+        return PullResult("the KV lease has expired", kind="timeout")
     if job.aborted:
         return PullResult(aborted=True)
     remote, local = transfer_pairs(plan, list(kv.block_ids))
@@ -124,12 +139,25 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
         )
     )
     try:
-        await job.transfer
+        moved = await job.transfer
     except (TransferError, ValueError) as exc:
-        return PullResult(f"{type(exc).__name__}: {exc}")
+        return PullResult(f"{type(exc).__name__}: {exc}", kind=failure_kind(exc))
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if job.aborted and current is not None and current.cancelling() == 0:
             return PullResult(aborted=True)
         raise
-    return PullResult(aborted=job.aborted, num_blocks=len(local))
+    return PullResult(
+        aborted=job.aborted, num_blocks=len(local), nbytes=moved.nbytes, seconds=moved.seconds
+    )
+
+
+def failure_kind(exc: Exception) -> str:
+    """The metric label of a failed transfer."""
+    if isinstance(exc, TransferTimeout):
+        return "timeout"
+    if isinstance(exc, PeerUnavailable):
+        return "peer"
+    if isinstance(exc, LayoutMismatch):
+        return "layout"
+    return "other"

@@ -22,6 +22,7 @@ from dataclasses import asdict
 
 from cluster.models import resolve_model
 from cluster.node_errors import NodeError, bad_request, checked, checked_async
+from cluster.node_metrics import NodeMetrics
 from cluster.node_server import (
     engine_options,
     node_info,
@@ -47,9 +48,12 @@ STREAM_IDLE_TIMEOUT_S = 120.0  # no token for this long ends the stream with an 
 class DecodeRuntime:
     """A decode (or colocated) node's engine thread and transfer agent (reader side)."""
 
-    def __init__(self, settings: NodeSettings, loop: EngineLoop, started_at: float) -> None:
+    def __init__(
+        self, settings: NodeSettings, loop: EngineLoop, started_at: float, metrics: NodeMetrics
+    ) -> None:
         self.settings = settings
         self.loop = loop
+        self.metrics = metrics
         self.agent: KVTransferAgent | None = None  # None on a colocated node
         self.started_at = started_at
         self._jobs: dict[str, DecodeJob] = {}
@@ -58,13 +62,15 @@ class DecodeRuntime:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, settings: NodeSettings) -> AsyncIterator[DecodeRuntime]:
+    async def open(
+        cls, settings: NodeSettings, metrics: NodeMetrics
+    ) -> AsyncIterator[DecodeRuntime]:
         """Load the model, start the engine thread and (decode role) the transfer agent."""
         started_at = time.time()
         model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
         config = engine_config(model_dir, **engine_options(settings))
         loop = await EngineLoop.launch(config, settings.torch_threads)
-        runtime = cls(settings, loop, started_at)
+        runtime = cls(settings, loop, started_at, metrics)
         try:
             if settings.role == "decode":
                 runtime.agent = await asyncio.to_thread(runtime._make_agent)
@@ -115,6 +121,7 @@ class DecodeRuntime:
     def counters(self) -> dict[str, float]:
         out: dict[str, float] = dict(self._counts)
         out.update(asdict(self.loop.snapshot.counters))
+        out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
         if self.agent is not None:
             out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
         return out
@@ -139,6 +146,7 @@ class DecodeRuntime:
         except BaseException:
             self._jobs.pop(rid, None)
             raise
+        self.metrics.prompt_tokens.inc(len(req.prompt_token_ids))
         return self._events(job, events), functools.partial(self._close, job)
 
     def _params(self, req: DecodeRequest) -> SamplingParams:
@@ -187,10 +195,13 @@ class DecodeRuntime:
         if result.error is None:
             self._counts["imports_total"] += 1
             self._counts["imported_blocks_total"] += result.num_blocks
+            self.metrics.transfer_seconds.observe(result.seconds)
+            self.metrics.transfer_bytes.inc(result.nbytes)
             stream = await self.loop.open(rid, lambda engine: engine.commit_import(rid))
         else:
             await self.loop.abort(rid)  # frees the reserved blocks
             self._counts["transfer_failures_total"] += 1
+            self.metrics.transfer_failed(result.kind)
             log.warning("transfer_failed id=%s error=%s", rid, result.error)
             if self.settings.transfer_failure == "fail":
                 yield error_event("transfer_failed", result.error)
@@ -222,6 +233,8 @@ class DecodeRuntime:
                 yield error_event("engine_failed", str(exc))
                 return
             items += _queued(stream, items[-1])
+            if job.first_token_at is None and items[0].scheduled_at is not None:
+                self.metrics.queue_time.observe(max(items[0].scheduled_at - job.arrived_at, 0))
             if cached is None:
                 cached = min(items[0].output.num_cached_tokens, num_prompt)
             event = token_event(items, num_prompt, cached, with_logprobs)
@@ -234,7 +247,16 @@ class DecodeRuntime:
     ) -> AsyncGenerator[TokenEvent, None]:
         async for event in events:
             job.ended = event.finished and event.error is None
+            self._observe(job, event)
             yield event
+
+    def _observe(self, job: DecodeJob, event: TokenEvent) -> None:
+        now = time.monotonic()
+        if event.token_ids and job.first_token_at is None:
+            job.first_token_at = now
+            self.metrics.ttft.observe(now - job.arrived_at)
+        if job.ended and event.finish_reason != "abort":
+            self.metrics.e2e.observe(now - job.arrived_at)
 
     def _close(self, job: DecodeJob) -> None:
         """After the stream: a request that did not end cleanly (client gone, stalled) is

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ import torch
 from engine.config import EngineConfig, parse_dtype
 from engine.engine import EngineCounters, EngineStats, LLMEngine
 from engine.outputs import StepOutput
-from engine.request import FinishReason
+from engine.request import FinishReason, RequestStatus
 
 log = logging.getLogger("splitserve.engine.loop")
 
@@ -44,10 +45,12 @@ Command = Callable[[LLMEngine], Any]
 class LoopOutput:
     """One engine output of a request. `pinned_block_ids`: in the prefill role, the blocks
     the request holds once its first token is out (finish_reason PREFILLED), read in the
-    engine thread during the same step."""
+    engine thread during the same step. `scheduled_at`: time.monotonic() at the start of the
+    first step that scheduled the request (None if none did), for queue-time metrics."""
 
     output: StepOutput
     pinned_block_ids: tuple[int, ...] = ()
+    scheduled_at: float | None = None
 
 
 class EngineFailed(RuntimeError):
@@ -60,6 +63,7 @@ class LoopSnapshot:
 
     stats: EngineStats
     counters: EngineCounters
+    prefix_query_tokens: int = 0  # tokens looked up in the prefix cache, in total
 
 
 class RequestStream:
@@ -147,6 +151,8 @@ class EngineLoop:
         self._torch_threads = torch_threads
         self._commands: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._unscheduled: set[str] = set()  # engine thread only: opened, never scheduled
+        self._scheduled_at: dict[str, float] = {}  # engine thread only
         self._lock = threading.Lock()
         self._closed = False
         self._snapshot = LoopSnapshot(engine.stats(), dataclasses.replace(engine.counters))
@@ -214,6 +220,8 @@ class EngineLoop:
             self._sinks[request_id] = sink
             if engine.scheduler.get(request_id) is None:  # finished at admission
                 self._end(request_id, None)
+            else:
+                self._unscheduled.add(request_id)
 
         def undo(engine: LLMEngine) -> None:
             if self._sinks.get(request_id) is sink:
@@ -272,11 +280,14 @@ class EngineLoop:
 
     def _refresh(self) -> None:
         self._snapshot = LoopSnapshot(
-            self.engine.stats(), dataclasses.replace(self.engine.counters)
+            self.engine.stats(),
+            dataclasses.replace(self.engine.counters),
+            self.engine.block_manager.num_prefix_query_tokens,
         )
 
     def _step(self) -> None:
         """One engine step; the snapshot is refreshed before its outputs go out."""
+        started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -285,8 +296,17 @@ class EngineLoop:
             self._refresh()
             return
         self._refresh()
+        self._note_scheduled(started)
         for out in outputs:
             self._deliver(out)
+
+    def _note_scheduled(self, step_started: float) -> None:
+        """Stamp the requests that left the waiting queue in the step begun at `step_started`."""
+        for request_id in list(self._unscheduled):
+            request = self.engine.scheduler.get(request_id)
+            if request is None or request.status is not RequestStatus.WAITING:
+                self._unscheduled.discard(request_id)  # gone: finished in this step
+                self._scheduled_at[request_id] = step_started
 
     def _deliver(self, out: StepOutput) -> None:
         pinned: tuple[int, ...] = ()
@@ -295,9 +315,11 @@ class EngineLoop:
         sink = self._sinks.get(out.request_id)
         if sink is None:
             return
+        scheduled_at = self._scheduled_at.get(out.request_id)
         if out.finished:
             del self._sinks[out.request_id]
-        sink.put(LoopOutput(out, pinned))
+            self._scheduled_at.pop(out.request_id, None)
+        sink.put(LoopOutput(out, pinned, scheduled_at))
 
     def _abort_now(self, engine: LLMEngine, request_id: str) -> bool:
         found = engine.abort(request_id)
@@ -307,6 +329,8 @@ class EngineLoop:
     def _end(self, request_id: str, reason: FinishReason | None) -> None:
         """Close a request's stream with a final output that carries no token."""
         sink = self._sinks.pop(request_id, None)
+        self._unscheduled.discard(request_id)
+        self._scheduled_at.pop(request_id, None)
         if sink is not None:
             sink.put(LoopOutput(StepOutput(request_id, (), (), True, reason, 0, 0)))
 
@@ -318,6 +342,8 @@ class EngineLoop:
                 log.exception("abort of %s failed", request_id)
             sink.put(EngineFailed(message))
         self._sinks.clear()
+        self._unscheduled.clear()
+        self._scheduled_at.clear()
 
     def _shut_down(self) -> None:
         with self._lock:

@@ -18,6 +18,7 @@ from dataclasses import asdict
 
 from cluster.models import resolve_model
 from cluster.node_errors import NodeError, bad_request, checked, checked_async
+from cluster.node_metrics import NodeMetrics
 from cluster.node_server import (
     engine_options,
     node_info,
@@ -47,9 +48,12 @@ FIRST_TOKEN_TIMEOUT_S = 300.0  # a prefill queued longer than this answers 503
 class PrefillRuntime:
     """A prefill node's engine thread, transfer agent (owner side) and lease table."""
 
-    def __init__(self, settings: NodeSettings, loop: EngineLoop, started_at: float) -> None:
+    def __init__(
+        self, settings: NodeSettings, loop: EngineLoop, started_at: float, metrics: NodeMetrics
+    ) -> None:
         self.settings = settings
         self.loop = loop
+        self.metrics = metrics
         self.leases = LeaseTable(on_free=self._free_lease)
         self.agent: KVTransferAgent | None = None
         self.started_at = started_at
@@ -59,13 +63,15 @@ class PrefillRuntime:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, settings: NodeSettings) -> AsyncIterator[PrefillRuntime]:
+    async def open(
+        cls, settings: NodeSettings, metrics: NodeMetrics
+    ) -> AsyncIterator[PrefillRuntime]:
         """Load the model, start the engine thread and the transfer agent; stop them after."""
         started_at = time.time()
         model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
         config = engine_config(model_dir, **engine_options(settings))
         loop = await EngineLoop.launch(config, settings.torch_threads)
-        runtime = cls(settings, loop, started_at)
+        runtime = cls(settings, loop, started_at, metrics)
         try:
             runtime.agent = await asyncio.to_thread(runtime._make_agent)
             serving = asyncio.create_task(runtime.agent.serve(), name="lease-serve")
@@ -122,6 +128,7 @@ class PrefillRuntime:
     def counters(self) -> dict[str, float]:
         out: dict[str, float] = dict(self._counts)
         out.update(asdict(self.loop.snapshot.counters))
+        out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
         if self.agent is not None:
             out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
         return out
@@ -131,6 +138,7 @@ class PrefillRuntime:
     async def prefill(self, req: PrefillRequest) -> PrefillResponse:
         """Token 1 and, unless the request ended there, a lease on its KV blocks."""
         rid = req.request_id
+        arrived = time.monotonic()
         params = checked(lambda: SamplingParams(**req.sampling.model_dump()), "sampling")
         if rid in self._inflight:
             raise bad_request(f"request id {rid!r} is already being prefilled", "request_id")
@@ -144,9 +152,14 @@ class PrefillRuntime:
         except BaseException:
             self._inflight.pop(rid)
             raise
+        self.metrics.prompt_tokens.inc(len(req.prompt_token_ids))
         response = None
         try:
-            response = self._answer(req, await _first_output(stream))
+            item = await _first_output(stream)
+            if item.scheduled_at is not None:
+                self.metrics.queue_time.observe(max(item.scheduled_at - arrived, 0.0))
+            response = self._answer(req, item)
+            self.metrics.ttft.observe(time.monotonic() - arrived)
             return response
         finally:
             self._inflight.pop(rid)

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import torch
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -40,6 +41,7 @@ TINY: dict[str, Any] = {
 }
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]  # (name, labels) -> value
 
 
 def save_tiny_model(path: Path) -> Path:
@@ -157,3 +159,24 @@ def offline_tokens(model_dir: Path, prompt: list[int], params: SamplingParams) -
         for out in engine.step():
             tokens.extend(out.new_token_ids)
     return tokens
+
+
+def metric_samples(text: str) -> Samples:
+    """Every sample of a /metrics text, by (sample name, labels)."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def scrape(client: httpx.AsyncClient) -> Samples:
+    resp = await client.get("/metrics")
+    resp.raise_for_status()
+    return metric_samples(resp.text)
+
+
+def metric(samples: Samples, name: str, **labels: str) -> float:
+    """Sum of the samples called `name` whose labels include `labels` (0 when none)."""
+    wanted = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and wanted <= lab)
