@@ -25,7 +25,7 @@ from cluster.settings import RouterSettings
 from cluster.tokenizer import Tokenizer
 from router import endpoints
 from router.errors import APIError, bad_request, internal_error
-from router.metrics import RouterMetrics
+from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
 from router.policy import NodePicker
 from router.state import Admission, RouterState
@@ -42,7 +42,7 @@ def create_app(
     """The router app. Without `membership` it follows Redis at settings.redis_url; without
     `tokenizer` it loads the tokenizer of settings.model at startup. The app starts and
     stops the membership it uses."""
-    metrics = RouterMetrics()
+    metrics = RouterMetrics(router_id(settings))
     state = RouterState(
         settings=settings,
         membership=membership or Membership(settings.redis_url, settings.membership_poll_s),

@@ -58,6 +58,7 @@ class TokenFlow:
         self.output_ids: list[int] = []
         self.num_cached_tokens = 0
         self.ttft_s: float | None = None
+        self._last_token_at = 0.0
         self.path = "none"  # "disaggregated" or "local"
         self.error: str | None = None
         self._prefill: PrefillResponse | None = None
@@ -150,12 +151,19 @@ class TokenFlow:
         self.num_cached_tokens = resp.num_cached_tokens
         if resp.kv is not None and not resp.finished:
             self._lease_holder = node
-        self._first_token_now()
+        self._tokens_arrived(1)
 
-    def _first_token_now(self) -> None:
+    def _tokens_arrived(self, n: int) -> None:
+        """TTFT for the first token, ITL for each later one (0 for tokens that came together)."""
+        now, metrics = time.monotonic(), self._s.metrics
         if self.ttft_s is None:
-            self.ttft_s = time.monotonic() - self.arrived_at
-            self._s.metrics.ttft.observe(self.ttft_s)
+            self.ttft_s = now - self.arrived_at
+            metrics.ttft.observe(self.ttft_s)
+        else:
+            metrics.itl.observe(now - self._last_token_at)
+        for _ in range(n - 1):
+            metrics.itl.observe(0.0)
+        self._last_token_at = now
 
     # ------------------------------------------------------------ decode
 
@@ -241,7 +249,7 @@ class TokenFlow:
             if self.path == "local" and not self.output_ids:
                 self.num_cached_tokens = event.num_cached_tokens
             if event.token_ids:
-                self._first_token_now()
+                self._tokens_arrived(len(event.token_ids))
             self.output_ids.extend(event.token_ids)
             self._finished = event.finished
             yield TokenChunk(event.token_ids, event.logprobs, event.finish_reason or None)

@@ -1,6 +1,13 @@
-"""Prometheus metrics of the router, in a registry of its own (one per app)."""
+"""Prometheus metrics of the router, in a registry of its own (one per app).
+
+Every series carries `role="router"` and `node=<router id>` (hostname:port), like the nodes'
+series carry their role and node id. Latencies are as the client sees them.
+"""
 
 from __future__ import annotations
+
+import socket
+from typing import Generic, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -11,62 +18,108 @@ from prometheus_client import (
     generate_latest,
 )
 
+from cluster.settings import RouterSettings
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+_BASE = ("role", "node")
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+def router_id(settings: RouterSettings) -> str:
+    """The router's `node` label: hostname:port."""
+    return f"{socket.gethostname()}:{settings.port}"
+
+
+class Family(Generic[M]):
+    """A labelled metric whose `role` and `node` labels are already bound."""
+
+    def __init__(self, metric: M, base: tuple[str, str]) -> None:
+        self._metric: M = metric
+        self._base = base
+
+    def labels(self, *values: str) -> M:
+        return self._metric.labels(*self._base, *values)
 
 
 class RouterMetrics:
     """The router's counters and histograms. Label values are short fixed words."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_id: str = "router") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
-            "splitserve_router_requests",
-            "HTTP requests answered, by route and status code",
-            ["route", "status"],
-            registry=r,
+        r, base = self.registry, ("router", node_id)
+        self.requests = Family(
+            Counter(
+                "splitserve_router_requests",
+                "HTTP requests answered, by route and status code",
+                [*_BASE, "route", "status"],
+                registry=r,
+            ),
+            base,
         )
         self.ttft = Histogram(
             "splitserve_router_ttft_seconds",
             "Time from request arrival to the first generated token",
+            _BASE,
             buckets=_LATENCY_BUCKETS,
             registry=r,
-        )
+        ).labels(*base)
+        self.itl = Histogram(
+            "splitserve_router_itl_seconds",
+            "Time between consecutive tokens of a request (0 for tokens that came together)",
+            _BASE,
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        ).labels(*base)
         self.request_latency = Histogram(
-            "splitserve_router_request_seconds",
+            "splitserve_router_e2e_seconds",
             "Time from request arrival to the end of generation",
+            _BASE,
             buckets=_LATENCY_BUCKETS,
             registry=r,
-        )
-        self.local_prefill = Counter(
-            "splitserve_router_local_prefill",
-            "Requests prefilled on the decode node instead of the prefill pool, by reason",
-            ["reason"],
-            registry=r,
+        ).labels(*base)
+        self.local_prefill = Family(
+            Counter(
+                "splitserve_router_local_prefill",
+                "Requests prefilled on the decode node instead of the prefill pool, by reason",
+                [*_BASE, "reason"],
+                registry=r,
+            ),
+            base,
         )
         self.prefill_retries = Counter(
-            "splitserve_router_prefill_retries", "Prefill calls retried on another node", registry=r
-        )
+            "splitserve_router_prefill_retries",
+            "Prefill calls retried on another node",
+            _BASE,
+            registry=r,
+        ).labels(*base)
         self.decode_resumes = Counter(
             "splitserve_router_decode_resumes",
             "Decodes resumed on another node after a failure",
+            _BASE,
             registry=r,
-        )
-        self.node_errors = Counter(
-            "splitserve_router_node_errors",
-            "Failed calls to nodes, by node role and failure kind",
-            ["role", "kind"],
-            registry=r,
+        ).labels(*base)
+        self.node_errors = Family(
+            Counter(
+                "splitserve_router_node_errors",
+                "Failed calls to nodes, by node role and failure kind",
+                [*_BASE, "node_role", "kind"],
+                registry=r,
+            ),
+            base,
         )
         self.inflight = Gauge(
-            "splitserve_router_inflight_requests", "Requests being served", registry=r
-        )
+            "splitserve_router_inflight_requests", "Requests being served", _BASE, registry=r
+        ).labels(*base)
         self.prompt_tokens = Counter(
-            "splitserve_router_prompt_tokens", "Prompt tokens of served requests", registry=r
-        )
+            "splitserve_router_prompt_tokens", "Prompt tokens of served requests", _BASE, registry=r
+        ).labels(*base)
         self.completion_tokens = Counter(
-            "splitserve_router_completion_tokens", "Tokens generated for clients", registry=r
-        )
+            "splitserve_router_completion_tokens",
+            "Tokens generated for clients",
+            _BASE,
+            registry=r,
+        ).labels(*base)
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import protocol as p
 from cluster.registry import StaticMembership
@@ -226,3 +227,14 @@ async def fake_cluster(
         app = create_app(router_settings(**settings), membership=membership, tokenizer=tokenizer)
         url = await stack.enter_async_context(serving(app, lifespan="on"))
         yield Cluster(url, membership, app, nodes)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples called `name` in a /metrics text whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and wanted <= set(s.labels.items())
+    )

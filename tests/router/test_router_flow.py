@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from conftest import ANSWER
-from router_fakes import FakeNode, dead_url, fake_cluster
+from router_fakes import FakeNode, dead_url, fake_cluster, metric
 
 from cluster.tokenizer import Tokenizer
 
@@ -129,7 +129,7 @@ async def test_prefill_retries_another_node_and_marks_the_dead_one(
         healthy = {n.info.node_id for n in c.membership.nodes()}
         metrics = (await client.get(c.router_url + "/metrics")).text
     assert "p-dead" not in healthy and {"p0", "p1", "d0"} <= healthy
-    assert "splitserve_router_prefill_retries_total 1.0" in metrics
+    assert metric(metrics, "splitserve_router_prefill_retries_total") == 1
 
 
 async def test_prefill_pool_failing_falls_back_to_local_prefill(
@@ -144,7 +144,7 @@ async def test_prefill_pool_failing_falls_back_to_local_prefill(
         metrics = (await client.get(c.router_url + "/metrics")).text
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
     assert c.nodes[1].decodes[0].kv is None
-    assert 'splitserve_router_local_prefill_total{reason="prefill_failed"} 1.0' in metrics
+    assert metric(metrics, "splitserve_router_local_prefill_total", reason="prefill_failed") == 1
 
 
 async def test_decode_death_gives_an_error_event_then_done(
@@ -239,7 +239,7 @@ async def test_short_prompt_is_prefilled_on_the_decode_node(
     assert text == tokenizer.decode(script[:4])
     assert prefill.prefills == []
     assert decode.decodes[0].kv is None and decode.decodes[0].output_token_ids == []
-    assert 'splitserve_router_local_prefill_total{reason="short_prompt"} 1.0' in metrics
+    assert metric(metrics, "splitserve_router_local_prefill_total", reason="short_prompt") == 1
 
 
 async def test_logprobs_are_returned(tokenizer: Tokenizer, script: list[int]) -> None:

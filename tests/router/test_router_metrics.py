@@ -1,0 +1,83 @@
+"""The router's /metrics agree with the requests a client made and the usage it was told."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from router_fakes import FakeNode, fake_cluster, metric
+
+from cluster.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _stream_usage(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
+    """Stream one request; the usage of its last chunk."""
+    usage = None
+    async with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                usage = json.loads(line[len("data: ") :]).get("usage") or usage
+    return usage
+
+
+async def test_counters_and_histograms_agree_with_the_client(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = [FakeNode("p0", "prefill", script), FakeNode("d0", "decode", script)]
+    max_tokens = [3, 5, 7, 100]  # the last stops at the script's end (EOS)
+    usages = []
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        url = c.router_url + "/v1/chat/completions"
+        for i, n in enumerate(max_tokens):
+            body = {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": f"Question {i}?"}],
+                "max_tokens": n,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            usages.append(await _stream_usage(client, url, body))
+        bad = await client.post(url, json={"model": "smollm2", "messages": []})
+        assert bad.status_code == 400
+        text = (await client.get(c.router_url + "/metrics")).text
+    assert [u["completion_tokens"] for u in usages] == [3, 5, 7, len(script)]
+    n = len(max_tokens)
+    route = "/v1/chat/completions"
+    assert metric(text, "splitserve_router_requests_total", route=route, status="200") == n
+    assert metric(text, "splitserve_router_requests_total", route=route, status="400") == 1
+    # the scrape itself is counted once answered, after its text was rendered
+    assert metric(text, "splitserve_router_requests_total", role="router") == n + 1
+    assert metric(text, "splitserve_router_ttft_seconds_count") == n
+    assert metric(text, "splitserve_router_e2e_seconds_count") == n
+    completion = sum(u["completion_tokens"] for u in usages)
+    assert metric(text, "splitserve_router_itl_seconds_count") == completion - n
+    assert metric(text, "splitserve_router_prompt_tokens_total") == sum(
+        u["prompt_tokens"] for u in usages
+    )
+    assert metric(text, "splitserve_router_completion_tokens_total") == completion
+    assert metric(text, "splitserve_router_inflight_requests") == 0
+    assert metric(text, "splitserve_router_local_prefill_total") == 0
+
+
+async def test_local_prefill_decisions_are_counted_by_reason(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = [FakeNode("p0", "prefill", script), FakeNode("d0", "decode", script)]
+    async with (
+        fake_cluster(tokenizer, nodes, local_prefill_max_tokens=10_000) as c,
+        httpx.AsyncClient() as client,
+    ):
+        body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}
+        for _ in range(2):
+            r = await client.post(c.router_url + "/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+        text = (await client.get(c.router_url + "/metrics")).text
+    assert nodes[0].prefills == []
+    counted = metric(text, "splitserve_router_local_prefill_total", reason="short_prompt")
+    assert counted == 2
+    assert metric(text, "splitserve_router_ttft_seconds_count", role="router") == 2
