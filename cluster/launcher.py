@@ -120,16 +120,22 @@ def _ensure_model(args: argparse.Namespace) -> Path:
 
 @contextmanager
 def _stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM stops the cluster like Ctrl-C does."""
+    """SIGTERM and SIGINT stop the cluster like Ctrl-C does.
+
+    SIGINT gets its handler explicitly: a shell script that starts the launcher in the
+    background hands it SIGINT ignored, and Python then installs no handler of its own.
+    """
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:

@@ -145,3 +145,21 @@ def test_a_child_that_fails_at_start_is_named_with_its_log(tmp_path: Path) -> No
 
 def test_node_plan_urls_are_local() -> None:
     assert NodePlan("decode-0", "decode", "decode", 8123).url == "http://127.0.0.1:8123"
+
+
+def test_sigint_stops_the_launcher_even_when_the_shell_ignored_it() -> None:
+    """A script that starts `splitserve up &` hands it SIGINT ignored; Ctrl-C semantics hold."""
+    import os
+    import signal
+    import time
+
+    from cluster.launcher import _stop_on_sigterm
+
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), _stop_on_sigterm():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored afterwards
+    finally:
+        signal.signal(signal.SIGINT, saved)
