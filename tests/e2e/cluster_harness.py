@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,28 @@ def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
         time.sleep(0.2)
     cluster.layout = json.loads((run_dir / "cluster.json").read_text())
     return cluster
+
+
+@contextmanager
+def running_cluster(
+    model_dir: Path, run_dir: Path, *args: str, check_clean_exit: bool = False
+) -> Iterator[Cluster]:
+    """`start_cluster`, then stop it; any process of ours still alive is SIGKILLed.
+
+    With `check_clean_exit`, the launcher must exit 0 and leave no process behind (checked
+    after the stragglers are killed, so a failure never leaks them into later tests).
+    """
+    up = start_cluster(model_dir, run_dir, *args)
+    try:
+        yield up
+    finally:
+        code = up.stop()
+        stragglers = [name for name, pid in up.pids.items() if alive(pid)]
+        for name in stragglers:
+            os.kill(up.pids[name], signal.SIGKILL)
+        if check_clean_exit:
+            assert code == 0, f"splitserve up exited {code}"
+            assert stragglers == [], f"still running after stop: {stragglers}"
 
 
 def alive(pid: int) -> bool:

@@ -4,8 +4,6 @@ client was told."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cluster_harness import Cluster, alive, start_cluster
+from cluster_harness import Cluster, running_cluster
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.e2e
@@ -28,14 +26,8 @@ N = 3
 @pytest.fixture(scope="module")
 def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     run_dir = tmp_path_factory.mktemp("up-metrics")
-    up = start_cluster(default_model_dir, run_dir, "--num-kv-blocks", "128")
-    try:
+    with running_cluster(default_model_dir, run_dir, "--num-kv-blocks", "128") as up:
         yield up
-    finally:
-        up.stop()
-        for pid in up.pids.values():
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 class Scrape:

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 import redis
-from cluster_harness import Cluster, alive, start_cluster
+from cluster_harness import Cluster, alive, running_cluster
 from oracle import Expected, Oracle
 
 from cluster.registry import node_key
@@ -42,14 +42,8 @@ SHORT_PROMPT = "The capital of France is"  # fewer tokens than the router's loca
 @pytest.fixture(scope="module")
 def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     run_dir = tmp_path_factory.mktemp("up-1x1")
-    up = start_cluster(default_model_dir, run_dir, "--num-kv-blocks", "128")
-    try:
+    with running_cluster(default_model_dir, run_dir, "--num-kv-blocks", "128") as up:
         yield up
-    finally:
-        up.stop()
-        for pid in up.pids.values():
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

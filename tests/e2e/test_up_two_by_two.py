@@ -5,14 +5,12 @@ KV block is free and no lease is held on either side."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
-from cluster_harness import Cluster, alive, start_cluster
+from cluster_harness import Cluster, running_cluster
 from oracle import Oracle
 
 pytestmark = pytest.mark.e2e
@@ -29,17 +27,9 @@ CHATS = [DISTINCT[i % len(DISTINCT)] for i in range(NUM_REQUESTS)]  # repeats hi
 @pytest.fixture(scope="module")
 def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     run_dir = tmp_path_factory.mktemp("up-2x2")
-    up = start_cluster(
-        default_model_dir, run_dir, "--prefill", "2", "--decode", "2", "--num-kv-blocks", "256"
-    )
-    try:
+    args = ("--prefill", "2", "--decode", "2", "--num-kv-blocks", "256")
+    with running_cluster(default_model_dir, run_dir, *args, check_clean_exit=True) as up:
         yield up
-    finally:
-        assert up.stop() == 0
-        assert [name for name, pid in up.pids.items() if alive(pid)] == []
-        for pid in up.pids.values():
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 async def _stream(client: openai.AsyncOpenAI, model: str, chat: list[dict[str, str]]) -> str:
