@@ -1,0 +1,294 @@
+"""CPU kernels in C, built with the machine's C compiler on first use and called via ctypes.
+
+- ``paged_decode_attention``: the torch attention backend gathers each decode's KV blocks
+  into a padded buffer and runs SDPA over it: two extra passes over the whole KV of the
+  batch, plus the padding to the longest context. This reads the blocks where they lie
+  (``paged_attention.c``); on the CPU it is the decode half of the default backend.
+- ``rope_write_kv``, ``silu_mul`` and ``rms_norm`` (``fused_ops.c``): one pass each where
+  torch runs several element-wise ops and allocations per layer.
+
+The library is compiled once per source, compiler and CPU into ``$SPLITSERVE_KERNEL_CACHE``
+(default ``~/.cache/splitserve/kernels``), written to a temporary name and renamed, so
+processes that start together never load a half-written file. Without a C compiler (or with
+``SPLITSERVE_CPU_KERNELS=0``) ``available()`` is False and callers keep the torch path; the
+reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "fused_ops.c"))
+HEADERS = (Path(__file__).with_name("vec8.h"),)
+CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
+ENABLE_ENV = "SPLITSERVE_CPU_KERNELS"
+# The kernel's fixed per-thread buffers (MAX_* in the C source).
+MAX_GROUP, MAX_BLOCK_SIZE = 32, 128
+HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # the instantiations in the C source
+_BASE_FLAGS = (
+    "-O3",
+    "-std=gnu11",
+    "-ffp-contract=fast",
+    "-fPIC",
+    "-shared",
+    "-fopenmp",
+    "-Wno-psabi",
+)
+_I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
+
+
+class KernelBuildError(RuntimeError):
+    """The C compiler is missing or failed; the message names the command and its output."""
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "splitserve" / "kernels"
+
+
+def available() -> bool:
+    """True when the compiled kernels can be used in this process (built now if needed)."""
+    return _library() is not None
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """True when ``paged_decode_attention`` takes these tensors (else use the torch path)."""
+    kv_heads, head_dim = kv_cache.shape[4], kv_cache.shape[5]
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and kv_cache.dtype == torch.float32
+        and kv_cache.is_contiguous()
+        and q.stride(-1) == 1
+        and q.shape[1] % kv_heads == 0
+        and q.shape[1] // kv_heads <= MAX_GROUP
+        and head_dim in HEAD_DIMS
+        and kv_cache.shape[3] <= MAX_BLOCK_SIZE
+        and available()
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer: int,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence over its paged context, K/V read in place.
+
+    q: [seqs, heads, d] fp32 (any strides with the last one 1); kv_cache: the contiguous
+    cache [num_blocks, layers, 2, block_size, kv_heads, d]; block_tables: [seqs, >= blocks
+    needed] int32; context_lens: [seqs] int32. Returns [seqs, heads, d].
+    """
+    lib = _require()
+    seqs, heads, head_dim = q.shape
+    _, _, _, block_size, kv_heads, _ = kv_cache.shape
+    tables = block_tables if block_tables.dtype == torch.int32 else block_tables.int()
+    tables = tables if tables.stride(-1) == 1 else tables.contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    out = torch.empty(seqs, heads, head_dim, dtype=q.dtype)
+    k_offset = layer * kv_cache.stride(1)
+    rc = lib.splitserve_paged_decode_f32(
+        q.data_ptr(), q.stride(0), q.stride(1), out.data_ptr(),
+        kv_cache.data_ptr(), kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
+        tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+        seqs, heads, kv_heads, head_dim, block_size, scale, _threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(
+            f"paged_decode_attention: unsupported shape (heads {heads}, kv_heads {kv_heads}, "
+            f"head_dim {head_dim}, block_size {block_size})"
+        )
+    return out
+
+
+def fused_ops_supported(qkv: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """True when ``rope_write_kv`` and ``silu_mul`` take this step (fp32 CPU, built)."""
+    return (
+        qkv.device.type == "cpu"
+        and qkv.dtype == torch.float32
+        and kv_cache.dtype == torch.float32
+        and kv_cache.is_contiguous()
+        and available()
+    )
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer: int,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotate the q and k heads of ``qkv`` in place and store K and V at their slots.
+
+    qkv: [tokens, (heads + 2 * kv_heads) * d] fp32 with unit last stride; positions and
+    slot_mapping: [tokens] int64; cos, sin: [max_position, d / 2] contiguous.
+    """
+    lib = _require()
+    tokens, head_dim = qkv.shape[0], kv_cache.shape[5]
+    if qkv.stride(-1) != 1 or qkv.shape[1] != (heads + 2 * kv_heads) * head_dim:
+        raise ValueError(f"rope_write_kv: qkv of shape {tuple(qkv.shape)} does not match heads")
+    positions = positions.to(torch.int64).contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    k_offset = layer * kv_cache.stride(1)
+    lib.splitserve_rope_write_kv_f32(
+        qkv.data_ptr(), qkv.stride(0), tokens, heads, kv_heads, head_dim,
+        positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        kv_cache.data_ptr(), kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
+        kv_cache.stride(3), slots.data_ptr(), kv_cache.shape[3], _threads(),
+    )  # fmt: skip
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [tokens, 2 * inter] fp32 (unit last stride)."""
+    lib = _require()
+    tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    if gate_up.stride(-1) != 1:
+        raise ValueError("silu_mul: gate_up needs a unit last stride")
+    out = torch.empty(tokens, inter, dtype=gate_up.dtype)
+    lib.splitserve_silu_mul_f32(
+        gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), out.stride(0), tokens, inter,
+        _threads(),
+    )  # fmt: skip
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [tokens, hidden] fp32 (unit last stride) scaled by weight [hidden]."""
+    lib = _require()
+    if x.stride(-1) != 1 or not weight.is_contiguous():
+        raise ValueError("rms_norm: x needs a unit last stride and weight to be contiguous")
+    out = torch.empty(x.shape, dtype=x.dtype)
+    lib.splitserve_rms_norm_f32(
+        x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), out.stride(0),
+        x.shape[0], x.shape[1], eps, _threads(),
+    )  # fmt: skip
+    return out
+
+
+def _require() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise KernelBuildError("CPU kernels are not available here (see the log)")
+    return lib
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get(ENABLE_ENV, "1") == "0":
+        log.info("cpu_kernels_disabled", extra={"env": ENABLE_ENV})
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (KernelBuildError, OSError) as exc:
+        log.warning("cpu_kernels_unavailable: %s; attention stays on the torch path", exc)
+        return None
+    lib.splitserve_paged_decode_f32.restype = ctypes.c_int
+    lib.splitserve_paged_decode_f32.argtypes = [
+        _P, _I64, _I64, _P,  # q, its strides, out
+        _P, _I64, _I64, _I64,  # cache, block stride, K and V offsets
+        _P, _I64, _P,  # tables, table stride, context lengths
+        _I32, _I32, _I32, _I32, _I32, _F32, _I32,  # sizes, scale, threads
+    ]  # fmt: skip
+    lib.splitserve_rope_write_kv_f32.restype = None
+    lib.splitserve_rope_write_kv_f32.argtypes = [
+        _P, _I64, _I32, _I32, _I32, _I32,  # qkv, row stride, tokens, heads, kv heads, dim
+        _P, _P, _P,  # positions, cos, sin
+        _P, _I64, _I64, _I64, _I64,  # cache, block stride, K / V offsets, token stride
+        _P, _I32, _I32,  # slots, block size, threads
+    ]  # fmt: skip
+    lib.splitserve_silu_mul_f32.restype = None
+    lib.splitserve_silu_mul_f32.argtypes = [_P, _I64, _P, _I64, _I32, _I32, _I32]
+    lib.splitserve_rms_norm_f32.restype = None
+    lib.splitserve_rms_norm_f32.argtypes = [_P, _I64, _P, _P, _I64, _I32, _I32, _F32, _I32]
+    return lib
+
+
+def build(cache_dir: Path | None = None) -> Path:
+    """Path of the compiled library for this machine, compiling it first if needed."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise KernelBuildError("no C compiler found (set CC, or install gcc)")
+    source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    errors = []
+    for flags in (_BASE_FLAGS + ("-march=native",), _BASE_FLAGS):
+        target = (cache_dir or default_cache_dir()) / f"splitserve_cpu-{_key(cc, flags, source)}.so"
+        if target.exists():
+            return target
+        try:
+            _compile(cc, flags, target)
+            return target
+        except KernelBuildError as exc:
+            errors.append(str(exc))
+    raise KernelBuildError("; ".join(errors))
+
+
+def _compile(cc: str, flags: tuple[str, ...], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cc, *flags, "-o", tmp, *map(str, SOURCES)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            shown = " ".join(cmd[: 1 + len(flags)])
+            raise KernelBuildError(f"{shown} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
+        log.info("cpu_kernels_built", extra={"path": str(target)})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelBuildError(f"{cc}: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _key(cc: str, flags: tuple[str, ...], source: bytes) -> str:
+    """Hash of everything the binary depends on: source, flags, compiler and this CPU."""
+    h = hashlib.sha256(source)
+    h.update(" ".join((cc, *flags, platform.machine())).encode())
+    h.update(_compiler_version(cc).encode())
+    h.update(_cpu_identity().encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _cpu_identity() -> str:
+    """Model name and feature flags of the first CPU (``-march=native`` builds for them)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(line for line in text.split("\n\n")[0].splitlines() if line.startswith(wanted))

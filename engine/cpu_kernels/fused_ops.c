@@ -1,0 +1,92 @@
+/*
+ * Element-wise steps of a decoder layer on the CPU, fp32, each one pass over its data where
+ * torch takes several ops (and as many small allocations): rotary embedding plus the KV
+ * cache write, and SiLU(gate) * up. Built with paged_attention.c into one library.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "vec8.h"
+
+/* Below this many elements the work runs on the calling thread: waking the pool costs more. */
+#define PARALLEL_MIN 16384
+
+/* Rotate-half RoPE in place on the q and k heads of each token's row of qkv
+   ([heads | kv_heads | kv_heads] x head_dim), then copy its K and V rows into the cache
+   slot (block = slot / block_size). cos and sin are [positions, head_dim / 2]. */
+void splitserve_rope_write_kv_f32(
+    float *qkv, int64_t row_stride, int32_t tokens, int32_t heads, int32_t kv_heads,
+    int32_t head_dim, const int64_t *positions, const float *cos, const float *sin,
+    float *cache, int64_t block_stride, int64_t k_offset, int64_t v_offset,
+    int64_t token_stride, const int64_t *slots, int32_t block_size, int32_t threads)
+{
+    const int half = head_dim / 2, rotated = heads + kv_heads;
+    const int64_t kv_bytes = (int64_t)kv_heads * head_dim * sizeof(float);
+    const int parallel = (int64_t)tokens * row_stride >= PARALLEL_MIN;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
+    for (int t = 0; t < tokens; t++) {
+        float *row = qkv + t * row_stride;
+        const float *c = cos + positions[t] * half, *s = sin + positions[t] * half;
+        for (int hh = 0; hh < rotated; hh++) {
+            float *x1 = row + (int64_t)hh * head_dim, *x2 = x1 + half;
+            int i = 0;
+            for (; i + 8 <= half; i += 8) {
+                const v8 a = load8(x1 + i), b = load8(x2 + i), cc = load8(c + i), ss = load8(s + i);
+                store8(x1 + i, a * cc - b * ss);
+                store8(x2 + i, b * cc + a * ss);
+            }
+            for (; i < half; i++) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[i] + a * s[i];
+            }
+        }
+        const int64_t slot = slots[t];
+        float *dst = cache + (slot / block_size) * block_stride + (slot % block_size) * token_stride;
+        memcpy(dst + k_offset, row + (int64_t)heads * head_dim, kv_bytes);
+        memcpy(dst + v_offset, row + (int64_t)rotated * head_dim, kv_bytes);
+    }
+}
+
+/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i] */
+void splitserve_silu_mul_f32(
+    const float *gate_up, int64_t row_stride, float *out, int64_t out_stride, int32_t tokens,
+    int32_t inter, int32_t threads)
+{
+    const int parallel = (int64_t)tokens * inter >= PARALLEL_MIN;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
+    for (int t = 0; t < tokens; t++) {
+        const float *g = gate_up + t * row_stride, *u = g + inter;
+        float *o = out + t * out_stride;
+        int i = 0;
+        for (; i + 8 <= inter; i += 8) {
+            const v8 x = load8(g + i);
+            store8(o + i, x / (1.0f + exp8(-x)) * load8(u + i));
+        }
+        for (; i < inter; i++) o[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+    }
+}
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, accumulated in fp32 */
+void splitserve_rms_norm_f32(
+    const float *x, int64_t x_stride, const float *weight, float *out, int64_t out_stride,
+    int32_t tokens, int32_t hidden, float eps, int32_t threads)
+{
+    const int parallel = (int64_t)tokens * hidden >= PARALLEL_MIN;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
+    for (int t = 0; t < tokens; t++) {
+        const float *xr = x + t * x_stride;
+        float *o = out + t * out_stride;
+        v8 acc = splat8(0.0f);
+        int i = 0;
+        for (; i + 8 <= hidden; i += 8) {
+            const v8 v = load8(xr + i);
+            acc += v * v;
+        }
+        float sq = hsum8(acc);
+        for (; i < hidden; i++) sq += xr[i] * xr[i];
+        const float inv = 1.0f / __builtin_sqrtf(sq / (float)hidden + eps);
+        for (i = 0; i + 8 <= hidden; i += 8) store8(o + i, load8(xr + i) * inv * load8(weight + i));
+        for (; i < hidden; i++) o[i] = xr[i] * inv * weight[i];
+    }
+}

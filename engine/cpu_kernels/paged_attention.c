@@ -1,0 +1,172 @@
+/*
+ * Paged decode attention on the CPU, fp32: one query token per sequence, reading K and V
+ * from the blocks of the paged cache in place (no gather, no padding to the longest
+ * context). Built on first use by engine/cpu_kernels/__init__.py and called through ctypes.
+ *
+ * Work is split over (sequence, kv head) pairs with OpenMP. The library links libgomp by
+ * its soname, so inside a torch process it shares torch's OpenMP runtime.
+ *
+ * For each pair, the group of query heads that share the kv head walks the sequence's
+ * blocks once: scores of the block's tokens, an online-softmax rescale, then the weighted
+ * sum of V. Softmax statistics and accumulators are fp32. head_dim is a compile-time
+ * constant in each instantiation so the accumulators stay in registers.
+ */
+#include <stdint.h>
+
+#define MAX_GROUP 32
+#define MAX_BLOCK_SIZE 128
+#define CHUNK 4 /* vectors of head_dim accumulated at once in the P @ V pass */
+#define CHUNK_OF(ND) ((ND) < CHUNK ? (ND) : CHUNK) /* ND is 2 or a multiple of 4 */
+#define PREFETCH_AHEAD 2 /* blocks */
+
+#include "vec8.h"
+
+struct job {
+    const float *q;
+    int64_t q_seq_stride, q_head_stride;
+    float *out;
+    const float *cache;
+    int64_t block_stride, k_offset, v_offset, token_stride;
+    const int32_t *tables;
+    int64_t table_stride;
+    const int32_t *ctx_lens;
+    int heads, kv_heads, group, block_size;
+    float scale;
+};
+
+/* One (sequence, kv head) pair; ND = head_dim / 8. */
+static inline __attribute__((always_inline)) void decode_pair(
+    const struct job *jb, int s, int h, const int ND)
+{
+    v8 qs[MAX_GROUP][ND];
+    v8 acc[MAX_GROUP][ND];
+    float p[MAX_GROUP][MAX_BLOCK_SIZE + 8];
+    float m[MAX_GROUP], l[MAX_GROUP];
+    const int group = jb->group;
+    const v8 zero = {0};
+    for (int g = 0; g < group; g++) {
+        const float *qg = jb->q + s * jb->q_seq_stride + (int64_t)(h * group + g) * jb->q_head_stride;
+        for (int j = 0; j < ND; j++) {
+            qs[g][j] = load8(qg + 8 * j) * jb->scale;
+            acc[g][j] = zero;
+        }
+        m[g] = -3.0e38f;
+        l[g] = 0.0f;
+    }
+    const int n = jb->ctx_lens[s], bs = jb->block_size;
+    const int64_t ts = jb->token_stride;
+    const int32_t *table = jb->tables + s * jb->table_stride;
+    for (int start = 0; start < n; start += bs) {
+        const int len = n - start < bs ? n - start : bs;
+        const float *base = jb->cache + (int64_t)table[start / bs] * jb->block_stride;
+        const float *kb = base + jb->k_offset + (int64_t)h * 8 * ND;
+        const float *vb = base + jb->v_offset + (int64_t)h * 8 * ND;
+        /* this head's rows PREFETCH_AHEAD blocks on, requested row by row below: the memory
+           loads overlap the arithmetic (measured 8% faster per step than without) */
+        const int ahead = start + PREFETCH_AHEAD * bs < n;
+        const float *nk = ahead ? jb->cache + (int64_t)table[start / bs + PREFETCH_AHEAD] *
+                                  jb->block_stride + jb->k_offset + (int64_t)h * 8 * ND
+                                : kb;
+        const float *nv = nk + (jb->v_offset - jb->k_offset);
+        for (int t0 = 0; t0 < len; t0 += 8) { /* scores of 8 tokens per vector */
+            const int tn = len - t0 < 8 ? len - t0 : 8;
+            v8 part[MAX_GROUP][8];
+            for (int t = 0; t < 8; t++) {
+                if (t >= tn) {
+                    for (int g = 0; g < group; g++) part[g][t] = zero;
+                    continue;
+                }
+                const float *kt = kb + (t0 + t) * ts;
+                for (int c = 0; c < 8 * ND; c += 16) { /* 64-byte lines */
+                    __builtin_prefetch(nk + (t0 + t) * ts + c);
+                    __builtin_prefetch(nv + (t0 + t) * ts + c);
+                }
+                v8 k[ND];
+                for (int j = 0; j < ND; j++) k[j] = load8(kt + 8 * j);
+                for (int g = 0; g < group; g++) {
+                    v8 d0 = qs[g][0] * k[0], d1 = zero;
+                    for (int j = 1; j < ND; j += 2) {
+                        d1 += qs[g][j] * k[j];
+                        if (j + 1 < ND) d0 += qs[g][j + 1] * k[j + 1];
+                    }
+                    part[g][t] = d0 + d1;
+                }
+            }
+            for (int g = 0; g < group; g++) store8(&p[g][t0], hsum8x8(part[g]));
+        }
+        for (int g = 0; g < group; g++) {
+            float block_max = p[g][0];
+            for (int t = 1; t < len; t++) block_max = p[g][t] > block_max ? p[g][t] : block_max;
+            const float new_m = block_max > m[g] ? block_max : m[g];
+            const float correction = exp1(m[g] - new_m);
+            /* p[g] is padded to a whole number of vectors; lanes past len get weight 0 */
+            v8 sum = {0};
+            for (int t = 0; t < len; t += 8) {
+                v8 e = exp8(load8(&p[g][t]) - new_m);
+                for (int i = len - t; i < 8; i++) e[i] = 0.0f;
+                store8(&p[g][t], e);
+                sum += e;
+            }
+            l[g] = l[g] * correction + hsum8(sum);
+            m[g] = new_m;
+            if (correction != 1.0f)
+                for (int j = 0; j < ND; j++) acc[g][j] *= correction;
+        }
+        for (int g = 0; g < group; g++) {
+            for (int j0 = 0; j0 < ND; j0 += CHUNK_OF(ND)) {
+                v8 a[CHUNK];
+                for (int c = 0; c < CHUNK_OF(ND); c++) a[c] = acc[g][j0 + c];
+                for (int t = 0; t < len; t++) {
+                    const float *vt = vb + t * ts + 8 * j0;
+                    const float w = p[g][t];
+                    for (int c = 0; c < CHUNK_OF(ND); c++) a[c] += w * load8(vt + 8 * c);
+                }
+                for (int c = 0; c < CHUNK_OF(ND); c++) acc[g][j0 + c] = a[c];
+            }
+        }
+    }
+    for (int g = 0; g < group; g++) {
+        float *og = jb->out + ((int64_t)s * jb->heads + h * group + g) * 8 * ND;
+        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+        for (int j = 0; j < ND; j++) store8(og + 8 * j, acc[g][j] * inv);
+    }
+}
+
+#define DECODE_ALL(ND_)                                                             \
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")           \
+    for (int64_t item = 0; item < items; item++)                                    \
+        decode_pair(&jb, (int)(item / kv_heads), (int)(item % kv_heads), ND_);
+
+/* Returns 0, or -1 for a shape outside the kernel's limits (the caller checks first). */
+int splitserve_paged_decode_f32(
+    const float *q, int64_t q_seq_stride, int64_t q_head_stride,
+    float *out,                /* [seqs, heads, head_dim], contiguous */
+    const float *cache,        /* the whole paged cache */
+    int64_t block_stride,      /* elements from one block to the next */
+    int64_t k_offset,          /* elements from a block's start to this layer's K */
+    int64_t v_offset,          /* ... and to its V; K/V tokens are [kv_heads, head_dim] */
+    const int32_t *tables, int64_t table_stride,
+    const int32_t *ctx_lens,
+    int32_t seqs, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t block_size,
+    float scale, int32_t threads)
+{
+    if (kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -1;
+    if (block_size <= 0 || block_size > MAX_BLOCK_SIZE) return -1;
+    struct job jb = {
+        q, q_seq_stride, q_head_stride, out, cache, block_stride, k_offset, v_offset,
+        (int64_t)kv_heads * head_dim, tables, table_stride, ctx_lens,
+        heads, kv_heads, heads / kv_heads, block_size, scale,
+    };
+    const int64_t items = (int64_t)seqs * kv_heads;
+    threads = threads > 0 ? threads : 1;
+    switch (head_dim) {
+    case 16: DECODE_ALL(2) break;
+    case 32: DECODE_ALL(4) break;
+    case 64: DECODE_ALL(8) break;
+    case 96: DECODE_ALL(12) break;
+    case 128: DECODE_ALL(16) break;
+    case 256: DECODE_ALL(32) break;
+    default: return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,69 @@
+/*
+ * 8-float vectors for the CPU kernels: GCC/Clang generic vectors, which become AVX/AVX2
+ * registers on x86-64 and pairs of NEON registers on arm64. Shared by the kernel sources.
+ */
+#ifndef SPLITSERVE_VEC8_H
+#define SPLITSERVE_VEC8_H
+
+#include <stdint.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned access */
+
+static inline v8 load8(const float *p) { return *(const v8u *)p; }
+static inline void store8(float *p, v8 v) { *(v8u *)p = v; }
+static inline v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
+/* a where mask is set, else b (mask lanes are all ones or zero, as comparisons give) */
+static inline v8 select8(v8i mask, v8 a, v8 b) {
+    return (v8)(((v8i)a & mask) | ((v8i)b & ~mask));
+}
+
+static inline float hsum8(v8 v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* r[i] = sum of the lanes of a[i], for 8 vectors at once (a transpose-and-add tree). */
+static inline v8 hsum8x8(const v8 *a) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SHUF __builtin_shufflevector
+    v8 s[4], u[2];
+    for (int i = 0; i < 4; i++)
+        s[i] = SHUF(a[2 * i], a[2 * i + 1], 0, 8, 1, 9, 4, 12, 5, 13) +
+               SHUF(a[2 * i], a[2 * i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    for (int i = 0; i < 2; i++)
+        u[i] = SHUF(s[2 * i], s[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               SHUF(s[2 * i], s[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUF(u[0], u[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(u[0], u[1], 4, 5, 6, 7, 12, 13, 14, 15);
+#undef SHUF
+#else
+    v8 r;
+    for (int i = 0; i < 8; i++) r[i] = hsum8(a[i]);
+    return r;
+#endif
+}
+
+/* e^x per lane, x clamped to [-87, 88]: 2^n * e^f with n = round(x log2 e), |f| <= ln2 / 2,
+   and a degree-7 Taylor polynomial for e^f. Relative error below 2e-7. */
+static inline v8 exp8(v8 x) {
+    x = select8(x < splat8(-87.0f), splat8(-87.0f), x);
+    x = select8(x > splat8(88.0f), splat8(88.0f), x);
+    const v8 t = x * 1.4426950408889634f + 0.5f;
+    v8i n = __builtin_convertvector(t, v8i);             /* truncates toward zero ... */
+    n += (v8i)(__builtin_convertvector(n, v8) > t);      /* ... so step down below zero */
+    const v8 f = (x * 1.4426950408889634f - __builtin_convertvector(n, v8)) * 0.6931471805599453f;
+    v8 p = splat8(1.0f / 5040);
+    p = 1.0f / 720 + f * p;
+    p = 1.0f / 120 + f * p;
+    p = 1.0f / 24 + f * p;
+    p = 1.0f / 6 + f * p;
+    p = 0.5f + f * p;
+    p = 1.0f + f * p;
+    p = 1.0f + f * p;
+    return p * (v8)((n + 127) << 23);
+}
+
+static inline float exp1(float x) { return exp8(splat8(x))[0]; }
+
+#endif
