@@ -15,6 +15,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from engine import cpu_kernels
+
 
 @dataclass(frozen=True)
 class AttentionMetadata:
@@ -155,10 +157,16 @@ class GatherBuffers:
 
 
 class TorchAttention:
-    """SDPA over gathered blocks: one batched call for all decodes, one call per prefill chunk."""
+    """SDPA over gathered blocks: one batched call for all decodes, one call per prefill chunk.
 
-    def __init__(self) -> None:
+    On the CPU the decodes go to the C kernel of ``engine.cpu_kernels`` when it is built and
+    takes the shapes (fp32): it reads the blocks in place instead of gathering and padding
+    them, and was measured at 4-5x the gather + SDPA path. ``cpu_kernel=False`` keeps torch.
+    """
+
+    def __init__(self, cpu_kernel: bool = True) -> None:
         self.buffers = GatherBuffers()
+        self.cpu_kernel = cpu_kernel
 
     def __call__(
         self,
@@ -170,12 +178,11 @@ class TorchAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         d = meta.num_decodes
-        tables, buffers = meta.decode_block_tables, self.buffers
         if d == meta.num_tokens:
-            return decode_attention(q, kv_cache, layer, tables, meta.decode_mask, buffers)
+            return self._decodes(q, kv_cache, layer, meta)
         out = torch.empty_like(q)  # [tokens, heads, d]
         if d:
-            out[:d] = decode_attention(q[:d], kv_cache, layer, tables, meta.decode_mask, buffers)
+            out[:d] = self._decodes(q[:d], kv_cache, layer, meta)
         start = d
         for i in range(d, len(meta.query_lens)):
             end = start + meta.query_lens[i]
@@ -184,10 +191,20 @@ class TorchAttention:
                 out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end], None)
             else:
                 table = meta.block_tables[i, : -(-mask.shape[1] // meta.block_size)]
-                kc, vc = gather_blocks(kv_cache, layer, table, buffers)
+                kc, vc = gather_blocks(kv_cache, layer, table, self.buffers)
                 out[start:end] = _sdpa(q[start:end], kc[: mask.shape[1]], vc[: mask.shape[1]], mask)
             start = end
         return out
+
+    def _decodes(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        tables = meta.decode_block_tables
+        if self.cpu_kernel and cpu_kernels.supports(q, kv_cache):
+            lens = meta.context_lens[: meta.num_decodes]
+            scale = q.shape[-1] ** -0.5
+            return cpu_kernels.paged_decode_attention(q, kv_cache, layer, tables, lens, scale)
+        return decode_attention(q, kv_cache, layer, tables, meta.decode_mask, self.buffers)
 
 
 class TritonAttention:
@@ -223,12 +240,12 @@ class TritonAttention:
         return out
 
 
-def select_attention(name: str, device: torch.device) -> AttentionBackend:
+def select_attention(name: str, device: torch.device, cpu_kernel: bool = True) -> AttentionBackend:
     """``torch``, ``triton``, or ``auto``: Triton on CUDA when it is importable, else torch."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention backend must be auto, torch or triton, got {name!r}")
     if name == "torch" or (name == "auto" and device.type != "cuda"):
-        return TorchAttention()
+        return TorchAttention(cpu_kernel)
     from engine.kernels import triton_available
 
     if triton_available():
@@ -237,7 +254,7 @@ def select_attention(name: str, device: torch.device) -> AttentionBackend:
         raise ValueError(
             "attention_backend 'triton' needs triton and a CUDA device (or TRITON_INTERPRET=1)"
         )
-    return TorchAttention()
+    return TorchAttention(cpu_kernel)
 
 
 def decode_attention(

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import cpu_kernels, cpu_linear
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.kv_cache import write_kv
 from engine.model_config import ModelConfig, RopeScaling
@@ -76,6 +77,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+_LINEAR_WEIGHTS = ("qkv", "o_proj", "gate_up", "down")
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device | str
@@ -93,29 +97,51 @@ class DecoderLayer(nn.Module):
         self.post_norm = _weight(hidden, dtype=dtype, device=device)
         self.gate_up = _weight(2 * inter, hidden, dtype=dtype, device=device)
         self.down = _weight(hidden, inter, dtype=dtype, device=device)
+        # Weight name -> oneDNN-packed copy (CPU fp32, see engine.cpu_linear); empty if off.
+        self.packed: dict[str, torch.Tensor] = {}
+
+    def pack_cpu_weights(self) -> None:
+        self.packed = {n: cpu_linear.pack(getattr(self, n)) for n in _LINEAR_WEIGHTS}
 
     def forward(
         self,
         h: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rotary: Rotary,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionBackend,
     ) -> torch.Tensor:
-        """h: [tokens, hidden] -> [tokens, hidden]."""
+        """h: [tokens, hidden] -> [tokens, hidden]. ``rope``: this step's cos / sin rows, or
+        None to run the fused CPU kernels (``engine.cpu_kernels``) instead of torch ops."""
         tokens = h.shape[0]
-        heads, kv_heads = self.num_heads, self.num_kv_heads
-        x = rms_norm(h, self.input_norm, self.eps)
-        qkv = F.linear(x, self.qkv).view(tokens, heads + 2 * kv_heads, self.head_dim)
-        qk = apply_rope(qkv[:, : heads + kv_heads], *rope)  # [tokens, heads + kv_heads, d]
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
-        write_kv(kv_cache, self.index, k, v, meta.slot_mapping)
+        heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
+        norm = cpu_kernels.rms_norm if rope is None else rms_norm
+        x = norm(h, self.input_norm, self.eps)
+        packed = self.packed
+        qkv = cpu_linear.linear(x, self.qkv, packed.get("qkv"))  # [tokens, (h + 2 kvh) * d]
+        if rope is None:  # rotate q, k in place and store K, V: one pass
+            cpu_kernels.rope_write_kv(
+                qkv, heads, kv_heads, meta.positions, rotary.cos, rotary.sin, kv_cache,
+                self.index, meta.slot_mapping,
+            )  # fmt: skip
+            qkv = qkv.view(tokens, heads + 2 * kv_heads, d)
+            q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+        else:
+            qkv = qkv.view(tokens, heads + 2 * kv_heads, d)
+            qk = apply_rope(qkv[:, : heads + kv_heads], *rope)  # [tokens, heads + kv_heads, d]
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+            write_kv(kv_cache, self.index, k, v, meta.slot_mapping)
         o = attention(q, k, v, kv_cache, self.index, meta)  # [tokens, heads, d]
-        h = h.addmm_(o.reshape(tokens, -1), self.o_proj.t())
-        x = rms_norm(h, self.post_norm, self.eps)
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)  # each [tokens, inter]
-        act = F.silu(gate, inplace=True).mul_(up)  # in place: no [tokens, inter] temporaries
-        return h.addmm_(act, self.down.t())
+        h = cpu_linear.add_linear_(h, o.reshape(tokens, -1), self.o_proj, packed.get("o_proj"))
+        x = norm(h, self.post_norm, self.eps)
+        gate_up = cpu_linear.linear(x, self.gate_up, packed.get("gate_up"))
+        if rope is None:
+            act = cpu_kernels.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)  # each [tokens, inter]
+            act = F.silu(gate, inplace=True).mul_(up)  # in place: no [tokens, inter] temporaries
+        return cpu_linear.add_linear_(h, act, self.down, packed.get("down"))
 
 
 class LlamaModel(nn.Module):
@@ -144,6 +170,27 @@ class LlamaModel(nn.Module):
             else _weight(vocab, hidden, dtype=dtype, device=device)
         )
         self.rotary = Rotary(config, max_len, dtype, device)
+        self.packed_lm_head: torch.Tensor | None = None
+        self.cpu_kernels = False  # see use_cpu_kernels
+
+    def use_cpu_kernels(self, enable: bool = True) -> bool:
+        """Run rotary + KV write and SiLU * up as fused C kernels where a step allows it
+        (CPU fp32 with the kernels built); returns whether they are on."""
+        on_cpu_fp32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        self.cpu_kernels = enable and on_cpu_fp32 and cpu_kernels.available()
+        return self.cpu_kernels
+
+    def pack_cpu_weights(self) -> bool:
+        """Pack the linear weights for small CPU steps (after loading); False where this
+        model or torch build cannot (not CPU fp32, or no oneDNN)."""
+        if self.embed.device.type != "cpu" or self.embed.dtype != torch.float32:
+            return False
+        if not cpu_linear.packing_available():
+            return False
+        for layer in self.decoder_layers():
+            layer.pack_cpu_weights()
+        self.packed_lm_head = cpu_linear.pack(self.lm_head)
+        return True
 
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]
@@ -161,8 +208,9 @@ class LlamaModel(nn.Module):
         model dtype.
         """
         h = F.embedding(input_ids, self.embed)  # [tokens, hidden]
-        rope = self.rotary.tables(meta.positions)
+        fused = self.cpu_kernels and cpu_kernels.fused_ops_supported(h, kv_cache)
+        rope = None if fused else self.rotary.tables(meta.positions)
         for layer in self.layers:
-            h = layer(h, rope, kv_cache, meta, self.attention)
+            h = layer(h, self.rotary, rope, kv_cache, meta, self.attention)
         last = rms_norm(h[logits_indices], self.norm, self.config.rms_norm_eps)
-        return F.linear(last, self.lm_head)  # [sampled, vocab]
+        return cpu_linear.linear(last, self.lm_head, self.packed_lm_head)  # [sampled, vocab]

@@ -41,12 +41,15 @@ class ModelRunner:
         )
         self.model = LlamaModel(
             model_config,
-            attention or select_attention(config.attention_backend, self.device),
+            attention
+            or select_attention(config.attention_backend, self.device, config.cpu_kernels),
             self.max_model_len,
             config.dtype,
             self.device,
         )
         load_weights(self.model, config.model_dir)
+        self.packed_weights = config.pack_cpu_weights and self.model.pack_cpu_weights()
+        self.model.use_cpu_kernels(config.cpu_kernels)
         self.layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
         self.num_blocks = num_blocks_for(config, self.layout)
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]

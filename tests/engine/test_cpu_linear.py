@@ -1,0 +1,60 @@
+"""Packed CPU linear layers give F.linear's results, and the runner can turn them off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_llama import chunk, make_runner, save_tiny_llama, step
+
+from engine import cpu_kernels, cpu_linear
+
+pytestmark = pytest.mark.skipif(
+    not cpu_linear.packing_available(), reason="this torch build has no oneDNN linear packing"
+)
+
+
+@pytest.mark.parametrize("rows", [1, 32, cpu_linear.PACKED_MAX_ROWS, 300])
+def test_linear_and_add_linear_equal_torch(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 40, generator=gen)
+    x = torch.randn(rows, 40, generator=gen)
+    packed = cpu_linear.pack(w)
+    torch.testing.assert_close(cpu_linear.linear(x, w, packed), F.linear(x, w))
+    h = torch.randn(rows, 96, generator=gen)
+    want = h + x @ w.t()
+    got = cpu_linear.add_linear_(h, x, w, packed)
+    assert got.data_ptr() == h.data_ptr()  # in place
+    torch.testing.assert_close(got, want)
+
+
+def test_runner_packs_on_cpu_fp32_only_when_asked(tmp_path: Path) -> None:
+    save_tiny_llama(tmp_path)
+    packed = make_runner(tmp_path)
+    assert packed.packed_weights
+    assert set(packed.model.decoder_layers()[0].packed) == {"qkv", "o_proj", "gate_up", "down"}
+    plain = make_runner(tmp_path, pack_cpu_weights=False, cpu_kernels=False)
+    assert not plain.packed_weights and not plain.model.decoder_layers()[0].packed
+    assert not plain.model.cpu_kernels
+    assert not make_runner(tmp_path, dtype="bfloat16").packed_weights  # fp32 only
+
+
+def test_fast_paths_equal_the_torch_paths(tmp_path: Path) -> None:
+    """Prefill, a chunk over a cached prefix, and decodes mixed with a prefill: the packed
+    weights and the C kernels give the logits of plain torch."""
+    save_tiny_llama(tmp_path)
+    fast = make_runner(tmp_path)
+    plain = make_runner(tmp_path, pack_cpu_weights=False, cpu_kernels=False)
+    assert fast.model.cpu_kernels == cpu_kernels.available()
+    a = [(7 * i + 3) % 128 for i in range(21)]
+    b = [(5 * i + 1) % 128 for i in range(9)]
+    steps = [
+        (chunk("a", a, 0, 12, (7, 3, 12, 40, 41, 42)),),
+        (chunk("a", a, 12, 20, (7, 3, 12, 40, 41, 42)), chunk("b", b, 0, 8, (9, 10, 11))),
+        (chunk("a", a, 20, 21, (7, 3, 12, 40, 41, 42)), chunk("b", b, 8, 9, (9, 10, 11))),
+    ]
+    for chunks in steps:
+        torch.testing.assert_close(step(fast, *chunks), step(plain, *chunks), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fast.kv_cache, plain.kv_cache, rtol=1e-5, atol=1e-5)
