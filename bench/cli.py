@@ -1,5 +1,6 @@
 """`splitserve bench <benchmark> ...`: serve (load against an OpenAI-compatible server),
-offline (engine throughput), transfer (KV block moves), kernels (attention kernels).
+offline (engine throughput), transfer (KV block moves), kernels (attention kernels),
+cpu-kernels (the CPU decode attention kernel and packed linear layers).
 
 `serve` parses its own flags here; the others hand the rest of the command line to their
 module's `main(argv)`, so `splitserve bench offline --help` shows that module's help.
@@ -15,6 +16,7 @@ _FORWARDED: dict[str, tuple[str, str]] = {
     "offline": ("bench.offline", "offline engine throughput against the matmul peak"),
     "transfer": ("bench.transfer", "KV block transfer bandwidth"),
     "kernels": ("bench.kernels", "attention kernel bandwidth and FLOP rates"),
+    "cpu-kernels": ("bench.cpu_kernels", "CPU decode attention and linear layers vs limits"),
 }
 
 

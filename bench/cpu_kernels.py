@@ -1,0 +1,167 @@
+"""CPU decode pieces against limits measured in the same run.
+
+    python -m bench.cpu_kernels [--seqs 32] [--min-ctx 64] [--max-ctx 640] [--out PATH]
+
+Decode attention (fp32, SmolLM2-135M heads by default): the C kernel of engine.cpu_kernels
+and the torch path it replaces (gather the blocks, padded SDPA), as bytes of K+V read per
+second against the same run's memcpy bandwidth (``bench.common.memcpy_gbps``). The cache
+has as many layers as the model and they are cycled, so the working set does not stay in
+the CPU caches. Linear layers at decode sizes: F.linear and the oneDNN-packed weights of
+engine.cpu_linear, as GFLOP/s against the same run's fp32 matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from bench.common import RESULTS_DIR, environment, matmul_peak_gflops, memcpy_gbps, write_json
+
+
+def best_seconds(fn: Callable[[int], object], calls: int, repeats: int = 5) -> float:
+    """Best over ``repeats`` of the mean time of ``calls`` calls fn(0), fn(1), ..."""
+    fn(0)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def bench_attention(args: argparse.Namespace) -> dict[str, Any]:
+    from engine import cpu_kernels
+    from engine.attention import GatherBuffers, decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    bs, width = args.block_size, -(-args.max_ctx // args.block_size)
+    lens = torch.randint(args.min_ctx, args.max_ctx + 1, (args.seqs,), generator=gen)
+    lens = lens.to(torch.int32)
+    # each sequence owns a run of blocks, as the block manager hands them out
+    tables = (torch.arange(args.seqs * width).view(args.seqs, width) + 1).to(torch.int32)
+    kv = torch.randn(
+        args.seqs * width + 1, args.layers, 2, bs, args.kv_heads, args.head_dim, generator=gen
+    )
+    q = torch.randn(args.seqs, args.heads, args.head_dim, generator=gen)
+    mask = (torch.arange(width * bs)[None, :] < lens[:, None])[:, None, None, :]
+    buffers = GatherBuffers()
+    scale = args.head_dim**-0.5
+    kv_bytes = int(lens.sum()) * 2 * args.kv_heads * args.head_dim * 4
+    runs: dict[str, Callable[[int], object]] = {
+        "torch_gather_sdpa": lambda i: decode_attention(
+            q, kv, i % args.layers, tables, mask, buffers
+        ),
+    }
+    if cpu_kernels.supports(q, kv):
+        runs["c_kernel"] = lambda i: cpu_kernels.paged_decode_attention(
+            q, kv, i % args.layers, tables, lens, scale
+        )
+    else:
+        print("C kernels unavailable here: only the torch path is measured", file=sys.stderr)
+    copy = memcpy_gbps(kv_bytes)
+    out: dict[str, Any] = {"kv_bytes_per_call": kv_bytes, "memcpy_gb_s": copy}
+    for name, fn in tqdm(runs.items(), desc="attention", file=sys.stderr):
+        secs = best_seconds(fn, args.layers)
+        gbps = kv_bytes / secs / 1e9
+        out[name] = {"ms_per_layer": secs * 1e3, "kv_gb_s": gbps, "ratio_to_memcpy": gbps / copy}
+    return out
+
+
+def bench_linear(args: argparse.Namespace) -> dict[str, Any]:
+    from engine import cpu_linear
+
+    peak = matmul_peak_gflops(torch.float32)
+    shapes = {  # SmolLM2-135M's decoder weights [out, in]
+        "qkv": (960, 576),
+        "o_proj": (576, 576),
+        "gate_up": (3072, 576),
+        "down": (576, 1536),
+    }
+    weights = {n: [torch.randn(s) for _ in range(args.layers)] for n, s in shapes.items()}
+    out: dict[str, Any] = {"matmul_peak_gflop_s": peak}
+    packing = cpu_linear.packing_available()
+    packed = {n: [cpu_linear.pack(w) for w in ws] for n, ws in weights.items()} if packing else None
+    for rows in tqdm(args.rows, desc="linear", file=sys.stderr):
+        x = {n: torch.randn(rows, s[1]) for n, s in shapes.items()}
+        flops = 2 * rows * args.layers * sum(o * i for o, i in shapes.values())
+
+        def plain(_: int, x: dict[str, torch.Tensor] = x) -> None:
+            for n, ws in weights.items():
+                for w in ws:
+                    F.linear(x[n], w)
+
+        def from_packed(_: int, x: dict[str, torch.Tensor] = x) -> None:
+            for n, ps in (packed or {}).items():
+                for p in ps:
+                    cpu_linear.packed_linear(x[n], p)
+
+        row: dict[str, float] = {}
+        runs = {"f_linear": plain, "packed": from_packed} if packing else {"f_linear": plain}
+        for name, fn in runs.items():
+            secs = best_seconds(fn, 1, repeats=3)
+            row[f"{name}_gflop_s"] = flops / secs / 1e9
+            row[f"{name}_ratio_to_peak"] = flops / secs / 1e9 / peak
+        out[f"rows_{rows}"] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seqs", type=int, default=32)
+    ap.add_argument("--min-ctx", type=int, default=64)
+    ap.add_argument("--max-ctx", type=int, default=640)
+    ap.add_argument("--heads", type=int, default=9)
+    ap.add_argument("--kv-heads", type=int, default=3)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=30, help="cache layers, cycled between calls")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 256, 512])
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "cpu_kernels.json")
+    args = ap.parse_args(argv)
+    for name in ("seqs", "min_ctx", "max_ctx", "layers", "block_size"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.min_ctx > args.max_ctx:
+        ap.error(f"--min-ctx {args.min_ctx} is above --max-ctx {args.max_ctx}")
+
+    attention = bench_attention(args)
+    print(f"decode attention, memcpy {attention['memcpy_gb_s']:.1f} GB/s:")
+    for name in ("torch_gather_sdpa", "c_kernel"):
+        if name in attention:
+            r = attention[name]
+            print(
+                f"  {name:>18}: {r['ms_per_layer']:6.2f} ms/layer  {r['kv_gb_s']:5.1f} GB/s of "
+                f"K+V  ratio to memcpy {r['ratio_to_memcpy']:.2f}"
+            )
+    linear = bench_linear(args)
+    print(f"decoder linear layers, matmul peak {linear['matmul_peak_gflop_s']:.1f} GFLOP/s:")
+    for rows in args.rows:
+        r = linear[f"rows_{rows}"]
+        cells = [f"{k.removesuffix('_gflop_s')} {v:6.1f}" for k, v in r.items() if "gflop" in k]
+        ratios = [f"{v:.2f}" for k, v in r.items() if "ratio" in k]
+        print(f"  {rows:>4} rows: GFLOP/s {'  '.join(cells)}  (ratio {' / '.join(ratios)})")
+    write_json(
+        args.out,
+        {
+            "benchmark": "cpu_kernels",
+            "args": {k: v for k, v in vars(args).items() if k != "out"},
+            "environment": environment(),
+            "attention": attention,
+            "linear": linear,
+        },
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

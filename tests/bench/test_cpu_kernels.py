@@ -1,0 +1,41 @@
+"""bench.cpu_kernels runs end to end on a small shape and writes its figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import cpu_kernels
+
+
+def test_small_run_writes_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cpu.json"
+    args = [
+        "--seqs",
+        "3",
+        "--min-ctx",
+        "5",
+        "--max-ctx",
+        "40",
+        "--layers",
+        "2",
+        "--rows",
+        "4",
+        "--out",
+        str(out),
+    ]
+    assert cpu_kernels.main(args) == 0
+    result = json.loads(out.read_text())
+    attention = result["attention"]
+    assert attention["memcpy_gb_s"] > 0
+    assert attention["torch_gather_sdpa"]["ratio_to_memcpy"] > 0
+    assert result["linear"]["rows_4"]["f_linear_ratio_to_peak"] > 0
+    assert "ratio to memcpy" in capsys.readouterr().out
+
+
+def test_bad_lengths_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cpu_kernels.main(["--min-ctx", "100", "--max-ctx", "50"])
+    assert "--min-ctx 100" in capsys.readouterr().err
