@@ -33,7 +33,7 @@ def packing_available() -> bool:
         got = packed_linear(x, pack(w))
         return bool(torch.allclose(got, F.linear(x, w), rtol=1e-4, atol=1e-5))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
-        log.info("cpu_packed_linear_unavailable: %s", exc)
+        log.info("cpu_packed_linear_unavailable error=%s", exc)
         return False
 
 

@@ -201,12 +201,12 @@ def _require() -> ctypes.CDLL:
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get(ENABLE_ENV, "1") == "0":
-        log.info("cpu_kernels_disabled", extra={"env": ENABLE_ENV})
+        log.info("cpu_kernels_disabled env=%s", ENABLE_ENV)
         return None
     try:
         lib = ctypes.CDLL(str(build()))
     except (KernelBuildError, OSError) as exc:
-        log.warning("cpu_kernels_unavailable: %s; attention stays on the torch path", exc)
+        log.warning("cpu_kernels_unavailable fallback=torch error=%s", exc)
         return None
     lib.splitserve_paged_decode_f32.restype = ctypes.c_int
     lib.splitserve_paged_decode_f32.argtypes = [
@@ -259,7 +259,7 @@ def _compile(cc: str, flags: tuple[str, ...], target: Path) -> None:
             shown = " ".join(cmd[: 1 + len(flags)])
             raise KernelBuildError(f"{shown} failed: {done.stderr.strip()[-500:]}")
         os.replace(tmp, target)
-        log.info("cpu_kernels_built", extra={"path": str(target)})
+        log.info("cpu_kernels_built path=%s", target)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise KernelBuildError(f"{cc}: {exc}") from exc
     finally:
