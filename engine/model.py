@@ -173,19 +173,19 @@ class LlamaModel(nn.Module):
         self.packed_lm_head: torch.Tensor | None = None
         self.cpu_kernels = False  # see use_cpu_kernels
 
+    def _on_cpu_fp32(self) -> bool:
+        return self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+
     def use_cpu_kernels(self, enable: bool = True) -> bool:
-        """Run rotary + KV write and SiLU * up as fused C kernels where a step allows it
+        """Run RMSNorm, rotary + KV write and SiLU * up as C kernels where a step allows it
         (CPU fp32 with the kernels built); returns whether they are on."""
-        on_cpu_fp32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
-        self.cpu_kernels = enable and on_cpu_fp32 and cpu_kernels.available()
+        self.cpu_kernels = enable and self._on_cpu_fp32() and cpu_kernels.available()
         return self.cpu_kernels
 
     def pack_cpu_weights(self) -> bool:
         """Pack the linear weights for small CPU steps (after loading); False where this
         model or torch build cannot (not CPU fp32, or no oneDNN)."""
-        if self.embed.device.type != "cpu" or self.embed.dtype != torch.float32:
-            return False
-        if not cpu_linear.packing_available():
+        if not self._on_cpu_fp32() or not cpu_linear.packing_available():
             return False
         for layer in self.decoder_layers():
             layer.pack_cpu_weights()

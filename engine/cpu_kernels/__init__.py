@@ -72,16 +72,12 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when ``paged_decode_attention`` takes these tensors (else use the torch path)."""
     kv_heads, head_dim = kv_cache.shape[4], kv_cache.shape[5]
     return (
-        q.device.type == "cpu"
-        and q.dtype == torch.float32
-        and kv_cache.dtype == torch.float32
-        and kv_cache.is_contiguous()
-        and q.stride(-1) == 1
+        q.stride(-1) == 1
         and q.shape[1] % kv_heads == 0
         and q.shape[1] // kv_heads <= MAX_GROUP
         and head_dim in HEAD_DIMS
         and kv_cache.shape[3] <= MAX_BLOCK_SIZE
-        and available()
+        and fused_ops_supported(q, kv_cache)
     )
 
 
@@ -121,11 +117,12 @@ def paged_decode_attention(
     return out
 
 
-def fused_ops_supported(qkv: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """True when ``rope_write_kv`` and ``silu_mul`` take this step (fp32 CPU, built)."""
+def fused_ops_supported(x: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """True when the kernels take activations like ``x`` over this cache: fp32 on the CPU,
+    a contiguous cache, and the library built (the element-wise kernels need no more)."""
     return (
-        qkv.device.type == "cpu"
-        and qkv.dtype == torch.float32
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
         and kv_cache.dtype == torch.float32
         and kv_cache.is_contiguous()
         and available()
