@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from router_fakes import ANSWER
 
 from cluster.tokenizer import Tokenizer
-
-ANSWER = "The capital of France is Paris. It is a lovely city."
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,8 @@ from cluster.tokenizer import Tokenizer
 from router.app import create_app
 
 FINGERPRINT = "fake-layout"
+# What the fake nodes generate (as token ids, see the `script` fixture).
+ANSWER = "The capital of France is Paris. It is a lovely city."
 
 
 @asynccontextmanager

@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import ANSWER
-from router_fakes import FakeNode, dead_url, fake_cluster, metric
+from router_fakes import ANSWER, FakeNode, dead_url, fake_cluster, metric
 
 from cluster.tokenizer import Tokenizer
 

@@ -8,8 +8,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from conftest import ANSWER
-from router_fakes import FakeNode, router_settings, serving
+from router_fakes import ANSWER, FakeNode, router_settings, serving
 
 from cluster.protocol import NodeLoad
 from cluster.redis_server import EmbeddedRedis
