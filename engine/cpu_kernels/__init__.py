@@ -93,7 +93,8 @@ def paged_decode_attention(
 
     q: [seqs, heads, d] fp32 (any strides with the last one 1); kv_cache: the contiguous
     cache [num_blocks, layers, 2, block_size, kv_heads, d]; block_tables: [seqs, >= blocks
-    needed] int32; context_lens: [seqs] int32. Returns [seqs, heads, d].
+    needed] int32 of valid block ids (the block manager's); context_lens: [seqs] int32.
+    Returns [seqs, heads, d]. Tables too short for their contexts raise ValueError.
     """
     lib = _require()
     seqs, heads, head_dim = q.shape
@@ -101,6 +102,17 @@ def paged_decode_attention(
     tables = block_tables if block_tables.dtype == torch.int32 else block_tables.int()
     tables = tables if tables.stride(-1) == 1 else tables.contiguous()
     lens = context_lens.to(torch.int32).contiguous()
+    # the C side trusts these: a short table or a missing row would read outside memory
+    if tables.shape[0] != seqs or lens.shape != (seqs,):
+        raise ValueError(
+            f"paged_decode_attention: {seqs} queries, {tables.shape[0]} block tables, "
+            f"{lens.shape[0]} context lengths"
+        )
+    if seqs and int(lens.max()) > tables.shape[1] * block_size:
+        raise ValueError(
+            f"paged_decode_attention: a context of {int(lens.max())} tokens needs more than "
+            f"the {tables.shape[1]} blocks of its table"
+        )
     out = torch.empty(seqs, heads, head_dim, dtype=q.dtype)
     k_offset = layer * kv_cache.stride(1)
     rc = lib.splitserve_paged_decode_f32(
@@ -152,6 +164,14 @@ def rope_write_kv(
     positions = positions.to(torch.int64).contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
+    # the C side trusts these: an index out of range would write outside the cache
+    slot_range = kv_cache.shape[0] * kv_cache.shape[3]
+    if positions.shape != (tokens,) or slots.shape != (tokens,):
+        raise ValueError(f"rope_write_kv: {tokens} tokens need as many positions and slots")
+    if tokens and not (int(slots.min()) >= 0 and int(slots.max()) < slot_range):
+        raise ValueError(f"rope_write_kv: a slot outside the cache's {slot_range} slots")
+    if tokens and not (int(positions.min()) >= 0 and int(positions.max()) < cos.shape[0]):
+        raise ValueError(f"rope_write_kv: a position beyond the {cos.shape[0]} rotary rows")
     k_offset = layer * kv_cache.stride(1)
     lib.splitserve_rope_write_kv_f32(
         qkv.data_ptr(), qkv.stride(0), tokens, heads, kv_heads, head_dim,

@@ -76,6 +76,15 @@ def test_paged_decode_attention_reads_only_the_context() -> None:
     torch.testing.assert_close(after, before)
 
 
+def test_tables_too_short_for_their_contexts_are_refused() -> None:
+    q, kv, tables, lens = _decode_case(3, 8, 2, 64, 16)
+    lens[1] = tables.shape[1] * 16 + 1
+    with pytest.raises(ValueError, match="more than the 12 blocks"):
+        cpu_kernels.paged_decode_attention(q, kv, 0, tables, lens, 0.125)
+    with pytest.raises(ValueError, match="3 queries, 2 block tables"):
+        cpu_kernels.paged_decode_attention(q, kv, 0, tables[:2], lens, 0.125)
+
+
 def test_unsupported_shapes_are_declined() -> None:
     q, kv, _, _ = _decode_case(2, 8, 2, 64, 16)
     assert not cpu_kernels.supports(q.half(), kv.half())  # fp32 only
@@ -104,6 +113,19 @@ def test_rope_write_kv_equals_rope_then_write() -> None:
     torch.testing.assert_close(got[:, : heads + kv_heads], rotated)
     torch.testing.assert_close(got[:, heads + kv_heads :], view[:, heads + kv_heads :])
     torch.testing.assert_close(kv_got, kv_want)  # layer 0 and unused slots stay zero
+
+
+def test_rope_write_kv_refuses_indices_outside_the_cache() -> None:
+    kv = torch.zeros(4, 1, 2, 8, 1, 16)
+    qkv = torch.zeros(2, 3 * 16)
+    cos = sin = torch.zeros(10, 8)
+    ok = torch.tensor([0, 31])
+    with pytest.raises(ValueError, match="slot outside the cache's 32 slots"):
+        cpu_kernels.rope_write_kv(qkv, 1, 1, ok, cos, sin, kv, 0, torch.tensor([0, 32]))
+    with pytest.raises(ValueError, match="beyond the 10 rotary rows"):
+        cpu_kernels.rope_write_kv(qkv, 1, 1, torch.tensor([0, 10]), cos, sin, kv, 0, ok)
+    cpu_kernels.rope_write_kv(qkv, 1, 1, torch.tensor([0, 9]), cos, sin, kv, 0, ok)
+    assert kv.abs().sum() == 0  # zeros written where asked, nothing else touched
 
 
 def test_silu_mul_and_rms_norm_equal_torch() -> None:
