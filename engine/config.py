@@ -56,8 +56,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto | torch | triton
-    # CPU fp32: keep oneDNN-packed copies of the linear weights for small steps (decode);
-    # faster (engine.cpu_linear) at the cost of a second copy of those weights.
+    # CPU fp32: keep packed copies of the linear weights for the C linear kernel
+    # (engine.cpu_linear), faster at every step size, at the cost of a second copy of them.
     pack_cpu_weights: bool = True
     # CPU fp32: C kernels (engine.cpu_kernels) for decode attention, rotary + KV write and
     # SiLU * up, where a C compiler is found; else the torch ops.

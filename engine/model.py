@@ -97,11 +97,12 @@ class DecoderLayer(nn.Module):
         self.post_norm = _weight(hidden, dtype=dtype, device=device)
         self.gate_up = _weight(2 * inter, hidden, dtype=dtype, device=device)
         self.down = _weight(hidden, inter, dtype=dtype, device=device)
-        # Weight name -> oneDNN-packed copy (CPU fp32, see engine.cpu_linear); empty if off.
+        # Weight name -> packed copy (CPU fp32, see engine.cpu_linear); empty if off.
         self.packed: dict[str, torch.Tensor] = {}
 
     def pack_cpu_weights(self) -> None:
-        self.packed = {n: cpu_linear.pack(getattr(self, n)) for n in _LINEAR_WEIGHTS}
+        packed = {n: cpu_linear.pack(getattr(self, n)) for n in _LINEAR_WEIGHTS}
+        self.packed = {n: p for n, p in packed.items() if p is not None}
 
     def forward(
         self,
@@ -183,9 +184,9 @@ class LlamaModel(nn.Module):
         return self.cpu_kernels
 
     def pack_cpu_weights(self) -> bool:
-        """Pack the linear weights for small CPU steps (after loading); False where this
-        model or torch build cannot (not CPU fp32, or no oneDNN)."""
-        if not self._on_cpu_fp32() or not cpu_linear.packing_available():
+        """Pack the linear weights for the CPU kernel (after loading); False where this
+        model cannot (not CPU fp32, or no kernels built here)."""
+        if not self._on_cpu_fp32() or not cpu_kernels.available():
             return False
         for layer in self.decoder_layers():
             layer.pack_cpu_weights()

@@ -6,6 +6,8 @@
   (``paged_attention.c``); on the CPU it is the decode half of the default backend.
 - ``rope_write_kv``, ``silu_mul`` and ``rms_norm`` (``fused_ops.c``): one pass each where
   torch runs several element-wise ops and allocations per layer.
+- ``linear`` (``linear.c``) over weights packed once by ``pack_linear_weight``: faster than
+  ``F.linear`` (which re-packs the weight on every call) from 1 to 2048 rows as measured.
 
 The library is compiled once per source, compiler and CPU into ``$SPLITSERVE_KERNEL_CACHE``
 (default ``~/.cache/splitserve/kernels``), written to a temporary name and renamed, so
@@ -31,12 +33,15 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "fused_ops.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("paged_attention.c", "fused_ops.c", "linear.c")
+)
 HEADERS = (Path(__file__).with_name("vec8.h"),)
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 ENABLE_ENV = "SPLITSERVE_CPU_KERNELS"
 # The kernel's fixed per-thread buffers (MAX_* in the C source).
 MAX_GROUP, MAX_BLOCK_SIZE = 32, 128
+PANEL = 16  # output columns per packed weight panel (linear.c)
 HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # the instantiations in the C source
 _BASE_FLAGS = (
     "-O3",
@@ -208,6 +213,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` [N, K] as panels [N / 16, K, 16] for ``linear``; None where the kernel does
+    not take it (not fp32 on the CPU, N not a multiple of 16, or no kernels here)."""
+    n, k = weight.shape
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or n % PANEL:
+        return None
+    if not available():
+        return None
+    return weight.detach().view(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T`` for x [M, K] fp32 (unit last stride) and ``packed`` from
+    ``pack_linear_weight``; with ``out`` [M, N] (unit last stride) the product is added to
+    it in place and ``out`` is returned."""
+    lib = _require()
+    panels, k, _ = packed.shape
+    m, n = x.shape[0], panels * PANEL
+    if x.shape[1] != k or x.stride(-1) != 1 or x.dtype != torch.float32:
+        raise ValueError(f"linear: x {tuple(x.shape)} does not fit a weight of {n}x{k}")
+    if out is not None and (out.shape != (m, n) or out.stride(-1) != 1):
+        raise ValueError(f"linear: out {tuple(out.shape)} is not a [{m}, {n}] row-major view")
+    accumulate = out is not None
+    out = torch.empty(m, n, dtype=x.dtype) if out is None else out
+    lib.splitserve_linear_f32(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), m, n, k, out.data_ptr(), out.stride(0),
+        int(accumulate), _threads(),
+    )  # fmt: skip
+    return out
+
+
 def _require() -> ctypes.CDLL:
     lib = _library()
     if lib is None:
@@ -241,6 +277,8 @@ def _library() -> ctypes.CDLL | None:
     ]  # fmt: skip
     lib.splitserve_silu_mul_f32.restype = None
     lib.splitserve_silu_mul_f32.argtypes = [_P, _I64, _P, _I64, _I32, _I32, _I32]
+    lib.splitserve_linear_f32.restype = None
+    lib.splitserve_linear_f32.argtypes = [_P, _I64, _P, _I32, _I32, _I32, _P, _I64, _I32, _I32]
     lib.splitserve_rms_norm_f32.restype = None
     lib.splitserve_rms_norm_f32.argtypes = [_P, _I64, _P, _P, _I64, _I32, _I32, _F32, _I32]
     return lib

@@ -1,4 +1,5 @@
-"""Packed CPU linear layers give F.linear's results, and the runner can turn them off."""
+"""The C linear kernel over packed weights gives F.linear's results; the runner can turn
+it off."""
 
 from __future__ import annotations
 
@@ -12,22 +13,34 @@ from tiny_llama import chunk, make_runner, save_tiny_llama, step
 from engine import cpu_kernels, cpu_linear
 
 pytestmark = pytest.mark.skipif(
-    not cpu_linear.packing_available(), reason="this torch build has no oneDNN linear packing"
+    not cpu_kernels.available(), reason="the CPU kernels need a C compiler (cc or $CC)"
 )
 
 
-@pytest.mark.parametrize("rows", [1, 32, cpu_linear.PACKED_MAX_ROWS, 300])
+# rows: one, each remainder of the 6-row tiles, past one 512-row block; in: a scalar-free K
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 32, 601])
 def test_linear_and_add_linear_equal_torch(rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 40, generator=gen)
     x = torch.randn(rows, 40, generator=gen)
     packed = cpu_linear.pack(w)
+    assert packed is not None and packed.shape == (6, 40, 16)
     torch.testing.assert_close(cpu_linear.linear(x, w, packed), F.linear(x, w))
     h = torch.randn(rows, 96, generator=gen)
     want = h + x @ w.t()
     got = cpu_linear.add_linear_(h, x, w, packed)
     assert got.data_ptr() == h.data_ptr()  # in place
     torch.testing.assert_close(got, want)
+
+
+def test_weights_the_kernel_does_not_take_stay_on_torch() -> None:
+    assert cpu_linear.pack(torch.randn(40, 8)) is None  # 40 outputs: not whole panels
+    assert cpu_linear.pack(torch.randn(32, 8, dtype=torch.bfloat16)) is None
+    w = torch.randn(32, 8)
+    x = torch.randn(5, 16)[:, ::2]  # a strided input goes to F.linear
+    torch.testing.assert_close(cpu_linear.linear(x, w, cpu_linear.pack(w)), F.linear(x, w))
+    with pytest.raises(ValueError, match="does not fit a weight of 32x8"):
+        cpu_kernels.linear(torch.randn(5, 9), cpu_linear.pack(w))  # type: ignore[arg-type]
 
 
 def test_runner_packs_on_cpu_fp32_only_when_asked(tmp_path: Path) -> None:
