@@ -195,6 +195,7 @@ async def test_client_disconnect_aborts_the_decode(tokenizer: Tokenizer, script:
         decode = c.nodes[1]
         await _eventually(lambda: decode.aborts == [decode.decodes[0].request_id])
         await _eventually(lambda: c.app.state.router.admission.inflight == 0)
+        assert len(decode.decodes) == 1  # aborted, not retried elsewhere
 
 
 async def test_stop_string_truncates_and_aborts(tokenizer: Tokenizer, script: list[int]) -> None:
@@ -328,6 +329,7 @@ async def test_non_streaming_client_disconnect_aborts_the_decode(
         decode = c.nodes[1]
         await _eventually(lambda: decode.aborts == [decode.decodes[0].request_id])
         await _eventually(lambda: c.app.state.router.admission.inflight == 0)
+        assert len(decode.decodes) == 1  # aborted, not retried elsewhere
 
 
 async def test_silent_decode_node_times_out_with_an_error_event(
