@@ -34,68 +34,72 @@ def _write_hf_dir(path: Path, arch: str = "LlamaForCausalLM", **config: object) 
     return path
 
 
-def _one_line_error(path: Path, match: str) -> None:
-    with pytest.raises(ValueError, match=match) as info:
+def _error_line(path: Path) -> str:
+    """The error validating `path` raises: one line that names the path."""
+    with pytest.raises(ValueError) as info:
         models.validate_model_dir(path)
     message = str(info.value)
     assert "\n" not in message
     assert str(path) in message
+    return message
 
 
 # --- validation -------------------------------------------------------------------------
 
 
 def test_valid_dir_passes(tmp_path: Path) -> None:
-    models.validate_model_dir(_write_hf_dir(tmp_path / "m"))
+    path = _write_hf_dir(tmp_path / "m")
+    models.validate_model_dir(path)
+    assert models.resolve_model(str(path)) == path
 
 
 def test_missing_dir(tmp_path: Path) -> None:
-    _one_line_error(tmp_path / "nope", "directory not found")
+    assert "directory not found" in _error_line(tmp_path / "nope")
 
 
 def test_missing_config(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "config.json").unlink()
-    _one_line_error(path, "config.json not found")
+    assert "config.json not found" in _error_line(path)
 
 
 def test_config_not_json(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "config.json").write_text("{not json")
-    _one_line_error(path, "config.json is not valid JSON")
+    assert "config.json is not valid JSON" in _error_line(path)
 
 
 def test_unsupported_architecture(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m", arch="GPT2LMHeadModel")
-    _one_line_error(path, r"architecture 'GPT2LMHeadModel' is not supported \(Llama family only")
+    message = _error_line(path)
+    assert "architecture 'GPT2LMHeadModel' is not supported (Llama family only" in message
 
 
 def test_mistral_with_sliding_window_refused(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m", arch="MistralForCausalLM", sliding_window=4096)
-    _one_line_error(path, "sliding_window=4096 is not supported")
-    models.validate_model_dir(
-        _write_hf_dir(tmp_path / "ok", "MistralForCausalLM", sliding_window=None)
-    )
+    assert "sliding_window=4096 is not supported" in _error_line(path)
+    ok = _write_hf_dir(tmp_path / "ok", "MistralForCausalLM", sliding_window=None)
+    assert models.resolve_model(str(ok)) == ok
 
 
 def test_missing_architectures_falls_back_on_model_type(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "config.json").write_text(json.dumps({"architectures": None, "model_type": "llama"}))
-    models.validate_model_dir(path)
+    assert models.resolve_model(str(path)) == path
     (path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    _one_line_error(path, "names no architecture")
+    assert "names no architecture" in _error_line(path)
 
 
 def test_no_safetensors(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
-    _one_line_error(path, r"no \*\.safetensors weights found")
+    assert "no *.safetensors weights found" in _error_line(path)
 
 
 def test_missing_tokenizer(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "tokenizer.json").unlink()
-    _one_line_error(path, "tokenizer.json not found")
+    assert "tokenizer.json not found" in _error_line(path)
 
 
 # --- resolving names and paths ------------------------------------------------------------

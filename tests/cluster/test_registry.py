@@ -79,6 +79,7 @@ async def test_node_that_stops_beating_expires(
     beats = asyncio.create_task(alive.run_heartbeats(NodeLoad, interval_s=0.05, stop=stop))
     await _wait_for(lambda: _ids(membership) == ["alive", "quiet"])
     await _wait_for(lambda: _ids(membership) == ["alive"])
+    assert _ids(membership) == ["alive"]  # the quiet node expired, the beating one stayed
     stop.set()
     await asyncio.wait_for(beats, 5)
     await quiet.close()

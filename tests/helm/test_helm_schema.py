@@ -72,10 +72,12 @@ def test_lint_reports_bad_values_as_errors() -> None:
 )
 def test_schema_accepts_good_values(chart: helm_python.Chart, values: dict[str, Any]) -> None:
     chart.validate_schema(values)
+    assert helm_python.lint(CHART, values)["errors"] == []
 
 
 def test_defaults_satisfy_the_schema(chart: helm_python.Chart) -> None:
     chart.validate_schema(chart.values)
+    assert helm_python.lint(CHART, chart.values)["errors"] == []
 
 
 def test_a_backwards_port_range_is_refused() -> None:
