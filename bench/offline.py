@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
     args = ap.parse_args(argv)
 
-    from cluster.models import ensure_model
+    from models import ensure_model
 
     model_dir = ensure_model(args.model)
     shape = ModelShape.from_dir(model_dir)

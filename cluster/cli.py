@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 # subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("cluster.models_cli", "pull and list models"),
+    "model": ("models.cli", "pull and list models"),
     "generate": ("engine.cli", "offline generation with the engine (no cluster)"),
     "up": ("cluster.launcher", "start a local cluster: Redis, router, prefill and decode nodes"),
     "router": ("router.cli", "run the OpenAI-compatible router"),

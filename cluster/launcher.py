@@ -109,7 +109,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _ensure_model(args: argparse.Namespace) -> Path:
-    from cluster.models import ensure_model
+    from models import ensure_model
 
     cache = Path(args.model_cache) if args.model_cache else None
     try:

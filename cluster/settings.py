@@ -36,7 +36,7 @@ class RouterSettings(_Base):
     port: int = Field(default=8000, ge=1, le=65535)
     redis_url: str = DEFAULT_REDIS_URL
     model: str = "smollm2"  # registry name or path of a HF model dir (for the tokenizer)
-    model_cache: Path | None = None  # model cache dir, as in cluster.models
+    model_cache: Path | None = None  # model cache dir, as in models
     served_model_name: str | None = None  # the `model` clients send; default: model's name
     api_key: SecretStr | None = None  # when set, /v1/* needs `Authorization: Bearer <key>`
     policy: Literal["round_robin", "least_loaded"] = "least_loaded"

@@ -7,7 +7,6 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from cluster.node_server import create_node_app, node_route_paths, runtime_of
 from cluster.protocol import (
     INTERNAL_ABORT,
     INTERNAL_GENERATE,
@@ -18,6 +17,7 @@ from cluster.protocol import (
 from cluster.settings import NodeSettings
 from decode_node.events import EventStream
 from decode_node.runtime import DecodeRuntime
+from node.server import create_node_app, node_route_paths, runtime_of
 
 routes = APIRouter()
 ROLES = ("decode", "colocated")

@@ -1,12 +1,12 @@
 """`splitserve decode`: run a decode node, or with `--role colocated` a node that prefills
-and decodes alone (flags: cluster.node_cli)."""
+and decodes alone (flags: node.cli)."""
 
 from __future__ import annotations
 
 import argparse
 
-from cluster.node_cli import add_node_arguments, run_node
 from cluster.settings import NodeSettings
+from node.cli import add_node_arguments, run_node
 
 ROLES = ("decode", "colocated")
 

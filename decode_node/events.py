@@ -11,8 +11,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from cluster.protocol import ErrorInfo, TokenEvent, TokenLogprobMsg
-from engine.loop import LoopOutput
 from engine.request import FinishReason
+from engine.request_stream import LoopOutput
 
 NDJSON = "application/x-ndjson"
 

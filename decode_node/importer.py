@@ -13,12 +13,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from cluster.node_errors import NodeError, checked_async
 from cluster.protocol import DecodeRequest, KVHandle
 from engine.engine import LLMEngine
 from engine.loop import EngineLoop
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ImportPlan
+from engine.schedule import ImportPlan
 from kv_transfer import (
     KVTransferAgent,
     LayoutMismatch,
@@ -28,6 +27,7 @@ from kv_transfer import (
     TransferResult,
     TransferTimeout,
 )
+from node.errors import NodeError, checked_async
 
 RESERVE_WAIT_S = 2.0  # how long a request waits for free blocks before a 503
 RESERVE_RETRY_S = 0.02

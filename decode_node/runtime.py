@@ -10,34 +10,25 @@ disconnects), or fails (a final event carrying `error`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import asdict
 
-from cluster.models import resolve_model
-from cluster.node_errors import NodeError, bad_request, checked, checked_async
-from cluster.node_metrics import NodeMetrics
-from cluster.node_server import (
-    engine_options,
-    node_info,
-    node_load,
-    transfer_options,
-)
-from cluster.protocol import DecodeRequest, NodeInfo, NodeLoad, TokenEvent
+from cluster.protocol import DecodeRequest, TokenEvent
 from cluster.settings import NodeSettings
 from decode_node.events import abort_event, error_event, token_event
 from decode_node.importer import DecodeJob, check_handle, pull, reserve
 from engine.engine import LLMEngine
-from engine.loop import EngineFailed, EngineLoop, LoopOutput, RequestStream, engine_config
+from engine.loop import EngineLoop
+from engine.request_stream import EngineFailed, LoopOutput, RequestStream
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ImportPlan
-from kv_transfer import KVTransferAgent, TransferConfig
+from engine.schedule import ImportPlan
+from kv_transfer import KVTransferAgent
+from node.core import NodeCore
+from node.errors import NodeError, bad_request, checked, checked_async
+from node.metrics import NodeMetrics
 
 log = logging.getLogger("splitserve.decode")
 
@@ -45,86 +36,18 @@ Events = AsyncGenerator[TokenEvent, None]
 STREAM_IDLE_TIMEOUT_S = 120.0  # no token for this long ends the stream with an error
 
 
-class DecodeRuntime:
-    """A decode (or colocated) node's engine thread and transfer agent (reader side)."""
+class DecodeRuntime(NodeCore):
+    """A decode (or colocated) node: the node core with the reader side of the transfer
+    agent (none on a colocated node) and the running streams."""
 
     def __init__(
         self, settings: NodeSettings, loop: EngineLoop, started_at: float, metrics: NodeMetrics
     ) -> None:
-        self.settings = settings
-        self.loop = loop
-        self.metrics = metrics
-        self.agent: KVTransferAgent | None = None  # None on a colocated node
-        self.started_at = started_at
+        super().__init__(settings, loop, started_at, metrics)
         self._jobs: dict[str, DecodeJob] = {}
-        self._counts: Counter[str] = Counter()
-        self._info: NodeInfo | None = None
 
-    @classmethod
-    @asynccontextmanager
-    async def open(
-        cls, settings: NodeSettings, metrics: NodeMetrics
-    ) -> AsyncIterator[DecodeRuntime]:
-        """Load the model, start the engine thread and (decode role) the transfer agent."""
-        started_at = time.time()
-        model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
-        config = engine_config(model_dir, **engine_options(settings))
-        loop = await EngineLoop.launch(config, settings.torch_threads)
-        runtime = cls(settings, loop, started_at, metrics)
-        try:
-            if settings.role == "decode":
-                runtime.agent = await asyncio.to_thread(runtime._make_agent)
-            yield runtime
-        finally:
-            if runtime.agent is not None:
-                runtime.agent.close()
-            await asyncio.to_thread(loop.stop)
-
-    def _make_agent(self) -> KVTransferAgent:
-        layout = self.loop.engine.runner.layout
-        return KVTransferAgent(
-            self.loop.engine.runner.kv_cache,
-            fingerprint=layout.fingerprint(),
-            layout=layout.describe(),
-            config=TransferConfig(**transfer_options(self.settings)),
-        )
-
-    # ---- NodeRuntime ----------------------------------------------------------------------
-
-    @property
-    def info(self) -> NodeInfo:
-        if self._info is None:
-            engine = self.loop.engine
-            self._info = node_info(
-                self.settings,
-                layout_fingerprint=engine.runner.layout.fingerprint(),
-                peer_info=self.agent.info.to_json() if self.agent is not None else "",
-                max_model_len=engine.max_model_len,
-                capacity=engine.block_manager.num_total_blocks,
-                started_at=self.started_at,
-            )
-        return self._info
-
-    @property
-    def healthy(self) -> bool:
-        return self.loop.running
-
-    def load(self) -> NodeLoad:
-        stats = self.loop.snapshot.stats
-        return node_load(
-            running=stats.running + stats.importing,
-            waiting=stats.waiting,
-            free_blocks=stats.free_blocks,
-            total_blocks=stats.total_blocks,
-        )
-
-    def counters(self) -> dict[str, float]:
-        out: dict[str, float] = dict(self._counts)
-        out.update(asdict(self.loop.snapshot.counters))
-        out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
-        if self.agent is not None:
-            out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
-        return out
+    def _moves_kv(self) -> bool:
+        return self.settings.role == "decode"
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -135,7 +58,7 @@ class DecodeRuntime:
         job = DecodeJob(req, self._params(req))
         if rid in self._jobs:
             raise bad_request(f"request id {rid!r} is already being generated", "request_id")
-        self._counts["requests_total"] += 1
+        self.counts["requests_total"] += 1
         self._jobs[rid] = job
         try:
             if req.kv is None:
@@ -178,7 +101,7 @@ class DecodeRuntime:
         params = dataclasses.replace(
             job.params, max_tokens=job.params.max_tokens - len(req.output_token_ids)
         )
-        self._counts["local_prefills_total"] += 1
+        self.counts["local_prefills_total"] += 1
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(req.request_id, prompt, params)
@@ -193,20 +116,20 @@ class DecodeRuntime:
             yield abort_event()
             return
         if result.error is None:
-            self._counts["imports_total"] += 1
-            self._counts["imported_blocks_total"] += result.num_blocks
+            self.counts["imports_total"] += 1
+            self.counts["imported_blocks_total"] += result.num_blocks
             self.metrics.transfer_seconds.observe(result.seconds)
             self.metrics.transfer_bytes.inc(result.nbytes)
             stream = await self.loop.open(rid, lambda engine: engine.commit_import(rid))
         else:
             await self.loop.abort(rid)  # frees the reserved blocks
-            self._counts["transfer_failures_total"] += 1
+            self.counts["transfer_failures_total"] += 1
             self.metrics.transfer_failed(result.kind)
             log.warning("transfer_failed id=%s error=%s", rid, result.error)
             if self.settings.transfer_failure == "fail":
                 yield error_event("transfer_failed", result.error)
                 return
-            self._counts["recomputes_total"] += 1
+            self.counts["recomputes_total"] += 1
             try:
                 stream = await self._open_local(job)
             except NodeError as exc:
@@ -265,7 +188,7 @@ class DecodeRuntime:
         if self._jobs.get(rid) is job:
             del self._jobs[rid]
         if not job.ended:
-            self._counts["streams_cut_total"] += 1
+            self.counts["streams_cut_total"] += 1
             self.loop.post_abort(rid)
 
     async def abort(self, request_id: str) -> bool:
@@ -274,7 +197,7 @@ class DecodeRuntime:
         job = self._jobs.get(request_id)
         if job is not None:
             job.aborted = True
-            self._counts["aborts_total"] += 1
+            self.counts["aborts_total"] += 1
             if job.transfer is not None and not job.transfer.done():
                 job.transfer.cancel()
                 return True

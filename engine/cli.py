@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from cluster.models import resolve_model
+    from models import resolve_model
 
     try:
         model_dir = resolve_model(args.model, Path(args.cache_dir) if args.cache_dir else None)

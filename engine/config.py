@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,3 +96,19 @@ class EngineConfig:
                 "without chunked prefill, max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
             )
+
+
+def engine_config(
+    model_dir: Path, *, device: str = "auto", dtype: str = "auto", **options: Any
+) -> EngineConfig:
+    """An EngineConfig with "auto" resolved: CUDA when available (bfloat16), else CPU (float32).
+
+    `options` are the other EngineConfig fields (role, block_size, num_kv_blocks...); None
+    values keep the EngineConfig default.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    given = {k: v for k, v in options.items() if v is not None}
+    return EngineConfig(model_dir=Path(model_dir), device=device, dtype=parse_dtype(dtype), **given)

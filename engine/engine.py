@@ -16,7 +16,8 @@ from engine.request import FinishReason, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ImportPlan, Scheduler
+from engine.schedule import ImportPlan
+from engine.scheduler import Scheduler
 
 
 @dataclass

@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from cluster.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.config import EngineConfig, parse_dtype
 from engine.engine import LLMEngine
 from engine.outputs import GenerationOutput, TokenLogprob
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
+from models import IncrementalDetokenizer, Tokenizer
 
 Prompt = str | list[int]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import contextlib
 import dataclasses
 import logging
 import queue
@@ -25,36 +24,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
-from engine.config import EngineConfig, parse_dtype
+from engine.commands import Command, Job
+from engine.config import EngineConfig
 from engine.engine import EngineCounters, EngineStats, LLMEngine
 from engine.outputs import StepOutput
 from engine.request import FinishReason, RequestStatus
+from engine.request_stream import EngineFailed, LoopOutput, OutputSink, RequestStream
 
 log = logging.getLogger("splitserve.engine.loop")
 
 T = TypeVar("T")
-Command = Callable[[LLMEngine], Any]
-
-
-@dataclass(frozen=True)
-class LoopOutput:
-    """One engine output of a request. `pinned_block_ids`: in the prefill role, the blocks
-    the request holds once its first token is out (finish_reason PREFILLED), read in the
-    engine thread during the same step. `scheduled_at`: time.monotonic() at the start of the
-    first step that scheduled the request (None if none did), for queue-time metrics."""
-
-    output: StepOutput
-    pinned_block_ids: tuple[int, ...] = ()
-    scheduled_at: float | None = None
-
-
-class EngineFailed(RuntimeError):
-    """The engine failed or stopped while running the request; its blocks are freed."""
 
 
 @dataclass(frozen=True)
@@ -64,75 +47,6 @@ class LoopSnapshot:
     stats: EngineStats
     counters: EngineCounters
     prefix_query_tokens: int = 0  # tokens looked up in the prefix cache, in total
-
-
-class RequestStream:
-    """The outputs of one request, in order, read on the event loop that opened it.
-
-    The last output has `output.finished` set (abort included); an engine failure raises
-    EngineFailed instead.
-    """
-
-    def __init__(self, request_id: str, items: asyncio.Queue[LoopOutput | EngineFailed]) -> None:
-        self.request_id = request_id
-        self._items = items
-
-    async def get(self, timeout_s: float) -> LoopOutput:
-        """The next output; TimeoutError after `timeout_s` seconds without one."""
-        async with asyncio.timeout(timeout_s):
-            item = await self._items.get()
-        return _unwrap(item)
-
-    def get_nowait(self) -> LoopOutput | None:
-        """An output already delivered, or None."""
-        try:
-            item = self._items.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
-        return _unwrap(item)
-
-
-def _unwrap(item: LoopOutput | EngineFailed) -> LoopOutput:
-    if isinstance(item, EngineFailed):
-        raise item
-    return item
-
-
-@dataclass(frozen=True)
-class _Sink:
-    loop: asyncio.AbstractEventLoop
-    items: asyncio.Queue[LoopOutput | EngineFailed]
-
-    def put(self, item: LoopOutput | EngineFailed) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody listens
-            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
-
-
-@dataclass(frozen=True)
-class _Job:
-    command: Command
-    future: cf.Future[Any] | None  # None: fire and forget, errors are logged
-
-    def run(self, engine: LLMEngine, refresh: Callable[[], None]) -> None:
-        """Run the command, `refresh` the loop's snapshot, then hand over the result, so a
-        caller that awaited the command reads numbers that include its effect."""
-        if self.future is None:
-            try:
-                self.command(engine)
-            except Exception:
-                log.exception("engine command failed")
-            refresh()
-            return
-        if not self.future.set_running_or_notify_cancel():
-            return  # the caller gave up before it ran
-        try:
-            result = self.command(engine)
-        except Exception as exc:
-            refresh()
-            self.future.set_exception(exc)
-            return
-        refresh()
-        self.future.set_result(result)
 
 
 _STOP = object()
@@ -149,8 +63,8 @@ class EngineLoop:
             raise ValueError(f"torch_threads must be >= 1, got {torch_threads!r}")
         self.engine = engine  # read-only outside the thread: config, layout, KV tensor
         self._torch_threads = torch_threads
-        self._commands: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
-        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._commands: queue.SimpleQueue[Job | object] = queue.SimpleQueue()
+        self._sinks: dict[str, OutputSink] = {}  # engine thread only
         self._unscheduled: set[str] = set()  # engine thread only: opened, never scheduled
         self._scheduled_at: dict[str, float] = {}  # engine thread only
         self._lock = threading.Lock()
@@ -194,7 +108,7 @@ class EngineLoop:
     def post(self, command: Command) -> None:
         """Run `command(engine)` between steps; returns at once. Thread safe. Dropped (with
         a log line) when the loop has stopped."""
-        if not self._put(_Job(command, None)):
+        if not self._put(Job(command, None)):
             log.warning("engine loop stopped; command dropped")
 
     async def call(self, command: Callable[[LLMEngine], T]) -> T:
@@ -204,14 +118,14 @@ class EngineLoop:
         stay (callers undo them with another command).
         """
         future: cf.Future[T] = cf.Future()
-        if not self._put(_Job(command, future)):
+        if not self._put(Job(command, future)):
             raise EngineFailed("the engine loop is not running")
         return await asyncio.wrap_future(future)
 
     async def open(self, request_id: str, start: Command) -> RequestStream:
         """Run `start(engine)` (add_request, commit_import...) and route the request's outputs
         to a new stream, atomically. Errors of `start` propagate (ValueError: bad request)."""
-        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+        sink = OutputSink(asyncio.get_running_loop(), asyncio.Queue())
 
         def attach(engine: LLMEngine) -> None:
             if request_id in self._sinks:
@@ -245,7 +159,7 @@ class EngineLoop:
 
     # ---- the thread ---------------------------------------------------------------------
 
-    def _put(self, job: _Job) -> bool:
+    def _put(self, job: Job) -> bool:
         with self._lock:
             if self._closed:
                 return False
@@ -274,7 +188,7 @@ class EngineLoop:
         for job in pending:
             if job is _STOP:
                 return False
-            if isinstance(job, _Job):
+            if isinstance(job, Job):
                 job.run(self.engine, self._refresh)
         return True
 
@@ -353,23 +267,7 @@ class EngineLoop:
                 job = self._commands.get_nowait()
             except queue.Empty:
                 break
-            future = job.future if isinstance(job, _Job) else None
+            future = job.future if isinstance(job, Job) else None
             if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(EngineFailed("the engine loop stopped"))
         self._fail_all("the engine loop stopped")
-
-
-def engine_config(
-    model_dir: Path, *, device: str = "auto", dtype: str = "auto", **options: Any
-) -> EngineConfig:
-    """An EngineConfig with "auto" resolved: CUDA when available (bfloat16), else CPU (float32).
-
-    `options` are the other EngineConfig fields (role, block_size, num_kv_blocks...); None
-    values keep the EngineConfig default.
-    """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    given = {k: v for k, v in options.items() if v is not None}
-    return EngineConfig(model_dir=Path(model_dir), device=device, dtype=parse_dtype(dtype), **given)

@@ -1,4 +1,5 @@
-"""The scheduler's plain result: which requests run, how many tokens, which blocks.
+"""The scheduler's plain results: which requests run, how many tokens, which blocks; where
+imported KV goes; what an update did.
 
 The runner turns it into tensors; nothing here touches torch.
 """
@@ -6,6 +7,8 @@ The runner turns it into tensors; nothing here touches torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from engine.request import Request, RequestStatus
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,45 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+
+class RequestTooLargeError(ValueError):
+    """The request needs more KV blocks than the whole cache holds."""
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    """Where the KV of a request admitted by `add_prefilled` goes.
+
+    The KV of the first ``num_kv_tokens`` tokens must be written before `commit_prefilled`.
+    The first ``num_cached_tokens`` of them (whole blocks) are already in the local prefix
+    cache; block j of the sender goes to ``block_ids[j]`` for j in the range of
+    ``fill_block_ids``.
+    """
+
+    block_ids: tuple[int, ...]  # the request's whole block table
+    num_cached_tokens: int
+    num_kv_tokens: int
+    block_size: int
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.num_cached_tokens // self.block_size
+
+    @property
+    def fill_block_ids(self) -> tuple[int, ...]:
+        """Local blocks to write, in order: block indices num_cached_blocks onward."""
+        end = -(-self.num_kv_tokens // self.block_size)
+        return self.block_ids[self.num_cached_blocks : end]
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What `update()` did: the requests that got a token, in chunk order."""
+
+    advanced: tuple[Request, ...]
+
+    @property
+    def finished(self) -> tuple[Request, ...]:
+        """Those that finished (or, prefill role, were pinned) with this token."""
+        return tuple(r for r in self.advanced if r.status is not RequestStatus.RUNNING)

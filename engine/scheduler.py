@@ -27,49 +27,13 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, Role
 from engine.request import FinishReason, Request, RequestStatus
-from engine.schedule import ScheduledChunk, SchedulerOutput
-
-
-class RequestTooLargeError(ValueError):
-    """The request needs more KV blocks than the whole cache holds."""
-
-
-@dataclass(frozen=True)
-class ImportPlan:
-    """Where the KV of a request admitted by `add_prefilled` goes.
-
-    The KV of the first ``num_kv_tokens`` tokens must be written before `commit_prefilled`.
-    The first ``num_cached_tokens`` of them (whole blocks) are already in the local prefix
-    cache; block j of the sender goes to ``block_ids[j]`` for j in the range of
-    ``fill_block_ids``.
-    """
-
-    block_ids: tuple[int, ...]  # the request's whole block table
-    num_cached_tokens: int
-    num_kv_tokens: int
-    block_size: int
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return self.num_cached_tokens // self.block_size
-
-    @property
-    def fill_block_ids(self) -> tuple[int, ...]:
-        """Local blocks to write, in order: block indices num_cached_blocks onward."""
-        end = -(-self.num_kv_tokens // self.block_size)
-        return self.block_ids[self.num_cached_blocks : end]
-
-
-@dataclass(frozen=True)
-class StepUpdate:
-    """What `update()` did: the requests that got a token, in chunk order."""
-
-    advanced: tuple[Request, ...]
-
-    @property
-    def finished(self) -> tuple[Request, ...]:
-        """Those that finished (or, prefill role, were pinned) with this token."""
-        return tuple(r for r in self.advanced if r.status is not RequestStatus.RUNNING)
+from engine.schedule import (
+    ImportPlan,
+    RequestTooLargeError,
+    ScheduledChunk,
+    SchedulerOutput,
+    StepUpdate,
+)
 
 
 @dataclass

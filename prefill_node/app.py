@@ -7,7 +7,6 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from cluster.node_server import create_node_app, node_route_paths, runtime_of
 from cluster.protocol import (
     INTERNAL_PREFILL,
     INTERNAL_RELEASE,
@@ -16,6 +15,7 @@ from cluster.protocol import (
     ReleaseRequest,
 )
 from cluster.settings import NodeSettings
+from node.server import create_node_app, node_route_paths, runtime_of
 from prefill_node.runtime import PrefillRuntime
 
 routes = APIRouter()

@@ -1,11 +1,11 @@
-"""`splitserve prefill`: run a prefill node (flags: cluster.node_cli)."""
+"""`splitserve prefill`: run a prefill node (flags: node.cli)."""
 
 from __future__ import annotations
 
 import argparse
 
-from cluster.node_cli import add_node_arguments, run_node
 from cluster.settings import NodeSettings
+from node.cli import add_node_arguments, run_node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,131 +7,44 @@ POST /internal/release, or at expiry. Whichever comes first frees the blocks thr
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
-from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import asdict
 
-from cluster.models import resolve_model
-from cluster.node_errors import NodeError, bad_request, checked, checked_async
-from cluster.node_metrics import NodeMetrics
-from cluster.node_server import (
-    engine_options,
-    node_info,
-    node_load,
-    transfer_options,
-)
 from cluster.protocol import (
     KVHandle,
-    NodeInfo,
-    NodeLoad,
     PrefillRequest,
     PrefillResponse,
     TokenLogprobMsg,
 )
 from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
-from engine.loop import EngineFailed, EngineLoop, LoopOutput, RequestStream, engine_config
+from engine.loop import EngineLoop
 from engine.request import FinishReason
+from engine.request_stream import EngineFailed, LoopOutput, RequestStream
 from engine.sampling_params import SamplingParams
-from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
+from kv_transfer import LeaseTable
+from node.core import NodeCore
+from node.errors import NodeError, bad_request, checked, checked_async
+from node.metrics import NodeMetrics
 
 log = logging.getLogger("splitserve.prefill")
 
 FIRST_TOKEN_TIMEOUT_S = 300.0  # a prefill queued longer than this answers 503
 
 
-class PrefillRuntime:
-    """A prefill node's engine thread, transfer agent (owner side) and lease table."""
+class PrefillRuntime(NodeCore):
+    """A prefill node: the node core with the owner side of the transfer agent and leases."""
 
     def __init__(
         self, settings: NodeSettings, loop: EngineLoop, started_at: float, metrics: NodeMetrics
     ) -> None:
-        self.settings = settings
-        self.loop = loop
-        self.metrics = metrics
+        super().__init__(settings, loop, started_at, metrics)
         self.leases = LeaseTable(on_free=self._free_lease)
-        self.agent: KVTransferAgent | None = None
-        self.started_at = started_at
-        self._counts: Counter[str] = Counter()
         self._inflight: dict[str, bool] = {}  # request id -> released while computing
-        self._info: NodeInfo | None = None
 
-    @classmethod
-    @asynccontextmanager
-    async def open(
-        cls, settings: NodeSettings, metrics: NodeMetrics
-    ) -> AsyncIterator[PrefillRuntime]:
-        """Load the model, start the engine thread and the transfer agent; stop them after."""
-        started_at = time.time()
-        model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
-        config = engine_config(model_dir, **engine_options(settings))
-        loop = await EngineLoop.launch(config, settings.torch_threads)
-        runtime = cls(settings, loop, started_at, metrics)
-        try:
-            runtime.agent = await asyncio.to_thread(runtime._make_agent)
-            serving = asyncio.create_task(runtime.agent.serve(), name="lease-serve")
-            try:
-                yield runtime
-            finally:
-                serving.cancel()
-                runtime.agent.close()
-        finally:
-            await asyncio.to_thread(loop.stop)
-
-    def _make_agent(self) -> KVTransferAgent:
-        layout = self.loop.engine.runner.layout
-        return KVTransferAgent(
-            self.loop.engine.runner.kv_cache,
-            fingerprint=layout.fingerprint(),
-            layout=layout.describe(),
-            config=TransferConfig(**transfer_options(self.settings)),
-            leases=self.leases,
-        )
-
-    # ---- NodeRuntime ----------------------------------------------------------------------
-
-    @property
-    def info(self) -> NodeInfo:
-        if self._info is None:
-            if self.agent is None:
-                raise RuntimeError("PrefillRuntime.info before the agent started")
-            engine = self.loop.engine
-            self._info = node_info(
-                self.settings,
-                layout_fingerprint=engine.runner.layout.fingerprint(),
-                peer_info=self.agent.info.to_json(),
-                max_model_len=engine.max_model_len,
-                capacity=engine.block_manager.num_total_blocks,
-                started_at=self.started_at,
-            )
-        return self._info
-
-    @property
-    def healthy(self) -> bool:
-        return self.loop.running
-
-    def load(self) -> NodeLoad:
-        stats = self.loop.snapshot.stats
-        return node_load(
-            running=stats.running,
-            waiting=stats.waiting,
-            free_blocks=stats.free_blocks,
-            total_blocks=stats.total_blocks,
-            leases_held=self.leases.held().leases,
-        )
-
-    def counters(self) -> dict[str, float]:
-        out: dict[str, float] = dict(self._counts)
-        out.update(asdict(self.loop.snapshot.counters))
-        out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
-        if self.agent is not None:
-            out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
-        return out
+    def _leases(self) -> LeaseTable:
+        return self.leases
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -142,7 +55,7 @@ class PrefillRuntime:
         params = checked(lambda: SamplingParams(**req.sampling.model_dump()), "sampling")
         if rid in self._inflight:
             raise bad_request(f"request id {rid!r} is already being prefilled", "request_id")
-        self._counts["requests_total"] += 1
+        self.counts["requests_total"] += 1
         self._inflight[rid] = False
         try:
             start = functools.partial(
@@ -174,7 +87,7 @@ class PrefillRuntime:
         if out.finish_reason is FinishReason.PREFILLED:
             kv = self._lease(req.request_id, item.pinned_block_ids, out.num_prompt_tokens)
         else:
-            self._counts["finished_at_first_token_total"] += 1
+            self.counts["finished_at_first_token_total"] += 1
         logprob = out.logprobs[0] if out.logprobs else None
         return PrefillResponse(
             request_id=req.request_id,
@@ -192,7 +105,7 @@ class PrefillRuntime:
     def _lease(self, rid: str, block_ids: tuple[int, ...], num_tokens: int) -> KVHandle:
         ttl = self.settings.lease_ttl_s
         self.leases.grant(rid, block_ids, ttl)
-        self._counts["leases_granted_total"] += 1
+        self.counts["leases_granted_total"] += 1
         return KVHandle(
             node_id=self.info.node_id,
             peer_info=self.info.peer_info,
@@ -205,7 +118,7 @@ class PrefillRuntime:
     async def release(self, request_id: str) -> bool:
         """End a request's lease, or abort its prefill when it is still computing."""
         if self.leases.release(request_id):
-            self._counts["leases_released_by_router_total"] += 1
+            self.counts["leases_released_by_router_total"] += 1
             return True
         if request_id in self._inflight:
             self._inflight[request_id] = True
@@ -215,7 +128,7 @@ class PrefillRuntime:
 
     def _free_lease(self, request_id: str, _block_ids: list[int]) -> None:
         """LeaseTable hook (any thread): give the blocks back in the engine thread."""
-        self._counts["leases_ended_total"] += 1
+        self.counts["leases_ended_total"] += 1
         self.loop.post(lambda engine: engine.release(request_id))
 
 

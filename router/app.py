@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from router import endpoints
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
@@ -102,7 +102,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def _load_tokenizer(settings: RouterSettings) -> Tokenizer:
-    from cluster.models import resolve_model
+    from models import resolve_model
 
     return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache))
 

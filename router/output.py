@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster.protocol import TokenLogprobMsg
-from cluster.tokenizer import IncrementalDetokenizer, Tokenizer
+from models import IncrementalDetokenizer, Tokenizer
 from router.stops import StopMatcher
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from cluster.protocol import SamplingSpec
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from router.errors import bad_request
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
 

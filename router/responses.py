@@ -9,7 +9,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from cluster.protocol import TokenLogprobMsg
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from router.openai_schema import (
     ChatChoice,
     ChatChunkChoice,

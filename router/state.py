@@ -12,7 +12,7 @@ from typing import Any
 
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from router.errors import overloaded
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient

@@ -26,6 +26,6 @@ def default_model_dir() -> Path:
     override = os.environ.get("SPLITSERVE_TEST_MODEL_DIR")
     if override:
         return Path(override)
-    from cluster.models import ensure_model
+    from models import ensure_model
 
     return ensure_model("smollm2")

@@ -18,13 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from cluster.node_cli import listen_socket
 from cluster.protocol import DecodeRequest, NodeStats, TokenEvent
 from cluster.redis_server import free_port
 from cluster.settings import NodeSettings
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from node.cli import listen_socket
 
 VOCAB = 128
 TINY: dict[str, Any] = {

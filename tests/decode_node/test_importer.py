@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from cluster.node_errors import NodeError
 from cluster.protocol import DecodeRequest, SamplingSpec
 from decode_node import importer
 from decode_node.importer import DecodeJob, reserve, transfer_pairs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ImportPlan
+from engine.schedule import ImportPlan
+from node.errors import NodeError
 
 
 def test_only_blocks_missing_from_the_local_cache_move() -> None:

@@ -12,10 +12,11 @@ import pytest
 import torch
 from tiny_llama import save_tiny_llama
 
-from engine.config import EngineConfig, Role
+from engine.config import EngineConfig, Role, engine_config
 from engine.engine import LLMEngine
-from engine.loop import EngineFailed, EngineLoop, RequestStream, engine_config
+from engine.loop import EngineLoop
 from engine.request import FinishReason
+from engine.request_stream import EngineFailed, RequestStream
 from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -15,8 +15,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, Role
 from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.schedule import SchedulerOutput
-from engine.scheduler import ImportPlan, RequestTooLargeError, Scheduler, StepUpdate
+from engine.schedule import ImportPlan, RequestTooLargeError, SchedulerOutput, StepUpdate
+from engine.scheduler import Scheduler
 
 BS = 4
 

@@ -39,7 +39,7 @@ def test_model_pull_init_container_parses() -> None:
     init = pod_spec(deployments(render())["decode"])["initContainers"][0]
     command, *argv = init["args"]
     assert command == "model"
-    args = _parse("cluster.models_cli", argv)
+    args = _parse("models.cli", argv)
     assert (args.model_command, args.name, str(args.cache_dir)) == ("pull", "smollm2", "/models")
 
 

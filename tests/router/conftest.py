@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from router_fakes import ANSWER
 
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="session")

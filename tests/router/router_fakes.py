@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster import protocol as p
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from router.app import create_app
 
 FINGERPRINT = "fake-layout"

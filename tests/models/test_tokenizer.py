@@ -1,4 +1,4 @@
-"""cluster.tokenizer against transformers' AutoTokenizer on the default model."""
+"""models.tokenizer against transformers' AutoTokenizer on the default model."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cluster.tokenizer import IncrementalDetokenizer, Tokenizer
+from models import IncrementalDetokenizer, Tokenizer
 
 pytestmark = pytest.mark.model
 
@@ -244,7 +244,7 @@ def test_incremental_long_stream_with_prompt_and_specials(tok: Tokenizer) -> Non
 
 def test_importing_tokenizer_does_not_import_torch() -> None:
     code = (
-        "import sys, cluster.tokenizer\n"
+        "import sys, models.tokenizer\n"
         "bad = [m for m in ('torch', 'transformers', 'engine') if m in sys.modules]\n"
         "print(','.join(bad))"
     )

@@ -1,6 +1,6 @@
 """What every node serves, whatever its role: the FastAPI shell, /health, /ready, /stats,
 /metrics, the registry heartbeat, and error answers in the protocol's format
-(cluster.node_errors).
+(node.errors).
 
 Torch-free. A role package (prefill_node, decode_node) adds its internal endpoints and a
 `NodeRuntime` factory; `create_node_app` loads nothing: the runtime (model, engine thread,
@@ -19,14 +19,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from cluster.node_errors import NodeError, bad_request, not_ready
-from cluster.node_metrics import NodeMetrics
 from cluster.protocol import (
     HEALTH,
     STATS,
@@ -36,6 +33,8 @@ from cluster.protocol import (
 )
 from cluster.registry import REDIS_ERRORS, NodeRegistry
 from cluster.settings import NodeSettings
+from node.errors import NodeError, bad_request, not_ready
+from node.metrics import NodeMetrics
 
 log = logging.getLogger("splitserve.node")
 
@@ -244,70 +243,3 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(NodeError, node_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(Exception, unexpected)
-
-
-def node_info(
-    settings: NodeSettings,
-    *,
-    layout_fingerprint: str,
-    peer_info: str,
-    max_model_len: int,
-    capacity: int,
-    started_at: float,
-) -> NodeInfo:
-    """What the node publishes in the registry."""
-    return NodeInfo(
-        node_id=settings.resolved_node_id(),
-        role=settings.role,
-        url=settings.url(),
-        model=settings.model,
-        layout_fingerprint=layout_fingerprint,
-        peer_info=peer_info,
-        max_model_len=max_model_len,
-        capacity=capacity,
-        started_at=started_at,
-    )
-
-
-def node_load(
-    *, running: int, waiting: int, free_blocks: int, total_blocks: int, leases_held: int = 0
-) -> NodeLoad:
-    usage = 1.0 - free_blocks / total_blocks if total_blocks else 0.0
-    return NodeLoad(
-        running=running,
-        waiting=waiting,
-        free_blocks=free_blocks,
-        total_blocks=total_blocks,
-        leases_held=leases_held,
-        kv_usage=min(max(usage, 0.0), 1.0),
-    )
-
-
-def engine_options(settings: NodeSettings) -> dict[str, Any]:
-    """The engine settings among a node's, as keyword arguments (device and dtype may be
-    "auto"); engine.loop.engine_config turns them into an EngineConfig."""
-    options: dict[str, Any] = {
-        "role": settings.role,
-        "device": settings.device,
-        "dtype": settings.dtype,
-        "block_size": settings.block_size,
-        "num_kv_blocks": settings.num_kv_blocks,
-        "max_num_seqs": settings.max_num_seqs,
-        "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "max_model_len": settings.max_model_len,
-    }
-    if settings.kv_cache_memory_gb is not None:
-        options["kv_cache_memory_gb"] = settings.kv_cache_memory_gb
-    return options
-
-
-def transfer_options(settings: NodeSettings) -> dict[str, Any]:
-    """kv_transfer.TransferConfig keyword arguments for this node; peers dial the host of
-    the node's URL."""
-    return {
-        "node_name": settings.resolved_node_id(),
-        "transport": settings.transfer,
-        "tcp_host": settings.host,
-        "tcp_port": settings.transfer_port,
-        "advertise_host": urlsplit(settings.url()).hostname,
-    }

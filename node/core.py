@@ -1,0 +1,191 @@
+"""What both node roles build: the engine thread, the KV transfer agent, the node's record.
+
+A role's runtime (prefill_node.runtime, decode_node.runtime) is a NodeCore plus the role's
+request handling. `NodeCore.open` resolves the model, starts the engine loop and, where the
+role moves KV, the transfer agent; node.server registers the node and serves its probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+from cluster.protocol import NodeInfo, NodeLoad
+from cluster.settings import NodeSettings
+from engine.config import engine_config
+from engine.loop import EngineLoop
+from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
+from models import resolve_model
+from node.metrics import NodeMetrics
+
+
+class NodeCore:
+    """A loaded node: its engine loop, its transfer agent (None on a colocated node) and the
+    counters it reports. Subclasses add the role's requests and may override `_leases`
+    (owner side: the agent serves lease releases) and `_moves_kv`."""
+
+    def __init__(
+        self, settings: NodeSettings, loop: EngineLoop, started_at: float, metrics: NodeMetrics
+    ) -> None:
+        self.settings = settings
+        self.loop = loop
+        self.metrics = metrics
+        self.started_at = started_at
+        self.agent: KVTransferAgent | None = None
+        self.counts: Counter[str] = Counter()
+        self._info: NodeInfo | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: NodeSettings, metrics: NodeMetrics) -> AsyncIterator[Self]:
+        """Load the model, start the engine thread and the transfer agent; stop them after."""
+        started_at = time.time()
+        model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
+        config = engine_config(model_dir, **engine_options(settings))
+        loop = await EngineLoop.launch(config, settings.torch_threads)
+        node = cls(settings, loop, started_at, metrics)
+        serving: asyncio.Task[None] | None = None
+        try:
+            if node._moves_kv():
+                node.agent = await asyncio.to_thread(node._make_agent)
+                if node.agent.leases is not None:
+                    serving = asyncio.create_task(node.agent.serve(), name="lease-serve")
+            yield node
+        finally:
+            if serving is not None:
+                serving.cancel()
+            if node.agent is not None:
+                node.agent.close()
+            await asyncio.to_thread(loop.stop)
+
+    def _moves_kv(self) -> bool:
+        """Whether this node needs a transfer agent."""
+        return True
+
+    def _leases(self) -> LeaseTable | None:
+        """The lease table of an owner (prefill) node; None on a reader."""
+        return None
+
+    def _make_agent(self) -> KVTransferAgent:
+        layout = self.loop.engine.runner.layout
+        return KVTransferAgent(
+            self.loop.engine.runner.kv_cache,
+            fingerprint=layout.fingerprint(),
+            layout=layout.describe(),
+            config=TransferConfig(**transfer_options(self.settings)),
+            leases=self._leases(),
+        )
+
+    # ---- NodeRuntime (node.server) ---------------------------------------------------------
+
+    @property
+    def info(self) -> NodeInfo:
+        if self._info is None:
+            if self._moves_kv() and self.agent is None:
+                raise RuntimeError("node info asked for before the transfer agent started")
+            engine = self.loop.engine
+            self._info = node_info(
+                self.settings,
+                layout_fingerprint=engine.runner.layout.fingerprint(),
+                peer_info=self.agent.info.to_json() if self.agent is not None else "",
+                max_model_len=engine.max_model_len,
+                capacity=engine.block_manager.num_total_blocks,
+                started_at=self.started_at,
+            )
+        return self._info
+
+    @property
+    def healthy(self) -> bool:
+        return self.loop.running
+
+    def load(self) -> NodeLoad:
+        stats = self.loop.snapshot.stats
+        leases = self._leases()
+        return node_load(
+            running=stats.running + stats.importing,
+            waiting=stats.waiting,
+            free_blocks=stats.free_blocks,
+            total_blocks=stats.total_blocks,
+            leases_held=leases.held().leases if leases is not None else 0,
+        )
+
+    def counters(self) -> dict[str, float]:
+        out: dict[str, float] = dict(self.counts)
+        out.update(asdict(self.loop.snapshot.counters))
+        out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
+        if self.agent is not None:
+            out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
+        return out
+
+
+def node_info(
+    settings: NodeSettings,
+    *,
+    layout_fingerprint: str,
+    peer_info: str,
+    max_model_len: int,
+    capacity: int,
+    started_at: float,
+) -> NodeInfo:
+    """What the node publishes in the registry."""
+    return NodeInfo(
+        node_id=settings.resolved_node_id(),
+        role=settings.role,
+        url=settings.url(),
+        model=settings.model,
+        layout_fingerprint=layout_fingerprint,
+        peer_info=peer_info,
+        max_model_len=max_model_len,
+        capacity=capacity,
+        started_at=started_at,
+    )
+
+
+def node_load(
+    *, running: int, waiting: int, free_blocks: int, total_blocks: int, leases_held: int = 0
+) -> NodeLoad:
+    usage = 1.0 - free_blocks / total_blocks if total_blocks else 0.0
+    return NodeLoad(
+        running=running,
+        waiting=waiting,
+        free_blocks=free_blocks,
+        total_blocks=total_blocks,
+        leases_held=leases_held,
+        kv_usage=min(max(usage, 0.0), 1.0),
+    )
+
+
+def engine_options(settings: NodeSettings) -> dict[str, Any]:
+    """The engine settings among a node's, as keyword arguments (device and dtype may be
+    "auto"); engine.config.engine_config turns them into an EngineConfig."""
+    options: dict[str, Any] = {
+        "role": settings.role,
+        "device": settings.device,
+        "dtype": settings.dtype,
+        "block_size": settings.block_size,
+        "num_kv_blocks": settings.num_kv_blocks,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "max_model_len": settings.max_model_len,
+    }
+    if settings.kv_cache_memory_gb is not None:
+        options["kv_cache_memory_gb"] = settings.kv_cache_memory_gb
+    return options
+
+
+def transfer_options(settings: NodeSettings) -> dict[str, Any]:
+    """kv_transfer.TransferConfig keyword arguments for this node; peers dial the host of
+    the node's URL."""
+    return {
+        "node_name": settings.resolved_node_id(),
+        "transport": settings.transfer,
+        "tcp_host": settings.host,
+        "tcp_port": settings.transfer_port,
+        "advertise_host": urlsplit(settings.url()).hostname,
+    }
