@@ -1,0 +1,164 @@
+"""The package rules of DESIGN.md as data, and a checker that reads imports from the source
+(AST, no code runs).
+
+An import at module level is eager: it runs when the module is imported. One inside a
+function or under `if TYPE_CHECKING:` is lazy. The layering (which project package may
+import which) holds for every import; the third-party packages a package must not load
+(torch for the router) are followed through eager imports, across project modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# package -> project packages it may import (itself always).
+ALLOWED: dict[str, frozenset[str]] = {
+    "models": frozenset(),
+    "engine": frozenset({"models"}),
+    "kv_transfer": frozenset(),
+    "cluster": frozenset({"models"}),
+    "node": frozenset({"engine", "kv_transfer", "cluster", "models"}),
+    "prefill_node": frozenset({"node", "engine", "kv_transfer", "cluster", "models"}),
+    "decode_node": frozenset({"node", "engine", "kv_transfer", "cluster", "models"}),
+    "router": frozenset({"cluster", "models"}),
+}
+# package -> third-party packages that importing it must never load (eagerly, transitively).
+HEAVY = frozenset({"torch", "triton", "transformers", "nixl", "nixl_cu12", "nixl_cu13"})
+NEVER_LOADS: dict[str, frozenset[str]] = {
+    "router": HEAVY,
+    "cluster": HEAVY,
+    "models": HEAVY,
+}
+PROJECT = frozenset({*ALLOWED, "bench"})
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # importing module, dotted
+    target: str  # imported module, dotted
+    eager: bool
+    line: int
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def edges(root: Path, packages: Iterable[str] = PROJECT) -> list[Edge]:
+    """Every import of every module under `root`'s `packages`."""
+    out: list[Edge] = []
+    for package in sorted(packages):
+        for path in sorted((root / package).rglob("*.py")):
+            name = module_name(root, path)
+            is_package = path.name == "__init__.py"
+            tree = ast.parse(path.read_text(), filename=str(path))
+            out.extend(_edges_of(tree, name, is_package))
+    return out
+
+
+def _edges_of(tree: ast.Module, module: str, is_package: bool) -> Iterator[Edge]:
+    lazy_nodes: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lazy_nodes.update(id(inner) for inner in ast.walk(node))
+        elif _is_type_checking(node):
+            assert isinstance(node, ast.If)
+            lazy_nodes.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    for node in ast.walk(tree):
+        eager = id(node) not in lazy_nodes
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Edge(module, alias.name, eager, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.module, node.level)
+            yield Edge(module, base, eager, node.lineno)
+            for alias in node.names:  # `from pkg import submodule`
+                yield Edge(module, f"{base}.{alias.name}", eager, node.lineno)
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve(module: str, is_package: bool, target: str | None, level: int) -> str:
+    if level == 0:
+        return target or ""
+    parts = module.split(".")
+    base = parts if is_package else parts[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def violations(root: Path) -> list[str]:
+    """Broken rules, one line each: `file:line` and what it imports."""
+    all_edges = edges(root)
+    modules = {e.source for e in all_edges} | _all_modules(root)
+    problems = [_layering(e) for e in all_edges]
+    problems += _heavy_loads(all_edges, modules)
+    return sorted(p for p in problems if p)
+
+
+def _all_modules(root: Path) -> set[str]:
+    return {module_name(root, p) for pkg in PROJECT for p in (root / pkg).rglob("*.py")}
+
+
+def _layering(edge: Edge) -> str | None:
+    source_pkg = edge.source.split(".")[0]
+    target_pkg = edge.target.split(".")[0]
+    allowed = ALLOWED.get(source_pkg)
+    if allowed is None or target_pkg not in PROJECT or target_pkg == source_pkg:
+        return None
+    if target_pkg in allowed:
+        return None
+    return f"{edge.source}:{edge.line} imports {edge.target} ({source_pkg} may not import it)"
+
+
+def _heavy_loads(all_edges: list[Edge], modules: set[str]) -> list[str]:
+    eager: dict[str, list[Edge]] = {}
+    for e in all_edges:
+        if e.eager:
+            eager.setdefault(e.source, []).append(e)
+    problems = []
+    for package, banned in NEVER_LOADS.items():
+        starts = sorted(m for m in modules if m.split(".")[0] == package)
+        for chain in _reach(starts, eager, modules):
+            last = chain[-1]
+            if last.target.split(".")[0] in banned:
+                path = " -> ".join([chain[0].source, *(e.target for e in chain)])
+                problems.append(f"importing {package} loads {last.target}: {path}")
+    return problems
+
+
+def _reach(
+    starts: list[str], eager: dict[str, list[Edge]], modules: set[str]
+) -> Iterator[list[Edge]]:
+    """Chains of eager imports from `starts` that end outside the project."""
+    seen: set[str] = set()
+    stack: list[tuple[str, list[Edge]]] = [(m, []) for m in starts]
+    while stack:
+        module, chain = stack.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for e in eager.get(module, []):
+            if e.target in modules:
+                stack.append((e.target, [*chain, e]))
+                # importing a.b.c runs a/__init__ and a/b/__init__ first
+                parent = e.target.rpartition(".")[0]
+                while parent:
+                    if parent in modules:
+                        stack.append((parent, [*chain, e]))
+                    parent = parent.rpartition(".")[0]
+            elif e.target.split(".")[0] not in PROJECT:
+                yield [*chain, e]
