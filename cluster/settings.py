@@ -92,6 +92,9 @@ class NodeSettings(_Base):
     )
     advertise_host: str | None = None  # host in the URL others use; default: host
     torch_threads: int | None = Field(default=None, ge=1)
+    kv_events: bool = True  # publish prefix-cache changes for the routers' kv_aware policy
+    kv_events_interval_s: float = Field(default=0.05, gt=0)
+    kv_events_maxlen: int = Field(default=10_000, ge=16)  # entries kept in the node's stream
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
