@@ -12,6 +12,10 @@ streaming. Per request it records TTFT, TPOT (DistServe: (last token - first tok
 and output-token throughput and goodput (req/s within --slo-ttft-ms and --slo-tpot-ms), and
 the JSON holds every request's record (see bench/serve_client.py, bench/serve_stats.py).
 
+`--workload multiturn` (bench/multiturn.py) sends conversations instead: --users of them,
+started at the offered rate (conversations per second), each --turns turns that grow on a
+shared system prompt; it also prints the prompt tokens the server computed (not cached).
+
 Sizing: a point lasts about num_requests / rate seconds plus the tail of the last requests,
 as long as the server keeps up (rate x mean output length below its decode throughput, which
 bench/offline.py measures). The full workloads (bench/workloads.py) suit a GPU. On a 2-core
@@ -195,9 +199,11 @@ async def _multiturn_point(
         target, shape, config.seed, config.vocab_size, rate, config.load, desc
     )
     records = [r.to_dict() for r in run.records]
-    summary = summarize(records, run.duration_s, rate, config.slo)
+    summary = summarize(records, run.duration_s, None, config.slo)  # no offered request rate
+    summary["conversation_rate"] = rate
     summary["prefix"] = prefix_summary(records)
-    print(point_report(summary), flush=True)
+    head = f"multiturn: {shape.users} conversations of {shape.turns} turns, {desc[10:]}/s"
+    print(head + "\n" + point_report(summary).split("\n", 1)[1], flush=True)
     prefix = summary["prefix"]
     print(
         f"  prompt tokens {prefix['prompt_tokens']}, from caches {prefix['cached_tokens']} "

@@ -7,14 +7,17 @@ import asyncio
 import itertools
 import json
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+from bench import serve
 from bench.multiturn import Multiturn, prefix_summary, run_conversations
 from bench.serve_client import LoadOptions, Target
 
@@ -92,3 +95,24 @@ async def test_each_user_waits_for_its_answer_and_the_computed_tokens_add_up() -
     sent = sum(len(t.prompt_ids) for c in SHAPE.conversations(3, 1000) for t in c)
     assert summary["prompt_tokens"] == sent
     assert summary["computed_prompt_tokens"] == sent - 12 * CACHED
+
+
+def test_bench_serve_runs_the_multiturn_workload(tmp_path: Path) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(_fake(), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        argv = ["--url", url, "--model", "m", "--workload", "multiturn", "--users", "2"]
+        argv += ["--turns", "3", "--think-time", "0", "--rate", "inf", "--warmup", "0"]
+        argv += ["--no-progress", "--out", str(tmp_path / "m.json")]
+        assert serve.main(argv) == 0
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    point = json.loads((tmp_path / "m.json").read_text())["points"][0]
+    assert len(point["records"]) == 6 and point["summary"]["completed"] == 6
+    assert point["summary"]["prefix"]["cached_tokens"] == 6 * CACHED
