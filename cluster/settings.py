@@ -42,9 +42,11 @@ class RouterSettings(_Base):
     # kv_aware: the prefix index (nodes' KV events) against load; with one node per pool
     # every policy picks that node.
     policy: Literal["round_robin", "least_loaded", "kv_aware"] = "kv_aware"
-    kv_prefix_weight: float = Field(default=1.0, ge=0)  # kv_aware: per prompt share cached
-    kv_load_weight: float = Field(default=0.2, ge=0)  # per running / waiting request
-    kv_usage_weight: float = Field(default=0.5, ge=0)  # per unit of KV usage
+    # kv_aware cost (router/kv_policy.py): prefix * tokens to compute + a request's average
+    # work * (load * queued requests + usage * KV usage)
+    kv_prefix_weight: float = Field(default=1.0, ge=0)
+    kv_load_weight: float = Field(default=0.5, ge=0)
+    kv_usage_weight: float = Field(default=0.5, ge=0)
     # Prompts with fewer tokens than this skip the prefill pool: the decode node prefills
     # locally (a 32-token prompt costs about as much as a KV transfer round trip). 0 = never.
     local_prefill_max_tokens: int = Field(default=32, ge=0)

@@ -3,8 +3,8 @@
 Least loaded scores a node by running + waiting requests from its last heartbeat plus the
 requests this router has in flight on it (heartbeats are up to a second old, so a burst
 would otherwise all land on one node); ties go to the lower KV usage, then rotate.
-kv_aware weighs the same load against the share of the prompt a node already caches, as
-the prefix index says; without a prompt to match it is least loaded.
+kv_aware weighs load against the prompt tokens a node would not have to compute, as the
+prefix index says (router.kv_policy); without a prompt to match it is least loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Literal
 
 from cluster.protocol import NodeRecord
 from router.kv_index import PrefixIndex, PrefixQuery
-from router.kv_policy import KVWeights, kv_aware_choice
+from router.kv_policy import KVWeights, PoolWork, kv_aware_choice
 
 Policy = Literal["round_robin", "least_loaded", "kv_aware"]
 POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "kv_aware")
@@ -36,6 +36,7 @@ class NodePicker:
         self.policy = policy
         self.index = index if index is not None else PrefixIndex()
         self.weights = weights or KVWeights()
+        self._work = PoolWork()
         self._turn: Counter[str] = Counter()
         self._inflight: Counter[str] = Counter()
 
@@ -59,14 +60,18 @@ class NodePicker:
         if self.policy == "round_robin":
             return rotated[0]
         if self.policy == "kv_aware" and query is not None and len(rotated) > 1:
-            return kv_aware_choice(rotated, self.index, query, self.weights, self._queued)
+            return kv_aware_choice(
+                pool, rotated, self.index, query, self.weights, self._work, self._queued
+            )
         return min(rotated, key=self._score)
 
     def _queued(self, node: NodeRecord) -> int:
-        return node.load.running + node.load.waiting + self._inflight[node.info.node_id]
+        """Requests at the node: its heartbeat's, or more when this router sent more since."""
+        return max(node.load.running + node.load.waiting, self._inflight[node.info.node_id])
 
     def _score(self, node: NodeRecord) -> tuple[int, float]:
-        return self._queued(node), node.load.kv_usage
+        load = node.load
+        return load.running + load.waiting + self._inflight[node.info.node_id], load.kv_usage
 
     def begin(self, node_id: str) -> None:
         """This router sent a request to `node_id`."""

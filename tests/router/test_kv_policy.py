@@ -11,7 +11,7 @@ from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
 from models.block_hash import prefix_block_hashes
 from models.tokenizer import Tokenizer
 from router.kv_index import PrefixIndex, PrefixQuery
-from router.kv_policy import KVWeights
+from router.kv_policy import WORK_SMOOTHING, KVWeights, PoolWork, kv_aware_choice
 from router.policy import NodePicker
 
 PROMPT = list(range(1000, 1040))  # 40 tokens: 2 full blocks of 16 and a partial one
@@ -34,19 +34,37 @@ def _holds(index: PrefixIndex, node_id: str, tokens: list[int]) -> None:
     )  # fmt: skip
 
 
-def test_the_node_holding_the_prefix_wins_until_its_load_outweighs_it() -> None:
+def test_the_holder_wins_while_its_queue_costs_less_than_it_saves() -> None:
     index = PrefixIndex()
     _holds(index, "b", PROMPT)
-    picker = NodePicker("kv_aware", index, KVWeights(prefix=1.0, load=0.2, kv_usage=0.0))
     query = PrefixQuery(PROMPT)
     assert index.matched_tokens(query, ["a", "b"]) == {"a": 0, "b": 32}
-    nodes = [_node("a"), _node("b", running=3)]  # 0.8 of the prompt against 3 * 0.2
-    assert [picker.pick("prefill", nodes, query=query).info.node_id for _ in range(3)] == ["b"] * 3
-    nodes = [_node("a"), _node("b", running=5)]
-    assert picker.pick("prefill", nodes, query=query).info.node_id == "a"
-    other = PrefixQuery(list(range(5000, 5040)))  # cached nowhere: least loaded
-    assert picker.pick("prefill", nodes, query=other).info.node_id == "a"
-    assert picker.pick("prefill", nodes).info.node_id == "a"  # no query: least loaded
+    weights, work = KVWeights(prefix=1.0, load=1.0, kv_usage=0.0), PoolWork({"prefill": 10.0})
+
+    def choice(b_running: int) -> str:
+        nodes = [_node("a"), _node("b", running=b_running)]
+        return kv_aware_choice("prefill", nodes, index, query, weights, work, queued).info.node_id
+
+    def queued(node: NodeRecord) -> int:
+        return node.load.running
+
+    # b saves 32 of the 40 tokens; each queued request there costs the pool's average work
+    assert choice(b_running=3) == "b"  # 8 + 3 * 10 < 40
+    assert work.of("prefill") == 10.0 + WORK_SMOOTHING * (8 - 10.0)  # it learns b's 8 tokens
+    work.tokens["prefill"] = 10.0
+    assert choice(b_running=4) == "a"  # 8 + 4 * 10 > 40
+
+
+def test_kv_aware_without_a_match_is_least_loaded() -> None:
+    index = PrefixIndex()
+    _holds(index, "b", PROMPT)
+    picker = NodePicker("kv_aware", index)
+    nodes = [_node("a"), _node("b", running=1)]
+    other = PrefixQuery(list(range(5000, 5040)))  # cached nowhere
+    assert [picker.pick("prefill", nodes, query=other).info.node_id for _ in range(2)] == ["a"] * 2
+    assert picker.pick("prefill", nodes).info.node_id == "a"  # no query at all
+    idle = [_node("a"), _node("b")]
+    assert picker.pick("prefill", idle, query=PrefixQuery(PROMPT)).info.node_id == "b"
 
 
 async def test_the_router_prefills_where_the_prefix_is_and_counts_hits(
