@@ -165,3 +165,32 @@ async def test_lost_messages_are_repaired_by_the_next_snapshot(server: EmbeddedR
         await client.aclose()
         await publisher.close()
         await reader.stop()
+
+
+async def test_a_gap_sends_the_reader_back_to_the_latest_snapshot(server: EmbeddedRedis) -> None:
+    index = PrefixIndex()
+    reader = KVEventReader(server.url, index, lambda: {"p0"}, block_s=0.05)
+    publisher = KVEventPublisher(server.url, "p0", "i1", BS)
+    client = aioredis.Redis.from_url(server.url)
+    try:
+        await publisher.publish_snapshot([(HASHES[0], None)])
+        await reader.poll()
+        await publisher.publish(CacheChanges([(111, None)], []))
+        lost = (await client.xrevrange(stream_key("p0"), count=1))[0][0]
+        await client.xdel(stream_key("p0"), lost)
+        await publisher.publish(CacheChanges([(222, None)], []))  # read first: the gap
+        await publisher.publish_snapshot([(h, None) for h in HASHES])  # what p0 holds now
+        await publisher.publish(CacheChanges([], [HASHES[2]]))
+        for _ in range(3):
+            await reader.poll()
+        assert reader.lost == 1
+        assert _matched(index)["p0"] == 8 and index.num_blocks(["p0"]) == 2  # no 111 or 222
+        late = PrefixIndex()  # a router that starts now begins at the same snapshot
+        late_reader = KVEventReader(server.url, late, lambda: {"p0"}, block_s=0.05)
+        await late_reader.poll()
+        assert _matched(late)["p0"] == 8 and late.num_blocks(["p0"]) == 2
+        await late_reader.stop()
+    finally:
+        await client.aclose()
+        await publisher.close()
+        await reader.stop()
