@@ -108,7 +108,8 @@ def run_policy(policy: str, args: argparse.Namespace, run_dir: Path) -> dict[str
     finally:
         up.stop()
     point = result["points"][0]
-    return {"policy": policy, "prefill_node_tokens_computed": computed, **point}
+    load = os.getloadavg()[0]  # the machine's 1-minute load at the end: latencies need it
+    return {"policy": policy, "prefill_node_tokens_computed": computed, "load_1m": load, **point}
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
