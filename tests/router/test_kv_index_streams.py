@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis.asyncio as aioredis
@@ -142,55 +143,68 @@ async def test_a_redis_restart_is_repaired_by_a_snapshot(
     await p0.close()
 
 
-async def test_lost_messages_are_repaired_by_the_next_snapshot(server: EmbeddedRedis) -> None:
+@dataclass
+class Manual:
+    """A reader polled by the test itself, a publisher driven by hand, and a raw client."""
+
+    index: PrefixIndex
+    reader: KVEventReader
+    publisher: KVEventPublisher
+    client: aioredis.Redis
+
+    async def lose_last(self) -> None:
+        """Delete the newest message of p0's stream before any reader sees it."""
+        last = (await self.client.xrevrange(stream_key("p0"), count=1))[0][0]
+        await self.client.xdel(stream_key("p0"), last)
+
+
+@pytest.fixture
+async def manual(server: EmbeddedRedis) -> AsyncIterator[Manual]:
     index = PrefixIndex()
     reader = KVEventReader(server.url, index, lambda: {"p0"}, block_s=0.05)
     publisher = KVEventPublisher(server.url, "p0", "i1", BS)
     client = aioredis.Redis.from_url(server.url)
-    try:
-        await publisher.publish_snapshot([(h, None) for h in HASHES])
-        await reader.poll()
-        assert _matched(index)["p0"] == 12
-        await publisher.publish(CacheChanges([], HASHES[1:]))
-        lost = (await client.xrevrange(stream_key("p0"), count=1))[0][0]
-        await client.xdel(stream_key("p0"), lost)  # the eviction never reaches the router
-        await publisher.publish(CacheChanges([(777, None)], []))
-        await reader.poll()
-        assert reader.lost == 1
-        assert _matched(index)["p0"] == 12  # stale: the node will miss and compute them
-        await publisher.publish_snapshot([(HASHES[0], None), (777, None)])
-        await reader.poll()
-        assert _matched(index)["p0"] == 4 and index.num_blocks(["p0"]) == 2
-    finally:
-        await client.aclose()
-        await publisher.close()
-        await reader.stop()
+    yield Manual(index, reader, publisher, client)
+    await client.aclose()
+    await publisher.close()
+    await reader.stop()
 
 
-async def test_a_gap_sends_the_reader_back_to_the_latest_snapshot(server: EmbeddedRedis) -> None:
-    index = PrefixIndex()
-    reader = KVEventReader(server.url, index, lambda: {"p0"}, block_s=0.05)
-    publisher = KVEventPublisher(server.url, "p0", "i1", BS)
-    client = aioredis.Redis.from_url(server.url)
-    try:
-        await publisher.publish_snapshot([(HASHES[0], None)])
+async def test_lost_messages_are_repaired_by_the_next_snapshot(manual: Manual) -> None:
+    publisher, reader, index = manual.publisher, manual.reader, manual.index
+    await publisher.publish_snapshot([(h, None) for h in HASHES])
+    await reader.poll()
+    assert _matched(index)["p0"] == 12
+    await publisher.publish(CacheChanges([], HASHES[1:]))
+    await manual.lose_last()  # the eviction never reaches the router
+    await publisher.publish(CacheChanges([(777, None)], []))
+    await reader.poll()
+    assert reader.lost == 1
+    assert _matched(index)["p0"] == 12  # stale: the node will miss and compute them
+    await publisher.publish_snapshot([(HASHES[0], None), (777, None)])
+    await reader.poll()
+    assert _matched(index)["p0"] == 4 and index.num_blocks(["p0"]) == 2
+
+
+async def test_a_gap_sends_the_reader_back_to_the_latest_snapshot(
+    server: EmbeddedRedis, manual: Manual
+) -> None:
+    publisher, reader, index = manual.publisher, manual.reader, manual.index
+    await publisher.publish_snapshot([(HASHES[0], None)])
+    await reader.poll()
+    await publisher.publish(CacheChanges([(111, None)], []))
+    await manual.lose_last()
+    await publisher.publish(CacheChanges([(222, None)], []))  # read first: the gap
+    await publisher.publish_snapshot([(h, None) for h in HASHES])  # what p0 holds now
+    await publisher.publish(CacheChanges([], [HASHES[2]]))
+    for _ in range(3):
         await reader.poll()
-        await publisher.publish(CacheChanges([(111, None)], []))
-        lost = (await client.xrevrange(stream_key("p0"), count=1))[0][0]
-        await client.xdel(stream_key("p0"), lost)
-        await publisher.publish(CacheChanges([(222, None)], []))  # read first: the gap
-        await publisher.publish_snapshot([(h, None) for h in HASHES])  # what p0 holds now
-        await publisher.publish(CacheChanges([], [HASHES[2]]))
-        for _ in range(3):
-            await reader.poll()
-        assert reader.lost == 1
-        assert _matched(index)["p0"] == 8 and index.num_blocks(["p0"]) == 2  # no 111 or 222
-        late = PrefixIndex()  # a router that starts now begins at the same snapshot
-        late_reader = KVEventReader(server.url, late, lambda: {"p0"}, block_s=0.05)
+    assert reader.lost == 1
+    assert _matched(index)["p0"] == 8 and index.num_blocks(["p0"]) == 2  # no 111 or 222
+    late = PrefixIndex()  # a router that starts now begins at the same snapshot
+    late_reader = KVEventReader(server.url, late, lambda: {"p0"}, block_s=0.05)
+    try:
         await late_reader.poll()
         assert _matched(late)["p0"] == 8 and late.num_blocks(["p0"]) == 2
-        await late_reader.stop()
     finally:
-        await client.aclose()
-        await publisher.close()
-        await reader.stop()
+        await late_reader.stop()
