@@ -80,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default=None, help="where logs and pids.json go")
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--policy", choices=["kv_aware", "least_loaded", "round_robin"], default=None,
+        help="the router's routing policy (default kv_aware)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,6 +200,8 @@ def _router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[
     argv += ["--redis-url", redis_url, "--model", str(model)]
     if args.log_level:
         argv += ["--log-level", args.log_level]
+    if args.policy:
+        argv += ["--policy", args.policy]
     return argv
 
 

@@ -39,7 +39,14 @@ class RouterSettings(_Base):
     model_cache: Path | None = None  # model cache dir, as in models
     served_model_name: str | None = None  # the `model` clients send; default: model's name
     api_key: SecretStr | None = None  # when set, /v1/* needs `Authorization: Bearer <key>`
-    policy: Literal["round_robin", "least_loaded"] = "least_loaded"
+    # kv_aware: the prefix index (nodes' KV events) against load; with one node per pool
+    # every policy picks that node.
+    policy: Literal["round_robin", "least_loaded", "kv_aware"] = "kv_aware"
+    # kv_aware cost (router/kv_policy.py): prefix * tokens to compute + a request's average
+    # work * (load * queued requests + usage * KV usage)
+    kv_prefix_weight: float = Field(default=1.0, ge=0)
+    kv_load_weight: float = Field(default=0.5, ge=0)
+    kv_usage_weight: float = Field(default=0.5, ge=0)
     # Prompts with fewer tokens than this skip the prefill pool: the decode node prefills
     # locally (a 32-token prompt costs about as much as a KV transfer round trip). 0 = never.
     local_prefill_max_tokens: int = Field(default=32, ge=0)
@@ -95,6 +102,9 @@ class NodeSettings(_Base):
     )
     advertise_host: str | None = None  # host in the URL others use; default: host
     torch_threads: int | None = Field(default=None, ge=1)
+    kv_events: bool = True  # publish prefix-cache changes for the routers' kv_aware policy
+    kv_events_interval_s: float = Field(default=0.05, gt=0)
+    kv_events_maxlen: int = Field(default=10_000, ge=16)  # entries kept in the node's stream
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")

@@ -4,7 +4,8 @@
    is full, up to RESERVE_WAIT_S; then 503 so the router tries another decode node).
 2. `pull`: one READ of the prefill node's blocks that the local prefix cache lacks, within
    the transfer deadline and the lease. A READ that completes tells the prefill node to end
-   the lease. While a READ runs, its blocks stay reserved: an abort cancels the READ first.
+   the lease; when the local cache holds every block, a release notice alone ends it. While
+   a READ runs, its blocks stay reserved: an abort cancels the READ first.
 """
 
 from __future__ import annotations
@@ -90,14 +91,11 @@ async def reserve(loop: EngineLoop, job: DecodeJob) -> ImportPlan:
 
 
 def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
-    """(remote, local) block ids to copy, pairwise. When the local prefix cache already
-    holds every block, one block still moves, into the request's first uncached block (the
-    next token overwrites it): a completed READ is what ends the prefill node's lease."""
+    """(remote, local) block ids to copy, pairwise: the blocks the local prefix cache lacks
+    (none when it holds them all)."""
     fill = list(plan.fill_block_ids)
     first = plan.num_cached_blocks
-    if fill:
-        return remote_blocks[first : first + len(fill)], fill
-    return [remote_blocks[-1]], [plan.block_ids[first]]
+    return remote_blocks[first : first + len(fill)], fill
 
 
 def check_handle(kv: KVHandle, num_kv_tokens: int, block_size: int) -> None:
@@ -129,15 +127,12 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
     if job.aborted:
         return PullResult(aborted=True)
     remote, local = transfer_pairs(plan, list(kv.block_ids))
-    job.transfer = asyncio.create_task(
-        agent.read_blocks(
-            peer,
-            remote,
-            local,
-            request_id=job.req.request_id,
-            deadline_s=min(agent.config.deadline_s, left),
-        )
-    )
+    rid, deadline_s = job.req.request_id, min(agent.config.deadline_s, left)
+    if local:
+        read = agent.read_blocks(peer, remote, local, request_id=rid, deadline_s=deadline_s)
+    else:
+        read = _release_only(agent, peer, rid, deadline_s)
+    job.transfer = asyncio.create_task(read)
     try:
         moved = await job.transfer
     except (TransferError, ValueError) as exc:
@@ -150,6 +145,14 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
     return PullResult(
         aborted=job.aborted, num_blocks=len(local), nbytes=moved.nbytes, seconds=moved.seconds
     )
+
+
+async def _release_only(
+    agent: KVTransferAgent, peer: PeerInfo, request_id: str, deadline_s: float
+) -> TransferResult:
+    """Every block is cached here: end the prefill node's lease without reading."""
+    await agent.release(peer, request_id, deadline_s=deadline_s)
+    return TransferResult(0, 0.0)
 
 
 def failure_kind(exc: Exception) -> str:

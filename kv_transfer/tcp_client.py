@@ -109,6 +109,22 @@ class BlockRead:
             self.pool.give_back(self.peer, sock)
             return
 
+    def release_only(self) -> None:
+        """Send the release notice on a pooled (or new) connection; no blocks move."""
+        for attempt in (1, 2):  # like run: a cached socket may have died idle
+            cached = self.pool.take(self.peer)
+            sock = cached or self._guarded(self._connect)
+            try:
+                sock.settimeout(self.deadline.remaining())
+                send_json(sock, Kind.RELEASE, {"request_id": self.request_id})
+            except OSError as exc:
+                sock.close()
+                if cached is None or attempt == 2:
+                    raise PeerUnavailable(f"{self.peer.agent_name} failed: {exc}") from None
+                continue
+            self.pool.give_back(self.peer, sock)
+            return
+
     def connect_only(self) -> None:
         """Open a connection and leave it in the pool for the next READ."""
         self.pool.give_back(self.peer, self._guarded(self._connect))

@@ -23,6 +23,7 @@ from engine.kv_sizing import KVCapacity
 from engine.loop import EngineLoop
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
+from node.kv_publisher import kv_events
 from node.metrics import NodeMetrics
 
 
@@ -58,7 +59,8 @@ class NodeCore:
                 node.agent = await asyncio.to_thread(node._make_agent)
                 if node.agent.leases is not None:
                     serving = asyncio.create_task(node.agent.serve(), name="lease-serve")
-            yield node
+            async with kv_events(settings, loop):
+                yield node
         finally:
             if serving is not None:
                 serving.cancel()

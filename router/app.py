@@ -25,6 +25,8 @@ from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router import endpoints
 from router.errors import APIError, bad_request, internal_error
+from router.kv_policy import KVWeights
+from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
 from router.policy import NodePicker
@@ -43,12 +45,18 @@ def create_app(
     `tokenizer` it loads the tokenizer of settings.model at startup. The app starts and
     stops the membership it uses."""
     metrics = RouterMetrics(router_id(settings))
+    members = membership or Membership(settings.redis_url, settings.membership_poll_s)
+    kv = KVRouting(settings.policy, metrics.kv, members)
+    weights = KVWeights(
+        settings.kv_prefix_weight, settings.kv_load_weight, settings.kv_usage_weight
+    )
     state = RouterState(
         settings=settings,
-        membership=membership or Membership(settings.redis_url, settings.membership_poll_s),
+        membership=members,
         metrics=metrics,
-        picker=NodePicker(settings.policy),
+        picker=NodePicker(settings.policy, kv.index, weights),
         admission=Admission(settings.max_inflight, settings.retry_after_s, metrics),
+        kv=kv,
         tokenizer=tokenizer,
     )
     app = FastAPI(
@@ -91,11 +99,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         http, settings.connect_timeout_s, settings.prefill_timeout_s, settings.decode_idle_timeout_s
     )
     await state.membership.start()
+    await state.kv.start(settings.redis_url)
     state.started_at = time.time()
     log.info("router_started model=%s policy=%s", settings.model_name(), settings.policy)
     try:
         yield
     finally:
+        await state.kv.stop()
         await state.membership.stop()
         await state.drain()
         await http.aclose()

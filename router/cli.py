@@ -30,7 +30,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kind, help_text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=help_text)
-    parser.add_argument("--policy", choices=["round_robin", "least_loaded"], default=None)
+    parser.add_argument("--policy", choices=["round_robin", "least_loaded", "kv_aware"])
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
 
 

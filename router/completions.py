@@ -28,6 +28,7 @@ from cluster.protocol import (
     TokenEvent,
 )
 from router.errors import APIError, bad_request, overloaded, unavailable
+from router.kv_index import PrefixQuery
 from router.node_client import NodeCallError
 from router.output import TokenChunk
 from router.policy import Pools, saturated
@@ -51,6 +52,8 @@ class TokenFlow:
         self._s = state
         self.request_id = request_id
         self.prompt_ids = prompt_ids
+        self._query = PrefixQuery(prompt_ids)
+        self._decode_predicted = 0  # prompt tokens the index expected on the decode node
         self.sampling = sampling
         self._ticket = ticket
         self.arrived_at = arrived_at
@@ -113,9 +116,10 @@ class TokenFlow:
         tried: set[str] = set()
         busy = 0
         while len(tried) < self._s.settings.prefill_attempts:
-            node = self._s.picker.pick("prefill", candidates, tried)
+            node = self._s.picker.pick("prefill", candidates, tried, self._query)
             if node is None:
                 break
+            predicted = self._s.kv.predicted(self._query, node.info.node_id)
             if tried:
                 self._s.metrics.prefill_retries.inc()
             tried.add(node.info.node_id)
@@ -125,6 +129,7 @@ class TokenFlow:
                 busy += err.kind == "busy"
                 continue
             self._accept_prefill(node.info, resp)
+            self._s.kv.record("prefill", node.info.node_id, predicted, resp.num_cached_tokens)
             return True
         if tried and busy == len(tried):
             raise overloaded("every prefill node is busy", self._retry_after)
@@ -171,9 +176,10 @@ class TokenFlow:
         """Start /internal/generate on one of `candidates`; raises APIError if none accepts."""
         busy = tried = 0
         while len(self._decode_tried) < self._s.settings.decode_attempts:
-            node = self._s.picker.pick("decode", candidates, self._decode_tried)
+            node = self._s.picker.pick("decode", candidates, self._decode_tried, self._query)
             if node is None:
                 break
+            self._decode_predicted = self._s.kv.predicted(self._query, node.info.node_id)
             self._decode_tried.add(node.info.node_id)
             tried += 1
             req = DecodeRequest(
@@ -246,8 +252,10 @@ class TokenFlow:
         if self._stream is None:
             raise RuntimeError("no decode stream is open")
         async for event in self._stream:
-            if self.path == "local" and not self.output_ids:
+            if self.path == "local" and not self.output_ids and self._decode is not None:
                 self.num_cached_tokens = event.num_cached_tokens
+                pool, node_id = self._decode.role, self._decode.node_id
+                self._s.kv.record(pool, node_id, self._decode_predicted, event.num_cached_tokens)
             if event.token_ids:
                 self._tokens_arrived(len(event.token_ids))
             self.output_ids.extend(event.token_ids)

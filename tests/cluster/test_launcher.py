@@ -183,3 +183,10 @@ def test_sigint_stops_the_launcher_even_when_the_shell_ignored_it() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored afterwards
     finally:
         signal.signal(signal.SIGINT, saved)
+
+
+def test_policy_reaches_the_router_command_line(tmp_path: Path) -> None:
+    for policy in ("round_robin", "least_loaded", "kv_aware"):
+        argv = launcher._router_argv(_args("--policy", policy), tmp_path, "redis://h:1/0")
+        assert _parse_child(argv).policy == policy
+    assert _parse_child(launcher._router_argv(_args(), tmp_path, "redis://h:1/0")).policy is None

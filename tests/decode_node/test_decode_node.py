@@ -134,13 +134,19 @@ async def test_logprobs_come_with_every_token(nodes: Nodes) -> None:
             assert logprob.token_id == token and len(logprob.top) == 2 and logprob.logprob <= 0
 
 
-async def test_fully_cached_prompt_still_ends_the_lease(nodes: Nodes, model_dir: Path) -> None:
+async def test_fully_cached_prompt_reads_nothing_and_ends_the_lease(
+    nodes: Nodes, model_dir: Path
+) -> None:
     prompt = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks
     want = offline_tokens(model_dir, prompt, PARAMS)
+    moved = []
     for rid in ("cached-1", "cached-2"):  # the second finds both blocks in the decode cache
+        before = (await stats(nodes.decode)).counters.get("imported_blocks_total", 0)
         answer = await _prefill(nodes.prefill, rid, prompt)
         events = await generate(nodes.decode, _decode_req(rid, answer, prompt))
         assert [answer.first_token_id, *tokens_of(events)] == want
+        moved.append((await stats(nodes.decode)).counters["imported_blocks_total"] - before)
+    assert moved == [2, 0]  # a release notice alone ended the second lease
     idle = await wait_idle(nodes.prefill, timeout_s=3.0)  # lease_ttl_s is 30 s
     assert idle.load.leases_held == 0
 

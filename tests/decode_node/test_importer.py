@@ -21,10 +21,10 @@ def test_only_blocks_missing_from_the_local_cache_move() -> None:
     assert transfer_pairs(plan, [20, 21, 22]) == ([21, 22], [8, 9])
 
 
-def test_a_fully_cached_prompt_still_moves_one_block_into_a_fresh_one() -> None:
+def test_a_fully_cached_prompt_moves_no_block() -> None:
     # 8 KV tokens, both blocks cached; block 9 (the next token's) is the request's own
     plan = ImportPlan(block_ids=(7, 8, 9), num_cached_tokens=8, num_kv_tokens=8, block_size=4)
-    assert transfer_pairs(plan, [20, 21]) == ([21], [9])
+    assert transfer_pairs(plan, [20, 21]) == ([], [])
 
 
 class _FullLoop:

@@ -137,3 +137,25 @@ def test_auto_picks_nixl_and_logs_ucx_settings(caplog: pytest.LogCaptureFixture)
     agent.close()
     assert agent.info.transport is TransportKind.NIXL and agent.info.nixl_metadata
     assert "transport nixl (UCX backend, UCX_TLS" in caplog.text
+
+
+async def test_a_release_without_a_read_ends_the_lease() -> None:
+    freed: list[str] = []
+    leases = LeaseTable(lambda rid, blocks: freed.append(rid))
+    owner, reader = tcp_agent("owner", leases=leases), tcp_agent("reader")
+    serving = asyncio.create_task(owner.serve())
+    try:
+        leases.grant("cached-here", [3, 4], ttl_s=60)
+        before = reader.region.kv.clone()
+        await reader.release(owner.info, "cached-here")
+        for _ in range(500):
+            if freed:
+                break
+            await asyncio.sleep(0.01)
+        assert freed == ["cached-here"] and leases.held() == (0, 0)
+        assert torch.equal(reader.region.kv, before)  # nothing was written
+        assert reader.counters.bytes == 0
+    finally:
+        serving.cancel()
+        owner.close()
+        reader.close()
