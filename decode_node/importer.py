@@ -24,6 +24,7 @@ from kv_transfer import (
     PeerInfo,
     PeerUnavailable,
     TransferError,
+    TransferRefused,
     TransferResult,
     TransferTimeout,
 )
@@ -160,4 +161,6 @@ def failure_kind(exc: Exception) -> str:
         return "peer"
     if isinstance(exc, LayoutMismatch):
         return "layout"
+    if isinstance(exc, TransferRefused):
+        return "refused"
     return "other"

@@ -20,10 +20,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from cluster.auth import CLUSTER_TOKEN_HEADER, token_ok
 from cluster.protocol import (
     HEALTH,
     STATS,
@@ -81,6 +82,13 @@ def node_state(request: Request) -> NodeState:
     return state
 
 
+def require_cluster_token(request: Request) -> None:
+    """401 unless the call carries the cluster token (when the node has one)."""
+    expected = node_state(request).settings.cluster_token
+    if not token_ok(request.headers.get(CLUSTER_TOKEN_HEADER), expected):
+        raise NodeError(401, "unauthorized", "missing or wrong cluster token")
+
+
 def runtime_of(request: Request) -> Any:
     """The role's runtime; 503 while the node is still loading."""
     runtime = node_state(request).runtime
@@ -102,7 +110,7 @@ def create_node_app(
     )  # fmt: skip
     app.state.node = state
     app.include_router(probes)
-    app.include_router(routes)
+    app.include_router(routes, dependencies=[Depends(require_cluster_token)])
     _install_error_handlers(app)
     return app
 

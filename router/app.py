@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cluster.auth import cluster_headers
 from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
@@ -49,6 +50,7 @@ def create_app(
         metrics=metrics,
         picker=NodePicker(settings.policy),
         admission=Admission(settings.max_inflight, settings.retry_after_s, metrics),
+        api_keys=settings.api_keys(),
         tokenizer=tokenizer,
     )
     app = FastAPI(
@@ -88,7 +90,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         trust_env=False,  # node traffic never goes through an HTTP proxy
     )
     state.nodes = NodeClient(
-        http, settings.connect_timeout_s, settings.prefill_timeout_s, settings.decode_idle_timeout_s
+        http,
+        settings.connect_timeout_s,
+        settings.prefill_timeout_s,
+        settings.decode_idle_timeout_s,
+        cluster_headers(settings.cluster_token),
     )
     await state.membership.start()
     state.started_at = time.time()

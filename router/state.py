@@ -66,6 +66,7 @@ class RouterState:
     metrics: RouterMetrics
     picker: NodePicker
     admission: Admission
+    api_keys: tuple[bytes, ...] = ()
     tokenizer: Tokenizer | None = None
     nodes: NodeClient | None = None
     started_at: float = 0.0
