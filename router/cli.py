@@ -20,6 +20,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model-cache", str, "model cache directory"),
     ("--served-model-name", str, "the model name clients send (default: the model's name)"),
     ("--api-key", str, "require `Authorization: Bearer KEY` on /v1 (prefer the env var)"),
+    ("--api-key-file", str, "accepted API keys, one per line"),
     ("--local-prefill-max-tokens", int, "prompts shorter than this skip the prefill pool"),
     ("--max-model-len", int, "context length (default: the smallest of the nodes')"),
     ("--max-inflight", int, "concurrent requests before 429"),

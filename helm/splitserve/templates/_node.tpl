@@ -98,6 +98,7 @@ spec:
             {{- end }}
           env:
             {{- include "splitserve.redis.env" $root | nindent 12 }}
+            {{- include "splitserve.clusterToken.env" $root | nindent 12 }}
             - name: SPLITSERVE_NODE_ID
               valueFrom:
                 fieldRef:
