@@ -61,6 +61,7 @@ class RouterSettings(_Base):
     retry_after_s: int = Field(default=1, ge=1)
     membership_poll_s: float = Field(default=1.0, gt=0)
     max_model_len: int | None = Field(default=None, ge=1)  # default: smallest of the nodes'
+    drain_timeout_s: float = Field(default=30.0, gt=0)  # after SIGTERM, for running streams
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
@@ -115,6 +116,8 @@ class NodeSettings(_Base):
     torch_threads: int | None = Field(default=None, ge=1)
     # Needed on every /internal/* call and on the KV transfer handshake when set.
     cluster_token: SecretStr | None = None
+    # After SIGTERM: how long running requests get to finish (and leases to be pulled).
+    drain_timeout_s: float = Field(default=30.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")

@@ -21,8 +21,6 @@ from typing import Any
 
 from cluster.settings import NodeSettings, SettingsError, load
 
-GRACEFUL_SHUTDOWN_S = 10  # time streams get to finish after SIGTERM
-
 _HELP: dict[str, str] = {
     "host": "address to listen on (default 127.0.0.1)",
     "port": "HTTP port (default 8100)",
@@ -46,6 +44,7 @@ _HELP: dict[str, str] = {
     "node_id": "node id in the registry (default: ROLE-HOSTNAME-PORT)",
     "advertise_host": "host others use to reach this node (default: --host)",
     "torch_threads": "torch CPU threads of the engine",
+    "drain_timeout_s": "after SIGTERM: seconds running requests get to finish",
     "log_level": "log level",
 }
 
@@ -95,7 +94,7 @@ def run_node(
     except OSError as exc:
         print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
-    return serve(app_factory(settings), sock, settings.log_level)
+    return serve(app_factory(settings), sock, settings)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -112,20 +111,24 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: Any, sock: socket.socket, log_level: str) -> int:
-    """Run `app` on `sock` with uvicorn and uvloop; 3 when its lifespan failed to start."""
+def serve(app: Any, sock: socket.socket, settings: NodeSettings) -> int:
+    """Run `app` on `sock` with uvicorn and uvloop until SIGTERM / SIGINT, which drain the
+    node (node.drain); 3 when its lifespan failed to start."""
     import uvicorn
+
+    from node.drain import DrainingServer
+    from node.server import begin_drain
 
     config = uvicorn.Config(
         app,
         loop="uvloop",
         lifespan="on",
         log_config=None,
-        log_level=log_level,
+        log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, lambda: begin_drain(app))
     server.run(sockets=[sock])
     return 0 if server.started else 3
 

@@ -25,6 +25,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--max-model-len", int, "context length (default: the smallest of the nodes')"),
     ("--max-inflight", int, "concurrent requests before 429"),
     ("--request-timeout-s", float, "deadline of one request"),
+    ("--drain-timeout-s", float, "after SIGTERM: seconds running streams get to finish"),
 )
 
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         log_config=None,
         log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
     return 0
 
