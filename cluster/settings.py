@@ -107,6 +107,10 @@ class NodeSettings(_Base):
     transfer_port: int = Field(default=0, ge=0, le=65535)  # 0 = pick a free port
     transfer_failure: Literal["recompute", "fail"] = "recompute"
     lease_ttl_s: float = Field(default=30.0, gt=0)
+    # decode: KV imports wait for blocks in a queue this long at most (the request's own
+    # deadline may be shorter); more than max_queued_imports waiting -> 503
+    max_queued_imports: int = Field(default=256, ge=1)
+    import_wait_s: float = Field(default=30.0, gt=0)
     heartbeat_s: float = Field(default=1.0, gt=0)
     ttl_s: float = Field(default=5.0, gt=0)  # registry key TTL; must exceed heartbeat_s
     node_id: str | None = Field(

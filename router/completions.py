@@ -47,14 +47,19 @@ class TokenFlow:
         sampling: SamplingSpec,
         ticket: Ticket,
         arrived_at: float,
+        priority: int = 0,
+        timeout_s: float | None = None,
     ) -> None:
+        """`timeout_s` (the request's own) shortens the router's request_timeout_s."""
         self._s = state
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.sampling = sampling
+        self.priority = priority
         self._ticket = ticket
         self.arrived_at = arrived_at
-        self.deadline = arrived_at + state.settings.request_timeout_s
+        limit = state.settings.request_timeout_s
+        self.deadline = arrived_at + (min(limit, timeout_s) if timeout_s else limit)
         self.output_ids: list[int] = []
         self.num_cached_tokens = 0
         self.ttft_s: float | None = None
@@ -108,7 +113,10 @@ class TokenFlow:
 
     async def _remote_prefill(self, candidates: Sequence[NodeRecord]) -> bool:
         req = PrefillRequest(
-            request_id=self.request_id, prompt_token_ids=self.prompt_ids, sampling=self.sampling
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_ids,
+            sampling=self.sampling,
+            priority=self.priority,
         )
         tried: set[str] = set()
         busy = 0
@@ -182,6 +190,8 @@ class TokenFlow:
                 output_token_ids=list(self.output_ids),
                 sampling=self.sampling,
                 kv=kv,
+                priority=self.priority,
+                wait_s=max(self.deadline - time.monotonic(), 0.001),
             )
             try:
                 ctx = self._s.require_nodes().generate(node.info, req, self.deadline)

@@ -169,7 +169,9 @@ async def _prepare(
     max_tokens = resolve_max_tokens(prompt, requested, param, max_len)
     spec = sampling_spec(tokenizer, req, max_tokens, logprobs)
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-    flow = TokenFlow(state, request_id, prompt.token_ids, spec, ticket, arrived)
+    flow = TokenFlow(
+        state, request_id, prompt.token_ids, spec, ticket, arrived, req.priority, req.timeout
+    )
     output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
     fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
     return flow, output, fmt_cls(request_id, req.model, tokenizer, logprobs)
