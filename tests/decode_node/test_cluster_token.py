@@ -3,7 +3,7 @@ format otherwise), and a prefill node refuses the KV handshake of a reader witho
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -14,7 +14,6 @@ from node_harness import (
     metric,
     node_settings,
     offline_tokens,
-    save_tiny_model,
     scrape,
     serving,
     tokens_of,
@@ -23,7 +22,6 @@ from node_harness import (
 
 from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.protocol import DecodeRequest, NodeErrorResponse, PrefillResponse, SamplingSpec
-from cluster.redis_server import EmbeddedRedis
 from decode_node.app import create_app as decode_app
 from engine.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
@@ -34,17 +32,6 @@ TOKEN = "the-cluster-token-0123456789"
 OTHER = "another-cluster-token-98765"
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]
 SPEC = SamplingSpec(max_tokens=6, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

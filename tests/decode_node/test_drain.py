@@ -4,15 +4,12 @@ new work is refused with 503 "draining", while releases, aborts and running stre
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis.asyncio as aioredis
-from node_harness import generate, node_settings, save_tiny_model, serving, tokens_of, wait_idle
+from node_harness import generate, node_settings, serving, tokens_of, wait_idle
 
 from cluster.protocol import DecodeRequest, NodeErrorResponse, SamplingSpec
-from cluster.redis_server import EmbeddedRedis
 from cluster.registry import node_key
 from decode_node.app import create_app as decode_app
 from node.server import begin_drain
@@ -20,17 +17,6 @@ from prefill_node.app import create_app as prefill_app
 
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]
 SPEC = SamplingSpec(max_tokens=40, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 async def _registered(redis_url: str, node_id: str) -> bool:
