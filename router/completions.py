@@ -59,6 +59,7 @@ class TokenFlow:
         self._ticket = ticket
         self.arrived_at = arrived_at
         limit = state.settings.request_timeout_s
+        self.own_deadline = timeout_s is not None and timeout_s < limit  # the client's
         self.deadline = arrived_at + (min(limit, timeout_s) if timeout_s else limit)
         self.output_ids: list[int] = []
         self.num_cached_tokens = 0
@@ -244,12 +245,7 @@ class TokenFlow:
                 self._node_failed("decode", err)
                 if err.kind == "deadline":
                     self.error = "deadline"
-                    raise APIError(
-                        504,
-                        "the request ran past its deadline",
-                        type="server_error",
-                        code="timeout",
-                    ) from None
+                    raise self._deadline_error() from None
                 await self._resume(err)
 
     async def _read_stream(self) -> AsyncIterator[TokenChunk]:
@@ -296,6 +292,16 @@ class TokenFlow:
         )  # fmt: skip
         if err.kind == "unreachable":
             self._s.membership.mark_unhealthy(err.node_id)
+
+    def _deadline_error(self) -> APIError:
+        """408 when the request's own `timeout` ran out, 504 for the router's limit."""
+        if self.own_deadline:
+            return APIError(
+                408, "the request ran past its `timeout`", param="timeout", code="timeout"
+            )
+        return APIError(
+            504, "the request ran past its deadline", type="server_error", code="timeout"
+        )
 
     def _refused(self, err: NodeCallError) -> APIError:
         info = err.info
