@@ -59,7 +59,7 @@ class Load:
     async def worker(self, index: int) -> None:
         turn = 0
         while not self.stop.is_set():
-            max_tokens = 200 if (index + turn) % 2 else 16
+            max_tokens = 96 if (index + turn) % 2 else 16
             turn += 1
             try:
                 problem = await self._one(max_tokens)
@@ -133,7 +133,7 @@ async def _roll(cluster: Cluster, started: list[subprocess.Popen[bytes]]) -> Loa
         workers = [asyncio.create_task(load.worker(i)) for i in range(WORKERS)]
         for name in NODES:
             before = load.done
-            while load.done < before + 2:  # steady load reached the cluster again
+            while load.done < before + 1:  # steady load reached the cluster again
                 await asyncio.sleep(0.1)
             pid = cluster.pids[name]
             started.append(await asyncio.to_thread(_restart, cluster, name, pid))
