@@ -2,6 +2,9 @@
 
     python -m bench.offline [--model smollm2] [--compare-hf] [--out bench/results/offline.json]
 
+On CUDA it also times decode steps of the whole batch against their same-run roofline
+(bench.decode_step).
+
 Workload: N requests with prompt lengths uniform in [min_len, max_len] (seeded random token
 ids), a fixed number of output tokens each, ignore_eos, greedy.
 """
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=2048, help="max tokens per engine step")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--decode-steps", type=int, default=32, help="CUDA: decode steps timed")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
     args = ap.parse_args(argv)
 
@@ -167,6 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_hf:
         ratio = results["transformers"]["seconds"] / results["splitserve"]["seconds"]
         print(f"engine speed-up over transformers: {ratio:.2f}x")
+    decode_step = None
+    if args.device.startswith("cuda"):
+        from bench.decode_step import describe, measure_decode_step
+
+        decode_step = measure_decode_step(
+            model_dir, prompts, args.dtype, args.device, args.budget, args.decode_steps, peak
+        )
+        print(describe(decode_step))
     write_json(
         args.out,
         {
@@ -180,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "matmul_peak_samples_gflop_s": peaks,
             "environment": environment(),
             "results": results,
+            "decode_step": decode_step,
         },
     )
     print(f"wrote {args.out}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -76,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9,
+        help="CUDA: share of the GPU for all nodes together; each node gets an equal part",
+    )  # fmt: skip
     parser.add_argument("--run-dir", default=None, help="where logs and pids.json go")
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -110,6 +115,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--threads-per-node must be >= 1")
     if not 1 <= args.port <= 65535:
         raise ValueError("--port must be in [1, 65535]")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
 
 
 def _ensure_model(args: argparse.Namespace) -> Path:
@@ -213,12 +220,19 @@ def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: Node
         "--torch-threads": args.threads_per_node,
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,
+        "--gpu-memory-utilization": node_gpu_share(args),
         "--log-level": args.log_level,
     }
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
     return argv
+
+
+def node_gpu_share(args: argparse.Namespace) -> float:
+    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU."""
+    nodes = args.decode if args.colocated else args.prefill + args.decode
+    return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000
 
 
 def _spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> Child:

@@ -200,7 +200,8 @@ class NodeInfo(_Msg):
     """What a node publishes once at registration (and again on every heartbeat).
 
     url: base URL the router calls, e.g. "http://10.0.0.5:8101". capacity: KV blocks in
-    total. started_at: unix time the process started (a restart changes it).
+    total; kv_capacity_tokens and kv_cache_bytes: the same cache in tokens and bytes.
+    started_at: unix time the process started (a restart changes it).
     """
 
     node_id: str
@@ -212,6 +213,8 @@ class NodeInfo(_Msg):
     max_model_len: int = Field(ge=1)
     capacity: int = Field(ge=0)
     started_at: float
+    kv_capacity_tokens: int = Field(default=0, ge=0)
+    kv_cache_bytes: int = Field(default=0, ge=0)
 
 
 class NodeLoad(_Msg):

@@ -98,9 +98,12 @@ class NodeSettings(_Base):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     block_size: int = Field(default=16, ge=1, le=1024)
-    num_kv_blocks: int | None = Field(default=None, ge=1)  # exclusive with kv_cache_memory_gb
+    # KV cache size: num_kv_blocks or kv_cache_memory_gb when set (not both); else on CUDA
+    # gpu_memory_utilization of the device's memory minus the weights and activations; else 1 GiB
+    num_kv_blocks: int | None = Field(default=None, ge=1)
     kv_cache_memory_gb: float | None = Field(default=None, gt=0)
-    max_num_seqs: int = Field(default=64, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)  # default: 256 on CUDA, 64 on CPU
     max_num_batched_tokens: int = Field(default=2048, ge=1)
     max_model_len: int | None = Field(default=None, ge=1)  # default: the model's
     transfer: Literal["auto", "nixl", "tcp"] = "auto"

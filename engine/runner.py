@@ -14,8 +14,10 @@ import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata, select_attention
 from engine.config import EngineConfig
-from engine.kv_cache import KVLayout, allocate_kv_cache, num_blocks_for
+from engine.kv_cache import KVLayout, allocate_kv_cache
+from engine.kv_sizing import DeviceMemory, plan_kv_cache
 from engine.loader import load_weights
+from engine.memory_profile import measure_device_memory, profile_lengths
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.schedule import ScheduledChunk, SchedulerOutput
@@ -51,7 +53,8 @@ class ModelRunner:
         self.packed_weights = config.pack_cpu_weights and self.model.pack_cpu_weights()
         self.model.use_cpu_kernels(config.cpu_kernels)
         self.layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
-        self.num_blocks = num_blocks_for(config, self.layout)
+        self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory)
+        self.num_blocks = self.kv_capacity.num_blocks
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
 
@@ -80,6 +83,12 @@ class ModelRunner:
             input_ids.to(self.device), meta, self.kv_cache, logits_indices.to(self.device)
         )
         return logits.float()
+
+    def _measure_memory(self) -> DeviceMemory:
+        """The GPU's memory around a forward of the largest step (engine.memory_profile)."""
+        c = self.config
+        lengths = profile_lengths(c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len)
+        return measure_device_memory(self.model, self.layout, lengths, self.device)
 
     def _check_lengths(self, meta: AttentionMetadata) -> None:
         longest = max(meta.context_lens_host)

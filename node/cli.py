@@ -30,9 +30,13 @@ _HELP: dict[str, str] = {
     "device": "where the engine runs",
     "dtype": "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU)",
     "block_size": "tokens per KV block",
-    "num_kv_blocks": "KV blocks to allocate (else sized by --kv-cache-memory-gb)",
-    "kv_cache_memory_gb": "memory for the KV cache, in GiB (default 1)",
-    "max_num_seqs": "requests batched together at most",
+    "num_kv_blocks": "KV blocks to allocate (else sized by memory)",
+    "kv_cache_memory_gb": "memory for the KV cache, in GiB (default: on CUDA sized by "
+    "--gpu-memory-utilization, on CPU 1)",
+    "gpu_memory_utilization": "CUDA: share of the GPU's memory for weights, activations and "
+    "KV cache together, when neither --num-kv-blocks nor --kv-cache-memory-gb is set "
+    "(default 0.9)",
+    "max_num_seqs": "requests batched together at most (default 256 on CUDA, 64 on CPU)",
     "max_num_batched_tokens": "tokens computed per engine step at most",
     "max_model_len": "context length (default: the model's)",
     "transfer": "KV transport: nixl, tcp, or auto (NIXL when available)",

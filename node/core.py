@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from cluster.protocol import NodeInfo, NodeLoad
 from cluster.settings import NodeSettings
 from engine.config import engine_config
+from engine.kv_sizing import KVCapacity
 from engine.loop import EngineLoop
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
@@ -49,6 +50,7 @@ class NodeCore:
         model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
         config = engine_config(model_dir, **engine_options(settings))
         loop = await EngineLoop.launch(config, settings.torch_threads)
+        metrics.set_kv_capacity(loop.engine.runner.kv_capacity)
         node = cls(settings, loop, started_at, metrics)
         serving: asyncio.Task[None] | None = None
         try:
@@ -95,7 +97,7 @@ class NodeCore:
                 layout_fingerprint=engine.runner.layout.fingerprint(),
                 peer_info=self.agent.info.to_json() if self.agent is not None else "",
                 max_model_len=engine.max_model_len,
-                capacity=engine.block_manager.num_total_blocks,
+                capacity=engine.runner.kv_capacity,
                 started_at=self.started_at,
             )
         return self._info
@@ -130,7 +132,7 @@ def node_info(
     layout_fingerprint: str,
     peer_info: str,
     max_model_len: int,
-    capacity: int,
+    capacity: KVCapacity,
     started_at: float,
 ) -> NodeInfo:
     """What the node publishes in the registry."""
@@ -142,7 +144,9 @@ def node_info(
         layout_fingerprint=layout_fingerprint,
         peer_info=peer_info,
         max_model_len=max_model_len,
-        capacity=capacity,
+        capacity=capacity.num_blocks,
+        kv_capacity_tokens=capacity.num_tokens,
+        kv_cache_bytes=capacity.num_bytes,
         started_at=started_at,
     )
 
@@ -163,20 +167,20 @@ def node_load(
 
 def engine_options(settings: NodeSettings) -> dict[str, Any]:
     """The engine settings among a node's, as keyword arguments (device and dtype may be
-    "auto"); engine.config.engine_config turns them into an EngineConfig."""
-    options: dict[str, Any] = {
+    "auto", None keeps the device's default); engine.config.engine_config turns them into an
+    EngineConfig."""
+    return {
         "role": settings.role,
         "device": settings.device,
         "dtype": settings.dtype,
         "block_size": settings.block_size,
         "num_kv_blocks": settings.num_kv_blocks,
+        "kv_cache_memory_gb": settings.kv_cache_memory_gb,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "max_model_len": settings.max_model_len,
     }
-    if settings.kv_cache_memory_gb is not None:
-        options["kv_cache_memory_gb"] = settings.kv_cache_memory_gb
-    return options
 
 
 def transfer_options(settings: NodeSettings) -> dict[str, Any]:

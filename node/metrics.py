@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.protocol import NodeLoad
+from engine.kv_sizing import KVCapacity
 
 _LABELS = ("role", "node")
 LATENCY_BUCKETS = (
@@ -86,6 +87,9 @@ class NodeMetrics:
             "splitserve_kv_usage_ratio", "Share of KV blocks held by requests (0..1)"
         )
         self.leases = self._gauge("splitserve_kv_leases", "KV leases held for decode nodes")
+        self.kv_blocks = self._gauge("splitserve_kv_capacity_blocks", "KV blocks allocated")
+        self.kv_tokens = self._gauge("splitserve_kv_capacity_tokens", "Tokens the KV cache holds")
+        self.kv_bytes = self._gauge("splitserve_kv_cache_bytes", "Bytes of the KV cache")
         self.queue_time = self._histogram(
             "splitserve_queue_time_seconds",
             "From arrival at the node to the request's first scheduled engine step",
@@ -139,6 +143,12 @@ class NodeMetrics:
     def watch(self, counters: Callable[[], Mapping[str, float]] | None) -> None:
         """Read the totals from `counters()` at each scrape (None: keep the last values)."""
         self._totals.follow(counters)
+
+    def set_kv_capacity(self, capacity: KVCapacity) -> None:
+        """The KV cache's size, once it is allocated."""
+        self.kv_blocks.set(capacity.num_blocks)
+        self.kv_tokens.set(capacity.num_tokens)
+        self.kv_bytes.set(capacity.num_bytes)
 
     def observe(self, load: NodeLoad) -> None:
         self.running.set(load.running)

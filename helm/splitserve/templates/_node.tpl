@@ -93,6 +93,10 @@ spec:
             - {{ ternary "cuda" "cpu" $gpu }}
             - --dtype
             - {{ $pool.dtype | default (ternary "bfloat16" "float32" $gpu) }}
+            {{- if $gpu }}
+            - --gpu-memory-utilization
+            - {{ $pool.gpuMemoryUtilization | default 0.9 | quote }}
+            {{- end }}
             {{- with $pool.extraArgs }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
