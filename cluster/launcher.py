@@ -257,7 +257,7 @@ def _write_cluster_file(
         "nodes": {n.name: {"url": n.url, "role": n.role} for n in nodes},
         "pids": pids,
     }
-    (run_dir / "cluster.json").write_text(json.dumps(layout, indent=2) + "\n")
+    _write_json(run_dir / "cluster.json", layout)
     for child in children:
         print(f"started {child.name} pid={child.pid}", flush=True)
 
@@ -267,7 +267,14 @@ def _note_pid(run_dir: Path, name: str, pid: int) -> None:
     path = run_dir / "cluster.json"
     layout = json.loads(path.read_text())
     layout["pids"][name] = pid
-    path.write_text(json.dumps(layout, indent=2) + "\n")
+    _write_json(path, layout)
+
+
+def _write_json(path: Path, data: object) -> None:
+    """Replace `path` at once: a reader never sees it half written."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _wait_ready(args: argparse.Namespace, children: list[Child], nodes: list[NodePlan]) -> None:
