@@ -10,8 +10,10 @@ A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
 Logs: each child writes to RUN_DIR/NAME.log (RUN_DIR: --run-dir or a new temporary
 directory, printed at start). RUN_DIR/cluster.json, written as the children start, holds
 the router URL, the Redis URL, each node's URL and every process id (launcher included).
-A node that exits is reported and the cluster keeps serving without it; when the router or
-Redis exits, the launcher stops everything and exits 1.
+A node that exits is reported and the cluster keeps serving without it. An embedded Redis that
+dies is restarted on the same port (cluster.redis_supervisor); when the router exits, or Redis
+keeps dying, the launcher stops everything and exits 1. Every run gets its own cluster token
+(SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from types import FrameType
 
 import httpx
 
+from cluster.auth import CLUSTER_TOKEN_ENV, new_token
 from cluster.process import Child, stop_all
 from cluster.redis_server import EmbeddedRedis, free_port
+from cluster.redis_supervisor import RedisSupervisor
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.25
@@ -152,6 +156,10 @@ def _stop_on_sigterm() -> Iterator[None]:
 def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
     redis = None
     children: list[Child] = []
+    # One cluster token per run (unless the environment brings one): nodes take /internal/*
+    # calls and KV handshakes only from this cluster's processes. It travels in env only.
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault(CLUSTER_TOKEN_ENV, new_token())
     try:
         if args.redis:
             redis_url = args.redis
@@ -159,13 +167,14 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
             redis = EmbeddedRedis(die_with_parent=True).start()
             redis_url = redis.url
         nodes = _plan_nodes(args)
-        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url)))
+        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url), env))
         for node in nodes:
-            children.append(_spawn(run_dir, node.name, _node_argv(args, model, redis_url, node)))
+            argv = _node_argv(args, model, redis_url, node)
+            children.append(_spawn(run_dir, node.name, argv, env))
         _write_cluster_file(run_dir, args, redis_url, nodes, children, redis)
         _wait_ready(args, children, nodes)
         _announce(args, model, nodes)
-        return _supervise(children, redis)
+        return _supervise(children, redis, run_dir)
     finally:
         if children or redis is not None:
             print("stopping...", flush=True)
@@ -232,8 +241,7 @@ def node_gpu_share(args: argparse.Namespace) -> float:
     return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000
 
 
-def _spawn(run_dir: Path, name: str, argv: list[str]) -> Child:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> Child:
     return Child(name, argv, run_dir / f"{name}.log", env)
 
 
@@ -255,9 +263,24 @@ def _write_cluster_file(
         "nodes": {n.name: {"url": n.url, "role": n.role} for n in nodes},
         "pids": pids,
     }
-    (run_dir / "cluster.json").write_text(json.dumps(layout, indent=2) + "\n")
+    _write_json(run_dir / "cluster.json", layout)
     for child in children:
         print(f"started {child.name} pid={child.pid}", flush=True)
+
+
+def _note_pid(run_dir: Path, name: str, pid: int) -> None:
+    """Record a restarted process's new pid in cluster.json."""
+    path = run_dir / "cluster.json"
+    layout = json.loads(path.read_text())
+    layout["pids"][name] = pid
+    _write_json(path, layout)
+
+
+def _write_json(path: Path, data: object) -> None:
+    """Replace `path` at once: a reader never sees it half written."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _wait_ready(args: argparse.Namespace, children: list[Child], nodes: list[NodePlan]) -> None:
@@ -329,14 +352,21 @@ def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan]) -> N
     )
 
 
-def _supervise(children: list[Child], redis: EmbeddedRedis | None) -> int:
-    """Run until interrupted; 1 when the router or Redis exits, nodes may come and go."""
+def _supervise(children: list[Child], redis: EmbeddedRedis | None, run_dir: Path) -> int:
+    """Run until interrupted; 1 when the router exits or Redis stays down (an embedded
+    Redis that dies is restarted on its port, within RestartPolicy's budget); nodes may
+    come and go."""
     reported: set[str] = set()
+    keeper = None
+    if redis is not None:
+        keeper = RedisSupervisor(redis, on_restart=lambda pid: _note_pid(run_dir, "redis", pid))
     while True:
         time.sleep(POLL_S)
-        if redis is not None and not redis.running:
-            print("redis-server exited; stopping the cluster", file=sys.stderr, flush=True)
-            return 1
+        if keeper is not None:
+            keeper.check()
+            if keeper.gave_up:
+                print("redis-server keeps dying; stopping the cluster", file=sys.stderr)
+                return 1
         for child in children:
             code = child.exit_code()
             if code is None or child.name in reported:

@@ -1,7 +1,7 @@
 """Decode role: take over a request prefilled elsewhere.
 
-1. `reserve`: the engine reserves blocks for prompt + given tokens (retried while the cache
-   is full, up to RESERVE_WAIT_S; then 503 so the router tries another decode node).
+1. Reserve: the engine reserves blocks for prompt + given tokens; while the cache or the
+   batch is full the request waits in the node's ImportQueue (decode_node.import_queue).
 2. `pull`: one READ of the prefill node's blocks that the local prefix cache lacks, within
    the transfer deadline and the lease. A READ that completes tells the prefill node to end
    the lease; when the local cache holds every block, a release notice alone ends it. While
@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass, field
 
 from cluster.protocol import DecodeRequest, KVHandle
-from engine.engine import LLMEngine
-from engine.loop import EngineLoop
 from engine.sampling_params import SamplingParams
 from engine.schedule import ImportPlan
 from kv_transfer import (
@@ -25,13 +23,12 @@ from kv_transfer import (
     PeerInfo,
     PeerUnavailable,
     TransferError,
+    TransferRefused,
     TransferResult,
     TransferTimeout,
 )
-from node.errors import NodeError, checked_async
+from node.errors import NodeError
 
-RESERVE_WAIT_S = 2.0  # how long a request waits for free blocks before a 503
-RESERVE_RETRY_S = 0.02
 LEASE_MARGIN_S = 0.5  # a READ must end this long before the lease expires
 
 
@@ -67,27 +64,6 @@ class PullResult:
     nbytes: int = 0
     seconds: float = 0.0
     kind: str = "other"
-
-
-async def reserve(loop: EngineLoop, job: DecodeJob) -> ImportPlan:
-    """Blocks for the request's KV; NodeError 400 for a request that can never fit, 503 when
-    none free up in time."""
-    req = job.req
-    deadline = time.monotonic() + RESERVE_WAIT_S
-
-    def attempt(engine: LLMEngine) -> ImportPlan | None:
-        return engine.import_request(
-            req.request_id, list(req.prompt_token_ids), list(req.output_token_ids), job.params
-        )
-
-    while not job.aborted:
-        plan = await checked_async(loop.call(attempt), "prompt_token_ids")
-        if plan is not None:
-            return plan
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(RESERVE_RETRY_S)
-    raise NodeError(503, "overloaded", "no free KV blocks on this decode node")
 
 
 def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -163,4 +139,6 @@ def failure_kind(exc: Exception) -> str:
         return "peer"
     if isinstance(exc, LayoutMismatch):
         return "layout"
+    if isinstance(exc, TransferRefused):
+        return "refused"
     return "other"

@@ -40,6 +40,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    priority: int = 0  # lower is served first; ties go by arrival
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

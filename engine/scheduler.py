@@ -2,10 +2,11 @@
 
 Each step has a token budget (max_num_batched_tokens) and a cap on live sequences
 (max_num_seqs). The order is: running decodes (one token each), then the rest of running
-prefills (chunked when longer than the budget left), then waiting requests, FIFO, while
-blocks last. A running request that needs a block when none is free preempts the most
-recently arrived running request (itself, if it is the newest): its blocks are freed and it
-goes back to the front of the waiting queue, to be recomputed from prompt + tokens so far.
+prefills (chunked when longer than the budget left), then waiting requests in (priority,
+arrival) order (lower priority first; FIFO among equals), while blocks last. A running
+request that needs a block when none is free preempts the last running request in that
+order, the lowest priority and newest (itself, if it is that one): its blocks are freed and
+it goes back to the waiting queue at its place, to be recomputed from prompt + tokens so far.
 
 Protocol: `schedule()`, run the chunks, `update(out, sampled)`. Nothing advances in
 `schedule()`, so calling it again without `update()` (say after a failed step) just plans the
@@ -69,11 +70,11 @@ class Scheduler:
         self._config = config
         self._blocks = block_manager
         self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # arrival order, newest last
+        self._running: list[Request] = []  # (priority, arrival) order: the victim is last
         self._pinned: dict[str, Request] = {}
         self._importing: dict[str, _Import] = {}
         self._live: dict[str, Request] = {}
-        self._arrival: dict[str, int] = {}
+        self._arrival: dict[str, tuple[int, int]] = {}  # id -> (priority, arrival)
         self._counter = itertools.count()
         self._last: tuple[SchedulerOutput, dict[str, Request]] | None = None
 
@@ -115,7 +116,7 @@ class Scheduler:
         never fit in the cache."""
         self._check_new(request, request.num_tokens)
         self._enter(request)
-        self._waiting.append(request)
+        self._queue(request)
 
     def abort(self, request_id: str) -> bool:
         """Finish a request in any state with ABORT and free its blocks. False when unknown."""
@@ -262,7 +263,7 @@ class Scheduler:
             cached = len(hits) * self._blocks.block_size
             num_tokens = self._chunk_len(request.num_tokens - cached, step.budget)
             if not num_tokens or not self._blocks.allocate(request, cached + num_tokens, hits):
-                return  # FIFO: the head waits, nobody overtakes it
+                return  # in order: the head waits, nobody overtakes it
             self._waiting.popleft()
             self._start_running(request)
             step.add(request, num_tokens)
@@ -305,7 +306,7 @@ class Scheduler:
         request.num_cached_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
-        self._waiting.appendleft(request)
+        self._queue(request)
         step.drop(request)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
@@ -325,9 +326,14 @@ class Scheduler:
         position = bisect.bisect(keys, self._arrival[request.request_id])
         self._running.insert(position, request)
 
+    def _queue(self, request: Request) -> None:
+        """Into the waiting queue at its (priority, arrival) place."""
+        keys = [self._arrival[r.request_id] for r in self._waiting]
+        self._waiting.insert(bisect.bisect(keys, self._arrival[request.request_id]), request)
+
     def _enter(self, request: Request) -> None:
         self._live[request.request_id] = request
-        self._arrival[request.request_id] = next(self._counter)
+        self._arrival[request.request_id] = (request.priority, next(self._counter))
 
     def _check_new(self, request: Request, num_tokens: int) -> None:
         rid = request.request_id

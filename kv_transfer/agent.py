@@ -63,7 +63,9 @@ class KVTransferAgent:
             use_hugepages(kv)
         self.config = config
         self.leases = leases
-        self.identity = Identity(config.node_name, uuid.uuid4().hex[:12], fingerprint, layout)
+        self.identity = Identity(
+            config.node_name, uuid.uuid4().hex[:12], fingerprint, layout, token=config.token
+        )
         self.transport: Transport = _select_transport(self.region, self.identity, config)
         weakref.finalize(self, self.transport.close)  # at the latest at interpreter exit
         self.counters = TransferCounters()

@@ -194,4 +194,5 @@ def transfer_options(settings: NodeSettings) -> dict[str, Any]:
         "tcp_host": settings.host,
         "tcp_port": settings.transfer_port,
         "advertise_host": urlsplit(settings.url()).hostname,
+        "token": token.get_secret_value() if (token := settings.cluster_token) else None,
     }

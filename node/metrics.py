@@ -31,7 +31,7 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-TRANSFER_FAILURE_KINDS = ("timeout", "peer", "layout", "other")
+TRANSFER_FAILURE_KINDS = ("timeout", "peer", "layout", "refused", "other")
 
 # metric name (without _total) -> (key in NodeRuntime.counters(), help text)
 TOTALS: dict[str, tuple[str, str]] = {
@@ -113,7 +113,7 @@ class NodeMetrics:
         )
         self._failures = Counter(
             "splitserve_kv_transfer_failures",
-            "Failed KV transfers, by kind (timeout, peer, layout, other)",
+            "Failed KV transfers, by kind (timeout, peer, layout, refused, other)",
             [*_LABELS, "kind"],
             registry=self.registry,
         )

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cluster.auth import cluster_headers
 from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
@@ -57,6 +58,7 @@ def create_app(
         picker=NodePicker(settings.policy, kv.index, weights),
         admission=Admission(settings.max_inflight, settings.retry_after_s, metrics),
         kv=kv,
+        api_keys=settings.api_keys(),
         tokenizer=tokenizer,
     )
     app = FastAPI(
@@ -96,7 +98,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         trust_env=False,  # node traffic never goes through an HTTP proxy
     )
     state.nodes = NodeClient(
-        http, settings.connect_timeout_s, settings.prefill_timeout_s, settings.decode_idle_timeout_s
+        http,
+        settings.connect_timeout_s,
+        settings.prefill_timeout_s,
+        settings.decode_idle_timeout_s,
+        cluster_headers(settings.cluster_token),
     )
     await state.membership.start()
     await state.kv.start(settings.redis_url)

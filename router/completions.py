@@ -48,16 +48,22 @@ class TokenFlow:
         sampling: SamplingSpec,
         ticket: Ticket,
         arrived_at: float,
+        priority: int = 0,
+        timeout_s: float | None = None,
     ) -> None:
+        """`timeout_s` (the request's own) shortens the router's request_timeout_s."""
         self._s = state
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self._query = PrefixQuery(prompt_ids)
         self._decode_predicted = 0  # prompt tokens the index expected on the decode node
         self.sampling = sampling
+        self.priority = priority
         self._ticket = ticket
         self.arrived_at = arrived_at
-        self.deadline = arrived_at + state.settings.request_timeout_s
+        limit = state.settings.request_timeout_s
+        self.own_deadline = timeout_s is not None and timeout_s < limit  # the client's
+        self.deadline = arrived_at + (min(limit, timeout_s) if timeout_s else limit)
         self.output_ids: list[int] = []
         self.num_cached_tokens = 0
         self.ttft_s: float | None = None
@@ -111,7 +117,10 @@ class TokenFlow:
 
     async def _remote_prefill(self, candidates: Sequence[NodeRecord]) -> bool:
         req = PrefillRequest(
-            request_id=self.request_id, prompt_token_ids=self.prompt_ids, sampling=self.sampling
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_ids,
+            sampling=self.sampling,
+            priority=self.priority,
         )
         tried: set[str] = set()
         busy = 0
@@ -188,6 +197,8 @@ class TokenFlow:
                 output_token_ids=list(self.output_ids),
                 sampling=self.sampling,
                 kv=kv,
+                priority=self.priority,
+                wait_s=max(self.deadline - time.monotonic(), 0.001),
             )
             try:
                 ctx = self._s.require_nodes().generate(node.info, req, self.deadline)
@@ -240,12 +251,7 @@ class TokenFlow:
                 self._node_failed("decode", err)
                 if err.kind == "deadline":
                     self.error = "deadline"
-                    raise APIError(
-                        504,
-                        "the request ran past its deadline",
-                        type="server_error",
-                        code="timeout",
-                    ) from None
+                    raise self._deadline_error() from None
                 await self._resume(err)
 
     async def _read_stream(self) -> AsyncIterator[TokenChunk]:
@@ -294,6 +300,16 @@ class TokenFlow:
         )  # fmt: skip
         if err.kind == "unreachable":
             self._s.membership.mark_unhealthy(err.node_id)
+
+    def _deadline_error(self) -> APIError:
+        """408 when the request's own `timeout` ran out, 504 for the router's limit."""
+        if self.own_deadline:
+            return APIError(
+                408, "the request ran past its `timeout`", param="timeout", code="timeout"
+            )
+        return APIError(
+            504, "the request ran past its deadline", type="server_error", code="timeout"
+        )
 
     def _refused(self, err: NodeCallError) -> APIError:
         info = err.info

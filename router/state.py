@@ -68,6 +68,7 @@ class RouterState:
     picker: NodePicker
     admission: Admission
     kv: KVRouting
+    api_keys: tuple[bytes, ...] = ()
     tokenizer: Tokenizer | None = None
     nodes: NodeClient | None = None
     started_at: float = 0.0

@@ -5,7 +5,7 @@ the blocks; the colocated role prefills alone."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +16,6 @@ from node_harness import (
     generate,
     node_settings,
     offline_tokens,
-    save_tiny_model,
     serving,
     stats,
     tokens_of,
@@ -24,7 +23,7 @@ from node_harness import (
 )
 
 from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, SamplingSpec, TokenEvent
-from cluster.redis_server import EmbeddedRedis, free_port
+from cluster.redis_server import free_port
 from decode_node.app import create_app as decode_app
 from engine.sampling_params import SamplingParams
 from kv_transfer import PeerInfo
@@ -44,17 +43,6 @@ class Nodes:
     decode: httpx.AsyncClient
     failing: httpx.AsyncClient  # transfer_failure=fail
     colocated: httpx.AsyncClient
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

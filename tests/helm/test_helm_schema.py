@@ -27,6 +27,7 @@ BAD_VALUES = [
     ({"model": {"source": "s3"}}, "/model/source", "one of"),
     ({"model": {"source": "pvc"}}, "/model/pvc/claimName", "minLength"),
     ({"redis": {"externalUrl": "localhost:6379"}}, "/redis/externalUrl", "match pattern"),
+    ({"clusterToken": {"token": "short"}}, "/clusterToken/token", "match pattern"),
     (
         {"decode": {"autoscaling": {"metrics": [{"name": "cpu", "target": "1"}]}}},
         "/decode/autoscaling/metrics/0/name",

@@ -16,6 +16,7 @@ from kv_transfer import (
     LeaseTable,
     TransferConfig,
     TransferError,
+    TransferRefused,
     TransportKind,
     TransportUnavailable,
     nixl_available,
@@ -26,10 +27,10 @@ SHAPE = (16, 2, 2, 4, 2, 8)  # [blocks, layers, 2, block_size, kv_heads, head_di
 
 
 def tcp_agent(
-    name: str, fingerprint: str = "fp", leases: LeaseTable | None = None
+    name: str, fingerprint: str = "fp", leases: LeaseTable | None = None, token: str | None = None
 ) -> KVTransferAgent:
     kv = torch.randn(SHAPE)
-    config = TransferConfig(name, transport="tcp", poll_interval_s=0.01)
+    config = TransferConfig(name, transport="tcp", poll_interval_s=0.01, token=token)
     return KVTransferAgent(
         kv, fingerprint=fingerprint, layout=f"layout {fingerprint}", config=config, leases=leases
     )
@@ -110,6 +111,22 @@ async def test_serve_ends_released_and_expired_leases() -> None:
         serving.cancel()
         owner.close()
         reader.close()
+
+
+@pytest.mark.parametrize("reader_token", [None, "wrong-token"])
+async def test_owner_refuses_a_reader_without_the_cluster_token(reader_token: str | None) -> None:
+    owner = tcp_agent("owner", token="right-token")
+    reader, good = tcp_agent("reader", token=reader_token), tcp_agent("good", token="right-token")
+    try:
+        with pytest.raises(TransferRefused, match="cluster token"):
+            await reader.read_blocks(owner.info, [2], [0], request_id="r")
+        assert not torch.equal(reader.region.kv[0], owner.region.kv[2])
+        await good.read_blocks(owner.info, [2], [0], request_id="r")
+        assert torch.equal(good.region.kv[0], owner.region.kv[2])
+        assert "right-token" not in repr(owner.config) + repr(owner.identity)
+    finally:
+        for agent in (owner, reader, good):
+            agent.close()
 
 
 def test_auto_falls_back_to_tcp_without_nixl(

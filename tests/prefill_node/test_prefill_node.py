@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +17,6 @@ from node_harness import (
     TINY,
     metric,
     node_settings,
-    save_tiny_model,
     scrape,
     serving,
     stats,
@@ -25,24 +24,12 @@ from node_harness import (
 )
 
 from cluster.protocol import NodeRecord, PrefillResponse
-from cluster.redis_server import EmbeddedRedis
 from cluster.registry import node_key
 from prefill_node.app import create_app, route_paths
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]  # 9 tokens: 3 blocks of 4
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -102,6 +102,10 @@ spec:
             {{- end }}
           env:
             {{- include "splitserve.redis.env" $root | nindent 12 }}
+            {{- include "splitserve.clusterToken.env" $root | nindent 12 }}
+            {{- /* SIGTERM starts the drain; it ends 10 s before the kubelet's SIGKILL. */}}
+            - name: SPLITSERVE_DRAIN_TIMEOUT_S
+              value: {{ max 1 (sub (int $pool.terminationGracePeriodSeconds) 10) | quote }}
             - name: SPLITSERVE_NODE_ID
               valueFrom:
                 fieldRef:
