@@ -63,7 +63,8 @@ class RouterSettings(_Base):
     connect_timeout_s: float = Field(default=2.0, gt=0)
     prefill_attempts: int = Field(default=3, ge=1)  # prefill nodes tried before giving up
     decode_attempts: int = Field(default=2, ge=1)  # decode nodes tried (a resume counts)
-    max_inflight: int = Field(default=512, ge=1)  # concurrent requests; more -> 429
+    max_inflight: int = Field(default=512, ge=1)  # requests served at once; more wait
+    max_queued: int = Field(default=1024, ge=0)  # requests waiting for a slot; more -> 429
     max_queue: int = Field(default=256, ge=1)  # per-node waiting requests; all nodes over -> 429
     retry_after_s: int = Field(default=1, ge=1)
     membership_poll_s: float = Field(default=1.0, gt=0)

@@ -25,13 +25,14 @@ from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router import endpoints
+from router.admission import Admission
 from router.errors import APIError, bad_request, internal_error
 from router.kv_policy import KVWeights
 from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
 from router.policy import NodePicker
-from router.state import Admission, RouterState
+from router.state import RouterState
 
 log = logging.getLogger("splitserve.router")
 
@@ -56,7 +57,9 @@ def create_app(
         membership=members,
         metrics=metrics,
         picker=NodePicker(settings.policy, kv.index, weights),
-        admission=Admission(settings.max_inflight, settings.retry_after_s, metrics),
+        admission=Admission(
+            settings.max_inflight, settings.max_queued, settings.retry_after_s, metrics
+        ),
         kv=kv,
         api_keys=settings.api_keys(),
         tokenizer=tokenizer,

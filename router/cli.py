@@ -23,7 +23,8 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--api-key-file", str, "accepted API keys, one per line"),
     ("--local-prefill-max-tokens", int, "prompts shorter than this skip the prefill pool"),
     ("--max-model-len", int, "context length (default: the smallest of the nodes')"),
-    ("--max-inflight", int, "concurrent requests before 429"),
+    ("--max-inflight", int, "requests served at once; later ones wait in the queue"),
+    ("--max-queued", int, "requests waiting by (priority, arrival) before 429"),
     ("--request-timeout-s", float, "deadline of one request"),
     ("--drain-timeout-s", float, "after SIGTERM: seconds running streams get to finish"),
 )

@@ -27,12 +27,13 @@ from cluster.protocol import (
     SamplingSpec,
     TokenEvent,
 )
+from router.admission import Ticket
 from router.errors import APIError, bad_request, overloaded, unavailable
 from router.kv_index import PrefixQuery
 from router.node_client import NodeCallError
 from router.output import TokenChunk
 from router.policy import Pools, saturated
-from router.state import RouterState, Ticket
+from router.state import RouterState
 
 log = logging.getLogger("splitserve.router")
 

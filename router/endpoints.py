@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from cluster.auth import matches_any
+from router.admission import Ticket
 from router.completions import TokenFlow
 from router.errors import APIError, unavailable
 from router.openai_schema import (
@@ -32,7 +33,7 @@ from router.output import OutputProcessor
 from router.policy import Pools
 from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_spec
 from router.responses import ChatFormatter, CompletionFormatter, Formatter
-from router.state import RouterState, Ticket
+from router.state import RouterState
 from router.streaming import EventStreamResponse, collect, sse_events, usage_of
 
 T = TypeVar("T")
@@ -123,7 +124,9 @@ async def serve(
             param="model",
             code="model_not_found",
         )
-    ticket = state.admission.admit()
+    limit = state.settings.request_timeout_s
+    wait_s = min(limit, req.timeout) if req.timeout else limit
+    ticket = await state.admission.admit(req.priority, wait_s)
     try:
         flow, output, fmt = await _prepare(state, req, kind, ticket, arrived)
     except BaseException:

@@ -111,6 +111,22 @@ class RouterMetrics:
         self.inflight = Gauge(
             "splitserve_router_inflight_requests", "Requests being served", _BASE, registry=r
         ).labels(*base)
+        self.queued = Gauge(
+            "splitserve_router_queued_requests",
+            "Requests waiting in the router's queue for a slot",
+            _BASE,
+            registry=r,
+        ).labels(*base)
+        self.queue_time = Family(
+            Histogram(
+                "splitserve_router_queue_seconds",
+                "Time requests waited in the router's queue, by priority (clamped to -9..9)",
+                [*_BASE, "priority"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            ),
+            base,
+        )
         self.prompt_tokens = Counter(
             "splitserve_router_prompt_tokens", "Prompt tokens of served requests", _BASE, registry=r
         ).labels(*base)
@@ -122,6 +138,10 @@ class RouterMetrics:
         ).labels(*base)
 
         self.kv = KVMetrics(r, base)
+
+    def observe_queue(self, priority: int, seconds: float) -> None:
+        """One admitted request's wait; the label keeps priorities to 19 values."""
+        self.queue_time.labels(str(max(-9, min(9, priority)))).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""

@@ -13,49 +13,13 @@ from typing import Any
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
-from router.errors import overloaded
+from router.admission import Admission
 from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
 from router.policy import NodePicker
 
 log = logging.getLogger("splitserve.router")
-
-
-class Ticket:
-    """One admitted request; `release` is idempotent."""
-
-    def __init__(self, admission: Admission) -> None:
-        self._admission: Admission | None = admission
-
-    def release(self) -> None:
-        if self._admission is not None:
-            self._admission.release()
-            self._admission = None
-
-
-class Admission:
-    """Bounds the requests served at once; past `max_inflight` the answer is 429."""
-
-    def __init__(self, max_inflight: int, retry_after_s: int, metrics: RouterMetrics) -> None:
-        self.max_inflight = max_inflight
-        self.retry_after_s = retry_after_s
-        self.inflight = 0
-        self._metrics = metrics
-
-    def admit(self) -> Ticket:
-        if self.inflight >= self.max_inflight:
-            raise overloaded(
-                f"the router is serving {self.inflight} requests (limit {self.max_inflight})",
-                self.retry_after_s,
-            )
-        self.inflight += 1
-        self._metrics.inflight.set(self.inflight)
-        return Ticket(self)
-
-    def release(self) -> None:
-        self.inflight -= 1
-        self._metrics.inflight.set(self.inflight)
 
 
 @dataclass

@@ -260,7 +260,7 @@ async def test_logprobs_are_returned(tokenizer: Tokenizer, script: list[int]) ->
 async def test_overload_gives_429_with_retry_after(tokenizer: Tokenizer, script: list[int]) -> None:
     gate = asyncio.Event()
     async with (
-        fake_cluster(tokenizer, _nodes(script, gate=gate), max_inflight=1) as c,
+        fake_cluster(tokenizer, _nodes(script, gate=gate), max_inflight=1, max_queued=0) as c,
         httpx.AsyncClient() as client,
     ):
         body = CHAT | {"stream": True}
@@ -277,6 +277,32 @@ async def test_overload_gives_429_with_retry_after(tokenizer: Tokenizer, script:
     assert second.status_code == 429
     assert second.headers["retry-after"] == "1"
     assert second.json()["error"]["type"] == "rate_limit_error"
+
+
+async def test_a_busy_router_queues_then_serves_and_429s_only_when_the_queue_is_full(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    gate = asyncio.Event()
+    url_of = "{}/v1/chat/completions".format
+    async with (
+        fake_cluster(tokenizer, _nodes(script, gate=gate), max_inflight=1, max_queued=1) as c,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        async with client.stream("POST", url_of(c.router_url), json=CHAT | {"stream": True}) as r:
+            lines = r.aiter_lines()
+            await anext(lines)  # the first request holds the only slot
+            queued = asyncio.create_task(client.post(url_of(c.router_url), json=CHAT))
+            await _eventually(lambda: c.app.state.router.admission.queued == 1, timeout_s=30)
+            third = await client.post(url_of(c.router_url), json=CHAT)
+            gate.set()
+            rest = [line async for line in lines if line]
+        second = await queued
+        metrics = (await client.get(c.router_url + "/metrics")).text
+    assert rest[-1] == "data: [DONE]"
+    assert third.status_code == 429 and third.json()["error"]["code"] == "overloaded"
+    assert second.status_code == 200  # it waited for the slot instead of failing
+    assert second.json()["choices"][0]["message"]["content"]
+    assert metric(metrics, "splitserve_router_queue_seconds_count", priority="0") == 2
 
 
 async def test_readiness_and_models(tokenizer: Tokenizer, script: list[int]) -> None:
