@@ -149,8 +149,11 @@ class TokenFlow:
         picker, nodes = self._s.picker, self._s.require_nodes()
         picker.begin(node.node_id)
         try:
-            return await nodes.prefill(node, req)
+            return await nodes.prefill(node, req, self.deadline)
         except NodeCallError as err:
+            if err.kind == "deadline":  # the request's time, not the node's fault
+                self._s.spawn(nodes.release(node, self.request_id))
+                raise self._deadline_error() from None
             self._node_failed("prefill", err)
             if err.kind == "refused":
                 raise self._refused(err) from None

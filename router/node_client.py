@@ -58,17 +58,32 @@ class NodeClient:
         self._headers = _JSON | (headers or {})
         self._connect = connect_timeout_s
         self._prefill_timeout = httpx.Timeout(prefill_timeout_s, connect=connect_timeout_s)
+        self._prefill_timeout_s = prefill_timeout_s
+        self._connect_timeout_s = connect_timeout_s
         self._idle = idle_timeout_s
 
-    async def prefill(self, node: p.NodeInfo, req: p.PrefillRequest) -> p.PrefillResponse:
-        """POST /internal/prefill and wait (up to the prefill timeout) for token 1."""
+    async def prefill(
+        self, node: p.NodeInfo, req: p.PrefillRequest, deadline: float
+    ) -> p.PrefillResponse:
+        """POST /internal/prefill and wait for token 1, up to the prefill timeout or the
+        request's `deadline` (time.monotonic), whichever comes first ("deadline" then)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NodeCallError(node.node_id, "deadline", "request deadline passed")
+        timeout = self._prefill_timeout
+        if left < self._prefill_timeout_s:
+            timeout = httpx.Timeout(left, connect=min(left, self._connect_timeout_s))
         try:
             resp = await self._client.post(
                 node.url + p.INTERNAL_PREFILL,
                 content=req.model_dump_json(),
                 headers=self._headers,
-                timeout=self._prefill_timeout,
+                timeout=timeout,
             )
+        except httpx.TimeoutException as exc:
+            if timeout is not self._prefill_timeout:
+                raise NodeCallError(node.node_id, "deadline", "request deadline passed") from None
+            raise _unreachable(node.node_id, exc) from None
         except httpx.TransportError as exc:
             raise _unreachable(node.node_id, exc) from None
         _raise_for_status(node.node_id, resp.status_code, resp.content)

@@ -80,6 +80,7 @@ class FakeNode:
     url: str = ""
     gate: asyncio.Event | None = None  # decode waits for it before the first event
     accept_gate: asyncio.Event | None = None  # decode waits for it before answering at all
+    prefill_gate: asyncio.Event | None = None  # prefill waits for it before answering
     token: str | None = None  # the cluster token every /internal/* call must carry
     unauthorized: int = 0  # calls refused for a missing or wrong token
     prefills: list[p.PrefillRequest] = field(default_factory=list)
@@ -122,6 +123,8 @@ class FakeNode:
 
     async def _prefill(self, req: p.PrefillRequest) -> JSONResponse:
         self.prefills.append(req)
+        if self.prefill_gate is not None:
+            await self.prefill_gate.wait()
         if self.prefill_status != 200:
             err = p.NodeErrorResponse(error=p.ErrorInfo(code="x", message="scripted failure"))
             return JSONResponse(err.model_dump(), status_code=self.prefill_status)

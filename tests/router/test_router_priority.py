@@ -45,6 +45,27 @@ async def test_a_request_past_its_own_timeout_gets_408(
     assert nodes[1].aborts == [nodes[1].decodes[0].request_id]  # the decode was stopped
 
 
+async def test_a_timeout_that_runs_out_during_prefill_gets_408_and_frees_the_lease(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    gate = asyncio.Event()  # the prefill node answers only after the request's timeout
+    prefill = FakeNode("p0", "prefill", script, prefill_gate=gate)
+    nodes = [prefill, FakeNode("d0", "decode", script)]
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient(timeout=30) as client:
+        resp = await client.post(
+            c.router_url + "/v1/chat/completions", json=CHAT | {"timeout": 0.5}
+        )
+        gate.set()
+        metrics = (await client.get(c.router_url + "/metrics")).text
+        async with asyncio.timeout(30):
+            while not prefill.releases:
+                await asyncio.sleep(0.02)
+    assert resp.status_code == 408 and resp.json()["error"]["param"] == "timeout"
+    assert prefill.releases == [prefill.prefills[0].request_id]
+    assert not nodes[1].decodes
+    assert "splitserve_router_node_errors_total{" not in metrics  # the node is not blamed
+
+
 @pytest.mark.parametrize("bad", [{"priority": 10**7}, {"priority": "high"}, {"timeout": 0}])
 async def test_bad_priority_or_timeout_is_a_400(
     tokenizer: Tokenizer, script: list[int], bad: dict[str, object]
