@@ -63,6 +63,9 @@ class EngineConfig:
     # CPU fp32: C kernels (engine.cpu_kernels) for decode attention, rotary + KV write and
     # SiLU * up, where a C compiler is found; else the torch ops.
     cpu_kernels: bool = True
+    # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
+    # shape in model_dir/config.json (benchmarks of published shapes without their weights).
+    load_format: str = "safetensors"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -86,6 +89,10 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.attention_backend must be auto, torch or triton, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.load_format not in ("safetensors", "random"):
+            raise ValueError(
+                f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
             )
         if (
             not self.enable_chunked_prefill

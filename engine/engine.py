@@ -18,6 +18,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.schedule import ImportPlan
 from engine.scheduler import Scheduler
+from engine.step_timer import StepTimer
 
 
 @dataclass
@@ -63,6 +64,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.sampler = Sampler()
         self.counters = EngineCounters()
+        self.timer = StepTimer()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -122,14 +124,21 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Run one batch; returns one output per request that produced a token."""
+        timer = self.timer
+        timer.start()
         out = self.scheduler.schedule()
         self.counters.preemptions += len(out.preempted)
         if out.is_empty:
             return []
-        logits = self.runner.execute(out)  # [num_sampled, vocab]
+        timer.lap("schedule")
+        inputs = self.runner.prepare(out)
+        timer.lap("prepare")
+        logits = self.runner.forward(inputs)  # [num_sampled, vocab]
+        timer.lap("forward")
         sampled = [self.scheduler.get(c.request_id) for c in out.chunks if c.sample]
         requests = [r for r in sampled if r is not None]
         result = self.sampler.sample(logits, requests)
+        timer.lap("sample")
         tokens = {r.request_id: t for r, t in zip(requests, result.token_ids, strict=True)}
         self.counters.tokens_computed += out.num_tokens
         self.counters.generated_tokens += len(requests)
@@ -140,6 +149,8 @@ class LLMEngine:
             for r, t, lp in zip(requests, result.token_ids, result.logprobs, strict=True)
         ]
         self.counters.steps += 1
+        timer.lap("output")
+        timer.end_step()
         return outputs
 
     # ---- helpers ----------------------------------------------------------------------------

@@ -9,16 +9,25 @@ import ctypes
 import ctypes.util
 import sys
 from itertools import chain
+from typing import NamedTuple
 
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata, select_attention
 from engine.config import EngineConfig
 from engine.kv_cache import KVLayout, allocate_kv_cache, num_blocks_for
-from engine.loader import load_weights
+from engine.loader import init_random_weights, load_weights
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.schedule import ScheduledChunk, SchedulerOutput
+
+
+class StepInputs(NamedTuple):
+    """A step's tensors on the device: flattened token ids, attention metadata, sampled rows."""
+
+    input_ids: torch.Tensor  # [tokens] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [sampled] int64
 
 
 class ModelRunner:
@@ -47,7 +56,10 @@ class ModelRunner:
             config.dtype,
             self.device,
         )
-        load_weights(self.model, config.model_dir)
+        if config.load_format == "random":
+            init_random_weights(self.model)
+        else:
+            load_weights(self.model, config.model_dir)
         self.packed_weights = config.pack_cpu_weights and self.model.pack_cpu_weights()
         self.model.use_cpu_kernels(config.cpu_kernels)
         self.layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
@@ -62,6 +74,10 @@ class ModelRunner:
         Computes K/V for every scheduled token into the cache, and the LM head only for the
         last token of chunks with ``sample`` set.
         """
+        return self.forward(self.prepare(out))
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's input tensors, on the device."""
         if out.is_empty:
             raise ValueError("execute() needs at least one scheduled chunk")
         order = _decodes_first(out.chunks)
@@ -76,9 +92,12 @@ class ModelRunner:
         self._check_lengths(meta)
         input_ids = torch.tensor(list(chain.from_iterable(c.token_ids for c in chunks)))
         logits_indices = torch.tensor(_sampled_rows(out.chunks, order), dtype=torch.int64)
-        logits = self.model(
-            input_ids.to(self.device), meta, self.kv_cache, logits_indices.to(self.device)
-        )
+        return StepInputs(input_ids.to(self.device), meta, logits_indices.to(self.device))
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """float32 logits [sampled rows, vocab] of a prepared step."""
+        logits = self.model(inputs.input_ids, inputs.meta, self.kv_cache, inputs.logits_indices)
         return logits.float()
 
     def _check_lengths(self, meta: AttentionMetadata) -> None:
