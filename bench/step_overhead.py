@@ -32,7 +32,7 @@ SAMPLING: dict[str, dict[str, Any]] = {
     "random": {"temperature": 0.8, "top_p": 0.9, "top_k": 50},
 }
 # EngineConfig fields of each variant: the defaults, and the synchronous per-request path
-VARIANTS: dict[str, dict[str, Any]] = {"new": {}, "old": {}}
+VARIANTS: dict[str, dict[str, Any]] = {"new": {}, "old": {"sampler": "per_request"}}
 
 
 def measure(
@@ -71,7 +71,7 @@ def measure(
     engine.timer.enabled = True
     start = time.perf_counter()
     for _ in range(steps):
-        engine.step()
+        engine.step_result()
     elapsed = time.perf_counter() - start
     engine.timer.enabled = False
     phases = engine.timer.means_ms()

@@ -40,6 +40,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    # sampled in a scheduled step, not yet appended: 0, or 1-2 with overlapped scheduling
+    num_pending: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -51,7 +53,19 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens of the sequence, counting the pending ones (the scheduler's view)."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids are known: prompt + appended outputs."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def at_length_limit(self) -> bool:
+        """With its pending tokens, the request has all the tokens max_tokens and the context
+        allow: the next one is not to be computed, whatever the pending token is."""
+        outputs = len(self.output_token_ids) + self.num_pending
+        return outputs >= self.params.max_tokens or self.num_tokens >= self.max_model_len
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -70,6 +84,6 @@ class Request:
             return FinishReason.STOP
         if len(self.output_token_ids) >= self.params.max_tokens:
             return FinishReason.LENGTH
-        if self.num_tokens >= self.max_model_len:
+        if self.num_known_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None

@@ -8,8 +8,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from itertools import chain
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import torch
 
@@ -19,15 +18,9 @@ from engine.kv_cache import KVLayout, allocate_kv_cache, num_blocks_for
 from engine.loader import init_random_weights, load_weights
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
-from engine.schedule import ScheduledChunk, SchedulerOutput
-
-
-class StepInputs(NamedTuple):
-    """A step's tensors on the device: flattened token ids, attention metadata, sampled rows."""
-
-    input_ids: torch.Tensor  # [tokens] int64
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [sampled] int64
+from engine.persistent_batch import PersistentBatch, StepInputs
+from engine.request import Request
+from engine.schedule import SchedulerOutput
 
 
 class ModelRunner:
@@ -66,33 +59,30 @@ class ModelRunner:
         self.num_blocks = num_blocks_for(config, self.layout)
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
+        max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
+        self.batch = PersistentBatch(
+            config.max_num_seqs, max_blocks, config.block_size, model_config.vocab_size, self.device
+        )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run one step; float32 logits [sampled chunks, vocab] in the sampled chunks' order.
+        """Run one step; float32 logits [sampled rows, vocab]: decodes, then the sampled
+        prefill chunks, in order.
 
         Computes K/V for every scheduled token into the cache, and the LM head only for the
         last token of chunks with ``sample`` set.
         """
         return self.forward(self.prepare(out))
 
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
-        """The step's input tensors, on the device."""
+    def prepare(
+        self, out: SchedulerOutput, sampled_prefills: Sequence[Request] | None = None
+    ) -> StepInputs:
+        """The step's input tensors, on the device (see PersistentBatch.prepare)."""
         if out.is_empty:
             raise ValueError("execute() needs at least one scheduled chunk")
-        order = _decodes_first(out.chunks)
-        chunks = [out.chunks[i] for i in order]
-        meta = AttentionMetadata.build(
-            [c.num_tokens for c in chunks],
-            [c.start for c in chunks],
-            [c.block_table for c in chunks],
-            self.config.block_size,
-            self.device,
-        )
-        self._check_lengths(meta)
-        input_ids = torch.tensor(list(chain.from_iterable(c.token_ids for c in chunks)))
-        logits_indices = torch.tensor(_sampled_rows(out.chunks, order), dtype=torch.int64)
-        return StepInputs(input_ids.to(self.device), meta, logits_indices.to(self.device))
+        inputs = self.batch.prepare(out, sampled_prefills)
+        self._check_lengths(inputs.meta)
+        return inputs
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
@@ -106,21 +96,6 @@ class ModelRunner:
             raise ValueError(
                 f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
             )
-
-
-def _decodes_first(chunks: tuple[ScheduledChunk, ...]) -> list[int]:
-    """Chunk indices, single-token chunks first (batched decode attention), then prefills."""
-    return sorted(range(len(chunks)), key=lambda i: chunks[i].num_tokens != 1)
-
-
-def _sampled_rows(chunks: tuple[ScheduledChunk, ...], order: list[int]) -> list[int]:
-    """Row of each sampled chunk's last token in the reordered step, in scheduled order."""
-    end: dict[int, int] = {}
-    total = 0
-    for i in order:
-        total += chunks[i].num_tokens
-        end[i] = total
-    return [end[i] - 1 for i, c in enumerate(chunks) if c.sample]
 
 
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -40,6 +40,7 @@ from engine.schedule import (
 class _Step:
     budget: int
     scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens
+    prefills: list[str] = field(default_factory=list)  # chunks other than decodes, in order
     preempted: list[str] = field(default_factory=list)
 
     def add(self, request: Request, num_tokens: int) -> None:
@@ -75,7 +76,7 @@ class Scheduler:
         self._live: dict[str, Request] = {}
         self._arrival: dict[str, int] = {}
         self._counter = itertools.count()
-        self._last: tuple[SchedulerOutput, dict[str, Request]] | None = None
+        self._in_flight: deque[SchedulerOutput] = deque()  # scheduled, not yet updated
 
     # ---- introspection ------------------------------------------------------------------
 
@@ -193,56 +194,121 @@ class Scheduler:
     # ---- the step -----------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step within the token budget and the sequence cap."""
+        """Plan one step within the token budget and the sequence cap, and advance the
+        requests as if it ran: the next `schedule()` plans the step after it."""
         step = _Step(budget=self._config.max_num_batched_tokens)
-        self._schedule_running(step, decodes=True)
-        self._schedule_running(step, decodes=False)
+        decodes, starts = self._schedule_decodes(step)
+        self._schedule_prefills(step)
         if not step.preempted:  # no admission while short of blocks: avoids thrashing
             self._admit_waiting(step)
-        requests = {rid: self._live[rid] for rid in step.scheduled}
-        chunks = tuple(self._chunk(requests[rid], n) for rid, n in step.scheduled.items())
-        out = SchedulerOutput(chunks=chunks, preempted=tuple(step.preempted))
-        self._last = (out, requests)
+        else:
+            kept = [
+                (r, s)
+                for r, s in zip(decodes, starts, strict=True)
+                if r.request_id in step.scheduled
+            ]
+            decodes, starts = [r for r, _ in kept], [s for _, s in kept]
+        requests = [self._live[rid] for rid in step.prefills if rid in step.scheduled]
+        chunks = tuple(self._chunk(r, step.scheduled[r.request_id]) for r in requests)
+        for request in decodes:
+            request.num_computed_tokens += 1
+            request.num_pending += 1
+        for request, chunk in zip(requests, chunks, strict=True):
+            request.num_computed_tokens += chunk.num_tokens
+            request.num_pending += chunk.sample
+        out = SchedulerOutput(
+            chunks, tuple(step.preempted), tuple(decodes), tuple(starts), tuple(requests)
+        )
+        if not out.is_empty:
+            self._in_flight.append(out)
         return out
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> StepUpdate:
-        """Apply a computed step: advance, append sampled tokens, stop, finish or pin.
+    def update(
+        self, out: SchedulerOutput, sampled: Mapping[str, int] | Sequence[int]
+    ) -> StepUpdate:
+        """Apply a computed step: append its sampled tokens, stop, finish or pin.
 
-        sampled maps the request id of every chunk with sample=True to its new token.
-        Requests aborted since `schedule()` are skipped.
+        Steps are updated in the order they were scheduled (with overlapped scheduling the
+        next one is planned before this update). sampled: the new token of every sampled
+        request, by request id or as a sequence in step order (decodes, then the sampled
+        prefill chunks). Requests aborted since `schedule()` are skipped.
         """
-        if self._last is None or self._last[0] is not out:
-            raise RuntimeError("update() takes the output of the latest schedule()")
-        requests = self._last[1]
-        self._last = None
+        if out.is_empty:
+            return StepUpdate(())
+        if not self._in_flight or self._in_flight[0] is not out:
+            raise RuntimeError("update() takes the oldest scheduled step not yet updated")
+        self._in_flight.popleft()
+        tokens = _in_step_order(out, sampled)
         advanced: list[Request] = []
-        for chunk in out.chunks:
-            request = requests[chunk.request_id]
-            if self._live.get(chunk.request_id) is not request:
+        size = self._blocks.block_size
+        live = self._live
+        for request, token in zip(out.decodes, tokens, strict=False):
+            if live.get(request.request_id) is not request:
                 continue  # aborted in between
-            request.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                request.output_token_ids.append(_sampled_token(sampled, chunk.request_id))
+            request.num_pending -= 1
+            request.output_token_ids.append(token)
+            if min(request.num_computed_tokens, request.num_known_tokens) % size == 0:
+                self._blocks.commit_full_blocks(request)  # a block just filled up
+            advanced.append(request)
+            self._after_token(request)
+        prefill_tokens = iter(tokens[len(out.decodes) :])
+        for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
+            sampled_token = next(prefill_tokens) if chunk.sample else None
+            if live.get(request.request_id) is not request:
+                continue
+            if sampled_token is not None:
+                request.num_pending -= 1
+                request.output_token_ids.append(sampled_token)
             self._blocks.commit_full_blocks(request)
-            if chunk.sample:
+            if sampled_token is not None:
                 advanced.append(request)
                 self._after_token(request)
         return StepUpdate(tuple(advanced))
 
+    def forget_in_flight(self) -> None:
+        """After a failed step: no scheduled step will be updated. Abort their requests."""
+        self._in_flight.clear()
+
     # ---- internals ----------------------------------------------------------------------
 
-    def _schedule_running(self, step: _Step, decodes: bool) -> None:
+    def _schedule_decodes(self, step: _Step) -> tuple[list[Request], list[int]]:
+        """Running requests with one token left to compute: the step's decodes."""
+        decodes: list[Request] = []
+        starts: list[int] = []
+        size = self._blocks.block_size
+        for request in list(self._running):
+            if step.budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            computed = request.num_computed_tokens
+            if request.num_tokens - computed != 1:
+                continue
+            if request.num_pending and self._ends_with_pending(request):
+                continue  # it finishes (or is pinned) when its pending token arrives
+            if computed >= len(request.block_ids) * size and not self._grow(
+                request, computed + 1, step
+            ):
+                continue
+            step.add(request, 1)
+            decodes.append(request)
+            starts.append(computed)
+        return decodes, starts
+
+    def _schedule_prefills(self, step: _Step) -> None:
+        """The rest of the running requests' prompts (or recomputed tokens), chunked."""
         for request in list(self._running):
             if step.budget == 0:
                 return
             if request.status is not RequestStatus.RUNNING or request.request_id in step.scheduled:
                 continue  # preempted earlier in this step, or already planned
             remaining = request.num_tokens - request.num_computed_tokens
-            if (remaining == 1) != decodes:
-                continue
+            if remaining == 1:
+                continue  # a decode that did not fit
             num_tokens = self._chunk_len(remaining, step.budget)
             if num_tokens and self._grow(request, request.num_computed_tokens + num_tokens, step):
                 step.add(request, num_tokens)
+                step.prefills.append(request.request_id)
 
     def _grow(self, request: Request, num_tokens: int, step: _Step) -> bool:
         """Allocate for a running request, preempting the newest ones; False if it was."""
@@ -258,6 +324,8 @@ class Scheduler:
             if len(self._running) + len(self._importing) >= self._config.max_num_seqs:
                 return
             request = self._waiting[0]
+            if request.num_pending:
+                return  # preempted while its token was pending: readmitted once it arrives
             hits = self._blocks.match_prefix(request.all_token_ids)
             cached = len(hits) * self._blocks.block_size
             num_tokens = self._chunk_len(request.num_tokens - cached, step.budget)
@@ -266,6 +334,7 @@ class Scheduler:
             self._waiting.popleft()
             self._start_running(request)
             step.add(request, num_tokens)
+            step.prefills.append(request.request_id)
 
     def _chunk_len(self, remaining: int, budget: int) -> int:
         """Tokens to compute now out of remaining; 0 when it must wait for a later step."""
@@ -286,6 +355,15 @@ class Scheduler:
             sample=end == request.num_tokens,
         )
 
+    def _ends_with_pending(self, request: Request) -> bool:
+        """Whether the request stops running when its pending token arrives, whatever it is:
+        a length limit, a full cache, or (prefill role) pinned after its first token."""
+        return (
+            request.at_length_limit()
+            or request.num_tokens > self._capacity
+            or self._config.role is Role.PREFILL
+        )
+
     def _after_token(self, request: Request) -> None:
         reason = request.check_stop()
         if reason is not None:
@@ -295,7 +373,7 @@ class Scheduler:
             request.status = RequestStatus.PINNED
             request.finish_reason = FinishReason.PREFILLED
             self._pinned[request.request_id] = request
-        elif request.num_tokens > self._capacity:
+        elif request.num_known_tokens > self._capacity:
             self._finish(request, FinishReason.LENGTH)  # the next token's KV cannot fit
 
     def _preempt(self, request: Request, step: _Step) -> None:
@@ -309,7 +387,10 @@ class Scheduler:
         step.drop(request)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
-        self._running.remove(request)
+        if request.status is RequestStatus.WAITING:  # preempted while its token was pending
+            self._waiting.remove(request)
+        else:
+            self._running.remove(request)
         self._retire(request, reason)
 
     def _retire(self, request: Request, reason: FinishReason) -> None:
@@ -355,8 +436,14 @@ def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
     return tuple(prompt[start:]) + tuple(outputs[max(0, start - len(prompt)) : end - len(prompt)])
 
 
-def _sampled_token(sampled: dict[str, int], request_id: str) -> int:
-    try:
-        return sampled[request_id]
-    except KeyError:
-        raise KeyError(f"no sampled token for request {request_id}") from None
+def _in_step_order(out: SchedulerOutput, sampled: Mapping[str, int] | Sequence[int]) -> list[int]:
+    """The sampled tokens as a list in step order: decodes, then sampled prefill chunks."""
+    if not isinstance(sampled, Mapping):
+        if len(sampled) != out.num_sampled:
+            raise ValueError(f"{len(sampled)} sampled tokens for {out.num_sampled} rows")
+        return list(sampled)
+    ids = [r.request_id for r in out.decodes] + [c.request_id for c in out.prefills if c.sample]
+    missing = [rid for rid in ids if rid not in sampled]
+    if missing:
+        raise KeyError(f"no sampled token for request {missing[0]}")
+    return [sampled[rid] for rid in ids]
