@@ -7,9 +7,12 @@ blocks last. A running request that needs a block when none is free preempts the
 recently arrived running request (itself, if it is the newest): its blocks are freed and it
 goes back to the front of the waiting queue, to be recomputed from prompt + tokens so far.
 
-Protocol: `schedule()`, run the chunks, `update(out, sampled)`. Nothing advances in
-`schedule()`, so calling it again without `update()` (say after a failed step) just plans the
-same work again.
+Protocol: `schedule()`, run the chunks, `update(out, sampled)`. `schedule()` advances the
+requests as if the step ran, their sampled tokens pending: with overlapped scheduling the
+next `schedule()` comes before this `update()` and decodes the pending tokens; updates come
+in scheduling order. A request whose pending token would end it by length is not scheduled
+again; one that stops on the token itself (EOS, a stop id) finishes at its update, and the
+step planned meanwhile drops its row. After a failed step, `forget_in_flight()` and abort.
 
 Limits, decided: a request whose tokens alone need more blocks than the whole cache is
 refused at `add()` with RequestTooLargeError (a ValueError). A request that grows to the
@@ -18,8 +21,6 @@ cache's capacity finishes with FinishReason.LENGTH, like one reaching the contex
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,9 +28,9 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, Role
 from engine.request import FinishReason, Request, RequestStatus
+from engine.request_pool import HeldImport, RequestPool
 from engine.schedule import (
     ImportPlan,
-    RequestTooLargeError,
     ScheduledChunk,
     SchedulerOutput,
     StepUpdate,
@@ -52,95 +53,12 @@ class _Step:
         self.preempted.append(request.request_id)
 
 
-@dataclass
-class _Import:
-    request: Request
-    output_token_ids: list[int]
-
-
-class Scheduler:
+class Scheduler(RequestPool):
     """Decides which tokens of which requests run each step. Not thread-safe."""
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
-        if block_manager.block_size != config.block_size:
-            raise ValueError(
-                f"block manager block_size {block_manager.block_size} differs from "
-                f"EngineConfig.block_size {config.block_size}"
-            )
-        self._config = config
-        self._blocks = block_manager
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # arrival order, newest last
-        self._pinned: dict[str, Request] = {}
-        self._importing: dict[str, _Import] = {}
-        self._live: dict[str, Request] = {}
-        self._arrival: dict[str, int] = {}
-        self._counter = itertools.count()
+        super().__init__(config, block_manager)
         self._in_flight: deque[SchedulerOutput] = deque()  # scheduled, not yet updated
-
-    # ---- introspection ------------------------------------------------------------------
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def num_pinned(self) -> int:
-        return len(self._pinned)
-
-    @property
-    def num_importing(self) -> int:
-        return len(self._importing)
-
-    @property
-    def has_work(self) -> bool:
-        """Whether schedule() may produce chunks: some request waits or runs."""
-        return bool(self._waiting or self._running)
-
-    def get(self, request_id: str) -> Request | None:
-        """The live request (waiting, running, pinned or importing) with that id."""
-        return self._live.get(request_id)
-
-    def audit(self) -> None:
-        """Check block accounting against every live request; RuntimeError on a violation."""
-        self._blocks.audit(r.block_ids for r in self._live.values())
-
-    # ---- entering and leaving -----------------------------------------------------------
-
-    def add(self, request: Request) -> None:
-        """Queue a new request. ValueError for a reused id; RequestTooLargeError if it can
-        never fit in the cache."""
-        self._check_new(request, request.num_tokens)
-        self._enter(request)
-        self._waiting.append(request)
-
-    def abort(self, request_id: str) -> bool:
-        """Finish a request in any state with ABORT and free its blocks. False when unknown."""
-        request = self._live.get(request_id)
-        if request is None:
-            return False
-        if request_id in self._importing:
-            del self._importing[request_id]
-        elif request.status is RequestStatus.WAITING:
-            self._waiting.remove(request)
-        elif request.status is RequestStatus.RUNNING:
-            self._running.remove(request)
-        else:
-            del self._pinned[request_id]
-        self._retire(request, FinishReason.ABORT)
-        return True
-
-    def release(self, request_id: str) -> bool:
-        """Prefill role: free the blocks of a pinned request. False when none is pinned."""
-        request = self._pinned.pop(request_id, None)
-        if request is None:
-            return False
-        self._retire(request, FinishReason.PREFILLED)
-        return True
 
     def add_prefilled(self, request: Request, output_token_ids: Sequence[int]) -> ImportPlan | None:
         """Decode role: reserve blocks for a request whose KV is written from outside.
@@ -166,7 +84,7 @@ class Scheduler:
         if not self._blocks.allocate(request, num_tokens, hits):
             return None
         self._enter(request)
-        self._importing[request.request_id] = _Import(request, list(output_token_ids))
+        self._importing[request.request_id] = HeldImport(request, list(output_token_ids))
         return ImportPlan(
             block_ids=tuple(request.block_ids),
             num_cached_tokens=request.num_cached_tokens,
@@ -385,47 +303,6 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self._waiting.appendleft(request)
         step.drop(request)
-
-    def _finish(self, request: Request, reason: FinishReason) -> None:
-        if request.status is RequestStatus.WAITING:  # preempted while its token was pending
-            self._waiting.remove(request)
-        else:
-            self._running.remove(request)
-        self._retire(request, reason)
-
-    def _retire(self, request: Request, reason: FinishReason) -> None:
-        self._blocks.free(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        del self._live[request.request_id]
-        del self._arrival[request.request_id]
-
-    def _start_running(self, request: Request) -> None:
-        request.status = RequestStatus.RUNNING
-        keys = [self._arrival[r.request_id] for r in self._running]
-        position = bisect.bisect(keys, self._arrival[request.request_id])
-        self._running.insert(position, request)
-
-    def _enter(self, request: Request) -> None:
-        self._live[request.request_id] = request
-        self._arrival[request.request_id] = next(self._counter)
-
-    def _check_new(self, request: Request, num_tokens: int) -> None:
-        rid = request.request_id
-        if rid in self._live:
-            raise ValueError(f"request id {rid!r} is already in use")
-        if request.status is not RequestStatus.WAITING or request.block_ids:
-            raise ValueError(f"request {rid} is not new (status {request.status.value})")
-        if num_tokens > self._capacity:
-            raise RequestTooLargeError(
-                f"request {rid} has {num_tokens} tokens; the KV cache holds at most "
-                f"{self._capacity} ({self._blocks.num_total_blocks} blocks of "
-                f"{self._blocks.block_size})"
-            )
-
-    @property
-    def _capacity(self) -> int:
-        return self._blocks.num_total_blocks * self._blocks.block_size
 
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
