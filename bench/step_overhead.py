@@ -32,7 +32,10 @@ SAMPLING: dict[str, dict[str, Any]] = {
     "random": {"temperature": 0.8, "top_p": 0.9, "top_k": 50},
 }
 # EngineConfig fields of each variant: the defaults, and the synchronous per-request path
-VARIANTS: dict[str, dict[str, Any]] = {"new": {}, "old": {"sampler": "per_request"}}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "new": {},
+    "old": {"sampler": "per_request", "async_scheduling": False},
+}
 
 
 def measure(

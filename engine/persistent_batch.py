@@ -111,7 +111,7 @@ class PersistentBatch:
         width = max(starts) // size + 1 if d else 0
         tables = self.block_tables[rows_t[:d], :width]  # [d, width] int32
         slots = tables.gather(1, (pos // size).unsqueeze(1)).squeeze(1).long() * size + pos % size
-        tokens, pending = _decode_tokens(out.decodes, starts)
+        tokens, pending = _decode_tokens(out.decodes)
         input_ids = torch.tensor(tokens + pre.tokens, dtype=torch.int64, device=device)
         if pending:  # sampled by the step still in flight: read where the sampler left it
             last = self.last_token[rows_t[:d]]  # [d]
@@ -146,22 +146,18 @@ class PersistentBatch:
         self._dirty.clear()
 
 
-def _decode_tokens(
-    decodes: Sequence[Request], starts: Sequence[int]
-) -> tuple[list[int], list[int]]:
+def _decode_tokens(decodes: Sequence[Request]) -> tuple[list[int], list[int]]:
     """Each decode's input token where the host knows it (0 where it does not), and the
     positions (in the step) of those whose token is still pending."""
     tokens: list[int] = []
     pending: list[int] = []
-    for i, (request, start) in enumerate(zip(decodes, starts, strict=True)):
-        prompt, outputs = request.prompt_token_ids, request.output_token_ids
-        if start < len(prompt):
-            tokens.append(prompt[start])
-        elif start < len(prompt) + len(outputs):
-            tokens.append(outputs[start - len(prompt)])
-        else:
+    for i, request in enumerate(decodes):
+        # one pending token is this step's; a second, the input, is in the step in flight
+        if request.num_pending > 1:
             tokens.append(0)
             pending.append(i)
+        else:
+            tokens.append((request.output_token_ids or request.prompt_token_ids)[-1])
     return tokens, pending
 
 

@@ -6,6 +6,7 @@ The queues and their invariants, without the planning of steps (engine.scheduler
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections import deque
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class RequestPool:
                 f"{self._blocks.block_size})"
             )
 
-    @property
+    @functools.cached_property
     def _capacity(self) -> int:
+        """Tokens the whole cache holds."""
         return self._blocks.num_total_blocks * self._blocks.block_size

@@ -194,15 +194,18 @@ class Scheduler(RequestPool):
         decodes: list[Request] = []
         starts: list[int] = []
         size = self._blocks.block_size
+        capacity = self._capacity
+        prefill = self._config.role is Role.PREFILL
         for request in list(self._running):
             if step.budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
             computed = request.num_computed_tokens
-            if request.num_tokens - computed != 1:
+            n = request.num_tokens
+            if n - computed != 1:
                 continue
-            if request.num_pending and self._ends_with_pending(request):
+            if request.num_pending and (n >= request.token_limit or n > capacity or prefill):
                 continue  # it finishes (or is pinned) when its pending token arrives
             if computed >= len(request.block_ids) * size and not self._grow(
                 request, computed + 1, step
@@ -271,15 +274,6 @@ class Scheduler(RequestPool):
             start=start,
             block_table=tuple(request.block_ids),
             sample=end == request.num_tokens,
-        )
-
-    def _ends_with_pending(self, request: Request) -> bool:
-        """Whether the request stops running when its pending token arrives, whatever it is:
-        a length limit, a full cache, or (prefill role) pinned after its first token."""
-        return (
-            request.at_length_limit()
-            or request.num_tokens > self._capacity
-            or self._config.role is Role.PREFILL
         )
 
     def _after_token(self, request: Request) -> None:
