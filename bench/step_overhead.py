@@ -101,6 +101,24 @@ def run(sequences: list[int], steps: int, variants: dict[str, dict[str, Any]]) -
     return rows
 
 
+def same_run_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """new / old overhead and step time of each configuration measured both ways."""
+    by_key = {(r["variant"], r["sequences"], r["sampling"]): r for r in rows}
+    ratios = []
+    for (variant, n, sampling), new in by_key.items():
+        old = by_key.get(("old", n, sampling))
+        if variant == "new" and old is not None:
+            ratios.append(
+                {
+                    "sequences": n,
+                    "sampling": sampling,
+                    "overhead_new_over_old": new["overhead_ms"] / old["overhead_ms"],
+                    "step_new_over_old": new["step_ms"] / old["step_ms"],
+                }
+            )
+    return ratios
+
+
 def _format(row: dict[str, Any]) -> str:
     phases = "  ".join(
         f"{key[:-3]} {row[key]:6.3f}"
@@ -126,9 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
     sequences = [int(s) for s in args.sequences.split(",")]
     rows = run(sequences, args.steps, variants)
+    ratios = same_run_ratios(rows)
+    for r in ratios:
+        print(
+            f"{r['sequences']:4d} seqs {r['sampling']:>6}: overhead new/old "
+            f"{r['overhead_new_over_old']:.3f}, step new/old {r['step_new_over_old']:.3f}"
+        )
     write_json(
         args.out,
-        {"benchmark": "step_overhead", "environment": environment(), "rows": rows},
+        {
+            "benchmark": "step_overhead",
+            "environment": environment(),
+            "rows": rows,
+            "same_run_ratios": ratios,
+        },
     )
     print(f"wrote {args.out}")
     return 0
