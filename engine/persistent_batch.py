@@ -55,6 +55,11 @@ class PersistentBatch:
         self._free = list(range(max_rows - 1, -1, -1))
         self.sampling = SamplingRows(max_rows, vocab, device, seed)
         self.last_token = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self._last_rows: list[int] = []
+        self._last_decodes: tuple[Request, ...] = ()
+        self._last_decode_rows: list[int] = []
+        self._last_rows_t = torch.zeros(0, dtype=torch.int64, device=device)
+        self._last_sampling: tuple[int, StepSampling] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -88,6 +93,7 @@ class PersistentBatch:
         """Free the request's row (no-op when it has none)."""
         row = self._rows.pop(request_id, None)
         if row is not None:
+            self._last_decodes, self._last_decode_rows = (), []
             self.sampling.clear(row)
             self._free.append(row)
 
@@ -99,13 +105,13 @@ class PersistentBatch:
         """Inputs of a step. `sampled_prefills`: the requests of its sampled prefill chunks,
         in order (None: the prefill chunks get no rows and the step no sampling settings)."""
         size = self.block_size
-        rows = [self.row(r) for r in out.decodes]
+        rows = self._decode_rows(out)
         prefill_rows = [self.row(r) for r in sampled_prefills or ()]
         d = len(rows)
         pre = _prefill_part(out, size)
         self._flush_tables()
         device = self.device
-        rows_t = torch.tensor(rows + prefill_rows, dtype=torch.int64, device=device)
+        rows_t = self._rows_tensor(rows + prefill_rows)
         starts = out.decode_starts
         pos = torch.tensor(starts, dtype=torch.int64, device=device)  # [d]
         width = max(starts) // size + 1 if d else 0
@@ -131,8 +137,38 @@ class PersistentBatch:
         logits_indices = torch.tensor(indices, dtype=torch.int64, device=device)
         sampling = None
         if sampled_prefills is not None:
-            sampling = self.sampling.gather(rows + prefill_rows, rows_t)
+            sampling = self._sampling(rows + prefill_rows, rows_t)
         return StepInputs(input_ids, meta, logits_indices, sampling)
+
+    def _decode_rows(self, out: SchedulerOutput) -> list[int]:
+        """Rows of the decodes. Steady decoding repeats the last step's decodes: then only
+        the tables that grew are written, O(changes) instead of a pass over every row."""
+        if out.decodes != self._last_decodes:
+            self._last_decodes = out.decodes
+            self._last_decode_rows = [self.row(r) for r in out.decodes]
+        else:
+            for request in out.grown:
+                self.row(request)
+        return self._last_decode_rows
+
+    def _rows_tensor(self, rows: list[int]) -> torch.Tensor:
+        """rows as a device tensor; steady decoding samples the same rows step after step."""
+        if rows == self._last_rows:
+            return self._last_rows_t
+        self._last_rows = rows
+        self._last_rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        self._last_sampling = None
+        return self._last_rows_t
+
+    def _sampling(self, rows: list[int], rows_t: torch.Tensor) -> StepSampling:
+        """The rows' settings: gathered again only when the rows or their settings changed
+        (the draw counters and token counts change every step: those always)."""
+        cached = self._last_sampling
+        if cached is not None and cached[0] == self.sampling.version:
+            return self.sampling.refresh(cached[1])
+        step = self.sampling.gather(rows, rows_t)
+        self._last_sampling = (self.sampling.version, step)
+        return step
 
     def _flush_tables(self) -> None:
         """Copy the rows whose tables changed to the device (nothing to do on the CPU)."""

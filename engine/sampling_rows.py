@@ -9,6 +9,7 @@ on (seed, n) only (see engine.batch_sampler).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ class SamplingRows:
         self.output_counts: torch.Tensor | None = None  # [max_rows, vocab] int32
         self.prompt_seen: torch.Tensor | None = None  # [max_rows, vocab] bool
         self.params: list[SamplingParams | None] = [None] * max_rows
+        self.version = 0  # changes whenever a row's settings do
         self._counts = {"random": 0, "top": 0, "min_p": 0, "penalty": 0, "repetition": 0}
         self._counts |= {"logprobs": 0}
 
@@ -86,6 +88,7 @@ class SamplingRows:
     ) -> None:
         """Fill `row` for a request with these params and tokens so far."""
         self.clear(row)
+        self.version += 1
         self.params[row] = params
         self._count(params, +1)
         greedy = params.greedy
@@ -107,6 +110,7 @@ class SamplingRows:
         """Forget `row` (no-op when it is empty)."""
         params = self.params[row]
         if params is not None:
+            self.version += 1
             self._count(params, -1)
             self.params[row] = None
 
@@ -137,6 +141,12 @@ class SamplingRows:
             logprobs=logprobs,
             logprob_positions=positions,
         )
+
+    def refresh(self, step: StepSampling) -> StepSampling:
+        """The same rows' settings one step later: new draw counters and token counts."""
+        rows = step.rows
+        penalties = self._penalties(rows) if step.penalties is not None else None
+        return dataclasses.replace(step, draws=self.draws[rows], penalties=penalties)
 
     def record(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Rows [n] drew token_ids [n]: count them (device ops, no sync)."""

@@ -48,6 +48,7 @@ class SchedulerOutput:
     decodes: tuple[Request, ...] = ()
     decode_starts: tuple[int, ...] = ()  # position each decode computes (its last token)
     prefill_requests: tuple[Request, ...] = ()  # the request of each prefill chunk
+    grown: tuple[Request, ...] = ()  # decodes whose block table grew in this step
 
     @property
     def sampled_requests(self) -> list[Request]:

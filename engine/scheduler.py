@@ -43,6 +43,7 @@ class _Step:
     scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens
     prefills: list[str] = field(default_factory=list)  # chunks other than decodes, in order
     preempted: list[str] = field(default_factory=list)
+    grown: list[Request] = field(default_factory=list)  # decodes given a block
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.scheduled[request.request_id] = num_tokens
@@ -134,8 +135,9 @@ class Scheduler(RequestPool):
         for request, chunk in zip(requests, chunks, strict=True):
             request.num_computed_tokens += chunk.num_tokens
             request.num_pending += chunk.sample
+        grown = tuple(r for r in step.grown if r.request_id in step.scheduled)
         out = SchedulerOutput(
-            chunks, tuple(step.preempted), tuple(decodes), tuple(starts), tuple(requests)
+            chunks, tuple(step.preempted), tuple(decodes), tuple(starts), tuple(requests), grown
         )
         if not out.is_empty:
             self._in_flight.append(out)
@@ -207,10 +209,10 @@ class Scheduler(RequestPool):
                 continue
             if request.num_pending and (n >= request.token_limit or n > capacity or prefill):
                 continue  # it finishes (or is pinned) when its pending token arrives
-            if computed >= len(request.block_ids) * size and not self._grow(
-                request, computed + 1, step
-            ):
-                continue
+            if computed >= len(request.block_ids) * size:  # crosses into a new block
+                if not self._grow(request, computed + 1, step):
+                    continue
+                step.grown.append(request)
             step.add(request, 1)
             decodes.append(request)
             starts.append(computed)
