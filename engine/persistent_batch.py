@@ -108,17 +108,17 @@ class PersistentBatch:
         rows = self._decode_rows(out)
         prefill_rows = [self.row(r) for r in sampled_prefills or ()]
         d = len(rows)
-        pre = _prefill_part(out, size)
+        pre = _prefill_part(out, size, self.device)
         self._flush_tables()
         device = self.device
         rows_t = self._rows_tensor(rows + prefill_rows)
         starts = out.decode_starts
-        pos = torch.tensor(starts, dtype=torch.int64, device=device)  # [d]
+        pos = to_device(starts, device)  # [d]
         width = max(starts) // size + 1 if d else 0
         tables = self.block_tables[rows_t[:d], :width]  # [d, width] int32
         slots = tables.gather(1, (pos // size).unsqueeze(1)).squeeze(1).long() * size + pos % size
         tokens, pending = _decode_tokens(out.decodes)
-        input_ids = torch.tensor(tokens + pre.tokens, dtype=torch.int64, device=device)
+        input_ids = to_device(tokens + pre.tokens, device)
         if pending:  # sampled by the step still in flight: read where the sampler left it
             last = self.last_token[rows_t[:d]]  # [d]
             if len(pending) == d:
@@ -134,7 +134,7 @@ class PersistentBatch:
         elif d:
             meta = _merge(meta, pos, slots, ctx, tables, starts)
         indices = list(range(d)) + [d + i for i in pre.sampled_rows]
-        logits_indices = torch.tensor(indices, dtype=torch.int64, device=device)
+        logits_indices = to_device(indices, device)
         sampling = None
         if sampled_prefills is not None:
             sampling = self._sampling(rows + prefill_rows, rows_t)
@@ -156,7 +156,7 @@ class PersistentBatch:
         if rows == self._last_rows:
             return self._last_rows_t
         self._last_rows = rows
-        self._last_rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        self._last_rows_t = to_device(rows, self.device)
         self._last_sampling = None
         return self._last_rows_t
 
@@ -197,26 +197,36 @@ def _decode_tokens(decodes: Sequence[Request]) -> tuple[list[int], list[int]]:
     return tokens, pending
 
 
+def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int64 [len(values)] on `device`. On a GPU through pinned memory, non-blocking: a
+    pageable copy would wait for the step still running, and undo the overlap."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class _PrefillPart(NamedTuple):
     meta: AttentionMetadata | None  # of the prefill chunks alone
     tokens: list[int]
     sampled_rows: list[int]  # row of each sampled chunk's last token, among the prefills
 
 
-def _prefill_part(out: SchedulerOutput, block_size: int) -> _PrefillPart:
+def _prefill_part(out: SchedulerOutput, block_size: int, device: torch.device) -> _PrefillPart:
     chunks = out.prefills
     if not chunks:
         return _PrefillPart(None, [], [])
-    device_free = AttentionMetadata.build(
+    meta = AttentionMetadata.build(
         [c.num_tokens for c in chunks],
         [c.start for c in chunks],
         [c.block_table for c in chunks],
         block_size,
+        device,
     )
     tokens = list(chain.from_iterable(c.token_ids for c in chunks))
     ends = accumulate(c.num_tokens for c in chunks)
     sampled = [end - 1 for end, c in zip(ends, chunks, strict=True) if c.sample]
-    return _PrefillPart(device_free, tokens, sampled)
+    return _PrefillPart(meta, tokens, sampled)
 
 
 def _decode_meta(
