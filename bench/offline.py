@@ -3,6 +3,9 @@
     python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync]
                             [--random-model smollm2|llama-1b|llama-8b] [--out PATH]
 
+On CUDA it also times decode steps of the whole batch against their same-run roofline
+(bench.decode_step).
+
 Workload: N requests with prompt lengths uniform in [min_len, max_len] (seeded random token
 ids), a fixed number of output tokens each, ignore_eos, greedy. --random-model benchmarks a
 published shape with random weights made on the device (no checkpoint to download);
@@ -157,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-hf", action="store_true")
     ap.add_argument("--compare-sync", action="store_true", help="also without overlap (A/B)")
     ap.add_argument("--random-model", choices=sorted(RANDOM_SHAPES), help="random weights")
+    ap.add_argument("--decode-steps", type=int, default=32, help="CUDA: decode steps timed")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
     args = ap.parse_args(argv)
 
@@ -205,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_sync:
         ratio = results["synchronous"]["seconds"] / results["splitserve"]["seconds"]
         print(f"overlapped over synchronous scheduling (same run): {ratio:.3f}x")
+    decode_step = None
+    if args.device.startswith("cuda"):
+        from bench.decode_step import describe, measure_decode_step
+
+        decode_step = measure_decode_step(
+            model_dir, prompts, args.dtype, args.device, args.budget, args.decode_steps, peak
+        )
+        print(describe(decode_step))
     write_json(
         args.out,
         {
@@ -218,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             "matmul_peak_samples_gflop_s": peaks,
             "environment": environment(),
             "results": results,
+            "decode_step": decode_step,
         },
     )
     print(f"wrote {args.out}")

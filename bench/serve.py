@@ -12,6 +12,10 @@ streaming. Per request it records TTFT, TPOT (DistServe: (last token - first tok
 and output-token throughput and goodput (req/s within --slo-ttft-ms and --slo-tpot-ms), and
 the JSON holds every request's record (see bench/serve_client.py, bench/serve_stats.py).
 
+`--workload multiturn` (bench/multiturn.py) sends conversations instead: --users of them,
+started at the offered rate (conversations per second), each --turns turns that grow on a
+shared system prompt; it also prints the prompt tokens the server computed (not cached).
+
 Sizing: a point lasts about num_requests / rate seconds plus the tail of the last requests,
 as long as the server keeps up (rate x mean output length below its decode throughput, which
 bench/offline.py measures). The full workloads (bench/workloads.py) suit a GPU. On a 2-core
@@ -32,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.multiturn import Multiturn, prefix_summary, run_conversations
 from bench.serve_client import (
     LoadOptions,
     Target,
@@ -44,6 +49,7 @@ from bench.serve_stats import SLO, point_report, resummarize, summarize, sweep_t
 from bench.workloads import WORKLOADS, arrivals_within, get_workload, poisson_arrivals
 
 DEFAULT_SLO = SLO(ttft_ms=1000.0, tpot_ms=100.0)
+MULTITURN = "multiturn"
 SMOLLM2_VOCAB = 49152
 
 
@@ -65,9 +71,13 @@ class ServeConfig:
     load: LoadOptions
     warmup: int
     label: str | None
+    multiturn: Multiturn | None = None  # the shape of --workload multiturn
 
     def __post_init__(self) -> None:
-        get_workload(self.workload)
+        if self.workload != MULTITURN:
+            get_workload(self.workload)
+        elif self.multiturn is None:
+            raise ValueError("the multiturn workload needs its shape (Multiturn)")
         if not self.rates:
             raise ValueError("rates must not be empty")
         if self.num_requests < 1:
@@ -100,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
     a("--model", help="model name to send (default: the first one /v1/models lists)")
     a("--api-key", default=os.environ.get("SPLITSERVE_API_KEY") or os.environ.get("OPENAI_API_KEY"))
-    a("--workload", choices=sorted(WORKLOADS), default="chat")
+    a("--workload", choices=[*sorted(WORKLOADS), MULTITURN], default="chat")
     rate = parser.add_mutually_exclusive_group()
     rate.add_argument("--rate", type=parse_rate, default=1.0, help="req/s, or inf (default 1)")
     rate.add_argument("--rates", type=parse_rates, help="a sweep, e.g. 0.5,1,2,4")
@@ -113,6 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--slo-ttft-ms", type=float, help=f"TTFT SLO for goodput (default {DEFAULT_SLO.ttft_ms:g})")
     a("--slo-tpot-ms", type=float, help=f"TPOT SLO for goodput (default {DEFAULT_SLO.tpot_ms:g})")
     a("--max-concurrency", type=int, help="cap on requests in flight (default: none)")
+    shape = Multiturn()
+    a("--users", type=int, default=shape.users, help="multiturn: conversations per point")
+    a("--turns", type=int, default=shape.turns, help="multiturn: turns per conversation")
+    a("--system-tokens", type=int, default=shape.system, help="multiturn: shared system prompt")
+    a("--think-time", type=float, default=shape.think_s, help="multiturn: mean pause, s")
     a("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
     a("--warmup", type=int, default=1, help="untimed requests sent before the sweep")
     a("--label", help="name of this run in --compare tables and plots")
@@ -137,12 +152,21 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_prompt=args.max_prompt, max_output=args.max_output, vocab_size=args.vocab_size,
         seed=args.seed, slo=_slo(args, DEFAULT_SLO),
         load=LoadOptions(args.timeout, args.max_concurrency, progress=not args.no_progress),
-        warmup=args.warmup, label=args.label,
+        warmup=args.warmup, label=args.label, multiturn=_multiturn(args),
     )  # fmt: skip
 
 
+def _multiturn(args: argparse.Namespace) -> Multiturn | None:
+    if args.workload != MULTITURN:
+        return None
+    return Multiturn(
+        users=args.users, turns=args.turns, system=args.system_tokens, think_s=args.think_time
+    )
+
+
 async def _warm_up(target: Target, config: ServeConfig, opts: LoadOptions) -> None:
-    workload = get_workload(config.workload).capped(config.max_prompt, config.max_output)
+    name = "chat" if config.workload == MULTITURN else config.workload
+    workload = get_workload(name).capped(config.max_prompt, config.max_output)
     specs = workload.sample(config.warmup, config.seed + 1, config.vocab_size)
     run = await run_point(target, specs, [0.0] * len(specs), opts, "warmup")
     errors = [r.error for r in run.records if r.error]
@@ -151,6 +175,8 @@ async def _warm_up(target: Target, config: ServeConfig, opts: LoadOptions) -> No
 
 
 async def _point(target: Target, config: ServeConfig, rate: float | None) -> dict[str, Any]:
+    if config.multiturn is not None:
+        return await _multiturn_point(target, config, config.multiturn, rate)
     workload = get_workload(config.workload).capped(config.max_prompt, config.max_output)
     n = config.num_requests
     if config.duration_s is not None and rate is not None:
@@ -162,6 +188,28 @@ async def _point(target: Target, config: ServeConfig, rate: float | None) -> dic
     records = [r.to_dict() for r in run.records]
     summary = summarize(records, run.duration_s, rate, config.slo)
     print(point_report(summary), flush=True)
+    return {"rate": rate, "duration_s": run.duration_s, "summary": summary, "records": records}
+
+
+async def _multiturn_point(
+    target: Target, config: ServeConfig, shape: Multiturn, rate: float | None
+) -> dict[str, Any]:
+    desc = f"multiturn rate {'inf' if rate is None else f'{rate:g}'}"
+    run = await run_conversations(
+        target, shape, config.seed, config.vocab_size, rate, config.load, desc
+    )
+    records = [r.to_dict() for r in run.records]
+    summary = summarize(records, run.duration_s, None, config.slo)  # no offered request rate
+    summary["conversation_rate"] = rate
+    summary["prefix"] = prefix_summary(records)
+    head = f"multiturn: {shape.users} conversations of {shape.turns} turns, {desc[10:]}/s"
+    print(head + "\n" + point_report(summary).split("\n", 1)[1], flush=True)
+    prefix = summary["prefix"]
+    print(
+        f"  prompt tokens {prefix['prompt_tokens']}, from caches {prefix['cached_tokens']} "
+        f"({prefix['cached_ratio']:.0%}), computed {prefix['computed_prompt_tokens']}",
+        flush=True,
+    )
     return {"rate": rate, "duration_s": run.duration_s, "summary": summary, "records": records}
 
 

@@ -81,6 +81,7 @@ class RequestRecord:
     end: float
     output_tokens: int
     error: str | None
+    cached_tokens: int | None = None  # prompt tokens the server took from a prefix cache
 
     @property
     def ok(self) -> bool:
@@ -125,6 +126,7 @@ class RequestRecord:
             "itl": self.itl,
             "e2e": self.e2e,
             "error": self.error,
+            "cached_tokens": self.cached_tokens,
         }
 
 
@@ -143,6 +145,7 @@ class _Timeline:
     start: float
     token_times: list[float] = field(default_factory=list)
     usage_tokens: int | None = None
+    cached_tokens: int | None = None
     done: bool = False
 
 
@@ -174,6 +177,9 @@ def _on_event(event: dict[str, Any], now: float, line: _Timeline) -> None:
     usage = event.get("usage")
     if usage:
         line.usage_tokens = int(usage["completion_tokens"])
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            line.cached_tokens = int(details["cached_tokens"])
 
 
 async def _consume(
@@ -220,7 +226,7 @@ async def stream_one(
         max_tokens=spec.max_tokens, scheduled=scheduled, start=line.start,
         first_token_time=times[0] if times else None, token_times=times, end=clock.now(),
         output_tokens=line.usage_tokens if line.usage_tokens is not None else len(times),
-        error=error,
+        error=error, cached_tokens=line.cached_tokens,
     )  # fmt: skip
 
 

@@ -10,14 +10,17 @@ A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
 Logs: each child writes to RUN_DIR/NAME.log (RUN_DIR: --run-dir or a new temporary
 directory, printed at start). RUN_DIR/cluster.json, written as the children start, holds
 the router URL, the Redis URL, each node's URL and every process id (launcher included).
-A node that exits is reported and the cluster keeps serving without it; when the router or
-Redis exits, the launcher stops everything and exits 1.
+A node that exits is reported and the cluster keeps serving without it. An embedded Redis that
+dies is restarted on the same port (cluster.redis_supervisor); when the router exits, or Redis
+keeps dying, the launcher stops everything and exits 1. Every run gets its own cluster token
+(SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -31,8 +34,10 @@ from types import FrameType
 
 import httpx
 
+from cluster.auth import CLUSTER_TOKEN_ENV, new_token
 from cluster.process import Child, stop_all
 from cluster.redis_server import EmbeddedRedis, free_port
+from cluster.redis_supervisor import RedisSupervisor
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.25
@@ -72,9 +77,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9,
+        help="CUDA: share of the GPU for all nodes together; each node gets an equal part",
+    )  # fmt: skip
     parser.add_argument("--run-dir", default=None, help="where logs and pids.json go")
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--policy", choices=["kv_aware", "least_loaded", "round_robin"], default=None,
+        help="the router's routing policy (default kv_aware)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,6 +119,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--threads-per-node must be >= 1")
     if not 1 <= args.port <= 65535:
         raise ValueError("--port must be in [1, 65535]")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
 
 
 def _ensure_model(args: argparse.Namespace) -> Path:
@@ -141,6 +156,10 @@ def _stop_on_sigterm() -> Iterator[None]:
 def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
     redis = None
     children: list[Child] = []
+    # One cluster token per run (unless the environment brings one): nodes take /internal/*
+    # calls and KV handshakes only from this cluster's processes. It travels in env only.
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault(CLUSTER_TOKEN_ENV, new_token())
     try:
         if args.redis:
             redis_url = args.redis
@@ -148,13 +167,14 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
             redis = EmbeddedRedis(die_with_parent=True).start()
             redis_url = redis.url
         nodes = _plan_nodes(args)
-        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url)))
+        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url), env))
         for node in nodes:
-            children.append(_spawn(run_dir, node.name, _node_argv(args, model, redis_url, node)))
+            argv = _node_argv(args, model, redis_url, node)
+            children.append(_spawn(run_dir, node.name, argv, env))
         _write_cluster_file(run_dir, args, redis_url, nodes, children, redis)
         _wait_ready(args, children, nodes)
         _announce(args, model, nodes)
-        return _supervise(children, redis)
+        return _supervise(children, redis, run_dir)
     finally:
         if children or redis is not None:
             print("stopping...", flush=True)
@@ -189,6 +209,8 @@ def _router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[
     argv += ["--redis-url", redis_url, "--model", str(model)]
     if args.log_level:
         argv += ["--log-level", args.log_level]
+    if args.policy:
+        argv += ["--policy", args.policy]
     return argv
 
 
@@ -204,6 +226,7 @@ def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: Node
         "--torch-threads": args.threads_per_node,
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,
+        "--gpu-memory-utilization": node_gpu_share(args),
         "--log-level": args.log_level,
     }
     for flag, value in optional.items():
@@ -212,8 +235,13 @@ def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: Node
     return argv
 
 
-def _spawn(run_dir: Path, name: str, argv: list[str]) -> Child:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def node_gpu_share(args: argparse.Namespace) -> float:
+    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU."""
+    nodes = args.decode if args.colocated else args.prefill + args.decode
+    return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000
+
+
+def _spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> Child:
     return Child(name, argv, run_dir / f"{name}.log", env)
 
 
@@ -235,9 +263,24 @@ def _write_cluster_file(
         "nodes": {n.name: {"url": n.url, "role": n.role} for n in nodes},
         "pids": pids,
     }
-    (run_dir / "cluster.json").write_text(json.dumps(layout, indent=2) + "\n")
+    _write_json(run_dir / "cluster.json", layout)
     for child in children:
         print(f"started {child.name} pid={child.pid}", flush=True)
+
+
+def _note_pid(run_dir: Path, name: str, pid: int) -> None:
+    """Record a restarted process's new pid in cluster.json."""
+    path = run_dir / "cluster.json"
+    layout = json.loads(path.read_text())
+    layout["pids"][name] = pid
+    _write_json(path, layout)
+
+
+def _write_json(path: Path, data: object) -> None:
+    """Replace `path` at once: a reader never sees it half written."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _wait_ready(args: argparse.Namespace, children: list[Child], nodes: list[NodePlan]) -> None:
@@ -309,14 +352,21 @@ def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan]) -> N
     )
 
 
-def _supervise(children: list[Child], redis: EmbeddedRedis | None) -> int:
-    """Run until interrupted; 1 when the router or Redis exits, nodes may come and go."""
+def _supervise(children: list[Child], redis: EmbeddedRedis | None, run_dir: Path) -> int:
+    """Run until interrupted; 1 when the router exits or Redis stays down (an embedded
+    Redis that dies is restarted on its port, within RestartPolicy's budget); nodes may
+    come and go."""
     reported: set[str] = set()
+    keeper = None
+    if redis is not None:
+        keeper = RedisSupervisor(redis, on_restart=lambda pid: _note_pid(run_dir, "redis", pid))
     while True:
         time.sleep(POLL_S)
-        if redis is not None and not redis.running:
-            print("redis-server exited; stopping the cluster", file=sys.stderr, flush=True)
-            return 1
+        if keeper is not None:
+            keeper.check()
+            if keeper.gave_up:
+                print("redis-server keeps dying; stopping the cluster", file=sys.stderr)
+                return 1
         for child in children:
             code = child.exit_code()
             if code is None or child.name in reported:

@@ -39,6 +39,7 @@ INTERNAL_RELEASE = "/internal/release"
 INTERNAL_GENERATE = "/internal/generate"
 INTERNAL_ABORT = "/internal/abort"
 STATS = "/stats"
+PRIORITY_LIMIT = 1_000_000  # priorities lie in [-PRIORITY_LIMIT, PRIORITY_LIMIT]
 HEALTH = "/health"
 
 # finish_reason values on the wire: "stop" (EOS or a stop token id), "length" (max_tokens or
@@ -120,6 +121,7 @@ class PrefillRequest(_Msg):
     request_id: str
     prompt_token_ids: list[int] = Field(min_length=1)
     sampling: SamplingSpec
+    priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)  # lower first
 
 
 class PrefillResponse(_Msg):
@@ -162,7 +164,10 @@ class DecodeRequest(_Msg):
     output_token_ids: tokens already produced (after a remote prefill: [first_token]; when
     resuming after a node failure: every token so far; empty for a local prefill). They are
     never streamed again. kv: the prefill node's lease; None means the decode node computes
-    the KV of prompt + output_token_ids itself.
+    the KV of prompt + output_token_ids itself. priority: lower is served first, in the
+    node's queues and under preemption. wait_s: how long the node may queue the request for
+    KV blocks before it answers 503 (the router sends what is left of the request's
+    deadline); None: the node's own limit.
     """
 
     request_id: str
@@ -170,6 +175,8 @@ class DecodeRequest(_Msg):
     output_token_ids: list[int] = Field(default_factory=list)
     sampling: SamplingSpec
     kv: KVHandle | None = None
+    priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
+    wait_s: float | None = Field(default=None, gt=0)
 
 
 class TokenEvent(_Msg):
@@ -193,7 +200,8 @@ class NodeInfo(_Msg):
     """What a node publishes once at registration (and again on every heartbeat).
 
     url: base URL the router calls, e.g. "http://10.0.0.5:8101". capacity: KV blocks in
-    total. started_at: unix time the process started (a restart changes it).
+    total; kv_capacity_tokens and kv_cache_bytes: the same cache in tokens and bytes.
+    started_at: unix time the process started (a restart changes it).
     """
 
     node_id: str
@@ -205,6 +213,8 @@ class NodeInfo(_Msg):
     max_model_len: int = Field(ge=1)
     capacity: int = Field(ge=0)
     started_at: float
+    kv_capacity_tokens: int = Field(default=0, ge=0)
+    kv_cache_bytes: int = Field(default=0, ge=0)
 
 
 class NodeLoad(_Msg):

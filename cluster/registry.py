@@ -171,10 +171,19 @@ class StaticMembership:
 
 
 class Membership(StaticMembership):
-    """Polls Redis every `poll_s`; keeps the last known nodes while Redis is unreachable."""
+    """Polls Redis every `poll_s`; keeps the last known nodes while Redis is unreachable.
+
+    A Redis that restarted (another `run_id`) comes back empty: for `resync_s` after that,
+    nodes that have not registered again yet are kept, so the router does not answer 503
+    while the nodes' next heartbeats refill it.
+    """
 
     def __init__(
-        self, redis_url: str, poll_s: float = 1.0, namespace: str = DEFAULT_NAMESPACE
+        self,
+        redis_url: str,
+        poll_s: float = 1.0,
+        namespace: str = DEFAULT_NAMESPACE,
+        resync_s: float = 5.0,
     ) -> None:
         if poll_s <= 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
@@ -184,6 +193,9 @@ class Membership(StaticMembership):
         self.poll_s = poll_s
         self.namespace = namespace
         self.redis_ok = False
+        self.resync_s = resync_s
+        self._run_id: str | None = None
+        self._resync_until = 0.0
         self._outage_logged = False
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
@@ -210,6 +222,7 @@ class Membership(StaticMembership):
         if self._redis is None:
             raise RuntimeError("Membership.refresh() before start()")
         try:
+            run_id = await self._run_id_of(self._redis)
             records = await self._read_all(self._redis)
         except REDIS_ERRORS as exc:
             if not self._outage_logged:
@@ -221,8 +234,27 @@ class Membership(StaticMembership):
             log.info("redis_reachable nodes=%d", len(records))
             self._outage_logged = False
         self.redis_ok = True
-        self.update(records)
+        self.update(self._resync(run_id, records))
         return True
+
+    async def _run_id_of(self, client: aioredis.Redis) -> str:
+        info = await client.info("server")
+        return str(info.get("run_id", ""))
+
+    def _resync(self, run_id: str, records: list[NodeRecord]) -> list[NodeRecord]:
+        """`records`, plus the last known nodes while a restarted Redis refills."""
+        now = time.monotonic()
+        if self._run_id is not None and run_id != self._run_id:
+            self._resync_until = now + self.resync_s
+            log.warning(
+                "redis_restarted keeping_nodes=%d for_s=%.1f", len(self._records), self.resync_s
+            )
+        self._run_id = run_id
+        if now >= self._resync_until:
+            return records
+        merged = dict(self._records)
+        merged.update({r.info.node_id: r for r in records})
+        return list(merged.values())
 
     async def _read_all(self, client: aioredis.Redis) -> list[NodeRecord]:
         keys = [k async for k in client.scan_iter(match=f"{self.namespace}:node:*", count=500)]

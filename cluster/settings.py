@@ -15,6 +15,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cluster.auth import read_key_file, split_keys
+
 ENV_PREFIX = "SPLITSERVE_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -38,8 +40,19 @@ class RouterSettings(_Base):
     model: str = "smollm2"  # registry name or path of a HF model dir (for the tokenizer)
     model_cache: Path | None = None  # model cache dir, as in models
     served_model_name: str | None = None  # the `model` clients send; default: model's name
-    api_key: SecretStr | None = None  # when set, /v1/* needs `Authorization: Bearer <key>`
-    policy: Literal["round_robin", "least_loaded"] = "least_loaded"
+    # When set, /v1/* needs `Authorization: Bearer <key>`: one key, or several separated by
+    # commas; api_key_file adds one key per line.
+    api_key: SecretStr | None = None
+    api_key_file: Path | None = None
+    cluster_token: SecretStr | None = None  # sent to the nodes on every /internal/* call
+    # kv_aware: the prefix index (nodes' KV events) against load; with one node per pool
+    # every policy picks that node.
+    policy: Literal["round_robin", "least_loaded", "kv_aware"] = "kv_aware"
+    # kv_aware cost (router/kv_policy.py): prefix * tokens to compute + a request's average
+    # work * (load * queued requests + usage * KV usage)
+    kv_prefix_weight: float = Field(default=1.0, ge=0)
+    kv_load_weight: float = Field(default=0.5, ge=0)
+    kv_usage_weight: float = Field(default=0.5, ge=0)
     # Prompts with fewer tokens than this skip the prefill pool: the decode node prefills
     # locally (a 32-token prompt costs about as much as a KV transfer round trip). 0 = never.
     local_prefill_max_tokens: int = Field(default=32, ge=0)
@@ -55,7 +68,23 @@ class RouterSettings(_Base):
     retry_after_s: int = Field(default=1, ge=1)
     membership_poll_s: float = Field(default=1.0, gt=0)
     max_model_len: int | None = Field(default=None, ge=1)  # default: smallest of the nodes'
+    drain_timeout_s: float = Field(default=30.0, gt=0)  # after SIGTERM, for running streams
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> RouterSettings:
+        self.api_keys()  # an unreadable or empty key file fails at start
+        _check_token(self.cluster_token)
+        return self
+
+    def api_keys(self) -> tuple[bytes, ...]:
+        """Every accepted API key (empty: no key is needed)."""
+        keys = split_keys(self.api_key.get_secret_value()) if self.api_key else []
+        if self.api_key is not None and not keys:
+            raise ValueError("api_key is set but holds no key")
+        if self.api_key_file is not None:
+            keys += read_key_file(self.api_key_file)
+        return tuple(k.encode() for k in keys)
 
     def model_name(self) -> str:
         """The name clients put in `model` and that /v1/models lists."""
@@ -76,15 +105,22 @@ class NodeSettings(_Base):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     block_size: int = Field(default=16, ge=1, le=1024)
-    num_kv_blocks: int | None = Field(default=None, ge=1)  # exclusive with kv_cache_memory_gb
+    # KV cache size: num_kv_blocks or kv_cache_memory_gb when set (not both); else on CUDA
+    # gpu_memory_utilization of the device's memory minus the weights and activations; else 1 GiB
+    num_kv_blocks: int | None = Field(default=None, ge=1)
     kv_cache_memory_gb: float | None = Field(default=None, gt=0)
-    max_num_seqs: int = Field(default=64, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)  # default: 256 on CUDA, 64 on CPU
     max_num_batched_tokens: int = Field(default=2048, ge=1)
     max_model_len: int | None = Field(default=None, ge=1)  # default: the model's
     transfer: Literal["auto", "nixl", "tcp"] = "auto"
     transfer_port: int = Field(default=0, ge=0, le=65535)  # 0 = pick a free port
     transfer_failure: Literal["recompute", "fail"] = "recompute"
     lease_ttl_s: float = Field(default=30.0, gt=0)
+    # decode: KV imports wait for blocks in a queue this long at most (the request's own
+    # deadline may be shorter); more than max_queued_imports waiting -> 503
+    max_queued_imports: int = Field(default=256, ge=1)
+    import_wait_s: float = Field(default=30.0, gt=0)
     heartbeat_s: float = Field(default=1.0, gt=0)
     ttl_s: float = Field(default=5.0, gt=0)  # registry key TTL; must exceed heartbeat_s
     node_id: str | None = Field(
@@ -92,12 +128,20 @@ class NodeSettings(_Base):
     )
     advertise_host: str | None = None  # host in the URL others use; default: host
     torch_threads: int | None = Field(default=None, ge=1)
+    # Needed on every /internal/* call and on the KV transfer handshake when set.
+    cluster_token: SecretStr | None = None
+    # After SIGTERM: how long running requests get to finish (and leases to be pulled).
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    kv_events: bool = True  # publish prefix-cache changes for the routers' kv_aware policy
+    kv_events_interval_s: float = Field(default=0.05, gt=0)
+    kv_events_maxlen: int = Field(default=10_000, ge=16)  # entries kept in the node's stream
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
     def _check_relations(self) -> NodeSettings:
         if self.num_kv_blocks is not None and self.kv_cache_memory_gb is not None:
             raise ValueError("set num_kv_blocks or kv_cache_memory_gb, not both")
+        _check_token(self.cluster_token)
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"
@@ -114,6 +158,11 @@ class NodeSettings(_Base):
         if host in ("0.0.0.0", "::", ""):
             host = socket.gethostname()
         return f"http://{host}:{self.port}"
+
+
+def _check_token(token: SecretStr | None) -> None:
+    if token is not None and len(token.get_secret_value()) < 16:
+        raise ValueError("cluster_token must be at least 16 characters")
 
 
 S = TypeVar("S", bound=_Base)

@@ -4,7 +4,7 @@ POST /internal/generate (an NDJSON stream of TokenEvents) and POST /internal/abo
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cluster.protocol import (
@@ -17,7 +17,7 @@ from cluster.protocol import (
 from cluster.settings import NodeSettings
 from decode_node.events import EventStream
 from decode_node.runtime import DecodeRuntime
-from node.server import create_node_app, node_route_paths, runtime_of
+from node.server import accepting_work, create_node_app, node_route_paths, runtime_of
 
 routes = APIRouter()
 ROLES = ("decode", "colocated")
@@ -40,7 +40,7 @@ def _runtime(request: Request) -> DecodeRuntime:
     return runtime
 
 
-@routes.post(INTERNAL_GENERATE)
+@routes.post(INTERNAL_GENERATE, dependencies=[Depends(accepting_work)])
 async def generate(body: DecodeRequest, request: Request) -> EventStream:
     events, on_close = await _runtime(request).generate(body)
     return EventStream(events, on_close)

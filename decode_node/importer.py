@@ -1,10 +1,11 @@
 """Decode role: take over a request prefilled elsewhere.
 
-1. `reserve`: the engine reserves blocks for prompt + given tokens (retried while the cache
-   is full, up to RESERVE_WAIT_S; then 503 so the router tries another decode node).
+1. Reserve: the engine reserves blocks for prompt + given tokens; while the cache or the
+   batch is full the request waits in the node's ImportQueue (decode_node.import_queue).
 2. `pull`: one READ of the prefill node's blocks that the local prefix cache lacks, within
    the transfer deadline and the lease. A READ that completes tells the prefill node to end
-   the lease. While a READ runs, its blocks stay reserved: an abort cancels the READ first.
+   the lease; when the local cache holds every block, a release notice alone ends it. While
+   a READ runs, its blocks stay reserved: an abort cancels the READ first.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import time
 from dataclasses import dataclass, field
 
 from cluster.protocol import DecodeRequest, KVHandle
-from engine.engine import LLMEngine
-from engine.loop import EngineLoop
 from engine.sampling_params import SamplingParams
 from engine.schedule import ImportPlan
 from kv_transfer import (
@@ -24,13 +23,12 @@ from kv_transfer import (
     PeerInfo,
     PeerUnavailable,
     TransferError,
+    TransferRefused,
     TransferResult,
     TransferTimeout,
 )
-from node.errors import NodeError, checked_async
+from node.errors import NodeError
 
-RESERVE_WAIT_S = 2.0  # how long a request waits for free blocks before a 503
-RESERVE_RETRY_S = 0.02
 LEASE_MARGIN_S = 0.5  # a READ must end this long before the lease expires
 
 
@@ -68,36 +66,12 @@ class PullResult:
     kind: str = "other"
 
 
-async def reserve(loop: EngineLoop, job: DecodeJob) -> ImportPlan:
-    """Blocks for the request's KV; NodeError 400 for a request that can never fit, 503 when
-    none free up in time."""
-    req = job.req
-    deadline = time.monotonic() + RESERVE_WAIT_S
-
-    def attempt(engine: LLMEngine) -> ImportPlan | None:
-        return engine.import_request(
-            req.request_id, list(req.prompt_token_ids), list(req.output_token_ids), job.params
-        )
-
-    while not job.aborted:
-        plan = await checked_async(loop.call(attempt), "prompt_token_ids")
-        if plan is not None:
-            return plan
-        if time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(RESERVE_RETRY_S)
-    raise NodeError(503, "overloaded", "no free KV blocks on this decode node")
-
-
 def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
-    """(remote, local) block ids to copy, pairwise. When the local prefix cache already
-    holds every block, one block still moves, into the request's first uncached block (the
-    next token overwrites it): a completed READ is what ends the prefill node's lease."""
+    """(remote, local) block ids to copy, pairwise: the blocks the local prefix cache lacks
+    (none when it holds them all)."""
     fill = list(plan.fill_block_ids)
     first = plan.num_cached_blocks
-    if fill:
-        return remote_blocks[first : first + len(fill)], fill
-    return [remote_blocks[-1]], [plan.block_ids[first]]
+    return remote_blocks[first : first + len(fill)], fill
 
 
 def check_handle(kv: KVHandle, num_kv_tokens: int, block_size: int) -> None:
@@ -129,15 +103,12 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
     if job.aborted:
         return PullResult(aborted=True)
     remote, local = transfer_pairs(plan, list(kv.block_ids))
-    job.transfer = asyncio.create_task(
-        agent.read_blocks(
-            peer,
-            remote,
-            local,
-            request_id=job.req.request_id,
-            deadline_s=min(agent.config.deadline_s, left),
-        )
-    )
+    rid, deadline_s = job.req.request_id, min(agent.config.deadline_s, left)
+    if local:
+        read = agent.read_blocks(peer, remote, local, request_id=rid, deadline_s=deadline_s)
+    else:
+        read = _release_only(agent, peer, rid, deadline_s)
+    job.transfer = asyncio.create_task(read)
     try:
         moved = await job.transfer
     except (TransferError, ValueError) as exc:
@@ -152,6 +123,14 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
     )
 
 
+async def _release_only(
+    agent: KVTransferAgent, peer: PeerInfo, request_id: str, deadline_s: float
+) -> TransferResult:
+    """Every block is cached here: end the prefill node's lease without reading."""
+    await agent.release(peer, request_id, deadline_s=deadline_s)
+    return TransferResult(0, 0.0)
+
+
 def failure_kind(exc: Exception) -> str:
     """The metric label of a failed transfer."""
     if isinstance(exc, TransferTimeout):
@@ -160,4 +139,6 @@ def failure_kind(exc: Exception) -> str:
         return "peer"
     if isinstance(exc, LayoutMismatch):
         return "layout"
+    if isinstance(exc, TransferRefused):
+        return "refused"
     return "other"

@@ -19,7 +19,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from cluster.protocol import DecodeRequest, TokenEvent
 from cluster.settings import NodeSettings
 from decode_node.events import abort_event, error_event, token_event
-from decode_node.importer import DecodeJob, check_handle, pull, reserve
+from decode_node.import_queue import ImportQueue
+from decode_node.importer import DecodeJob, check_handle, pull
 from engine.engine import LLMEngine
 from engine.loop import EngineLoop
 from engine.request_stream import EngineFailed, LoopOutput, RequestStream
@@ -45,6 +46,7 @@ class DecodeRuntime(NodeCore):
     ) -> None:
         super().__init__(settings, loop, started_at, metrics)
         self._jobs: dict[str, DecodeJob] = {}
+        self.imports = ImportQueue(loop, settings.max_queued_imports, settings.import_wait_s)
 
     def _moves_kv(self) -> bool:
         return self.settings.role == "decode"
@@ -92,7 +94,7 @@ class DecodeRuntime(NodeCore):
             )
         num_kv_tokens = len(job.req.prompt_token_ids) + len(job.req.output_token_ids) - 1
         check_handle(kv, num_kv_tokens, self.loop.engine.config.block_size)
-        return await reserve(self.loop, job)
+        return await self.imports.reserve(job)
 
     async def _open_local(self, job: DecodeJob) -> RequestStream:
         """Prefill prompt + the tokens so far here; generate the rest of max_tokens."""
@@ -104,7 +106,7 @@ class DecodeRuntime(NodeCore):
         self.counts["local_prefills_total"] += 1
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(req.request_id, prompt, params)
+            engine.add_request(req.request_id, prompt, params, req.priority)
 
         return await checked_async(self.loop.open(req.request_id, add), "prompt_token_ids")
 

@@ -16,28 +16,16 @@ Requests release their blocks tail first, so a shared prefix outlives the suffix
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-from array import array
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from engine.kv_event_log import KVEventLog
 from engine.request import Request
+from models.block_hash import block_hash
 
 _ROOT_SERIAL = 0  # the "parent" of a request's first block
-
-
-def block_hash(parent_hash: int | None, token_ids: Sequence[int]) -> int:
-    """64-bit content hash of a full block, chained on its parent's hash (None: first block).
-
-    Stable across processes and Python versions, so it can name blocks outside this node.
-    """
-    digest = hashlib.blake2b(digest_size=8)
-    if parent_hash is not None:
-        digest.update(parent_hash.to_bytes(8, "little"))
-    digest.update(array("q", token_ids).tobytes())
-    return int.from_bytes(digest.digest(), "little")
 
 
 @dataclass
@@ -48,6 +36,7 @@ class _Block:
     token_ids: tuple[int, ...] = ()
     serial: int = _ROOT_SERIAL  # unique per registration, never reused
     parent_serial: int = _ROOT_SERIAL
+    parent_hash: int | None = None
 
 
 @dataclass
@@ -77,6 +66,7 @@ class BlockManager:
         self._serials = itertools.count(_ROOT_SERIAL + 1)
         self.num_prefix_hit_tokens = 0  # tokens found in the cache at admission, in total
         self.num_prefix_query_tokens = 0  # tokens looked up at admission, in total
+        self.events: KVEventLog | None = None  # see record_events
 
     # ---- sizes --------------------------------------------------------------------------
 
@@ -106,6 +96,16 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold num_tokens tokens."""
         return -(-num_tokens // self._block_size)
+
+    def record_events(self, capacity: int) -> KVEventLog:
+        """Record blocks stored in and evicted from the prefix cache from now on."""
+        if self.events is None:
+            self.events = KVEventLog(capacity)
+        return self.events
+
+    def cached_blocks(self) -> list[tuple[int, int | None]]:
+        """(hash, parent hash) of every block in the prefix cache: a snapshot of it."""
+        return [(h, self._blocks[b].parent_hash) for h, b in self._cached.items()]
 
     # ---- the request-facing API ---------------------------------------------------------
 
@@ -261,7 +261,10 @@ class BlockManager:
         if digest not in self._cached:
             block.hash, block.token_ids = digest, tokens
             block.serial, block.parent_serial = next(self._serials), parent_serial
+            block.parent_hash = parent_hash
             self._cached[digest] = block.block_id
+            if self.events is not None:
+                self.events.stored(digest, parent_hash)
             serial = block.serial
         else:
             twin = self._lookup(digest, tokens, parent_serial)
@@ -275,7 +278,9 @@ class BlockManager:
     def _unregister(self, block: _Block) -> None:
         if block.hash is not None and self._cached.get(block.hash) == block.block_id:
             del self._cached[block.hash]
-        block.hash, block.token_ids = None, ()
+            if self.events is not None:
+                self.events.removed(block.hash)
+        block.hash, block.token_ids, block.parent_hash = None, (), None
         block.serial = block.parent_serial = _ROOT_SERIAL
 
     def _audit_block(self, block: _Block, owners: int, in_free: bool) -> None:

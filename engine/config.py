@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from engine.kv_sizing import check_fraction
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -40,6 +42,9 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         ) from None
 
 
+CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Static engine settings. Runtime-discovered numbers (block count) live in engine state."""
@@ -49,9 +54,13 @@ class EngineConfig:
     device: str = "cpu"
     role: Role = Role.COLOCATED
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None: size from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0
-    max_num_seqs: int = 64
+    # KV cache size, the first that is set (engine.kv_sizing): num_kv_blocks, else
+    # kv_cache_memory_gb, else on CUDA gpu_memory_utilization of the device's memory minus the
+    # weights and the activation peak, else (CPU) 1 GiB.
+    num_kv_blocks: int | None = None
+    kv_cache_memory_gb: float | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 64  # engine_config(): 256 on CUDA
     max_num_batched_tokens: int = 2048  # token budget per step
     max_model_len: int | None = None  # None: model's max_position_embeddings
     enable_chunked_prefill: bool = True
@@ -87,10 +96,11 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"EngineConfig.num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.kv_cache_memory_gb <= 0:
+        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ValueError(
                 f"EngineConfig.kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}"
             )
+        check_fraction(self.gpu_memory_utilization, "EngineConfig.gpu_memory_utilization")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"EngineConfig.attention_backend must be auto, torch or triton, "
@@ -116,16 +126,21 @@ class EngineConfig:
 
 
 def engine_config(
-    model_dir: Path, *, device: str = "auto", dtype: str = "auto", **options: Any
+    model_dir: Path, *, device: str = "auto", dtype: str | torch.dtype = "auto", **options: Any
 ) -> EngineConfig:
-    """An EngineConfig with "auto" resolved: CUDA when available (bfloat16), else CPU (float32).
+    """An EngineConfig with the device's defaults: "auto" is CUDA when available, else CPU;
+    on CUDA the dtype defaults to bfloat16 and max_num_seqs to 256, on the CPU to float32
+    and 64.
 
     `options` are the other EngineConfig fields (role, block_size, num_kv_blocks...); None
-    values keep the EngineConfig default.
+    values keep the default.
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = device.startswith("cuda")
     if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        dtype = "bfloat16" if cuda else "float32"
     given = {k: v for k, v in options.items() if v is not None}
+    if cuda:
+        given.setdefault("max_num_seqs", CUDA_MAX_NUM_SEQS)
     return EngineConfig(model_dir=Path(model_dir), device=device, dtype=parse_dtype(dtype), **given)

@@ -82,10 +82,17 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
     ) -> None:
-        """Queue a request. Raises ValueError for a duplicate id or a prompt that cannot fit."""
-        self.scheduler.add(self._new_request(request_id, prompt_token_ids, params))
+        """Queue a request (lower `priority` first). Raises ValueError for a duplicate id or a
+        prompt that cannot fit."""
+        request = self._new_request(request_id, prompt_token_ids, params)
+        request.priority = priority
+        self.scheduler.add(request)
 
     def import_request(
         self,
@@ -93,12 +100,14 @@ class LLMEngine:
         prompt_token_ids: list[int],
         output_token_ids: list[int],
         params: SamplingParams,
+        priority: int = 0,
     ) -> ImportPlan | None:
         """Decode role: reserve blocks for a request whose prompt KV is filled from outside.
 
         Returns where to write it (None: no room now), then `commit_import` admits it.
         """
         request = self._new_request(request_id, prompt_token_ids, params)
+        request.priority = priority
         return self.scheduler.add_prefilled(request, output_token_ids)
 
     def commit_import(self, request_id: str) -> None:
@@ -109,6 +118,9 @@ class LLMEngine:
         found = self.scheduler.abort(request_id)
         self.sampler.forget(request_id)
         self.runner.batch.release(request_id)
+        if self._in_flight is not None and not self.scheduler.has_work:
+            launched, self._in_flight = self._in_flight, None
+            self._finish(launched)  # its requests are all gone: nothing left to hand out
         return found
 
     def release(self, request_id: str) -> bool:

@@ -1,4 +1,5 @@
-"""The paged KV cache: one block-major tensor per node, its layout and its sizing.
+"""The paged KV cache: one block-major tensor per node and its layout (sizing:
+engine.kv_sizing).
 
 Layout: ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``. One block of all
 layers (K and V) is one contiguous region, so moving a block between nodes is one descriptor.
@@ -13,11 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import EngineConfig, parse_dtype
+from engine.config import parse_dtype
 from engine.model_config import ModelConfig
 
 LAYOUT_ORDER = "block-major"  # [blocks, layers, 2, block_size, kv_heads, head_dim]
-_CUDA_FREE_FRACTION = 0.9  # share of free GPU memory the cache may take
 
 
 @dataclass(frozen=True)
@@ -88,24 +88,6 @@ class KVLayout:
             f"layers={self.num_layers} kv_heads={self.num_kv_heads} head_dim={self.head_dim} "
             f"({LAYOUT_ORDER}, {self.block_bytes} bytes/block, fingerprint {self.fingerprint()})"
         )
-
-
-def num_blocks_for(config: EngineConfig, layout: KVLayout) -> int:
-    """Block count: ``num_kv_blocks`` if set, else ``kv_cache_memory_gb`` (capped by free GPU
-    memory on CUDA; call it after the weights are loaded)."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    budget = config.kv_cache_memory_gb * 2**30
-    if str(config.device).startswith("cuda"):
-        free, _total = torch.cuda.mem_get_info(torch.device(config.device))
-        budget = min(budget, free * _CUDA_FREE_FRACTION)
-    num_blocks = int(budget // layout.block_bytes)
-    if num_blocks < 1:
-        raise ValueError(
-            f"KV cache budget of {budget / 2**30:.3f} GiB holds no block of "
-            f"{layout.block_bytes} bytes; raise kv_cache_memory_gb or set num_kv_blocks"
-        )
-    return num_blocks
 
 
 def allocate_kv_cache(

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, parse_dtype
+from engine.config import engine_config
 from engine.engine import LLMEngine
 from engine.outputs import GenerationOutput, TokenLogprob
 from engine.request import FinishReason
@@ -24,7 +24,8 @@ class LLM:
 
     Text prompts are tokenized as they are (no chat template); `chat` applies the model's
     chat template. Extra keyword arguments go to EngineConfig (block_size, num_kv_blocks,
-    max_num_batched_tokens, ...).
+    max_num_batched_tokens, ...); what is not given takes the device's default
+    (engine.config.engine_config).
     """
 
     def __init__(
@@ -34,9 +35,7 @@ class LLM:
         device: str = "cpu",
         **engine_kwargs: Any,
     ) -> None:
-        config = EngineConfig(
-            model_dir=Path(model_dir), dtype=parse_dtype(dtype), device=device, **engine_kwargs
-        )
+        config = engine_config(Path(model_dir), device=device, dtype=dtype, **engine_kwargs)
         self.tokenizer = Tokenizer.from_dir(config.model_dir)
         self.engine = LLMEngine(config)
         self._ids = itertools.count()

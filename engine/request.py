@@ -40,6 +40,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    priority: int = 0  # lower is served first; ties go by arrival
     # sampled in a scheduled step, not yet appended: 0, or 1-2 with overlapped scheduling
     num_pending: int = 0
     # set from params at construction: tokens that end the request, and its longest length

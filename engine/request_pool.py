@@ -35,11 +35,11 @@ class RequestPool:
         self._config = config
         self._blocks = block_manager
         self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # arrival order, newest last
+        self._running: list[Request] = []  # (priority, arrival) order: the victim is last
         self._pinned: dict[str, Request] = {}
         self._importing: dict[str, HeldImport] = {}
         self._live: dict[str, Request] = {}
-        self._arrival: dict[str, int] = {}
+        self._arrival: dict[str, tuple[int, int]] = {}  # id -> (priority, arrival)
         self._counter = itertools.count()
 
     # ---- introspection ------------------------------------------------------------------
@@ -80,7 +80,7 @@ class RequestPool:
         never fit in the cache."""
         self._check_new(request, request.num_tokens)
         self._enter(request)
-        self._waiting.append(request)
+        self._queue(request)
 
     def abort(self, request_id: str) -> bool:
         """Finish a request in any state with ABORT and free its blocks. False when unknown."""
@@ -126,9 +126,14 @@ class RequestPool:
         position = bisect.bisect(keys, self._arrival[request.request_id])
         self._running.insert(position, request)
 
+    def _queue(self, request: Request) -> None:
+        """Into the waiting queue at its (priority, arrival) place."""
+        keys = [self._arrival[r.request_id] for r in self._waiting]
+        self._waiting.insert(bisect.bisect(keys, self._arrival[request.request_id]), request)
+
     def _enter(self, request: Request) -> None:
         self._live[request.request_id] = request
-        self._arrival[request.request_id] = next(self._counter)
+        self._arrival[request.request_id] = (request.priority, next(self._counter))
 
     def _check_new(self, request: Request, num_tokens: int) -> None:
         rid = request.request_id

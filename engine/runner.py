@@ -14,8 +14,10 @@ import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata, select_attention
 from engine.config import EngineConfig
-from engine.kv_cache import KVLayout, allocate_kv_cache, num_blocks_for
+from engine.kv_cache import KVLayout, allocate_kv_cache
+from engine.kv_sizing import DeviceMemory, plan_kv_cache
 from engine.loader import init_random_weights, load_weights
+from engine.memory_profile import measure_device_memory, profile_lengths
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.persistent_batch import PersistentBatch, StepInputs
@@ -56,7 +58,8 @@ class ModelRunner:
         self.packed_weights = config.pack_cpu_weights and self.model.pack_cpu_weights()
         self.model.use_cpu_kernels(config.cpu_kernels)
         self.layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
-        self.num_blocks = num_blocks_for(config, self.layout)
+        self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory)
+        self.num_blocks = self.kv_capacity.num_blocks
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
         max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
@@ -89,6 +92,12 @@ class ModelRunner:
         """float32 logits [sampled rows, vocab] of a prepared step."""
         logits = self.model(inputs.input_ids, inputs.meta, self.kv_cache, inputs.logits_indices)
         return logits.float()
+
+    def _measure_memory(self) -> DeviceMemory:
+        """The GPU's memory around a forward of the largest step (engine.memory_profile)."""
+        c = self.config
+        lengths = profile_lengths(c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len)
+        return measure_device_memory(self.model, self.layout, lengths, self.device)
 
     def _check_lengths(self, meta: AttentionMetadata) -> None:
         longest = max(meta.context_lens_host)

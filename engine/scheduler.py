@@ -2,10 +2,11 @@
 
 Each step has a token budget (max_num_batched_tokens) and a cap on live sequences
 (max_num_seqs). The order is: running decodes (one token each), then the rest of running
-prefills (chunked when longer than the budget left), then waiting requests, FIFO, while
-blocks last. A running request that needs a block when none is free preempts the most
-recently arrived running request (itself, if it is the newest): its blocks are freed and it
-goes back to the front of the waiting queue, to be recomputed from prompt + tokens so far.
+prefills (chunked when longer than the budget left), then waiting requests in (priority,
+arrival) order (lower priority first; FIFO among equals), while blocks last. A running
+request that needs a block when none is free preempts the last running request in that
+order, the lowest priority and newest (itself, if it is that one): its blocks are freed and
+it goes back to the waiting queue at its place, to be recomputed from prompt + tokens so far.
 
 Protocol: `schedule()`, run the chunks, `update(out, sampled)`. `schedule()` advances the
 requests as if the step ran, their sampled tokens pending: with overlapped scheduling the
@@ -253,7 +254,7 @@ class Scheduler(RequestPool):
             cached = len(hits) * self._blocks.block_size
             num_tokens = self._chunk_len(request.num_tokens - cached, step.budget)
             if not num_tokens or not self._blocks.allocate(request, cached + num_tokens, hits):
-                return  # FIFO: the head waits, nobody overtakes it
+                return  # in order: the head waits, nobody overtakes it
             self._waiting.popleft()
             self._start_running(request)
             step.add(request, num_tokens)
@@ -297,7 +298,7 @@ class Scheduler(RequestPool):
         request.num_cached_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
-        self._waiting.appendleft(request)
+        self._queue(request)
         step.drop(request)
 
 

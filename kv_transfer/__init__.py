@@ -11,6 +11,7 @@ from kv_transfer.errors import (
     PeerUnavailable,
     TransferCancelled,
     TransferError,
+    TransferRefused,
     TransferTimeout,
     TransportUnavailable,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "TransferConfig",
     "TransferCounters",
     "TransferError",
+    "TransferRefused",
     "TransferResult",
     "TransferTimeout",
     "TransportKind",

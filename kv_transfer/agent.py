@@ -63,7 +63,9 @@ class KVTransferAgent:
             use_hugepages(kv)
         self.config = config
         self.leases = leases
-        self.identity = Identity(config.node_name, uuid.uuid4().hex[:12], fingerprint, layout)
+        self.identity = Identity(
+            config.node_name, uuid.uuid4().hex[:12], fingerprint, layout, token=config.token
+        )
         self.transport: Transport = _select_transport(self.region, self.identity, config)
         weakref.finalize(self, self.transport.close)  # at the latest at interpreter exit
         self.counters = TransferCounters()
@@ -110,6 +112,18 @@ class KVTransferAgent:
         self.counters.ok += 1
         self.counters.bytes += nbytes
         return TransferResult(nbytes, time.perf_counter() - start)
+
+    async def release(
+        self, peer: PeerInfo, request_id: str, *, deadline_s: float | None = None
+    ) -> None:
+        """Tell the owner that `request_id` is done with its blocks without reading any (this
+        node had them all cached): it ends the lease like a completed READ. Raises like
+        `read_blocks`; a notice that never arrives leaves the lease to its expiry."""
+        self._check_peer(peer)
+        if not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        deadline = Deadline.after(self.config.deadline_s if deadline_s is None else deadline_s)
+        await self.transport.release(peer, request_id, deadline)
 
     async def connect(self, peer: PeerInfo, *, deadline_s: float | None = None) -> None:
         """Set up the connection to `peer` ahead of the first READ (which otherwise pays for it:

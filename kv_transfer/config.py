@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TRANSPORTS = ("auto", "nixl", "tcp")
 
@@ -20,6 +20,8 @@ class TransferConfig:
         sleeps on UCX events in between; it bounds the delay if UCX misses an event.
     hugepages: back a CPU KV tensor with transparent huge pages at registration (best effort).
     poll_interval_s: how often the owner drains release notifications and expires leases.
+    token: the cluster token a reader must show in its TCP HELLO (None: no check). Never in
+        repr or logs.
     """
 
     node_name: str
@@ -32,6 +34,7 @@ class TransferConfig:
     progress_wakeup_us: int = 100_000
     hugepages: bool = True
     poll_interval_s: float = 0.02
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.node_name or any(c.isspace() for c in self.node_name):
@@ -47,6 +50,8 @@ class TransferConfig:
         for name in ("deadline_s", "poll_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TransferConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.token is not None and not self.token:
+            raise ValueError("TransferConfig.token must be None or a non-empty string")
         if self.progress_wakeup_us < 1:
             raise ValueError(
                 f"TransferConfig.progress_wakeup_us must be >= 1, got {self.progress_wakeup_us}"

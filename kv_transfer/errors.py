@@ -34,5 +34,9 @@ class LayoutMismatch(TransferError):
         self.remote = remote
 
 
+class TransferRefused(TransferError):
+    """The owner refused the reader: a missing or wrong cluster token."""
+
+
 class TransportUnavailable(TransferError):
     """The requested transport cannot be used in this process (e.g. NIXL is not installed)."""

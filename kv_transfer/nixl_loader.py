@@ -12,6 +12,11 @@ Progress thread: nixl's Python wrapper starts the UCX progress thread with a wak
 agent gets one with a delay instead: it sleeps on UCX's event descriptors and wakes on
 traffic (connection setup, notifications, an owner's share of a TCP-emulated get) or every
 `progress_wakeup_us`. The reading agent gets none: the driver thread progresses its READs.
+
+Wheels: `nixl-cu12` (installed by default; it moves CPU tensors whatever torch is) and
+`nixl-cu13` (`pip install 'splitserve[cuda13]'`). VRAM needs the wheel built for the CUDA
+major version of torch: that one is tried first, and a NIXL for another CUDA than torch's is
+refused with both versions named.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
 from types import ModuleType
 from typing import Any
+
+import torch
 
 from kv_transfer.errors import TransportUnavailable
 
@@ -31,17 +39,52 @@ _MODULES = ("nixl_cu12._api", "nixl._api", "nixl_cu13._api")
 
 
 def load_nixl() -> ModuleType:
-    """The NIXL Python API module; TransportUnavailable when none is installed."""
+    """The NIXL Python API module; TransportUnavailable when none is installed, or when the
+    first one found is built for another CUDA major version than torch."""
     errors = []
-    for name in _MODULES:
+    for name in nixl_modules(torch.version.cuda, _MODULES):
         try:
             module = importlib.import_module(name)
         except ImportError as exc:
             errors.append(f"{name}: {exc}")
         else:
+            check_cuda_match(name, torch.version.cuda, torch.__version__)
             _route_nixl_logs()
             return module
     raise TransportUnavailable("NIXL cannot be imported (" + "; ".join(errors) + ")")
+
+
+def cuda_major(version: str | None) -> int | None:
+    """12 for "12.8"; None for a CPU build of torch (torch.version.cuda is None)."""
+    return int(version.split(".")[0]) if version else None
+
+
+def module_cuda_major(module: str) -> int | None:
+    """The CUDA major version a NIXL module is built for: 13 for "nixl_cu13._api"; None for
+    a module whose name does not say ("nixl._api")."""
+    match = re.match(r"nixl_cu(\d+)\.", module)
+    return int(match.group(1)) if match else None
+
+
+def nixl_modules(torch_cuda: str | None, candidates: tuple[str, ...]) -> list[str]:
+    """`candidates` in the order to try: the one built for torch's CUDA major first."""
+    major = cuda_major(torch_cuda)
+    if major is None:
+        return list(candidates)
+    return sorted(candidates, key=lambda name: module_cuda_major(name) != major)
+
+
+def check_cuda_match(module: str, torch_cuda: str | None, torch_version: str) -> None:
+    """TransportUnavailable naming both versions when `module` is built for another CUDA
+    major version than torch; nothing to check for a CPU torch or an unnamed build."""
+    nixl_major, torch_major = module_cuda_major(module), cuda_major(torch_cuda)
+    if nixl_major is None or torch_major is None or nixl_major == torch_major:
+        return
+    raise TransportUnavailable(
+        f"NIXL is nixl-cu{nixl_major}, built for CUDA {nixl_major}, but torch {torch_version} "
+        f"is built for CUDA {torch_cuda}; install the NIXL for CUDA {torch_major}: "
+        f"pip install 'splitserve[cuda{torch_major}]' (nixl-cu{torch_major})"
+    )
 
 
 def _route_nixl_logs() -> None:

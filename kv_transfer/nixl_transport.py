@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,17 +151,29 @@ class NixlTransport:
             raise TransferTimeout("transfer exceeded its deadline (driver stalled)") from None
         return len(local_ids) * self._region.block_bytes
 
+    async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
+        def notify() -> None:
+            self._notify(self._connection(self._reading_agent(), peer), release_message(request_id))
+
+        await self._on_driver(notify, peer, deadline)
+
     async def connect(self, peer: PeerInfo, deadline: Deadline) -> None:
         def setup() -> None:
             agent = self._reading_agent()
             self._connection(agent, peer)
             agent.make_connection(peer.agent_name)  # wireup completes as the driver progresses
 
-        future = self._driver.submit(setup)
+        await self._on_driver(setup, peer, deadline)
+
+    async def _on_driver(
+        self, step: Callable[[], None], peer: PeerInfo, deadline: Deadline
+    ) -> None:
+        """Run a short step on the driver thread within the deadline."""
+        future = self._driver.submit(step)
         try:
             await asyncio.wait_for(asyncio.wrap_future(future), max(deadline.left(), 0.0))
         except TimeoutError:
-            raise TransferTimeout(f"connecting to {peer.agent_name} timed out") from None
+            raise TransferTimeout(f"the NIXL step towards {peer.agent_name} timed out") from None
         except TransferError:
             raise
         except Exception as exc:

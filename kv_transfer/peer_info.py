@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -23,12 +23,14 @@ class TransportKind(StrEnum):
 
 @dataclass(frozen=True)
 class Identity:
-    """Who this process is to its peers: node, incarnation and KV layout."""
+    """Who this process is to its peers: node, incarnation and KV layout; `token` is the
+    cluster token (shown by a reader, checked by an owner; never printed)."""
 
     node_name: str
     incarnation: str
     fingerprint: str
     layout: str
+    token: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def agent_name(self) -> str:

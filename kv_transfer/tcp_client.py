@@ -20,6 +20,7 @@ from kv_transfer.errors import (
     PeerUnavailable,
     TransferCancelled,
     TransferError,
+    TransferRefused,
     TransferTimeout,
 )
 from kv_transfer.peer_info import Identity, PeerInfo
@@ -109,6 +110,22 @@ class BlockRead:
             self.pool.give_back(self.peer, sock)
             return
 
+    def release_only(self) -> None:
+        """Send the release notice on a pooled (or new) connection; no blocks move."""
+        for attempt in (1, 2):  # like run: a cached socket may have died idle
+            cached = self.pool.take(self.peer)
+            sock = cached or self._guarded(self._connect)
+            try:
+                sock.settimeout(self.deadline.remaining())
+                send_json(sock, Kind.RELEASE, {"request_id": self.request_id})
+            except OSError as exc:
+                sock.close()
+                if cached is None or attempt == 2:
+                    raise PeerUnavailable(f"{self.peer.agent_name} failed: {exc}") from None
+                continue
+            self.pool.give_back(self.peer, sock)
+            return
+
     def connect_only(self) -> None:
         """Open a connection and leave it in the pool for the next READ."""
         self.pool.give_back(self.peer, self._guarded(self._connect))
@@ -161,7 +178,7 @@ class BlockRead:
     def _hello(self, sock: socket.socket) -> None:
         me = self.identity
         hello = {"agent": me.agent_name, "fingerprint": me.fingerprint, "layout": me.layout}
-        send_json(sock, Kind.HELLO, {**hello, "expect": self.peer.incarnation})
+        send_json(sock, Kind.HELLO, {**hello, "expect": self.peer.incarnation, "token": me.token})
         kind, body = recv_json(sock)
         if kind is Kind.ERROR:
             raise refusal_error(body, me.layout, self.peer)
@@ -216,6 +233,8 @@ def refusal_error(body: dict[str, object], local_layout: str, peer: PeerInfo) ->
     code, message = body.get("code"), str(body.get("message"))
     if code == "layout":
         return LayoutMismatch(local_layout, str(body.get("layout")), peer.agent_name)
+    if code == "unauthorized":
+        return TransferRefused(f"{peer.agent_name} refused the transfer: {message}")
     if code == "restarted":
         return PeerUnavailable(f"peer restarted since its PeerInfo was published: {message}")
     return TransferError(f"{peer.agent_name} refused the transfer: {message}")

@@ -7,6 +7,7 @@ restarted process (another incarnation, maybe on the same port) is refused with 
 
 from __future__ import annotations
 
+import hmac
 import logging
 import socket
 import threading
@@ -24,6 +25,13 @@ from kv_transfer.tcp_protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def token_matches(given: object, expected: str | None) -> bool:
+    """Constant-time check of the token a reader showed (no token expected: any passes)."""
+    if expected is None:
+        return True
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
 
 
 class BlockServer:
@@ -83,6 +91,9 @@ class BlockServer:
         kind, hello = recv_json(conn)
         me = self._identity
         if kind is not Kind.HELLO:
+            return False
+        if not token_matches(hello.get("token"), me.token):
+            _refuse(conn, "unauthorized", "missing or wrong cluster token")
             return False
         if hello.get("fingerprint") != me.fingerprint:
             _refuse(conn, "layout", f"layout {me.layout} differs", layout=me.layout)

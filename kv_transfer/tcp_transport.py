@@ -11,7 +11,7 @@ import collections
 import concurrent.futures as cf
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from kv_transfer.config import TransferConfig
 from kv_transfer.deadline import Deadline
@@ -73,9 +73,19 @@ class TcpTransport:
             ) from None
         return len(local_ids) * self._region.block_bytes
 
+    async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
+        job = BlockRead(
+            self._pool, self._region, self._identity, peer, ([], []), request_id, deadline
+        )
+        await self._finish(job, job.release_only, deadline)
+
     async def connect(self, peer: PeerInfo, deadline: Deadline) -> None:
         job = BlockRead(self._pool, self._region, self._identity, peer, ([], []), "", deadline)
-        future = asyncio.wrap_future(self._executor.submit(job.connect_only))
+        await self._finish(job, job.connect_only, deadline)
+
+    async def _finish(self, job: BlockRead, step: Callable[[], None], deadline: Deadline) -> None:
+        """Run a short socket step of `job` on a reader thread, within the deadline."""
+        future = asyncio.wrap_future(self._executor.submit(step))
         try:
             await asyncio.wait_for(asyncio.shield(future), max(deadline.left(), 0) + _STUCK_GRACE_S)
         except asyncio.CancelledError:
@@ -83,7 +93,7 @@ class TcpTransport:
             raise
         except TimeoutError:
             job.abort()
-            raise TransferTimeout(f"connecting to {peer.agent_name} timed out") from None
+            raise TransferTimeout(f"talking to {job.peer.agent_name} timed out") from None
 
     def _counted(self, job: BlockRead) -> None:
         with self._counting():

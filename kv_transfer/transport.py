@@ -51,6 +51,11 @@ class Transport(Protocol):
         that `request_id` is done with them. Returns bytes moved; raises TransferError."""
         ...
 
+    async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
+        """Tell the owner that `request_id` is done with its blocks without reading any
+        (the reader had them all cached). Raises TransferError."""
+        ...
+
     async def connect(self, peer: PeerInfo, deadline: Deadline) -> None:
         """Open and cache the connection to `peer` now; raises TransferError."""
         ...

@@ -21,8 +21,6 @@ from typing import Any
 
 from cluster.settings import NodeSettings, SettingsError, load
 
-GRACEFUL_SHUTDOWN_S = 10  # time streams get to finish after SIGTERM
-
 _HELP: dict[str, str] = {
     "host": "address to listen on (default 127.0.0.1)",
     "port": "HTTP port (default 8100)",
@@ -32,20 +30,27 @@ _HELP: dict[str, str] = {
     "device": "where the engine runs",
     "dtype": "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU)",
     "block_size": "tokens per KV block",
-    "num_kv_blocks": "KV blocks to allocate (else sized by --kv-cache-memory-gb)",
-    "kv_cache_memory_gb": "memory for the KV cache, in GiB (default 1)",
-    "max_num_seqs": "requests batched together at most",
+    "num_kv_blocks": "KV blocks to allocate (else sized by memory)",
+    "kv_cache_memory_gb": "memory for the KV cache, in GiB (default: on CUDA sized by "
+    "--gpu-memory-utilization, on CPU 1)",
+    "gpu_memory_utilization": "CUDA: share of the GPU's memory for weights, activations and "
+    "KV cache together, when neither --num-kv-blocks nor --kv-cache-memory-gb is set "
+    "(default 0.9)",
+    "max_num_seqs": "requests batched together at most (default 256 on CUDA, 64 on CPU)",
     "max_num_batched_tokens": "tokens computed per engine step at most",
     "max_model_len": "context length (default: the model's)",
     "transfer": "KV transport: nixl, tcp, or auto (NIXL when available)",
     "transfer_port": "TCP port of the KV block server (0: any free port)",
     "transfer_failure": "decode: what a failed KV transfer does",
     "lease_ttl_s": "prefill: seconds a KV lease lives without a release",
+    "max_queued_imports": "decode: KV imports that may wait for blocks at once",
+    "import_wait_s": "decode: longest wait of a KV import for blocks (then 503)",
     "heartbeat_s": "seconds between registry heartbeats",
     "ttl_s": "registry TTL: the node disappears this long after its last heartbeat",
     "node_id": "node id in the registry (default: ROLE-HOSTNAME-PORT)",
     "advertise_host": "host others use to reach this node (default: --host)",
     "torch_threads": "torch CPU threads of the engine",
+    "drain_timeout_s": "after SIGTERM: seconds running requests get to finish",
     "log_level": "log level",
 }
 
@@ -95,7 +100,7 @@ def run_node(
     except OSError as exc:
         print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
-    return serve(app_factory(settings), sock, settings.log_level)
+    return serve(app_factory(settings), sock, settings)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -112,20 +117,24 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: Any, sock: socket.socket, log_level: str) -> int:
-    """Run `app` on `sock` with uvicorn and uvloop; 3 when its lifespan failed to start."""
+def serve(app: Any, sock: socket.socket, settings: NodeSettings) -> int:
+    """Run `app` on `sock` with uvicorn and uvloop until SIGTERM / SIGINT, which drain the
+    node (node.drain); 3 when its lifespan failed to start."""
     import uvicorn
+
+    from node.drain import DrainingServer
+    from node.server import begin_drain
 
     config = uvicorn.Config(
         app,
         loop="uvloop",
         lifespan="on",
         log_config=None,
-        log_level=log_level,
+        log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, lambda: begin_drain(app))
     server.run(sockets=[sock])
     return 0 if server.started else 3
 

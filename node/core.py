@@ -19,9 +19,11 @@ from urllib.parse import urlsplit
 from cluster.protocol import NodeInfo, NodeLoad
 from cluster.settings import NodeSettings
 from engine.config import engine_config
+from engine.kv_sizing import KVCapacity
 from engine.loop import EngineLoop
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
+from node.kv_publisher import kv_events
 from node.metrics import NodeMetrics
 
 
@@ -49,6 +51,7 @@ class NodeCore:
         model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
         config = engine_config(model_dir, **engine_options(settings))
         loop = await EngineLoop.launch(config, settings.torch_threads)
+        metrics.set_kv_capacity(loop.engine.runner.kv_capacity)
         node = cls(settings, loop, started_at, metrics)
         serving: asyncio.Task[None] | None = None
         try:
@@ -56,7 +59,8 @@ class NodeCore:
                 node.agent = await asyncio.to_thread(node._make_agent)
                 if node.agent.leases is not None:
                     serving = asyncio.create_task(node.agent.serve(), name="lease-serve")
-            yield node
+            async with kv_events(settings, loop):
+                yield node
         finally:
             if serving is not None:
                 serving.cancel()
@@ -95,7 +99,7 @@ class NodeCore:
                 layout_fingerprint=engine.runner.layout.fingerprint(),
                 peer_info=self.agent.info.to_json() if self.agent is not None else "",
                 max_model_len=engine.max_model_len,
-                capacity=engine.block_manager.num_total_blocks,
+                capacity=engine.runner.kv_capacity,
                 started_at=self.started_at,
             )
         return self._info
@@ -130,7 +134,7 @@ def node_info(
     layout_fingerprint: str,
     peer_info: str,
     max_model_len: int,
-    capacity: int,
+    capacity: KVCapacity,
     started_at: float,
 ) -> NodeInfo:
     """What the node publishes in the registry."""
@@ -142,7 +146,9 @@ def node_info(
         layout_fingerprint=layout_fingerprint,
         peer_info=peer_info,
         max_model_len=max_model_len,
-        capacity=capacity,
+        capacity=capacity.num_blocks,
+        kv_capacity_tokens=capacity.num_tokens,
+        kv_cache_bytes=capacity.num_bytes,
         started_at=started_at,
     )
 
@@ -163,20 +169,20 @@ def node_load(
 
 def engine_options(settings: NodeSettings) -> dict[str, Any]:
     """The engine settings among a node's, as keyword arguments (device and dtype may be
-    "auto"); engine.config.engine_config turns them into an EngineConfig."""
-    options: dict[str, Any] = {
+    "auto", None keeps the device's default); engine.config.engine_config turns them into an
+    EngineConfig."""
+    return {
         "role": settings.role,
         "device": settings.device,
         "dtype": settings.dtype,
         "block_size": settings.block_size,
         "num_kv_blocks": settings.num_kv_blocks,
+        "kv_cache_memory_gb": settings.kv_cache_memory_gb,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "max_model_len": settings.max_model_len,
     }
-    if settings.kv_cache_memory_gb is not None:
-        options["kv_cache_memory_gb"] = settings.kv_cache_memory_gb
-    return options
 
 
 def transfer_options(settings: NodeSettings) -> dict[str, Any]:
@@ -188,4 +194,5 @@ def transfer_options(settings: NodeSettings) -> dict[str, Any]:
         "tcp_host": settings.host,
         "tcp_port": settings.transfer_port,
         "advertise_host": urlsplit(settings.url()).hostname,
+        "token": token.get_secret_value() if (token := settings.cluster_token) else None,
     }

@@ -24,13 +24,14 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.protocol import NodeLoad
+from engine.kv_sizing import KVCapacity
 
 _LABELS = ("role", "node")
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-TRANSFER_FAILURE_KINDS = ("timeout", "peer", "layout", "other")
+TRANSFER_FAILURE_KINDS = ("timeout", "peer", "layout", "refused", "other")
 
 # metric name (without _total) -> (key in NodeRuntime.counters(), help text)
 TOTALS: dict[str, tuple[str, str]] = {
@@ -86,6 +87,9 @@ class NodeMetrics:
             "splitserve_kv_usage_ratio", "Share of KV blocks held by requests (0..1)"
         )
         self.leases = self._gauge("splitserve_kv_leases", "KV leases held for decode nodes")
+        self.kv_blocks = self._gauge("splitserve_kv_capacity_blocks", "KV blocks allocated")
+        self.kv_tokens = self._gauge("splitserve_kv_capacity_tokens", "Tokens the KV cache holds")
+        self.kv_bytes = self._gauge("splitserve_kv_cache_bytes", "Bytes of the KV cache")
         self.queue_time = self._histogram(
             "splitserve_queue_time_seconds",
             "From arrival at the node to the request's first scheduled engine step",
@@ -109,7 +113,7 @@ class NodeMetrics:
         )
         self._failures = Counter(
             "splitserve_kv_transfer_failures",
-            "Failed KV transfers, by kind (timeout, peer, layout, other)",
+            "Failed KV transfers, by kind (timeout, peer, layout, refused, other)",
             [*_LABELS, "kind"],
             registry=self.registry,
         )
@@ -139,6 +143,12 @@ class NodeMetrics:
     def watch(self, counters: Callable[[], Mapping[str, float]] | None) -> None:
         """Read the totals from `counters()` at each scrape (None: keep the last values)."""
         self._totals.follow(counters)
+
+    def set_kv_capacity(self, capacity: KVCapacity) -> None:
+        """The KV cache's size, once it is allocated."""
+        self.kv_blocks.set(capacity.num_blocks)
+        self.kv_tokens.set(capacity.num_tokens)
+        self.kv_bytes.set(capacity.num_bytes)
 
     def observe(self, load: NodeLoad) -> None:
         self.running.set(load.running)

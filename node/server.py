@@ -17,13 +17,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from cluster.auth import CLUSTER_TOKEN_HEADER, token_ok
 from cluster.protocol import (
     HEALTH,
     STATS,
@@ -33,6 +34,7 @@ from cluster.protocol import (
 )
 from cluster.registry import REDIS_ERRORS, NodeRegistry
 from cluster.settings import NodeSettings
+from node.drain import wait_for_leases
 from node.errors import NodeError, bad_request, not_ready
 from node.metrics import NodeMetrics
 
@@ -70,15 +72,44 @@ class NodeState:
     metrics: NodeMetrics
     runtime: Any = None  # the role's runtime, a NodeRuntime
     registered: bool = False
+    drain_deadline: float | None = None  # time.monotonic() once SIGTERM came
+    leave: asyncio.Event = field(default_factory=asyncio.Event)  # ends the heartbeats
 
     @property
     def ready(self) -> bool:
-        return self.runtime is not None and self.runtime.healthy and self.registered
+        healthy = self.runtime is not None and self.runtime.healthy
+        return healthy and self.registered and self.drain_deadline is None
+
+
+def begin_drain(app: FastAPI) -> None:
+    """SIGTERM: stop taking work and leave the registry now (node.drain). Idempotent."""
+    state: NodeState = app.state.node
+    if state.drain_deadline is not None:
+        return
+    state.drain_deadline = time.monotonic() + state.settings.drain_timeout_s
+    state.leave.set()
+    log.info(
+        "node_draining node=%s timeout_s=%.0f",
+        state.settings.resolved_node_id(), state.settings.drain_timeout_s,
+    )  # fmt: skip
+
+
+def accepting_work(request: Request) -> None:
+    """503 "draining" for new requests once the node drains (aborts and releases still go)."""
+    if node_state(request).drain_deadline is not None:
+        raise NodeError(503, "draining", "the node is shutting down; try another node")
 
 
 def node_state(request: Request) -> NodeState:
     state: NodeState = request.app.state.node
     return state
+
+
+def require_cluster_token(request: Request) -> None:
+    """401 unless the call carries the cluster token (when the node has one)."""
+    expected = node_state(request).settings.cluster_token
+    if not token_ok(request.headers.get(CLUSTER_TOKEN_HEADER), expected):
+        raise NodeError(401, "unauthorized", "missing or wrong cluster token")
 
 
 def runtime_of(request: Request) -> Any:
@@ -102,7 +133,7 @@ def create_node_app(
     )  # fmt: skip
     app.state.node = state
     app.include_router(probes)
-    app.include_router(routes)
+    app.include_router(routes, dependencies=[Depends(require_cluster_token)])
     _install_error_handlers(app)
     return app
 
@@ -129,7 +160,7 @@ def _lifespan(
             state.runtime = runtime
             state.metrics.watch(runtime.counters)
             registry = NodeRegistry(settings.redis_url, settings.ttl_s)
-            stop = asyncio.Event()
+            stop = state.leave
             beats = asyncio.create_task(_heartbeats(state, registry, stop), name="heartbeat")
             log.info(
                 "node_loaded node=%s role=%s url=%s load_s=%.1f",
@@ -143,6 +174,8 @@ def _lifespan(
                 state.registered = False
                 await registry.deregister()
                 await registry.close()
+                deadline = state.drain_deadline or time.monotonic()
+                await wait_for_leases(lambda: runtime.load().leases_held, deadline)
                 state.metrics.watch(None)
                 state.runtime = None
 
@@ -152,7 +185,7 @@ def _lifespan(
 async def _heartbeats(state: NodeState, registry: NodeRegistry, stop: asyncio.Event) -> None:
     """Register at once, then rewrite the record every heartbeat_s until `stop`; log outages
     once. A node whose engine thread died leaves the registry and stops beating (/health
-    turns 503)."""
+    turns 503); so does a draining node, at once."""
     runtime: NodeRuntime = state.runtime
     while not stop.is_set():
         if not runtime.healthy:
@@ -171,6 +204,10 @@ async def _heartbeats(state: NodeState, registry: NodeRegistry, stop: asyncio.Ev
             state.registered = False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), state.settings.heartbeat_s)
+    if state.drain_deadline is not None:
+        state.registered = False
+        await registry.deregister()
+        log.info("node_deregistered node=%s", runtime.info.node_id)
 
 
 async def _stop_beating(beats: asyncio.Task[None], stop: asyncio.Event) -> None:
@@ -201,7 +238,7 @@ async def ready(request: Request) -> JSONResponse:
     """200 once the model is loaded and the node is registered in Redis."""
     state = node_state(request)
     body = {
-        "status": "ready" if state.ready else "not_ready",
+        "status": "ready" if state.ready else ("draining" if state.drain_deadline else "not_ready"),
         "loaded": state.runtime is not None,
         "registered": state.registered,
     }

@@ -4,7 +4,7 @@ the lifespan."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cluster.protocol import (
@@ -15,7 +15,7 @@ from cluster.protocol import (
     ReleaseRequest,
 )
 from cluster.settings import NodeSettings
-from node.server import create_node_app, node_route_paths, runtime_of
+from node.server import accepting_work, create_node_app, node_route_paths, runtime_of
 from prefill_node.runtime import PrefillRuntime
 
 routes = APIRouter()
@@ -38,7 +38,7 @@ def _runtime(request: Request) -> PrefillRuntime:
     return runtime
 
 
-@routes.post(INTERNAL_PREFILL)
+@routes.post(INTERNAL_PREFILL, dependencies=[Depends(accepting_work)])
 async def prefill(body: PrefillRequest, request: Request) -> JSONResponse:
     response = await _runtime(request).prefill(body)
     return JSONResponse(response.model_dump(mode="json"))

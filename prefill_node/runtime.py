@@ -59,7 +59,11 @@ class PrefillRuntime(NodeCore):
         self._inflight[rid] = False
         try:
             start = functools.partial(
-                _add, rid=rid, prompt=list(req.prompt_token_ids), params=params
+                _add,
+                rid=rid,
+                prompt=list(req.prompt_token_ids),
+                params=params,
+                priority=req.priority,
             )
             stream = await checked_async(self.loop.open(rid, start), "prompt_token_ids")
         except BaseException:
@@ -141,5 +145,7 @@ async def _first_output(stream: RequestStream) -> LoopOutput:
         raise NodeError(500, "engine_failed", str(exc)) from None
 
 
-def _add(engine: LLMEngine, *, rid: str, prompt: list[int], params: SamplingParams) -> None:
-    engine.add_request(rid, prompt, params)
+def _add(
+    engine: LLMEngine, *, rid: str, prompt: list[int], params: SamplingParams, priority: int
+) -> None:
+    engine.add_request(rid, prompt, params, priority)

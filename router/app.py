@@ -20,11 +20,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cluster.auth import cluster_headers
 from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router import endpoints
 from router.errors import APIError, bad_request, internal_error
+from router.kv_policy import KVWeights
+from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
 from router.policy import NodePicker
@@ -43,12 +46,19 @@ def create_app(
     `tokenizer` it loads the tokenizer of settings.model at startup. The app starts and
     stops the membership it uses."""
     metrics = RouterMetrics(router_id(settings))
+    members = membership or Membership(settings.redis_url, settings.membership_poll_s)
+    kv = KVRouting(settings.policy, metrics.kv, members)
+    weights = KVWeights(
+        settings.kv_prefix_weight, settings.kv_load_weight, settings.kv_usage_weight
+    )
     state = RouterState(
         settings=settings,
-        membership=membership or Membership(settings.redis_url, settings.membership_poll_s),
+        membership=members,
         metrics=metrics,
-        picker=NodePicker(settings.policy),
+        picker=NodePicker(settings.policy, kv.index, weights),
         admission=Admission(settings.max_inflight, settings.retry_after_s, metrics),
+        kv=kv,
+        api_keys=settings.api_keys(),
         tokenizer=tokenizer,
     )
     app = FastAPI(
@@ -88,14 +98,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         trust_env=False,  # node traffic never goes through an HTTP proxy
     )
     state.nodes = NodeClient(
-        http, settings.connect_timeout_s, settings.prefill_timeout_s, settings.decode_idle_timeout_s
+        http,
+        settings.connect_timeout_s,
+        settings.prefill_timeout_s,
+        settings.decode_idle_timeout_s,
+        cluster_headers(settings.cluster_token),
     )
     await state.membership.start()
+    await state.kv.start(settings.redis_url)
     state.started_at = time.time()
     log.info("router_started model=%s policy=%s", settings.model_name(), settings.policy)
     try:
         yield
     finally:
+        await state.kv.stop()
         await state.membership.stop()
         await state.drain()
         await http.aclose()

@@ -20,17 +20,19 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model-cache", str, "model cache directory"),
     ("--served-model-name", str, "the model name clients send (default: the model's name)"),
     ("--api-key", str, "require `Authorization: Bearer KEY` on /v1 (prefer the env var)"),
+    ("--api-key-file", str, "accepted API keys, one per line"),
     ("--local-prefill-max-tokens", int, "prompts shorter than this skip the prefill pool"),
     ("--max-model-len", int, "context length (default: the smallest of the nodes')"),
     ("--max-inflight", int, "concurrent requests before 429"),
     ("--request-timeout-s", float, "deadline of one request"),
+    ("--drain-timeout-s", float, "after SIGTERM: seconds running streams get to finish"),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kind, help_text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=help_text)
-    parser.add_argument("--policy", choices=["round_robin", "least_loaded"], default=None)
+    parser.add_argument("--policy", choices=["round_robin", "least_loaded", "kv_aware"])
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
 
 
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         log_config=None,
         log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
     return 0
 

@@ -28,6 +28,7 @@ from cluster.protocol import (
     TokenEvent,
 )
 from router.errors import APIError, bad_request, overloaded, unavailable
+from router.kv_index import PrefixQuery
 from router.node_client import NodeCallError
 from router.output import TokenChunk
 from router.policy import Pools, saturated
@@ -47,14 +48,22 @@ class TokenFlow:
         sampling: SamplingSpec,
         ticket: Ticket,
         arrived_at: float,
+        priority: int = 0,
+        timeout_s: float | None = None,
     ) -> None:
+        """`timeout_s` (the request's own) shortens the router's request_timeout_s."""
         self._s = state
         self.request_id = request_id
         self.prompt_ids = prompt_ids
+        self._query = PrefixQuery(prompt_ids)
+        self._decode_predicted = 0  # prompt tokens the index expected on the decode node
         self.sampling = sampling
+        self.priority = priority
         self._ticket = ticket
         self.arrived_at = arrived_at
-        self.deadline = arrived_at + state.settings.request_timeout_s
+        limit = state.settings.request_timeout_s
+        self.own_deadline = timeout_s is not None and timeout_s < limit  # the client's
+        self.deadline = arrived_at + (min(limit, timeout_s) if timeout_s else limit)
         self.output_ids: list[int] = []
         self.num_cached_tokens = 0
         self.ttft_s: float | None = None
@@ -108,14 +117,18 @@ class TokenFlow:
 
     async def _remote_prefill(self, candidates: Sequence[NodeRecord]) -> bool:
         req = PrefillRequest(
-            request_id=self.request_id, prompt_token_ids=self.prompt_ids, sampling=self.sampling
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_ids,
+            sampling=self.sampling,
+            priority=self.priority,
         )
         tried: set[str] = set()
         busy = 0
         while len(tried) < self._s.settings.prefill_attempts:
-            node = self._s.picker.pick("prefill", candidates, tried)
+            node = self._s.picker.pick("prefill", candidates, tried, self._query)
             if node is None:
                 break
+            predicted = self._s.kv.predicted(self._query, node.info.node_id)
             if tried:
                 self._s.metrics.prefill_retries.inc()
             tried.add(node.info.node_id)
@@ -125,6 +138,7 @@ class TokenFlow:
                 busy += err.kind == "busy"
                 continue
             self._accept_prefill(node.info, resp)
+            self._s.kv.record("prefill", node.info.node_id, predicted, resp.num_cached_tokens)
             return True
         if tried and busy == len(tried):
             raise overloaded("every prefill node is busy", self._retry_after)
@@ -171,9 +185,10 @@ class TokenFlow:
         """Start /internal/generate on one of `candidates`; raises APIError if none accepts."""
         busy = tried = 0
         while len(self._decode_tried) < self._s.settings.decode_attempts:
-            node = self._s.picker.pick("decode", candidates, self._decode_tried)
+            node = self._s.picker.pick("decode", candidates, self._decode_tried, self._query)
             if node is None:
                 break
+            self._decode_predicted = self._s.kv.predicted(self._query, node.info.node_id)
             self._decode_tried.add(node.info.node_id)
             tried += 1
             req = DecodeRequest(
@@ -182,6 +197,8 @@ class TokenFlow:
                 output_token_ids=list(self.output_ids),
                 sampling=self.sampling,
                 kv=kv,
+                priority=self.priority,
+                wait_s=max(self.deadline - time.monotonic(), 0.001),
             )
             try:
                 ctx = self._s.require_nodes().generate(node.info, req, self.deadline)
@@ -234,20 +251,17 @@ class TokenFlow:
                 self._node_failed("decode", err)
                 if err.kind == "deadline":
                     self.error = "deadline"
-                    raise APIError(
-                        504,
-                        "the request ran past its deadline",
-                        type="server_error",
-                        code="timeout",
-                    ) from None
+                    raise self._deadline_error() from None
                 await self._resume(err)
 
     async def _read_stream(self) -> AsyncIterator[TokenChunk]:
         if self._stream is None:
             raise RuntimeError("no decode stream is open")
         async for event in self._stream:
-            if self.path == "local" and not self.output_ids:
+            if self.path == "local" and not self.output_ids and self._decode is not None:
                 self.num_cached_tokens = event.num_cached_tokens
+                pool, node_id = self._decode.role, self._decode.node_id
+                self._s.kv.record(pool, node_id, self._decode_predicted, event.num_cached_tokens)
             if event.token_ids:
                 self._tokens_arrived(len(event.token_ids))
             self.output_ids.extend(event.token_ids)
@@ -286,6 +300,16 @@ class TokenFlow:
         )  # fmt: skip
         if err.kind == "unreachable":
             self._s.membership.mark_unhealthy(err.node_id)
+
+    def _deadline_error(self) -> APIError:
+        """408 when the request's own `timeout` ran out, 504 for the router's limit."""
+        if self.own_deadline:
+            return APIError(
+                408, "the request ran past its `timeout`", param="timeout", code="timeout"
+            )
+        return APIError(
+            504, "the request ran past its deadline", type="server_error", code="timeout"
+        )
 
     def _refused(self, err: NodeCallError) -> APIError:
         info = err.info

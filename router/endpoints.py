@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import time
 import uuid
 from typing import Any, Literal, TypeVar
@@ -18,6 +17,7 @@ from typing import Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from cluster.auth import matches_any
 from router.completions import TokenFlow
 from router.errors import APIError, unavailable
 from router.openai_schema import (
@@ -44,13 +44,12 @@ def get_state(request: Request) -> RouterState:
 
 
 def require_api_key(request: Request) -> None:
-    """401 unless `Authorization: Bearer <api_key>` matches (when a key is configured)."""
-    key = get_state(request).settings.api_key
-    if key is None:
+    """401 unless `Authorization: Bearer <key>` names one of the keys (when keys are set)."""
+    keys = get_state(request).api_keys
+    if not keys:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    expected = key.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+    if scheme.lower() != "bearer" or not matches_any(token.strip(), keys):
         raise APIError(
             401,
             "missing or invalid API key: send `Authorization: Bearer <key>`",
@@ -170,7 +169,9 @@ async def _prepare(
     max_tokens = resolve_max_tokens(prompt, requested, param, max_len)
     spec = sampling_spec(tokenizer, req, max_tokens, logprobs)
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-    flow = TokenFlow(state, request_id, prompt.token_ids, spec, ticket, arrived)
+    flow = TokenFlow(
+        state, request_id, prompt.token_ids, spec, ticket, arrived, req.priority, req.timeout
+    )
     output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
     fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
     return flow, output, fmt_cls(request_id, req.model, tokenizer, logprobs)

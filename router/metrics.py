@@ -121,6 +121,51 @@ class RouterMetrics:
             registry=r,
         ).labels(*base)
 
+        self.kv = KVMetrics(r, base)
+
     def render(self) -> tuple[bytes, str]:
         """(body, content type) for GET /metrics."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class KVMetrics:
+    """The prefix index and the kv_aware policy: prefix-hit tokens the index predicted for
+    the chosen node against those the node reported, by pool, node and policy; the index's
+    size by pool; the delay of KV events from node to router."""
+
+    def __init__(self, r: CollectorRegistry, base: tuple[str, str]) -> None:
+        labels = [*_BASE, "pool", "target", "policy"]
+        self.predicted_hit_tokens = Family(
+            Counter(
+                "splitserve_router_kv_predicted_hit_tokens",
+                "Prompt tokens the prefix index expected the chosen node to hold",
+                labels,
+                registry=r,
+            ),
+            base,
+        )
+        self.actual_hit_tokens = Family(
+            Counter(
+                "splitserve_router_kv_actual_hit_tokens",
+                "Prompt tokens the chosen node took from its prefix cache",
+                labels,
+                registry=r,
+            ),
+            base,
+        )
+        self.index_blocks = Family(
+            Gauge(
+                "splitserve_router_kv_index_blocks",
+                "Blocks in the prefix index, counted per node, by pool",
+                [*_BASE, "pool"],
+                registry=r,
+            ),
+            base,
+        )
+        self.event_lag = Histogram(
+            "splitserve_router_kv_event_lag_seconds",
+            "Time from a node publishing a KV event to the router applying it",
+            _BASE,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        ).labels(*base)

@@ -4,7 +4,8 @@ Failures raise NodeCallError with a `kind` that tells the caller what to do:
 - "unreachable": connection refused or reset, timeout, stream cut -> mark the node, go elsewhere
 - "busy": 429 or 503 -> try another node
 - "refused": another 4xx -> the request itself is bad; tell the client (400)
-- "failed": 5xx, a malformed answer, or an error event -> try another node, or give up
+- "failed": 5xx, 401/403 (wrong cluster token), a malformed answer, or an error event -> try
+  another node, or give up
 - "deadline": the request's own deadline passed -> give up (the node is not to blame)
 """
 
@@ -50,8 +51,11 @@ class NodeClient:
         connect_timeout_s: float,
         prefill_timeout_s: float,
         idle_timeout_s: float,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        """`headers` go on every call (the cluster token)."""
         self._client = client
+        self._headers = _JSON | (headers or {})
         self._connect = connect_timeout_s
         self._prefill_timeout = httpx.Timeout(prefill_timeout_s, connect=connect_timeout_s)
         self._idle = idle_timeout_s
@@ -62,7 +66,7 @@ class NodeClient:
             resp = await self._client.post(
                 node.url + p.INTERNAL_PREFILL,
                 content=req.model_dump_json(),
-                headers=_JSON,
+                headers=self._headers,
                 timeout=self._prefill_timeout,
             )
         except httpx.TransportError as exc:
@@ -85,7 +89,7 @@ class NodeClient:
                 "POST",
                 node.url + p.INTERNAL_GENERATE,
                 content=req.model_dump_json(),
-                headers=_JSON,
+                headers=self._headers,
                 timeout=timeout,
             ) as resp:
                 if resp.status_code != 200:
@@ -134,7 +138,7 @@ class NodeClient:
             resp = await self._client.post(
                 node.url + path,
                 content=msg.model_dump_json(),
-                headers=_JSON,
+                headers=self._headers,
                 timeout=self._connect * 2,
             )
         except httpx.TransportError as exc:
@@ -158,6 +162,8 @@ def _raise_for_status(node_id: str, status: int, body: bytes) -> None:
     kind: FailureKind
     if status in (429, 503):
         kind = "busy"
+    elif status in (401, 403):  # a cluster token mismatch is the cluster's fault, not the client's
+        kind = "failed"
     elif 400 <= status < 500:
         kind = "refused"
     else:

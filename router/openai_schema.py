@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from cluster.protocol import PRIORITY_LIMIT
 from router.errors import APIError, bad_request
 
 
@@ -43,6 +44,10 @@ class SamplingRequest(_Request):
     ignore_eos: bool = False
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # splitserve extensions: lower priority is served first (as vLLM's); timeout caps the
+    # router's request deadline, in seconds
+    priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
+    timeout: float | None = Field(default=None, gt=0, le=86400)
 
     @field_validator("n")
     @classmethod

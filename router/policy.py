@@ -1,8 +1,10 @@
-"""Which node gets a request: round robin, or least loaded.
+"""Which node gets a request: round robin, least loaded, or kv_aware (router.kv_policy).
 
 Least loaded scores a node by running + waiting requests from its last heartbeat plus the
 requests this router has in flight on it (heartbeats are up to a second old, so a burst
 would otherwise all land on one node); ties go to the lower KV usage, then rotate.
+kv_aware weighs load against the prompt tokens a node would not have to compute, as the
+prefix index says (router.kv_policy); without a prompt to match it is least loaded.
 """
 
 from __future__ import annotations
@@ -13,24 +15,40 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cluster.protocol import NodeRecord
+from router.kv_index import PrefixIndex, PrefixQuery
+from router.kv_policy import KVWeights, PoolWork, kv_aware_choice
 
-Policy = Literal["round_robin", "least_loaded"]
+Policy = Literal["round_robin", "least_loaded", "kv_aware"]
+POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "kv_aware")
 
 
 class NodePicker:
     """Picks nodes per pool ("prefill", "decode", ...) and counts this router's in-flight work."""
 
-    def __init__(self, policy: Policy) -> None:
-        if policy not in ("round_robin", "least_loaded"):
-            raise ValueError(f"policy must be round_robin or least_loaded, got {policy!r}")
+    def __init__(
+        self,
+        policy: Policy,
+        index: PrefixIndex | None = None,
+        weights: KVWeights | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.policy = policy
+        self.index = index if index is not None else PrefixIndex()
+        self.weights = weights or KVWeights()
+        self._work = PoolWork()
         self._turn: Counter[str] = Counter()
         self._inflight: Counter[str] = Counter()
 
     def pick(
-        self, pool: str, candidates: Sequence[NodeRecord], exclude: Collection[str] = ()
+        self,
+        pool: str,
+        candidates: Sequence[NodeRecord],
+        exclude: Collection[str] = (),
+        query: PrefixQuery | None = None,
     ) -> NodeRecord | None:
-        """A node of `candidates` not in `exclude`, or None when none is left."""
+        """A node of `candidates` not in `exclude`, or None when none is left. `query`: the
+        request's token ids, for kv_aware."""
         nodes = sorted(
             (c for c in candidates if c.info.node_id not in exclude), key=lambda c: c.info.node_id
         )
@@ -41,7 +59,15 @@ class NodePicker:
         rotated = nodes[turn % len(nodes) :] + nodes[: turn % len(nodes)]
         if self.policy == "round_robin":
             return rotated[0]
+        if self.policy == "kv_aware" and query is not None and len(rotated) > 1:
+            return kv_aware_choice(
+                pool, rotated, self.index, query, self.weights, self._work, self._queued
+            )
         return min(rotated, key=self._score)
+
+    def _queued(self, node: NodeRecord) -> int:
+        """Requests at the node: its heartbeat's, or more when this router sent more since."""
+        return max(node.load.running + node.load.waiting, self._inflight[node.info.node_id])
 
     def _score(self, node: NodeRecord) -> tuple[int, float]:
         load = node.load

@@ -14,6 +14,7 @@ from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router.errors import overloaded
+from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
 from router.policy import NodePicker
@@ -66,6 +67,8 @@ class RouterState:
     metrics: RouterMetrics
     picker: NodePicker
     admission: Admission
+    kv: KVRouting
+    api_keys: tuple[bytes, ...] = ()
     tokenizer: Tokenizer | None = None
     nodes: NodeClient | None = None
     started_at: float = 0.0

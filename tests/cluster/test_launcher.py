@@ -68,6 +68,25 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
 
 
+@pytest.mark.parametrize(
+    ("argv", "share"),
+    [([], 0.45), (["--gpu-memory-utilization", "0.8", "--decode", "3"], 0.2),
+     (["--colocated"], 0.9), (["--prefill", "2", "--decode", "5"], 0.1285)],
+)  # fmt: skip
+def test_nodes_split_the_gpu_fraction(tmp_path: Path, argv: list[str], share: float) -> None:
+    """The nodes of `up` share one GPU: together they take no more than the fraction."""
+    args = _args(*argv)
+    plans = launcher._plan_nodes(args)
+    shares = [
+        _parse_child(
+            launcher._node_argv(args, tmp_path, "redis://h:1/0", plan)
+        ).gpu_memory_utilization
+        for plan in plans
+    ]
+    assert shares == [share] * len(plans)
+    assert sum(shares) <= args.gpu_memory_utilization
+
+
 def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
     args = _args("--colocated", "--decode", "2")
     plans = launcher._plan_nodes(args)
@@ -82,7 +101,8 @@ def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(["--decode", "0"], "--decode"), (["--prefill", "0"], "--prefill"),
-     (["--model", "./no/such/model"], "no/such/model")],
+     (["--model", "./no/such/model"], "no/such/model"),
+     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization")],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_a_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -163,3 +183,10 @@ def test_sigint_stops_the_launcher_even_when_the_shell_ignored_it() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored afterwards
     finally:
         signal.signal(signal.SIGINT, saved)
+
+
+def test_policy_reaches_the_router_command_line(tmp_path: Path) -> None:
+    for policy in ("round_robin", "least_loaded", "kv_aware"):
+        argv = launcher._router_argv(_args("--policy", policy), tmp_path, "redis://h:1/0")
+        assert _parse_child(argv).policy == policy
+    assert _parse_child(launcher._router_argv(_args(), tmp_path, "redis://h:1/0")).policy is None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
 from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
 from cluster.redis_server import EmbeddedRedis
-from cluster.registry import Membership, NodeRegistry, StaticMembership
+from cluster.registry import REDIS_ERRORS, Membership, NodeRegistry, StaticMembership
 
 
 def _info(node_id: str, role: str = "decode") -> NodeInfo:
@@ -87,7 +88,7 @@ async def test_node_that_stops_beating_expires(
 
 
 async def test_membership_survives_redis_outage_and_resyncs(server: EmbeddedRedis) -> None:
-    members = Membership(server.url, poll_s=0.05)
+    members = Membership(server.url, poll_s=0.05, resync_s=0.5)
     await members.start()
     node = NodeRegistry(server.url, ttl_s=1.0)
     gone = NodeRegistry(server.url, ttl_s=1.0)
@@ -114,6 +115,37 @@ async def test_membership_survives_redis_outage_and_resyncs(server: EmbeddedRedi
         await node.close()
         await gone.close()
         restarted.stop()
+
+
+async def test_a_restarted_empty_redis_keeps_nodes_until_they_register_again(
+    server: EmbeddedRedis,
+) -> None:
+    members = Membership(server.url, poll_s=60, resync_s=1.0)  # refreshed by hand below
+    await members.start()
+    d0, d1 = NodeRegistry(server.url, ttl_s=30), NodeRegistry(server.url, ttl_s=30)
+    try:
+        await d0.register(_info("d0"))
+        await d1.register(_info("d1"))
+        assert await members.refresh() and _ids(members) == ["d0", "d1"]
+        server.stop()
+        server.start()  # same port, empty, between two polls
+        # The first call on a stale connection fails; the client reconnects on the next.
+        assert [await members.refresh() for _ in range(2)][-1]  # Redis answers: no node
+        assert _ids(members) == ["d0", "d1"]  # kept: they have not had a chance to beat
+        for _ in range(3):  # the client of a registry reconnects after one failed call
+            with contextlib.suppress(*REDIS_ERRORS):
+                await d0.register(_info("d0"))
+        await _wait_for(lambda: members.redis_ok)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while _ids(members) != ["d0"]:  # d1 never came back: dropped after resync_s
+            assert loop.time() < deadline, _ids(members)
+            await members.refresh()
+            await asyncio.sleep(0.05)
+    finally:
+        await members.stop()
+        await d0.close()
+        await d1.close()
 
 
 async def test_start_without_redis_is_tolerated() -> None:

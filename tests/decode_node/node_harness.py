@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +20,7 @@ from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from cluster.protocol import DecodeRequest, NodeStats, TokenEvent
-from cluster.redis_server import free_port
+from cluster.redis_server import EmbeddedRedis, free_port
 from cluster.settings import NodeSettings
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -59,6 +60,19 @@ def save_tiny_model(path: Path) -> Path:
     vocab = {f"t{i}": i for i in range(VOCAB)}
     Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(path / "tokenizer.json"))
     return path
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model on disk, once per session (conftests import this fixture)."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """An embedded Redis per test module (conftests import this fixture)."""
+    with EmbeddedRedis() as server:
+        yield server.url
 
 
 def node_settings(model_dir: Path, redis_url: str, role: str, **overrides: Any) -> NodeSettings:

@@ -4,7 +4,7 @@ transfers (count, bytes, failures by kind), recomputes, and one latency sample p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +16,6 @@ from node_harness import (
     generate,
     metric,
     node_settings,
-    save_tiny_model,
     scrape,
     serving,
     stats,
@@ -25,7 +24,7 @@ from node_harness import (
 )
 
 from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, SamplingSpec
-from cluster.redis_server import EmbeddedRedis, free_port
+from cluster.redis_server import free_port
 from decode_node.app import create_app as decode_app
 from kv_transfer import PeerInfo
 from prefill_node.app import create_app as prefill_app
@@ -46,17 +45,6 @@ class Pair:
     prefill: httpx.AsyncClient
     decode: httpx.AsyncClient
     decode_id: str
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -5,7 +5,7 @@ the blocks; the colocated role prefills alone."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +16,6 @@ from node_harness import (
     generate,
     node_settings,
     offline_tokens,
-    save_tiny_model,
     serving,
     stats,
     tokens_of,
@@ -24,7 +23,7 @@ from node_harness import (
 )
 
 from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, SamplingSpec, TokenEvent
-from cluster.redis_server import EmbeddedRedis, free_port
+from cluster.redis_server import free_port
 from decode_node.app import create_app as decode_app
 from engine.sampling_params import SamplingParams
 from kv_transfer import PeerInfo
@@ -44,17 +43,6 @@ class Nodes:
     decode: httpx.AsyncClient
     failing: httpx.AsyncClient  # transfer_failure=fail
     colocated: httpx.AsyncClient
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -134,13 +122,19 @@ async def test_logprobs_come_with_every_token(nodes: Nodes) -> None:
             assert logprob.token_id == token and len(logprob.top) == 2 and logprob.logprob <= 0
 
 
-async def test_fully_cached_prompt_still_ends_the_lease(nodes: Nodes, model_dir: Path) -> None:
+async def test_fully_cached_prompt_reads_nothing_and_ends_the_lease(
+    nodes: Nodes, model_dir: Path
+) -> None:
     prompt = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks
     want = offline_tokens(model_dir, prompt, PARAMS)
+    moved = []
     for rid in ("cached-1", "cached-2"):  # the second finds both blocks in the decode cache
+        before = (await stats(nodes.decode)).counters.get("imported_blocks_total", 0)
         answer = await _prefill(nodes.prefill, rid, prompt)
         events = await generate(nodes.decode, _decode_req(rid, answer, prompt))
         assert [answer.first_token_id, *tokens_of(events)] == want
+        moved.append((await stats(nodes.decode)).counters["imported_blocks_total"] - before)
+    assert moved == [2, 0]  # a release notice alone ended the second lease
     idle = await wait_idle(nodes.prefill, timeout_s=3.0)  # lease_ttl_s is 30 s
     assert idle.load.leases_held == 0
 

@@ -5,13 +5,19 @@ KV block is free and no lease is held on either side."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+import redis
 from cluster_harness import Cluster, running_cluster
 from oracle import Oracle
+
+from cluster.kv_events import FIELD, KVEventMsg, stream_key
+from models.block_hash import prefix_block_hashes
 
 pytestmark = pytest.mark.e2e
 
@@ -67,3 +73,53 @@ def test_concurrent_streams_match_and_leave_nothing_behind(
     assert all(idle[n].counters.get("imports_total", 0) > 0 for n in decode)
     assert sum(idle[n].counters["imports_total"] for n in decode) == NUM_REQUESTS
     assert sum(idle[n].counters.get("transfer_failures_total", 0) for n in decode) == 0
+
+
+def _router_metric(cluster: Cluster, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(cluster.base_url + "/metrics", timeout=10, trust_env=False).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and set(labels.items()) <= set(s.labels.items())
+    )
+
+
+def test_a_stale_index_entry_costs_a_miss_not_a_wrong_answer(
+    cluster: Cluster, oracle: Oracle
+) -> None:
+    """The router's index claims a prefill node holds a prompt it never saw (what a lost
+    eviction event leaves behind): the request goes there and still gets the right answer."""
+    chat = [{"role": "user", "content": "List three colours of the rainbow, one per line."}]
+    ids = oracle.llm.tokenizer.apply_chat_template(chat, True)
+    hashes = prefix_block_hashes(ids, 16)
+    victim = cluster.node_names("prefill")[0]
+    lag = "splitserve_router_kv_event_lag_seconds_count"
+    applied = _router_metric(cluster, lag)
+    forged = KVEventMsg(
+        node_id=victim, incarnation="forged", seq=1, snapshot=True, block_size=16,
+        stored=[(h, None) for h in hashes], sent_at=time.time(),
+    )  # fmt: skip
+    client = redis.Redis.from_url(cluster.layout["redis"])
+    client.xadd(stream_key(victim), {FIELD: forged.model_dump_json()})
+    client.close()
+    deadline = time.monotonic() + 30
+    while _router_metric(cluster, lag) <= applied:  # the idle cluster publishes nothing else
+        assert time.monotonic() < deadline, "the router never applied the forged event"
+        time.sleep(0.05)
+    labels = {"pool": "prefill", "target": victim}
+    before = [
+        _router_metric(cluster, f"splitserve_router_kv_{kind}_hit_tokens_total", **labels)
+        for kind in ("predicted", "actual")
+    ]
+    answer = openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="unused").chat.completions
+    reply = answer.create(model="smollm2", messages=chat, max_tokens=MAX_TOKENS, temperature=0)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == oracle.chat([chat], max_tokens=MAX_TOKENS)[0].text
+    predicted, actual = (
+        _router_metric(cluster, f"splitserve_router_kv_{kind}_hit_tokens_total", **labels) - b
+        for kind, b in zip(("predicted", "actual"), before, strict=True)
+    )
+    assert predicted == min(len(hashes), (len(ids) - 1) // 16) * 16  # routed by the claim
+    assert actual < predicted  # the node computed what it did not have

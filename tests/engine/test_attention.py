@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_llama import TRITON_DEVICE
 
 from engine.attention import (
     AttentionBackend,
@@ -37,12 +38,14 @@ def run_step(
     group: int,
     seed: int = 0,
     backend: AttentionBackend | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Sequences given as (total length, start): positions before ``start`` are already in the
-    cache, the rest are this step's queries. Returns (paged output, dense expectation, metadata)."""
+    cache, the rest are this step's queries. The step runs on `device`; returns (paged output,
+    dense expectation) on the CPU, and the metadata."""
     gen = torch.Generator().manual_seed(seed)
     heads = KV_HEADS * group
-    kv = torch.zeros(NUM_BLOCKS, 3, 2, BLOCK, KV_HEADS, HEAD_DIM)
+    kv = torch.zeros(NUM_BLOCKS, 3, 2, BLOCK, KV_HEADS, HEAD_DIM, device=device)
     free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()  # scattered, out of order
     tables, qs, ks, vs, expected = [], [], [], [], []
     for length, start in seqs:
@@ -50,21 +53,21 @@ def run_step(
         q = torch.randn(length, heads, HEAD_DIM, generator=gen)
         k = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
         v = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
-        prefix = AttentionMetadata.build([start], [0], [table], BLOCK) if start else None
+        prefix = AttentionMetadata.build([start], [0], [table], BLOCK, device) if start else None
         if prefix is not None:  # an earlier step wrote the cached prefix
-            write_kv(kv, 1, k[:start], v[:start], prefix.slot_mapping)
+            write_kv(kv, 1, k[:start].to(device), v[:start].to(device), prefix.slot_mapping)
         tables.append(table)
         qs.append(q[start:])
         ks.append(k[start:])
         vs.append(v[start:])
         expected.append(dense_causal(q, k, v)[start:])
     meta = AttentionMetadata.build(
-        [length - start for length, start in seqs], [s for _, s in seqs], tables, BLOCK
+        [length - start for length, start in seqs], [s for _, s in seqs], tables, BLOCK, device
     )
-    k_step, v_step = torch.cat(ks), torch.cat(vs)
+    k_step, v_step = torch.cat(ks).to(device), torch.cat(vs).to(device)
     write_kv(kv, 1, k_step, v_step, meta.slot_mapping)
-    out = (backend or TorchAttention())(torch.cat(qs), k_step, v_step, kv, 1, meta)
-    return out, torch.cat(expected).float(), meta
+    out = (backend or TorchAttention())(torch.cat(qs).to(device), k_step, v_step, kv, 1, meta)
+    return out.cpu(), torch.cat(expected).float(), meta
 
 
 MIXED = [
@@ -120,12 +123,14 @@ def needs_triton() -> None:
 
 @pytest.mark.parametrize("group", [1, 3])
 def test_triton_backend_equals_dense_causal(group: int) -> None:
-    """Runs interpreted on the CPU; on a GPU host the tests here run on the CPU tensors too."""
+    """On the GPU when there is one, else interpreted on the CPU."""
     needs_triton()
-    out, expected, _ = run_step(MIXED, group, backend=TritonAttention())
+    out, expected, _ = run_step(MIXED, group, backend=TritonAttention(), device=TRITON_DEVICE)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
     seqs = [(n, n - 1) for n in (1, 5, 13)]
-    out, expected, _ = run_step(seqs, group, seed=1, backend=TritonAttention())
+    out, expected, _ = run_step(
+        seqs, group, seed=1, backend=TritonAttention(), device=TRITON_DEVICE
+    )
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 

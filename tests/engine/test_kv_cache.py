@@ -1,15 +1,13 @@
-"""The KV cache is block-major, its layout fingerprint is exact, and it is sized as asked."""
+"""The KV cache is block-major and its layout fingerprint is exact (sizing: test_kv_sizing)."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.kv_cache import KVLayout, allocate_kv_cache, num_blocks_for, write_kv
+from engine.kv_cache import KVLayout, allocate_kv_cache, write_kv
 from engine.model_config import ModelConfig
 
 LAYOUT = KVLayout(
@@ -79,15 +77,6 @@ def test_layout_for_model() -> None:
 def test_invalid_layout(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         dataclasses.replace(LAYOUT, **bad)
-
-
-def test_sizing_from_block_count_or_memory(tmp_path: Path) -> None:
-    assert num_blocks_for(EngineConfig(model_dir=tmp_path, num_kv_blocks=7), LAYOUT) == 7
-    gib = EngineConfig(model_dir=tmp_path, kv_cache_memory_gb=0.5)
-    assert num_blocks_for(gib, LAYOUT) == (2**29) // LAYOUT.block_bytes
-    tiny = EngineConfig(model_dir=tmp_path, kv_cache_memory_gb=1e-6)
-    with pytest.raises(ValueError, match="kv_cache_memory_gb"):
-        num_blocks_for(tiny, LAYOUT)
 
 
 def test_write_lands_at_slots() -> None:

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_llama import LLAMA3_ROPE, chunk, hf_logits, make_runner, save_tiny_llama, step
+from tiny_llama import (
+    LLAMA3_ROPE,
+    TRITON_DEVICE,
+    chunk,
+    hf_logits,
+    make_runner,
+    save_tiny_llama,
+    step,
+)
 from transformers import LlamaForCausalLM
 
 from engine.attention import AttentionMetadata, TritonAttention
@@ -124,18 +132,19 @@ def test_model_config_reads_the_saved_tiny_model(tmp_path: Path) -> None:
 
 
 def test_triton_backend_through_the_runner(tmp_path: Path) -> None:
-    """The GPU backend, interpreted on the CPU here: same logits as transformers."""
+    """The GPU backend (on the GPU, else interpreted on the CPU): same logits as transformers."""
     pytest.importorskip("triton")
     from engine.kernels import triton_available
 
     if not triton_available():
         pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
     hf = save_tiny_llama(tmp_path)
-    runner = make_runner(tmp_path, attention_backend="triton")
+    runner = make_runner(tmp_path, attention_backend="triton", device=str(TRITON_DEVICE))
     assert isinstance(runner.model.attention, TritonAttention)
+    assert runner.kv_cache.device.type == TRITON_DEVICE.type
     a, c = list(PROMPT_A), list(PROMPT_C)
     logits = step(runner, chunk("a", a, 0, 13, TABLE_A), chunk("c", c, 0, 6, TABLE_C, False))
     a.append(int(logits[0].argmax()))
-    logits = step(runner, chunk("c", c, 6, 18, TABLE_C), chunk("a", a, 13, 14, TABLE_A))
+    logits = step(runner, chunk("c", c, 6, 18, TABLE_C), chunk("a", a, 13, 14, TABLE_A)).cpu()
     torch.testing.assert_close(logits[0], hf_logits(hf, c)[-1], atol=ATOL, rtol=0)
     torch.testing.assert_close(logits[1], hf_logits(hf, a)[-1], atol=ATOL, rtol=0)

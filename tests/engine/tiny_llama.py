@@ -29,6 +29,9 @@ TINY: dict[str, Any] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+# Where the Triton backend tests run: on the GPU when there is one (Triton takes only CUDA
+# tensors there), else on CPU tensors under the interpreter (TRITON_INTERPRET=1, conftest.py).
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 10000.0,

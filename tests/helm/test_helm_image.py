@@ -75,8 +75,23 @@ def test_installs_pinned_torch_then_the_package(kind: str, index: str) -> None:
     assert torch, runs
     assert index in torch.group(1)
     assert torch.group(2) == _pinned_torch()
-    assert re.search(r"--mount=type=bind,source=\.,target=(\S+?),rw\s+pip install \1\b", runs)
-    assert runs.index("torch==") < runs.index("pip install /tmp/src")
+    assert re.search(r'--mount=type=bind,source=\.,target=(\S+?),rw\s+pip install "?\1\b', runs)
+    assert runs.index("torch==") < runs.index("/tmp/src")
+
+
+def test_gpu_image_nixl_matches_its_torch_cuda() -> None:
+    """The NIXL extra, the torch index and the base image name one CUDA major version; the
+    build loads NIXL, which refuses a mismatch (kv_transfer/nixl_loader.py)."""
+    args = _args("gpu")
+    torch_major = re.search(r"/whl/cu(\d\d)\d$", args["TORCH_INDEX_URL"]).group(1)
+    image_major = re.search(r"nvidia/cuda:(\d+)\.", args["CUDA_IMAGE"]).group(1)
+    extra = args["CUDA_EXTRA"]
+    assert extra == f"cuda{torch_major}" and image_major == torch_major
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (nixl,) = extras["optional-dependencies"][extra]
+    assert nixl.startswith(f"nixl-cu{torch_major}==")
+    runs = _runs("gpu")
+    assert f'pip install "/tmp/src[{extra}]"' in runs and "load_nixl()" in runs
 
 
 @pytest.mark.parametrize("kind", list(DOCKERFILES))

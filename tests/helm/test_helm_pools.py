@@ -59,6 +59,7 @@ def test_gpus_and_rdma_land_on_prefill_and_decode_only() -> None:
         node = main_container(deployments(docs)[pool])
         assert arg_after(node, "--device") == "cuda"
         assert arg_after(node, "--dtype") == "bfloat16"
+        assert arg_after(node, "--gpu-memory-utilization") == "0.9"
         assert "IPC_LOCK" in node["securityContext"]["capabilities"]["add"]
         assert pod_spec(deployments(docs)[pool])["runtimeClassName"] == "nvidia"
 
@@ -69,17 +70,24 @@ def test_default_install_needs_no_gpu() -> None:
         for container in all_containers(deployment):
             assert _requested(container, GPU) is None
     for pool in POOLS:
-        assert arg_after(main_container(deployments(docs)[pool]), "--device") == "cpu"
+        node = main_container(deployments(docs)[pool])
+        assert arg_after(node, "--device") == "cpu"
+        assert "--gpu-memory-utilization" not in node["args"]
 
 
 def test_each_pool_gets_its_own_gpu_count_and_scheduling() -> None:
     values = {
         "prefill": {"gpus": 2, "nodeSelector": {"pool": "prefill-gpus"}},
-        "decode": {"gpus": 1, "tolerations": [{"key": "decode", "operator": "Exists"}]},
+        "decode": {
+            "gpus": 1,
+            "gpuMemoryUtilization": 0.45,
+            "tolerations": [{"key": "decode", "operator": "Exists"}],
+        },
     }
     docs = render(values)
     prefill, decode = deployments(docs)["prefill"], deployments(docs)["decode"]
     assert _requested(main_container(prefill), GPU) == 2
+    assert arg_after(main_container(decode), "--gpu-memory-utilization") == "0.45"
     assert _requested(main_container(decode), GPU) == 1
     assert pod_spec(prefill)["nodeSelector"] == {"pool": "prefill-gpus"}
     assert "nodeSelector" not in pod_spec(decode)

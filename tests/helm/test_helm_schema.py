@@ -21,10 +21,13 @@ BAD_VALUES = [
     ({"redis": {"url": "redis://x"}}, "/redis", "'url' not allowed"),
     ({"gpu": True}, "''", "'gpu' not allowed"),
     ({"decode": {"gpus": 1.5}}, "/decode/gpus", "want integer"),
+    ({"decode": {"gpuMemoryUtilization": 0}}, "/decode/gpuMemoryUtilization", "exclusiveMinimum"),
+    ({"prefill": {"gpuMemoryUtilization": 1.5}}, "/prefill/gpuMemoryUtilization", "maximum"),
     ({"prefill": {"httpPort": 70000}}, "/prefill/httpPort", "maximum"),
     ({"model": {"source": "s3"}}, "/model/source", "one of"),
     ({"model": {"source": "pvc"}}, "/model/pvc/claimName", "minLength"),
     ({"redis": {"externalUrl": "localhost:6379"}}, "/redis/externalUrl", "match pattern"),
+    ({"clusterToken": {"token": "short"}}, "/clusterToken/token", "match pattern"),
     (
         {"decode": {"autoscaling": {"metrics": [{"name": "cpu", "target": "1"}]}}},
         "/decode/autoscaling/metrics/0/name",

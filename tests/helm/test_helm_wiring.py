@@ -24,9 +24,13 @@ SPLITSERVE = ("router", "prefill", "decode")
 EXTERNAL = "redis://redis.infra.svc:6379/2"
 
 
+def _api_key_secrets(docs: list) -> list:
+    return [s for s in of_kind(docs, "Secret") if s["metadata"]["name"].endswith("-api-key")]
+
+
 def test_api_key_secret_reaches_the_router_only() -> None:
     docs = render({"auth": {"apiKey": "sk-test"}})
-    (secret,) = of_kind(docs, "Secret")
+    (secret,) = _api_key_secrets(docs)
     assert base64.b64decode(secret["data"]["api-key"]).decode() == "sk-test"
     router = main_container(deployments(docs)["router"])
     ref = env_of(router)["SPLITSERVE_API_KEY"]["valueFrom"]["secretKeyRef"]
@@ -38,20 +42,20 @@ def test_api_key_secret_reaches_the_router_only() -> None:
 
 
 def test_generated_key_when_none_is_given() -> None:
-    (secret,) = of_kind(render(), "Secret")
+    (secret,) = _api_key_secrets(render())
     assert len(base64.b64decode(secret["data"]["api-key"])) == 40
 
 
 def test_existing_secret_is_used_as_is() -> None:
     docs = render({"auth": {"existingSecret": "team-llm-key", "secretKey": "token"}})
-    assert of_kind(docs, "Secret") == []
+    assert _api_key_secrets(docs) == []
     ref = env_of(main_container(deployments(docs)["router"]))["SPLITSERVE_API_KEY"]
     assert ref["valueFrom"]["secretKeyRef"] == {"name": "team-llm-key", "key": "token"}
 
 
 def test_auth_disabled_means_no_key_anywhere() -> None:
     docs = render({"auth": {"enabled": False}})
-    assert of_kind(docs, "Secret") == []
+    assert _api_key_secrets(docs) == []
     router = main_container(deployments(docs)["router"])
     assert "SPLITSERVE_API_KEY" not in env_of(router)
 

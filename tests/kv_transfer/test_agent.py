@@ -16,6 +16,7 @@ from kv_transfer import (
     LeaseTable,
     TransferConfig,
     TransferError,
+    TransferRefused,
     TransportKind,
     TransportUnavailable,
     nixl_available,
@@ -26,10 +27,10 @@ SHAPE = (16, 2, 2, 4, 2, 8)  # [blocks, layers, 2, block_size, kv_heads, head_di
 
 
 def tcp_agent(
-    name: str, fingerprint: str = "fp", leases: LeaseTable | None = None
+    name: str, fingerprint: str = "fp", leases: LeaseTable | None = None, token: str | None = None
 ) -> KVTransferAgent:
     kv = torch.randn(SHAPE)
-    config = TransferConfig(name, transport="tcp", poll_interval_s=0.01)
+    config = TransferConfig(name, transport="tcp", poll_interval_s=0.01, token=token)
     return KVTransferAgent(
         kv, fingerprint=fingerprint, layout=f"layout {fingerprint}", config=config, leases=leases
     )
@@ -112,6 +113,22 @@ async def test_serve_ends_released_and_expired_leases() -> None:
         reader.close()
 
 
+@pytest.mark.parametrize("reader_token", [None, "wrong-token"])
+async def test_owner_refuses_a_reader_without_the_cluster_token(reader_token: str | None) -> None:
+    owner = tcp_agent("owner", token="right-token")
+    reader, good = tcp_agent("reader", token=reader_token), tcp_agent("good", token="right-token")
+    try:
+        with pytest.raises(TransferRefused, match="cluster token"):
+            await reader.read_blocks(owner.info, [2], [0], request_id="r")
+        assert not torch.equal(reader.region.kv[0], owner.region.kv[2])
+        await good.read_blocks(owner.info, [2], [0], request_id="r")
+        assert torch.equal(good.region.kv[0], owner.region.kv[2])
+        assert "right-token" not in repr(owner.config) + repr(owner.identity)
+    finally:
+        for agent in (owner, reader, good):
+            agent.close()
+
+
 def test_auto_falls_back_to_tcp_without_nixl(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -137,3 +154,25 @@ def test_auto_picks_nixl_and_logs_ucx_settings(caplog: pytest.LogCaptureFixture)
     agent.close()
     assert agent.info.transport is TransportKind.NIXL and agent.info.nixl_metadata
     assert "transport nixl (UCX backend, UCX_TLS" in caplog.text
+
+
+async def test_a_release_without_a_read_ends_the_lease() -> None:
+    freed: list[str] = []
+    leases = LeaseTable(lambda rid, blocks: freed.append(rid))
+    owner, reader = tcp_agent("owner", leases=leases), tcp_agent("reader")
+    serving = asyncio.create_task(owner.serve())
+    try:
+        leases.grant("cached-here", [3, 4], ttl_s=60)
+        before = reader.region.kv.clone()
+        await reader.release(owner.info, "cached-here")
+        for _ in range(500):
+            if freed:
+                break
+            await asyncio.sleep(0.01)
+        assert freed == ["cached-here"] and leases.held() == (0, 0)
+        assert torch.equal(reader.region.kv, before)  # nothing was written
+        assert reader.counters.bytes == 0
+    finally:
+        serving.cancel()
+        owner.close()
+        reader.close()

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import socket
+from pathlib import Path
 
 import pytest
 
 from cluster.settings import NodeSettings
+from engine.config import engine_config
 from node.cli import add_node_arguments, run_node, settings_from_args
+from node.core import engine_options
 
 
 def _parse(*argv: str, roles: tuple[str, ...] = ("decode", "colocated")) -> argparse.Namespace:
@@ -34,6 +37,22 @@ def test_flags_become_settings() -> None:
         "colocated",
         "/m",
     )
+
+
+def test_gpu_memory_utilization_reaches_the_engine_config(tmp_path: Path) -> None:
+    settings = settings_from_args(_parse("--gpu-memory-utilization", "0.45"), "decode")
+    config = engine_config(tmp_path, **(engine_options(settings) | {"device": "cpu"}))
+    assert config.gpu_memory_utilization == 0.45
+    assert (config.num_kv_blocks, config.kv_cache_memory_gb) == (None, None)  # sized by memory
+    assert config.max_num_seqs == 64  # the CPU default; engine_config gives 256 on CUDA
+
+
+@pytest.mark.parametrize("bad", ["0", "1.2"])
+def test_gpu_memory_utilization_outside_zero_one_exits_2(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_node(_parse("--gpu-memory-utilization", bad), "decode", _never) == 2
+    assert "gpu_memory_utilization" in capsys.readouterr().err
 
 
 def test_choices_come_from_the_settings() -> None:

@@ -3,7 +3,7 @@ generated token each, prefix-cache hits and lookups, one latency sample per requ
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -13,31 +13,18 @@ from node_harness import (
     BLOCK_SIZE,
     metric,
     node_settings,
-    save_tiny_model,
     scrape,
     serving,
     wait_idle,
 )
 
 from cluster.protocol import PrefillResponse, SamplingSpec
-from cluster.redis_server import EmbeddedRedis
 from prefill_node.app import create_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SPEC = SamplingSpec(max_tokens=4, temperature=0.0, ignore_eos=True)
 PROMPT = [7, 9, 17, 33, 4, 8, 12, 40, 41]  # 2 full blocks of 4, then 1 token
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

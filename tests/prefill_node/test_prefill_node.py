@@ -4,34 +4,32 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 import pytest_asyncio
 import redis
-from node_harness import NUM_BLOCKS, node_settings, save_tiny_model, serving, stats, wait_idle
+from node_harness import (
+    BLOCK_SIZE,
+    NUM_BLOCKS,
+    TINY,
+    metric,
+    node_settings,
+    scrape,
+    serving,
+    stats,
+    wait_idle,
+)
 
 from cluster.protocol import NodeRecord, PrefillResponse
-from cluster.redis_server import EmbeddedRedis
 from cluster.registry import node_key
 from prefill_node.app import create_app, route_paths
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]  # 9 tokens: 3 blocks of 4
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -131,6 +129,20 @@ async def test_metrics_carry_role_and_node_labels(node: httpx.AsyncClient) -> No
     node_id = (await stats(node)).info.node_id
     for name in ("running_requests", "waiting_requests", "kv_usage_ratio"):
         assert f'splitserve_{name}{{node="{node_id}",role="prefill"}}' in text
+
+
+async def test_stats_and_metrics_carry_the_kv_capacity(node: httpx.AsyncClient) -> None:
+    info = (await stats(node)).info
+    layers, kv_heads = TINY["num_hidden_layers"], TINY["num_key_value_heads"]
+    head_dim = TINY["hidden_size"] // TINY["num_attention_heads"]
+    block_bytes = layers * 2 * BLOCK_SIZE * kv_heads * head_dim * 4  # fp32
+    assert (info.capacity, info.kv_capacity_tokens) == (NUM_BLOCKS, NUM_BLOCKS * BLOCK_SIZE)
+    assert info.kv_cache_bytes == NUM_BLOCKS * block_bytes
+    samples = await scrape(node)
+    labels = {"role": "prefill", "node": info.node_id}
+    assert metric(samples, "splitserve_kv_capacity_blocks", **labels) == NUM_BLOCKS
+    assert metric(samples, "splitserve_kv_capacity_tokens", **labels) == NUM_BLOCKS * BLOCK_SIZE
+    assert metric(samples, "splitserve_kv_cache_bytes", **labels) == info.kv_cache_bytes
 
 
 async def test_create_app_loads_nothing_and_serves_the_probe_paths(model_dir: Path) -> None:

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import protocol as p
+from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
@@ -79,6 +80,8 @@ class FakeNode:
     url: str = ""
     gate: asyncio.Event | None = None  # decode waits for it before the first event
     accept_gate: asyncio.Event | None = None  # decode waits for it before answering at all
+    token: str | None = None  # the cluster token every /internal/* call must carry
+    unauthorized: int = 0  # calls refused for a missing or wrong token
     prefills: list[p.PrefillRequest] = field(default_factory=list)
     decodes: list[p.DecodeRequest] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
@@ -99,12 +102,17 @@ class FakeNode:
         return p.NodeRecord(info=info, load=p.NodeLoad(waiting=waiting), heartbeat_at=heartbeat_at)
 
     def app(self) -> FastAPI:
-        app = FastAPI()
+        app = FastAPI(dependencies=[Depends(self._check_token)])
         app.post(p.INTERNAL_PREFILL)(self._prefill)
         app.post(p.INTERNAL_GENERATE)(self._generate)
         app.post(p.INTERNAL_ABORT)(self._abort)
         app.post(p.INTERNAL_RELEASE)(self._release)
         return app
+
+    def _check_token(self, request: Request) -> None:
+        if self.token is not None and request.headers.get(CLUSTER_TOKEN_HEADER) != self.token:
+            self.unauthorized += 1
+            raise HTTPException(401, "missing or wrong cluster token")
 
     def _lp(self, token: int, spec: p.SamplingSpec) -> p.TokenLogprobMsg | None:
         if spec.logprobs is None:

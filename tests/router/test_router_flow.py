@@ -265,9 +265,15 @@ async def test_overload_gives_429_with_retry_after(tokenizer: Tokenizer, script:
     ):
         body = CHAT | {"stream": True}
         async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
-            await anext(r.aiter_lines())  # token 1 is out; the request holds its slot
+            # Keep the iterator: a dropped one is finalized, which closes the connection and
+            # frees the slot before the second request arrives.
+            lines = r.aiter_lines()
+            await anext(lines)  # token 1 is out; the request holds its slot
+            await asyncio.sleep(0.2)  # widens the old race window; the slot must stay held
             second = await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
             gate.set()
+            rest = [line async for line in lines if line]
+    assert rest[-1] == "data: [DONE]"  # the first request still finishes normally
     assert second.status_code == 429
     assert second.headers["retry-after"] == "1"
     assert second.json()["error"]["type"] == "rate_limit_error"

@@ -84,6 +84,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-api-key" (include "splitserve.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
 
+{{- define "splitserve.clusterTokenSecretName" -}}
+{{- default (printf "%s-cluster-token" (include "splitserve.fullname" .)) .Values.clusterToken.existingSecret }}
+{{- end }}
+
+{{/* The cluster token, for the router and every node (never on a command line). */}}
+{{- define "splitserve.clusterToken.env" -}}
+- name: SPLITSERVE_CLUSTER_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "splitserve.clusterTokenSecretName" . }}
+      key: {{ .Values.clusterToken.secretKey }}
+{{- end }}
+
 {{/* Env shared by every splitserve container: model cache and writable caches under /tmp. */}}
 {{- define "splitserve.commonEnv" -}}
 - name: SPLITSERVE_MODEL_CACHE

@@ -93,11 +93,19 @@ spec:
             - {{ ternary "cuda" "cpu" $gpu }}
             - --dtype
             - {{ $pool.dtype | default (ternary "bfloat16" "float32" $gpu) }}
+            {{- if $gpu }}
+            - --gpu-memory-utilization
+            - {{ $pool.gpuMemoryUtilization | default 0.9 | quote }}
+            {{- end }}
             {{- with $pool.extraArgs }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
           env:
             {{- include "splitserve.redis.env" $root | nindent 12 }}
+            {{- include "splitserve.clusterToken.env" $root | nindent 12 }}
+            {{- /* SIGTERM starts the drain; it ends 10 s before the kubelet's SIGKILL. */}}
+            - name: SPLITSERVE_DRAIN_TIMEOUT_S
+              value: {{ max 1 (sub (int $pool.terminationGracePeriodSeconds) 10) | quote }}
             - name: SPLITSERVE_NODE_ID
               valueFrom:
                 fieldRef:

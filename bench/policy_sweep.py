@@ -1,0 +1,193 @@
+"""Routing policies compared on one seeded `multiturn` run.
+
+    python -m bench.policy_sweep --prefill 2 --decode 2 --threads-per-node 1 \\
+        --policies round_robin,least_loaded,kv_aware --users 8 --turns 6 --rate 0.5
+
+For each policy (and each of --rounds, the policies interleaved) a fresh `splitserve up`
+starts with cold caches, the same conversations run against it (bench/multiturn.py), and it
+stops. Per policy it reports the prompt tokens the cluster computed (the requests' prompt
+minus the cached tokens their usage reports; the prefill nodes' own counter as a check),
+their ratio to the first policy's, and TTFT / TPOT percentiles over every round's requests.
+A count of tokens is robust on a shared machine; latencies are not: read them with the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import RESULTS_DIR, write_json
+from bench.multiturn import Multiturn, prefix_summary
+from bench.serve import DEFAULT_SLO, MULTITURN, SMOLLM2_VOCAB, ServeConfig, run_sweep
+from bench.serve_client import LoadOptions
+from bench.serve_stats import summarize
+from cluster.redis_server import free_port
+
+UP_TIMEOUT_S = 300.0
+POLICIES = ("round_robin", "least_loaded", "kv_aware")
+
+
+class Up:
+    """One `splitserve up` child, started with cold caches and stopped with SIGINT."""
+
+    def __init__(self, policy: str, args: argparse.Namespace, run_dir: Path) -> None:
+        self.port, self.run_dir = free_port(), run_dir
+        argv = [sys.executable, "-m", "cluster.cli", "up", "--policy", policy]
+        argv += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
+        argv += ["--port", str(self.port), "--run-dir", str(run_dir), *args.up_args]
+        if args.threads_per_node:
+            argv += ["--threads-per-node", str(args.threads_per_node)]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "launcher.out", "wb") as sink:
+            self.proc = subprocess.Popen(
+                argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        while "splitserve is up" not in self._output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"splitserve up did not come up:\n{self._output()[-2000:]}")
+            time.sleep(0.2)
+        self.layout = json.loads((run_dir / "cluster.json").read_text())
+
+    @property
+    def url(self) -> str:
+        return str(self.layout["router"])
+
+    def prefill_tokens_computed(self) -> int:
+        """The prefill nodes' engine counter, summed (prompt tokens run through the model)."""
+        total = 0
+        for node in self.layout["nodes"].values():
+            if node["role"] == "prefill":
+                stats = httpx.get(node["url"] + "/stats", timeout=10, trust_env=False).json()
+                total += int(stats["counters"].get("tokens_computed", 0))
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def _output(self) -> str:
+        path = self.run_dir / "launcher.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _config(args: argparse.Namespace, url: str, policy: str) -> ServeConfig:
+    shape = Multiturn(users=args.users, turns=args.turns, system=args.system_tokens,
+                      think_s=args.think_time)  # fmt: skip
+    return ServeConfig(
+        url=url, model=None, workload=MULTITURN, rates=(args.rate,), num_requests=1,
+        duration_s=None, max_prompt=None, max_output=None, vocab_size=SMOLLM2_VOCAB,
+        seed=args.seed, slo=DEFAULT_SLO, load=LoadOptions(args.timeout, progress=False),
+        warmup=0, label=policy, multiturn=shape,
+    )  # fmt: skip
+
+
+def run_policy(policy: str, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    up = Up(policy, args, run_dir)
+    try:
+        before = up.prefill_tokens_computed()
+        result = asyncio.run(run_sweep(_config(args, up.url, policy), None))
+        computed = up.prefill_tokens_computed() - before
+    finally:
+        up.stop()
+    point = result["points"][0]
+    load = os.getloadavg()[0]  # the machine's 1-minute load at the end: latencies need it
+    return {"policy": policy, "prefill_node_tokens_computed": computed, "load_1m": load, **point}
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per policy: every round's records pooled, then summarized."""
+    out: dict[str, dict[str, Any]] = {}
+    for policy in dict.fromkeys(r["policy"] for r in runs):
+        mine = [r for r in runs if r["policy"] == policy]
+        records = [rec for r in mine for rec in r["records"]]
+        duration = sum(r["duration_s"] for r in mine)
+        summary = summarize(records, duration, None, DEFAULT_SLO)
+        summary["prefix"] = prefix_summary(records)
+        summary["prefill_node_tokens_computed"] = sum(
+            r["prefill_node_tokens_computed"] for r in mine
+        )
+        out[policy] = summary
+    return out
+
+
+def table(summaries: dict[str, dict[str, Any]]) -> str:
+    base_name = next(iter(summaries))
+    base = summaries[base_name]
+    head = (
+        "| policy | requests ok | prompt tokens | computed | computed by prefill nodes "
+        f"| computed vs {base_name} | TTFT p50 ms | TTFT p50 vs {base_name} | TTFT p90 ms "
+        "| TPOT p50 ms |"
+    )
+    lines = [head, "|" + " --- |" * 10]
+    for policy, s in summaries.items():
+        computed = s["prefix"]["computed_prompt_tokens"]
+        ttft = s["ttft_ms"]["p50"]
+        lines.append(
+            f"| {policy} | {s['completed']}/{s['num_requests']} | {s['prefix']['prompt_tokens']} "
+            f"| {computed} | {s['prefill_node_tokens_computed']} "
+            f"| {computed / max(base['prefix']['computed_prompt_tokens'], 1):.2f} "
+            f"| {ttft:.0f} | {base['ttft_ms']['p50'] / ttft:.2f}x | {s['ttft_ms']['p90']:.0f} "
+            f"| {s['tpot_ms']['p50']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.policy_sweep", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    a, shape = parser.add_argument, Multiturn()
+    a("--policies", default=",".join(POLICIES), help="comma-separated, the first is the base")
+    a("--rounds", type=int, default=1, help="runs per policy, the policies interleaved")
+    a("--prefill", type=int, default=2)
+    a("--decode", type=int, default=2)
+    a("--threads-per-node", type=int, default=1)
+    a("--up-args", nargs=argparse.REMAINDER, default=[], help="more `splitserve up` flags")
+    a("--users", type=int, default=shape.users)
+    a("--turns", type=int, default=shape.turns)
+    a("--system-tokens", type=int, default=shape.system)
+    a("--think-time", type=float, default=shape.think_s)
+    a("--rate", type=float, default=0.5, help="conversations started per second")
+    a("--seed", type=int, default=0)
+    a("--timeout", type=float, default=300.0)
+    a("--out", type=Path, default=RESULTS_DIR / "policy_sweep.json")
+    args = parser.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    if any(p not in POLICIES for p in policies) or args.rounds < 1:
+        parser.error(f"--policies takes {', '.join(POLICIES)}; --rounds must be >= 1")
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="policy-sweep-") as tmp:
+        for round_no in range(args.rounds):
+            for policy in policies:
+                print(f"== round {round_no + 1} policy {policy}", flush=True)
+                runs.append(run_policy(policy, args, Path(tmp) / f"{round_no}-{policy}"))
+    summaries = aggregate(runs)
+    print(table(summaries))
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    out = write_json(args.out, {"bench": "policy_sweep", "config": config,
+                                "summaries": summaries, "runs": runs})  # fmt: skip
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Shared secrets: the cluster token that guards node endpoints and the KV handshake, and
+the router's API keys.
+
+Every comparison is constant-time (hmac.compare_digest). Tokens and keys never reach a log
+line or a command line: they travel in environment variables and headers only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import SecretStr
+
+CLUSTER_TOKEN_HEADER = "x-splitserve-token"
+CLUSTER_TOKEN_ENV = "SPLITSERVE_CLUSTER_TOKEN"
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def matches_any(given: str | None, expected: Iterable[bytes]) -> bool:
+    """Whether `given` equals one of `expected`; every candidate is compared in full."""
+    if given is None:
+        return False
+    raw = given.encode()
+    found = False
+    for key in expected:
+        found |= hmac.compare_digest(raw, key)
+    return found
+
+
+def token_ok(given: str | None, expected: SecretStr | None) -> bool:
+    """The cluster token check: anything passes when no token is configured."""
+    if expected is None:
+        return True
+    return matches_any(given, [expected.get_secret_value().encode()])
+
+
+def cluster_headers(token: SecretStr | None) -> dict[str, str]:
+    """Headers that carry `token` on a call to a node (none without a token)."""
+    return {} if token is None else {CLUSTER_TOKEN_HEADER: token.get_secret_value()}
+
+
+def read_key_file(path: Path) -> list[str]:
+    """API keys from a file: one per line; blank lines and `#` comments are skipped."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read the API key file {path}: {exc.strerror}") from None
+    keys = [line.strip() for line in text.splitlines()]
+    keys = [k for k in keys if k and not k.startswith("#")]
+    if not keys:
+        raise ValueError(f"the API key file {path} holds no key")
+    return keys
+
+
+def split_keys(value: str) -> list[str]:
+    """Keys given as one comma-separated string."""
+    return [k.strip() for k in value.split(",") if k.strip()]

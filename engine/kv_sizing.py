@@ -1,0 +1,139 @@
+"""How many KV blocks a node allocates.
+
+The first rule that applies:
+- ``num_kv_blocks``: that many blocks.
+- ``kv_cache_memory_gb``: as many blocks as that many GiB hold.
+- on CUDA: ``gpu_memory_utilization`` of the device's total memory, minus the weights and the
+  activation peak of a profiling forward (engine.memory_profile measures both), and never more
+  than what is free on the device once room for the activations is kept.
+- on the CPU: 1 GiB.
+
+The arithmetic is pure (``blocks_for_gpu``) so that it is tested against made-up memory
+reports; the measurement that feeds it runs only on a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.kv_cache import KVLayout
+
+log = logging.getLogger("splitserve.engine.kv_cache")
+
+GIB = 2**30
+CPU_DEFAULT_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU's memory as the sizing sees it, in bytes, taken after the weights are loaded
+    and one profiling forward has run (and its activations were freed)."""
+
+    total: int  # the device's memory
+    free: int  # free on the device now: after our weights, CUDA contexts, other processes
+    weights: int  # held by this process before the profiling forward (weights, rope tables)
+    activation_peak: int  # most held above `weights` during the profiling forward
+
+    def __post_init__(self) -> None:
+        for name in ("total", "free", "weights", "activation_peak"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"DeviceMemory.{name} must be an integer >= 0, got {value!r}")
+        if self.free > self.total:
+            raise ValueError(f"DeviceMemory.free ({self.free}) exceeds total ({self.total})")
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """The KV cache a node allocated and which rule sized it."""
+
+    num_blocks: int
+    block_size: int  # tokens per block
+    block_bytes: int
+    sized_by: str  # num_kv_blocks | kv_cache_memory_gb | gpu_memory_utilization | cpu_default
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    def describe(self) -> str:
+        """One log line: blocks, tokens, GiB."""
+        return (
+            f"blocks={self.num_blocks} tokens={self.num_tokens} "
+            f"gib={self.num_bytes / GIB:.3f} sized_by={self.sized_by}"
+        )
+
+
+def check_fraction(value: float, name: str = "gpu_memory_utilization") -> None:
+    """ValueError unless 0 < value <= 1."""
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+
+
+def blocks_for_gpu(memory: DeviceMemory, fraction: float, block_bytes: int) -> int:
+    """Blocks of `block_bytes` in ``fraction * total - weights - activation_peak``, capped by
+    ``free - activation_peak``. ValueError naming the numbers when not even one fits."""
+    check_fraction(fraction)
+    share = int(fraction * memory.total) - memory.weights - memory.activation_peak
+    room = memory.free - memory.activation_peak
+    blocks = min(share, room) // block_bytes
+    if blocks < 1:
+        raise ValueError(
+            f"no room for one KV block ({block_bytes} bytes): gpu_memory_utilization {fraction} "
+            f"x {_gib(memory.total)} total = {_gib(int(fraction * memory.total))}, minus weights "
+            f"{_gib(memory.weights)} and activation peak {_gib(memory.activation_peak)} leaves "
+            f"{_gib(share)}; free on the device {_gib(memory.free)}, minus the activation peak "
+            f"leaves {_gib(room)}. Raise gpu_memory_utilization, lower max_num_batched_tokens, "
+            "or set num_kv_blocks / kv_cache_memory_gb"
+        )
+    return blocks
+
+
+def blocks_for_gib(gib: float, block_bytes: int, setting: str = "kv_cache_memory_gb") -> int:
+    """Blocks of `block_bytes` in `gib` GiB; ValueError when not even one fits."""
+    blocks = int(gib * GIB) // block_bytes
+    if blocks < 1:
+        raise ValueError(
+            f"KV cache budget of {gib:.6f} GiB holds no block of {block_bytes} bytes; "
+            f"raise {setting} or set num_kv_blocks"
+        )
+    return blocks
+
+
+def plan_kv_cache(
+    config: EngineConfig, layout: KVLayout, measure: Callable[[], DeviceMemory]
+) -> KVCapacity:
+    """The capacity for this engine; `measure` runs only when sized from the GPU (call this
+    after the weights are loaded). Logs blocks, tokens and GiB."""
+    bytes_per_block = layout.block_bytes
+    if config.num_kv_blocks is not None:
+        blocks, rule = config.num_kv_blocks, "num_kv_blocks"
+    elif config.kv_cache_memory_gb is not None:
+        blocks = blocks_for_gib(config.kv_cache_memory_gb, bytes_per_block)
+        rule = "kv_cache_memory_gb"
+    elif str(config.device).startswith("cuda"):
+        memory = measure()
+        log.info(
+            "gpu_memory total_gib=%.2f free_gib=%.2f weights_gib=%.2f activation_peak_gib=%.2f",
+            *(v / GIB for v in (memory.total, memory.free, memory.weights, memory.activation_peak)),
+        )
+        blocks = blocks_for_gpu(memory, config.gpu_memory_utilization, bytes_per_block)
+        rule = "gpu_memory_utilization"
+    else:
+        blocks, rule = blocks_for_gib(CPU_DEFAULT_GIB, bytes_per_block), "cpu_default"
+    capacity = KVCapacity(blocks, layout.block_size, bytes_per_block, rule)
+    log.info("kv_cache %s", capacity.describe())
+    return capacity
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB"

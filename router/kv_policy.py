@@ -1,0 +1,74 @@
+"""The kv_aware policy's cost, in prompt tokens of prefill work (the lowest wins):
+
+    cost = prefix * (prompt tokens the node must compute, given what it caches)
+           + work * (load * queued requests + kv_usage * KV usage)
+
+`queued` is the larger of the node's running + waiting (its last heartbeat) and this
+router's requests in flight there (heartbeats are up to a second old). `work` is what one
+request costs a node of the pool: a moving average of the tokens the requests routed there
+had to compute, so a queued request weighs as much as the traffic makes it weigh (a chat
+turn on a warm cache: tens of tokens; a long document: thousands). With the defaults a node
+that saves a request more than its average work wins over a node one request less busy.
+The weights are router settings (kv_prefix_weight, kv_load_weight, kv_usage_weight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from cluster.protocol import NodeRecord
+from router.kv_index import PrefixIndex, PrefixQuery
+
+WORK_SMOOTHING = 0.1  # weight of the latest request in the moving average
+INITIAL_WORK = 256.0  # tokens per request before any was routed
+
+
+@dataclass(frozen=True)
+class KVWeights:
+    prefix: float = 1.0
+    load: float = 0.5
+    kv_usage: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("prefix", "load", "kv_usage"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"KVWeights.{name} must be >= 0, got {value!r}")
+
+
+@dataclass
+class PoolWork:
+    """Moving average of the prompt tokens a request had to compute, per pool."""
+
+    tokens: dict[str, float] = field(default_factory=dict)
+
+    def of(self, pool: str) -> float:
+        return self.tokens.get(pool, INITIAL_WORK)
+
+    def add(self, pool: str, computed: int) -> None:
+        self.tokens[pool] = self.of(pool) + WORK_SMOOTHING * (computed - self.of(pool))
+
+
+def kv_aware_choice(
+    pool: str,
+    nodes: Sequence[NodeRecord],
+    index: PrefixIndex,
+    query: PrefixQuery,
+    weights: KVWeights,
+    work: PoolWork,
+    queued: Callable[[NodeRecord], int],
+) -> NodeRecord:
+    """The cheapest of `nodes` (non-empty, in rotation order: the first cheapest wins ties);
+    the average work of `pool` learns the chosen node's tokens to compute."""
+    matched = index.matched_tokens(query, [n.info.node_id for n in nodes])
+    total, per_request = len(query.token_ids), work.of(pool)
+
+    def cost(node: NodeRecord) -> float:
+        compute = total - matched[node.info.node_id]
+        busy = weights.load * queued(node) + weights.kv_usage * node.load.kv_usage
+        return weights.prefix * compute + per_request * busy
+
+    best = min(nodes, key=cost)
+    work.add(pool, total - matched[best.info.node_id])
+    return best

@@ -1,0 +1,33 @@
+"""The policy sweep's arithmetic: rounds pooled per policy, ratios to the first policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.policy_sweep import aggregate, table
+
+
+def _record(ttft: float, prompt: int, cached: int) -> dict[str, Any]:
+    return {
+        "error": None, "ttft": ttft, "tpot": 0.1, "itl": [0.1], "e2e": ttft + 1,
+        "prompt_tokens": prompt, "output_tokens": 2, "cached_tokens": cached,
+    }  # fmt: skip
+
+
+def _run(policy: str, ttft: float, cached: int) -> dict[str, Any]:
+    records = [_record(ttft, 100, cached), _record(ttft * 3, 100, cached)]
+    return {"policy": policy, "prefill_node_tokens_computed": 2 * (100 - cached),
+            "duration_s": 10.0, "records": records}  # fmt: skip
+
+
+def test_rounds_are_pooled_and_compared_to_the_first_policy() -> None:
+    runs = [_run("round_robin", 1.0, 20), _run("kv_aware", 0.5, 60)]
+    runs += [_run("round_robin", 1.0, 20), _run("kv_aware", 0.5, 60)]
+    summaries = aggregate(runs)
+    assert list(summaries) == ["round_robin", "kv_aware"]
+    kv = summaries["kv_aware"]
+    assert kv["prefix"]["computed_prompt_tokens"] == 4 * 40
+    assert kv["prefill_node_tokens_computed"] == 4 * 40
+    assert kv["ttft_ms"]["p50"] == 1000.0  # median of 0.5, 0.5, 1.5, 1.5 s
+    rows = table(summaries).splitlines()
+    assert rows[3].startswith("| kv_aware | 4/4 | 400 | 160 | 160 | 0.50 | 1000 | 2.00x |")

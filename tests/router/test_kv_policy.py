@@ -1,0 +1,90 @@
+"""kv_aware: the node that caches the prompt's prefix wins until its load outweighs the
+prefix; the router's flow sends the prefill there and counts predicted and actual hits."""
+
+from __future__ import annotations
+
+import httpx
+from router_fakes import FakeNode, fake_cluster, metric
+
+from cluster.kv_events import KVEventMsg
+from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
+from models.block_hash import prefix_block_hashes
+from models.tokenizer import Tokenizer
+from router.kv_index import PrefixIndex, PrefixQuery
+from router.kv_policy import WORK_SMOOTHING, KVWeights, PoolWork, kv_aware_choice
+from router.policy import NodePicker
+
+PROMPT = list(range(1000, 1040))  # 40 tokens: 2 full blocks of 16 and a partial one
+
+
+def _node(node_id: str, running: int = 0) -> NodeRecord:
+    info = NodeInfo(
+        node_id=node_id, role="prefill", url="http://x", model="m", layout_fingerprint="fp",
+        max_model_len=2048, capacity=10, started_at=0.0,
+    )  # fmt: skip
+    return NodeRecord(info=info, load=NodeLoad(running=running), heartbeat_at=0.0)
+
+
+def _holds(index: PrefixIndex, node_id: str, tokens: list[int]) -> None:
+    hashes = prefix_block_hashes(tokens, 16)
+    stored = [(h, p) for p, h in zip([None, *hashes[:-1]], hashes, strict=True)]
+    index.apply(
+        KVEventMsg(node_id=node_id, incarnation="i", seq=1, snapshot=True, block_size=16,
+                   stored=stored)
+    )  # fmt: skip
+
+
+def test_the_holder_wins_while_its_queue_costs_less_than_it_saves() -> None:
+    index = PrefixIndex()
+    _holds(index, "b", PROMPT)
+    query = PrefixQuery(PROMPT)
+    assert index.matched_tokens(query, ["a", "b"]) == {"a": 0, "b": 32}
+    weights, work = KVWeights(prefix=1.0, load=1.0, kv_usage=0.0), PoolWork({"prefill": 10.0})
+
+    def choice(b_running: int) -> str:
+        nodes = [_node("a"), _node("b", running=b_running)]
+        return kv_aware_choice("prefill", nodes, index, query, weights, work, queued).info.node_id
+
+    def queued(node: NodeRecord) -> int:
+        return node.load.running
+
+    # b saves 32 of the 40 tokens; each queued request there costs the pool's average work
+    assert choice(b_running=3) == "b"  # 8 + 3 * 10 < 40
+    assert work.of("prefill") == 10.0 + WORK_SMOOTHING * (8 - 10.0)  # it learns b's 8 tokens
+    work.tokens["prefill"] = 10.0
+    assert choice(b_running=4) == "a"  # 8 + 4 * 10 > 40
+
+
+def test_kv_aware_without_a_match_is_least_loaded() -> None:
+    index = PrefixIndex()
+    _holds(index, "b", PROMPT)
+    picker = NodePicker("kv_aware", index)
+    nodes = [_node("a"), _node("b", running=1)]
+    other = PrefixQuery(list(range(5000, 5040)))  # cached nowhere
+    assert [picker.pick("prefill", nodes, query=other).info.node_id for _ in range(2)] == ["a"] * 2
+    assert picker.pick("prefill", nodes).info.node_id == "a"  # no query at all
+    idle = [_node("a"), _node("b")]
+    assert picker.pick("prefill", idle, query=PrefixQuery(PROMPT)).info.node_id == "b"
+
+
+async def test_the_router_prefills_where_the_prefix_is_and_counts_hits(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = [
+        FakeNode("p0", "prefill", script),
+        FakeNode("p1", "prefill", script),
+        FakeNode("d0", "decode", script),
+    ]
+    async with fake_cluster(tokenizer, nodes, policy="kv_aware") as c:
+        _holds(c.app.state.router.kv.index, "p1", PROMPT)
+        body = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 3, "temperature": 0}
+        async with httpx.AsyncClient(base_url=c.router_url) as client:
+            for _ in range(4):
+                resp = await client.post("/v1/completions", json=body)
+                assert resp.status_code == 200, resp.text
+            text = (await client.get("/metrics")).text
+    assert (len(nodes[0].prefills), len(nodes[1].prefills)) == (0, 4)
+    labels = {"pool": "prefill", "target": "p1", "policy": "kv_aware"}
+    assert metric(text, "splitserve_router_kv_predicted_hit_tokens_total", **labels) == 4 * 32
+    assert metric(text, "splitserve_router_kv_actual_hit_tokens_total", **labels) == 4 * 3
+    assert metric(text, "splitserve_router_kv_index_blocks", pool="prefill") == 2
