@@ -1,6 +1,7 @@
 """`splitserve bench <benchmark> ...`: serve (load against an OpenAI-compatible server),
-offline (engine throughput), transfer (KV block moves), kernels (attention kernels),
-cpu-kernels (the CPU decode attention kernel and packed linear layers).
+offline (engine throughput), step-overhead (host time per engine step), transfer (KV block
+moves), kernels (attention kernels), cpu-kernels (the CPU decode attention kernel and packed
+linear layers).
 
 `serve` parses its own flags here; the others hand the rest of the command line to their
 module's `main(argv)`, so `splitserve bench offline --help` shows that module's help.
@@ -14,6 +15,7 @@ import importlib
 # benchmark -> (module with main(argv), help)
 _FORWARDED: dict[str, tuple[str, str]] = {
     "offline": ("bench.offline", "offline engine throughput against the matmul peak"),
+    "step-overhead": ("bench.step_overhead", "host time per decode step, phase by phase"),
     "transfer": ("bench.transfer", "KV block transfer bandwidth"),
     "kernels": ("bench.kernels", "attention kernel bandwidth and FLOP rates"),
     "cpu-kernels": ("bench.cpu_kernels", "CPU decode attention and linear layers vs limits"),

@@ -1,12 +1,16 @@
 """Offline throughput of the engine against the same-run matmul peak (and, optionally, HF).
 
-    python -m bench.offline [--model smollm2] [--compare-hf] [--out bench/results/offline.json]
+    python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync]
+                            [--random-model smollm2|llama-1b|llama-8b] [--out PATH]
 
 On CUDA it also times decode steps of the whole batch against their same-run roofline
 (bench.decode_step).
 
 Workload: N requests with prompt lengths uniform in [min_len, max_len] (seeded random token
-ids), a fixed number of output tokens each, ignore_eos, greedy.
+ids), a fixed number of output tokens each, ignore_eos, greedy. --random-model benchmarks a
+published shape with random weights made on the device (no checkpoint to download);
+--compare-sync also runs the engine without overlapped scheduling in the same process, in
+the order overlapped, synchronous, synchronous, overlapped; each keeps its faster run.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,8 @@ import torch
 from tqdm import tqdm
 
 from bench.common import RESULTS_DIR, ModelShape, environment, matmul_peak_gflops, write_json
+from bench.random_model import SHAPES as RANDOM_SHAPES
+from bench.random_model import write_random_model_dir
 
 
 def make_workload(n: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[list[int]]:
@@ -33,7 +40,13 @@ def make_workload(n: int, min_len: int, max_len: int, vocab: int, seed: int) -> 
 
 
 def run_engine(
-    model_dir: Path, prompts: list[list[int]], new_tokens: int, dtype: str, device: str, budget: int
+    model_dir: Path,
+    prompts: list[list[int]],
+    new_tokens: int,
+    dtype: str,
+    device: str,
+    budget: int,
+    **options: Any,
 ) -> dict[str, Any]:
     from engine.config import EngineConfig, parse_dtype
     from engine.engine import LLMEngine
@@ -49,6 +62,7 @@ def run_engine(
             num_kv_blocks=blocks,
             max_num_seqs=len(prompts),
             max_num_batched_tokens=budget,
+            **options,
         )
     )
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -60,12 +74,18 @@ def run_engine(
     start = time.perf_counter()
     generated = 0
     while engine.has_unfinished():
-        n = len(engine.step())
+        n = len(engine.step_result().token_ids)
         generated += n
         bar.update(n)
     elapsed = time.perf_counter() - start
     bar.close()
     return {"seconds": elapsed, "generated_tokens": generated, "steps": engine.counters.steps}
+
+
+def _faster(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The faster of two runs of the same engine, with both times kept."""
+    best = min(a, b, key=lambda r: r["seconds"])
+    return {**best, "seconds_runs": [a["seconds"], b["seconds"]]}
 
 
 def run_hf(
@@ -138,24 +158,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=2048, help="max tokens per engine step")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--compare-sync", action="store_true", help="also without overlap (A/B)")
+    ap.add_argument("--random-model", choices=sorted(RANDOM_SHAPES), help="random weights")
     ap.add_argument("--decode-steps", type=int, default=32, help="CUDA: decode steps timed")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
     args = ap.parse_args(argv)
 
     from models import ensure_model
 
-    model_dir = ensure_model(args.model)
+    tmp = tempfile.TemporaryDirectory()
+    options: dict[str, Any] = {}
+    if args.random_model:
+        default_dir = ensure_model("smollm2")  # the tokenizer
+        model_dir = write_random_model_dir(args.random_model, Path(tmp.name), default_dir)
+        options["load_format"] = "random"
+        args.model = f"random:{args.random_model}"
+    else:
+        model_dir = ensure_model(args.model)
     shape = ModelShape.from_dir(model_dir)
     prompts = make_workload(args.requests, args.min_len, args.max_len, shape.vocab, args.seed)
     peak_dtype = torch.float32 if args.dtype in ("float32", "fp32") else torch.bfloat16
     # The peak is sampled before and after the runs and the best kept: a peak taken while
     # something else loads the machine would flatter the ratio.
     peaks = [matmul_peak_gflops(peak_dtype, device=args.device)]
-    runs = {
-        "splitserve": run_engine(
-            model_dir, prompts, args.new_tokens, args.dtype, args.device, args.budget
-        )
-    }
+    engine_args = (model_dir, prompts, args.new_tokens, args.dtype, args.device, args.budget)
+    if args.compare_sync:  # A B B A: drift and the cost of going first fall on both
+        order = [True, False, False, True]
+        timed = [run_engine(*engine_args, **options, async_scheduling=o) for o in order]
+        runs = {
+            "splitserve": _faster(timed[0], timed[3]),
+            "synchronous": _faster(timed[1], timed[2]),
+        }
+    else:
+        runs = {"splitserve": run_engine(*engine_args, **options)}
     if args.compare_hf:
         runs["transformers"] = run_hf(model_dir, prompts, args.new_tokens, args.dtype)
     peaks.append(matmul_peak_gflops(peak_dtype, device=args.device))
@@ -171,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_hf:
         ratio = results["transformers"]["seconds"] / results["splitserve"]["seconds"]
         print(f"engine speed-up over transformers: {ratio:.2f}x")
+    if args.compare_sync:
+        ratio = results["synchronous"]["seconds"] / results["splitserve"]["seconds"]
+        print(f"overlapped over synchronous scheduling (same run): {ratio:.3f}x")
     decode_step = None
     if args.device.startswith("cuda"):
         from bench.decode_step import describe, measure_decode_step
@@ -196,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     print(f"wrote {args.out}")
+    tmp.cleanup()
     return 0
 
 

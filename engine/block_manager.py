@@ -155,7 +155,8 @@ class BlockManager:
         chain = self._chains.get(request.request_id)
         if chain is None or chain.broken:
             return
-        num_full = min(request.num_computed_tokens // self._block_size, len(request.block_ids))
+        computed = min(request.num_computed_tokens, request.num_known_tokens)
+        num_full = min(computed // self._block_size, len(request.block_ids))
         if len(chain.hashes) >= num_full:
             return
         tokens = request.all_token_ids

@@ -72,6 +72,15 @@ class EngineConfig:
     # CPU fp32: C kernels (engine.cpu_kernels) for decode attention, rotary + KV write and
     # SiLU * up, where a C compiler is found; else the torch ops.
     cpu_kernels: bool = True
+    # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
+    # shape in model_dir/config.json (benchmarks of published shapes without their weights).
+    load_format: str = "safetensors"
+    # "batched": every row sampled in one set of tensor ops (engine.batch_sampler);
+    # "per_request": the per-request sampler (engine.sampler), kept for comparison.
+    sampler: str = "batched"
+    # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
+    # step late, same output). Needs the batched sampler; off in the prefill role.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -96,6 +105,14 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.attention_backend must be auto, torch or triton, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.load_format not in ("safetensors", "random"):
+            raise ValueError(
+                f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
+            )
+        if self.sampler not in ("batched", "per_request"):
+            raise ValueError(
+                f"EngineConfig.sampler must be batched or per_request, got {self.sampler!r}"
             )
         if (
             not self.enable_chunked_prefill

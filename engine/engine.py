@@ -7,17 +7,23 @@ their HTTP handlers through a command queue drained between steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import torch
+
+from engine import batch_sampler
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, Role
 from engine.model_config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
+from engine.persistent_batch import StepInputs
 from engine.request import FinishReason, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.schedule import ImportPlan
+from engine.schedule import ImportPlan, SchedulerOutput
 from engine.scheduler import Scheduler
+from engine.step_timer import StepTimer
 
 
 @dataclass
@@ -63,6 +69,15 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.sampler = Sampler()
         self.counters = EngineCounters()
+        self.timer = StepTimer()
+        # overlapped scheduling: plan step N + 1 while step N runs (batched sampler only;
+        # the prefill role pins every request after one token, nothing to overlap)
+        self._overlap = (
+            config.async_scheduling
+            and config.sampler == "batched"
+            and config.role is not Role.PREFILL
+        )
+        self._in_flight: _Launched | None = None
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -102,6 +117,10 @@ class LLMEngine:
         """Cancel a request in any state and free its blocks. False when unknown."""
         found = self.scheduler.abort(request_id)
         self.sampler.forget(request_id)
+        self.runner.batch.release(request_id)
+        if self._in_flight is not None and not self.scheduler.has_work:
+            launched, self._in_flight = self._in_flight, None
+            self._finish(launched)  # its requests are all gone: nothing left to hand out
         return found
 
     def release(self, request_id: str) -> bool:
@@ -115,7 +134,7 @@ class LLMEngine:
         return list(request.block_ids)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._in_flight is not None
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -131,25 +150,74 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Run one batch; returns one output per request that produced a token."""
+        return self.to_outputs(self.step_result())
+
+    def step_result(self) -> StepResult:
+        """Run one batch; its tokens as arrays (no object per request).
+
+        With overlapped scheduling the step launched now is handed out by the next call,
+        and this call hands out the one launched before (planned while it ran).
+        """
+        self.timer.start()
+        try:
+            launched = self._launch()
+        except Exception:
+            # the steps in flight are lost: their requests are to be aborted (the loop does)
+            self._in_flight = None
+            self.scheduler.forget_in_flight()
+            raise
+        if not self._overlap:
+            return self._finish(launched) if launched is not None else _EMPTY
+        previous, self._in_flight = self._in_flight, launched
+        return self._finish(previous) if previous is not None else _EMPTY
+
+    def _launch(self) -> _Launched | None:
+        """Schedule, build the inputs, run the model and the sampler (asynchronous on a GPU)."""
+        timer = self.timer
         out = self.scheduler.schedule()
         self.counters.preemptions += len(out.preempted)
+        for request_id in out.preempted:
+            self.runner.batch.release(request_id)
         if out.is_empty:
-            return []
-        logits = self.runner.execute(out)  # [num_sampled, vocab]
-        sampled = [self.scheduler.get(c.request_id) for c in out.chunks if c.sample]
-        requests = [r for r in sampled if r is not None]
-        result = self.sampler.sample(logits, requests)
-        tokens = {r.request_id: t for r, t in zip(requests, result.token_ids, strict=True)}
+            return None
+        timer.lap("schedule")
+        requests = out.sampled_requests
+        inputs = self.runner.prepare(out, requests[len(out.decodes) :])
+        timer.lap("prepare")
+        logits = self.runner.forward(inputs)  # [num_sampled, vocab]
+        timer.lap("forward")
+        launched = self._sample(out, logits, inputs, requests)
+        timer.lap("sample")
+        return launched
+
+    def _finish(self, launched: _Launched) -> StepResult:
+        """Wait for a launched step's tokens (the step's one sync) and apply them."""
+        token_ids, logprobs = launched.fetch()
+        out = launched.out
+        update = self.scheduler.update(out, token_ids)
+        for request in update.finished:
+            self.runner.batch.release(request.request_id)
+            if request.status is RequestStatus.FINISHED:
+                self.sampler.forget(request.request_id)
+                self.counters.finished_requests += 1
         self.counters.tokens_computed += out.num_tokens
-        self.counters.generated_tokens += len(requests)
+        self.counters.generated_tokens += len(update.advanced)
         self.counters.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
-        self.scheduler.update(out, tokens)
-        outputs = [
-            self._output(r, t, lp)
-            for r, t, lp in zip(requests, result.token_ids, result.logprobs, strict=True)
-        ]
         self.counters.steps += 1
-        return outputs
+        result = StepResult(launched.requests, token_ids, logprobs)
+        if len(update.advanced) != len(token_ids):  # aborted while in flight
+            result = result.only(set(map(id, update.advanced)))
+        self.timer.lap("output")
+        self.timer.end_step()
+        return result
+
+    def to_outputs(self, result: StepResult) -> list[StepOutput]:
+        """One StepOutput per request of a step (for the nodes' streams)."""
+        logprobs = result.logprobs or [None] * len(result.requests)
+        return [
+            _output(r, t, lp)
+            for r, t, lp in zip(result.requests, result.token_ids, logprobs, strict=True)
+        ]
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -174,23 +242,104 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
 
-    def _output(self, request: Request, token: int, logprob: TokenLogprob | None) -> StepOutput:
-        done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
-        if request.status is RequestStatus.FINISHED:
-            self.sampler.forget(request.request_id)
-            self.counters.finished_requests += 1
-        reason = request.finish_reason
-        if request.status is RequestStatus.PINNED:
-            reason = FinishReason.PREFILLED
-        return StepOutput(
-            request_id=request.request_id,
-            new_token_ids=(token,),
-            logprobs=(logprob,) if logprob is not None else (),
-            finished=done,
-            finish_reason=reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=request.num_cached_tokens,
+    def _sample(
+        self,
+        out: SchedulerOutput,
+        logits: torch.Tensor,
+        inputs: StepInputs,
+        requests: list[Request],
+    ) -> _Launched:
+        """Sample the step's rows; the tokens stay on the device until `_Launched.fetch`."""
+        if self.config.sampler == "per_request":
+            result = self.sampler.sample(logits, requests)
+            asked = any(lp is not None for lp in result.logprobs)
+            return _Launched(
+                out, requests, result.token_ids, None, result.logprobs if asked else None
+            )
+        step = inputs.sampling
+        assert step is not None  # the engine always passes its requests
+        sample = batch_sampler.sample(logits, step)
+        self.runner.batch.record(step.rows, sample.token_ids)
+        tokens = sample.token_ids
+        event = None
+        if tokens.device.type == "cuda":  # one non-blocking copy; waited for in fetch
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            tokens = host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        logprobs = None
+        if sample.logprobs is not None:
+            logprobs = _DeferredLogprobs(sample.logprobs, step.logprobs, step.logprob_positions)
+        return _Launched(out, requests, tokens, event, logprobs)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step as arrays: requests[i] got token_ids[i] (logprobs[i] where asked)."""
+
+    requests: list[Request]
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None] | None
+
+    def only(self, keep: set[int]) -> StepResult:
+        """The rows whose request's id() is in `keep`."""
+        rows = [i for i, r in enumerate(self.requests) if id(r) in keep]
+        logprobs = [self.logprobs[i] for i in rows] if self.logprobs is not None else None
+        return StepResult(
+            [self.requests[i] for i in rows], [self.token_ids[i] for i in rows], logprobs
         )
 
 
-__all__ = ["EngineCounters", "EngineStats", "LLMEngine", "Role"]
+_EMPTY = StepResult([], [], None)
+
+
+class _DeferredLogprobs(NamedTuple):
+    tensors: batch_sampler.LogprobTensors
+    top_n: tuple[int, ...]
+    positions: tuple[int, ...]
+
+    def resolve(self, rows: int) -> list[TokenLogprob | None]:
+        result: list[TokenLogprob | None] = [None] * rows
+        objects = batch_sampler.token_logprobs(self.tensors, self.top_n)
+        for position, lp in zip(self.positions, objects, strict=True):
+            result[position] = lp
+        return result
+
+
+@dataclass
+class _Launched:
+    """A step whose tokens are being computed (or already are, off the GPU)."""
+
+    out: SchedulerOutput
+    requests: list[Request]
+    tokens: torch.Tensor | list[int]
+    ready: torch.cuda.Event | None
+    logprobs: _DeferredLogprobs | list[TokenLogprob | None] | None
+
+    def fetch(self) -> tuple[list[int], list[TokenLogprob | None] | None]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        tokens = self.tokens if isinstance(self.tokens, list) else self.tokens.tolist()
+        logprobs = self.logprobs
+        if isinstance(logprobs, _DeferredLogprobs):
+            logprobs = logprobs.resolve(len(tokens))
+        return tokens, logprobs
+
+
+def _output(request: Request, token: int, logprob: TokenLogprob | None) -> StepOutput:
+    done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
+    reason = request.finish_reason
+    if request.status is RequestStatus.PINNED:
+        reason = FinishReason.PREFILLED
+    return StepOutput(
+        request_id=request.request_id,
+        new_token_ids=(token,),
+        logprobs=(logprob,) if logprob is not None else (),
+        finished=done,
+        finish_reason=reason,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_cached_tokens=request.num_cached_tokens,
+    )
+
+
+__all__ = ["EngineCounters", "EngineStats", "LLMEngine", "Role", "StepResult"]

@@ -96,3 +96,20 @@ def _ignored(name: str, model: LlamaModel) -> bool:
     if name.endswith(_IGNORED_SUFFIXES):
         return True
     return name == "lm_head.weight" and model.config.tie_word_embeddings
+
+
+def init_random_weights(model: LlamaModel, seed: int = 0) -> None:
+    """Seeded random weights of the right scale, made on the model's device (no checkpoint).
+
+    Matrices ~ N(0, 1 / fan_in), norm weights ~ 1 + N(0, 0.04): activations stay in range
+    through any depth, so a random model's steps cost what a trained one's do.
+    """
+    device = model.embed.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for target in weight_targets(model).values():
+            noise = torch.randn(target.shape, generator=gen, device=device, dtype=torch.float32)
+            if target.dim() == 1:
+                target.copy_(noise.mul_(0.2).add_(1.0))
+            else:
+                target.copy_(noise.mul_(target.shape[-1] ** -0.5))

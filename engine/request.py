@@ -41,10 +41,19 @@ class Request:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     priority: int = 0  # lower is served first; ties go by arrival
+    # sampled in a scheduled step, not yet appended: 0, or 1-2 with overlapped scheduling
+    num_pending: int = 0
+    # set from params at construction: tokens that end the request, and its longest length
+    stop_ids: frozenset[int] = field(init=False)
+    token_limit: int = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id}: prompt_token_ids is empty")
+        eos = frozenset() if self.params.ignore_eos else self.eos_token_ids
+        self.stop_ids = eos | frozenset(self.params.stop_token_ids)
+        prompt = len(self.prompt_token_ids)
+        self.token_limit = min(prompt + self.params.max_tokens, self.max_model_len)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -52,7 +61,18 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens of the sequence, counting the pending ones (the scheduler's view)."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids are known: prompt + appended outputs."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def at_length_limit(self) -> bool:
+        """With its pending tokens, the request has all the tokens max_tokens and the context
+        allow: the next one is not to be computed, whatever the pending token is."""
+        return self.num_tokens >= self.token_limit
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -64,13 +84,8 @@ class Request:
 
     def check_stop(self) -> FinishReason | None:
         """Stop reason after the latest appended token, or None to continue."""
-        last = self.output_token_ids[-1]
-        if not self.params.ignore_eos and last in self.eos_token_ids:
-            return FinishReason.STOP
-        if last in self.params.stop_token_ids:
-            return FinishReason.STOP
-        if len(self.output_token_ids) >= self.params.max_tokens:
-            return FinishReason.LENGTH
-        if self.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH
+        if self.output_token_ids[-1] in self.stop_ids:
+            return FinishReason.STOP  # EOS (unless ignore_eos) or a stop token
+        if len(self.prompt_token_ids) + len(self.output_token_ids) >= self.token_limit:
+            return FinishReason.LENGTH  # max_tokens or the context length
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from itertools import chain
+from collections.abc import Sequence
 
 import torch
 
@@ -16,11 +16,13 @@ from engine.attention import AttentionBackend, AttentionMetadata, select_attenti
 from engine.config import EngineConfig
 from engine.kv_cache import KVLayout, allocate_kv_cache
 from engine.kv_sizing import DeviceMemory, plan_kv_cache
-from engine.loader import load_weights
+from engine.loader import init_random_weights, load_weights
 from engine.memory_profile import measure_device_memory, profile_lengths
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
-from engine.schedule import ScheduledChunk, SchedulerOutput
+from engine.persistent_batch import PersistentBatch, StepInputs
+from engine.request import Request
+from engine.schedule import SchedulerOutput
 
 
 class ModelRunner:
@@ -49,7 +51,10 @@ class ModelRunner:
             config.dtype,
             self.device,
         )
-        load_weights(self.model, config.model_dir)
+        if config.load_format == "random":
+            init_random_weights(self.model)
+        else:
+            load_weights(self.model, config.model_dir)
         self.packed_weights = config.pack_cpu_weights and self.model.pack_cpu_weights()
         self.model.use_cpu_kernels(config.cpu_kernels)
         self.layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
@@ -57,31 +62,35 @@ class ModelRunner:
         self.num_blocks = self.kv_capacity.num_blocks
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
+        max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
+        self.batch = PersistentBatch(
+            config.max_num_seqs, max_blocks, config.block_size, model_config.vocab_size, self.device
+        )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run one step; float32 logits [sampled chunks, vocab] in the sampled chunks' order.
+        """Run one step; float32 logits [sampled rows, vocab]: decodes, then the sampled
+        prefill chunks, in order.
 
         Computes K/V for every scheduled token into the cache, and the LM head only for the
         last token of chunks with ``sample`` set.
         """
+        return self.forward(self.prepare(out))
+
+    def prepare(
+        self, out: SchedulerOutput, sampled_prefills: Sequence[Request] | None = None
+    ) -> StepInputs:
+        """The step's input tensors, on the device (see PersistentBatch.prepare)."""
         if out.is_empty:
             raise ValueError("execute() needs at least one scheduled chunk")
-        order = _decodes_first(out.chunks)
-        chunks = [out.chunks[i] for i in order]
-        meta = AttentionMetadata.build(
-            [c.num_tokens for c in chunks],
-            [c.start for c in chunks],
-            [c.block_table for c in chunks],
-            self.config.block_size,
-            self.device,
-        )
-        self._check_lengths(meta)
-        input_ids = torch.tensor(list(chain.from_iterable(c.token_ids for c in chunks)))
-        logits_indices = torch.tensor(_sampled_rows(out.chunks, order), dtype=torch.int64)
-        logits = self.model(
-            input_ids.to(self.device), meta, self.kv_cache, logits_indices.to(self.device)
-        )
+        inputs = self.batch.prepare(out, sampled_prefills)
+        self._check_lengths(inputs.meta)
+        return inputs
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """float32 logits [sampled rows, vocab] of a prepared step."""
+        logits = self.model(inputs.input_ids, inputs.meta, self.kv_cache, inputs.logits_indices)
         return logits.float()
 
     def _measure_memory(self) -> DeviceMemory:
@@ -96,21 +105,6 @@ class ModelRunner:
             raise ValueError(
                 f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
             )
-
-
-def _decodes_first(chunks: tuple[ScheduledChunk, ...]) -> list[int]:
-    """Chunk indices, single-token chunks first (batched decode attention), then prefills."""
-    return sorted(range(len(chunks)), key=lambda i: chunks[i].num_tokens != 1)
-
-
-def _sampled_rows(chunks: tuple[ScheduledChunk, ...], order: list[int]) -> list[int]:
-    """Row of each sampled chunk's last token in the reordered step, in scheduled order."""
-    end: dict[int, int] = {}
-    total = 0
-    for i in order:
-        total += chunks[i].num_tokens
-        end[i] = total
-    return [end[i] - 1 for i, c in enumerate(chunks) if c.sample]
 
 
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters

@@ -26,11 +26,11 @@ from typing import NamedTuple
 
 import torch
 
+from engine import batch_sampler
 from engine.outputs import TokenLogprob
 from engine.request import Request
 
 _MASK64 = (1 << 64) - 1
-_CANDIDATES = 4096  # tokens kept by the partial sort that top-k / top-p try first
 
 
 class SampleResult(NamedTuple):
@@ -190,53 +190,13 @@ def _padded_ids(token_lists: list[list[int]], vocab: int, device: torch.device) 
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Mask all but each row's top-k, then all but the top-p nucleus of what remains.
-
-    Sorting the whole vocab is slow on CPU, so the best _CANDIDATES tokens are tried first;
-    that is exact for a row whose top-k fits in them or (top-k off) whose nucleus does. Only
-    the other rows get a full sort.
-    """
+    """Mask all but each row's top-k, then all but the top-p nucleus of what remains
+    (engine.batch_sampler.top_k_top_p, from per-request lists)."""
     vocab = logits.shape[1]
-    device = logits.device
-    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=device)  # [m]
-    p = torch.tensor(top_p, device=device).unsqueeze(1)  # [m, 1]
-    width = min(_CANDIDATES, vocab, max(kk if kk > 0 else vocab for kk in top_k))
-    values, order = logits.topk(width, dim=-1)  # [m, width], descending
-    values = _mask_beyond_k(values, k)
-    lse = values.logsumexp(dim=-1)  # [m]
-    out = torch.full_like(logits, float("-inf"))  # [m, vocab]
-    if width == vocab:
-        return out.scatter_(1, order, _nucleus(values, lse, p))
-    full_lse = logits.logsumexp(dim=-1)  # [m]
-    exact = (k <= width) | ((k == vocab) & ((lse - full_lse).exp() >= p[:, 0]))  # [m]
-    lse = torch.where(k <= width, lse, full_lse)
-    out.scatter_(1, order, _nucleus(values, lse, p))
-    rows = (~exact).nonzero().squeeze(1)
-    if rows.numel():
-        values, order = logits[rows].sort(dim=-1, descending=True)  # [r, vocab]
-        values = _mask_beyond_k(values, k[rows])
-        out[rows] = torch.empty_like(values).scatter_(
-            1, order, _nucleus(values, values.logsumexp(dim=-1), p[rows])
-        )
-    return out
-
-
-def _nucleus(values: torch.Tensor, lse: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """values: [m, w] sorted descending, lse: [m] their row normalizer, p: [m, 1].
-
-    -inf on the tokens outside each row's top-p nucleus; the best token always stays.
-    """
-    probs = (values - lse.unsqueeze(1)).exp()  # [m, w]
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of strictly better tokens
-    position = torch.arange(values.shape[1], device=values.device)
-    drop = (mass_before >= p) & (position > 0) & (p < 1.0)
-    return values.masked_fill(drop, float("-inf"))
-
-
-def _mask_beyond_k(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """values: [m, w] sorted descending; -inf from position k[i] on."""
-    position = torch.arange(values.shape[1], device=values.device)
-    return values.masked_fill(position >= k.unsqueeze(1), float("-inf"))
+    ks = [kk if 0 < kk < vocab else vocab for kk in top_k]
+    k = torch.tensor(ks, device=logits.device)  # [m]
+    p = torch.tensor(top_p, device=logits.device)  # [m]
+    return batch_sampler.top_k_top_p(logits, k, p, max(ks, default=vocab))
 
 
 def _token_logprobs(

@@ -7,6 +7,7 @@ The runner turns it into tensors; nothing here touches torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from engine.request import Request, RequestStatus
 
@@ -38,16 +39,44 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    chunks: tuple[ScheduledChunk, ...]
+    """One step: decodes first (running requests computing their one last token, sampled),
+    then chunks (prefill chunks, in order). Decodes are plain references, so that a step of
+    steady decoding costs no object per request; ``chunks`` spells the whole step out."""
+
+    prefills: tuple[ScheduledChunk, ...] = ()
     preempted: tuple[str, ...] = ()
+    decodes: tuple[Request, ...] = ()
+    decode_starts: tuple[int, ...] = ()  # position each decode computes (its last token)
+    prefill_requests: tuple[Request, ...] = ()  # the request of each prefill chunk
+    grown: tuple[Request, ...] = ()  # decodes whose block table grew in this step
+
+    @property
+    def sampled_requests(self) -> list[Request]:
+        """The requests that get a token from this step, in step order."""
+        sampled = (r for r, c in zip(self.prefill_requests, self.prefills, strict=True) if c.sample)
+        return [*self.decodes, *sampled]
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+        return len(self.decodes) + sum(c.num_tokens for c in self.prefills)
+
+    @property
+    def num_sampled(self) -> int:
+        return len(self.decodes) + sum(1 for c in self.prefills if c.sample)
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.decodes and not self.prefills
+
+    @cached_property
+    def chunks(self) -> tuple[ScheduledChunk, ...]:
+        """Every chunk of the step, decodes first (built on demand, for tests and logs, once
+        the decodes' input tokens are known)."""
+        decodes = tuple(
+            ScheduledChunk(r.request_id, (r.all_token_ids[s],), s, tuple(r.block_ids), True)
+            for r, s in zip(self.decodes, self.decode_starts, strict=True)
+        )
+        return decodes + self.prefills
 
 
 class RequestTooLargeError(ValueError):

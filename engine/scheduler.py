@@ -8,9 +8,12 @@ request that needs a block when none is free preempts the last running request i
 order, the lowest priority and newest (itself, if it is that one): its blocks are freed and
 it goes back to the waiting queue at its place, to be recomputed from prompt + tokens so far.
 
-Protocol: `schedule()`, run the chunks, `update(out, sampled)`. Nothing advances in
-`schedule()`, so calling it again without `update()` (say after a failed step) just plans the
-same work again.
+Protocol: `schedule()`, run the chunks, `update(out, sampled)`. `schedule()` advances the
+requests as if the step ran, their sampled tokens pending: with overlapped scheduling the
+next `schedule()` comes before this `update()` and decodes the pending tokens; updates come
+in scheduling order. A request whose pending token would end it by length is not scheduled
+again; one that stops on the token itself (EOS, a stop id) finishes at its update, and the
+step planned meanwhile drops its row. After a failed step, `forget_in_flight()` and abort.
 
 Limits, decided: a request whose tokens alone need more blocks than the whole cache is
 refused at `add()` with RequestTooLargeError (a ValueError). A request that grows to the
@@ -19,18 +22,16 @@ cache's capacity finishes with FinishReason.LENGTH, like one reaching the contex
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, Role
 from engine.request import FinishReason, Request, RequestStatus
+from engine.request_pool import HeldImport, RequestPool
 from engine.schedule import (
     ImportPlan,
-    RequestTooLargeError,
     ScheduledChunk,
     SchedulerOutput,
     StepUpdate,
@@ -41,7 +42,9 @@ from engine.schedule import (
 class _Step:
     budget: int
     scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens
+    prefills: list[str] = field(default_factory=list)  # chunks other than decodes, in order
     preempted: list[str] = field(default_factory=list)
+    grown: list[Request] = field(default_factory=list)  # decodes given a block
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.scheduled[request.request_id] = num_tokens
@@ -52,95 +55,12 @@ class _Step:
         self.preempted.append(request.request_id)
 
 
-@dataclass
-class _Import:
-    request: Request
-    output_token_ids: list[int]
-
-
-class Scheduler:
+class Scheduler(RequestPool):
     """Decides which tokens of which requests run each step. Not thread-safe."""
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
-        if block_manager.block_size != config.block_size:
-            raise ValueError(
-                f"block manager block_size {block_manager.block_size} differs from "
-                f"EngineConfig.block_size {config.block_size}"
-            )
-        self._config = config
-        self._blocks = block_manager
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # (priority, arrival) order: the victim is last
-        self._pinned: dict[str, Request] = {}
-        self._importing: dict[str, _Import] = {}
-        self._live: dict[str, Request] = {}
-        self._arrival: dict[str, tuple[int, int]] = {}  # id -> (priority, arrival)
-        self._counter = itertools.count()
-        self._last: tuple[SchedulerOutput, dict[str, Request]] | None = None
-
-    # ---- introspection ------------------------------------------------------------------
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def num_pinned(self) -> int:
-        return len(self._pinned)
-
-    @property
-    def num_importing(self) -> int:
-        return len(self._importing)
-
-    @property
-    def has_work(self) -> bool:
-        """Whether schedule() may produce chunks: some request waits or runs."""
-        return bool(self._waiting or self._running)
-
-    def get(self, request_id: str) -> Request | None:
-        """The live request (waiting, running, pinned or importing) with that id."""
-        return self._live.get(request_id)
-
-    def audit(self) -> None:
-        """Check block accounting against every live request; RuntimeError on a violation."""
-        self._blocks.audit(r.block_ids for r in self._live.values())
-
-    # ---- entering and leaving -----------------------------------------------------------
-
-    def add(self, request: Request) -> None:
-        """Queue a new request. ValueError for a reused id; RequestTooLargeError if it can
-        never fit in the cache."""
-        self._check_new(request, request.num_tokens)
-        self._enter(request)
-        self._queue(request)
-
-    def abort(self, request_id: str) -> bool:
-        """Finish a request in any state with ABORT and free its blocks. False when unknown."""
-        request = self._live.get(request_id)
-        if request is None:
-            return False
-        if request_id in self._importing:
-            del self._importing[request_id]
-        elif request.status is RequestStatus.WAITING:
-            self._waiting.remove(request)
-        elif request.status is RequestStatus.RUNNING:
-            self._running.remove(request)
-        else:
-            del self._pinned[request_id]
-        self._retire(request, FinishReason.ABORT)
-        return True
-
-    def release(self, request_id: str) -> bool:
-        """Prefill role: free the blocks of a pinned request. False when none is pinned."""
-        request = self._pinned.pop(request_id, None)
-        if request is None:
-            return False
-        self._retire(request, FinishReason.PREFILLED)
-        return True
+        super().__init__(config, block_manager)
+        self._in_flight: deque[SchedulerOutput] = deque()  # scheduled, not yet updated
 
     def add_prefilled(self, request: Request, output_token_ids: Sequence[int]) -> ImportPlan | None:
         """Decode role: reserve blocks for a request whose KV is written from outside.
@@ -166,7 +86,7 @@ class Scheduler:
         if not self._blocks.allocate(request, num_tokens, hits):
             return None
         self._enter(request)
-        self._importing[request.request_id] = _Import(request, list(output_token_ids))
+        self._importing[request.request_id] = HeldImport(request, list(output_token_ids))
         return ImportPlan(
             block_ids=tuple(request.block_ids),
             num_cached_tokens=request.num_cached_tokens,
@@ -194,56 +114,125 @@ class Scheduler:
     # ---- the step -----------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step within the token budget and the sequence cap."""
+        """Plan one step within the token budget and the sequence cap, and advance the
+        requests as if it ran: the next `schedule()` plans the step after it."""
         step = _Step(budget=self._config.max_num_batched_tokens)
-        self._schedule_running(step, decodes=True)
-        self._schedule_running(step, decodes=False)
+        decodes, starts = self._schedule_decodes(step)
+        self._schedule_prefills(step)
         if not step.preempted:  # no admission while short of blocks: avoids thrashing
             self._admit_waiting(step)
-        requests = {rid: self._live[rid] for rid in step.scheduled}
-        chunks = tuple(self._chunk(requests[rid], n) for rid, n in step.scheduled.items())
-        out = SchedulerOutput(chunks=chunks, preempted=tuple(step.preempted))
-        self._last = (out, requests)
+        else:
+            kept = [
+                (r, s)
+                for r, s in zip(decodes, starts, strict=True)
+                if r.request_id in step.scheduled
+            ]
+            decodes, starts = [r for r, _ in kept], [s for _, s in kept]
+        requests = [self._live[rid] for rid in step.prefills if rid in step.scheduled]
+        chunks = tuple(self._chunk(r, step.scheduled[r.request_id]) for r in requests)
+        for request in decodes:
+            request.num_computed_tokens += 1
+            request.num_pending += 1
+        for request, chunk in zip(requests, chunks, strict=True):
+            request.num_computed_tokens += chunk.num_tokens
+            request.num_pending += chunk.sample
+        grown = tuple(r for r in step.grown if r.request_id in step.scheduled)
+        out = SchedulerOutput(
+            chunks, tuple(step.preempted), tuple(decodes), tuple(starts), tuple(requests), grown
+        )
+        if not out.is_empty:
+            self._in_flight.append(out)
         return out
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> StepUpdate:
-        """Apply a computed step: advance, append sampled tokens, stop, finish or pin.
+    def update(
+        self, out: SchedulerOutput, sampled: Mapping[str, int] | Sequence[int]
+    ) -> StepUpdate:
+        """Apply a computed step: append its sampled tokens, stop, finish or pin.
 
-        sampled maps the request id of every chunk with sample=True to its new token.
-        Requests aborted since `schedule()` are skipped.
+        Steps are updated in the order they were scheduled (with overlapped scheduling the
+        next one is planned before this update). sampled: the new token of every sampled
+        request, by request id or as a sequence in step order (decodes, then the sampled
+        prefill chunks). Requests aborted since `schedule()` are skipped.
         """
-        if self._last is None or self._last[0] is not out:
-            raise RuntimeError("update() takes the output of the latest schedule()")
-        requests = self._last[1]
-        self._last = None
+        if out.is_empty:
+            return StepUpdate(())
+        if not self._in_flight or self._in_flight[0] is not out:
+            raise RuntimeError("update() takes the oldest scheduled step not yet updated")
+        self._in_flight.popleft()
+        tokens = _in_step_order(out, sampled)
         advanced: list[Request] = []
-        for chunk in out.chunks:
-            request = requests[chunk.request_id]
-            if self._live.get(chunk.request_id) is not request:
+        size = self._blocks.block_size
+        live = self._live
+        for request, token in zip(out.decodes, tokens, strict=False):
+            if live.get(request.request_id) is not request:
                 continue  # aborted in between
-            request.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                request.output_token_ids.append(_sampled_token(sampled, chunk.request_id))
+            request.num_pending -= 1
+            request.output_token_ids.append(token)
+            if min(request.num_computed_tokens, request.num_known_tokens) % size == 0:
+                self._blocks.commit_full_blocks(request)  # a block just filled up
+            advanced.append(request)
+            self._after_token(request)
+        prefill_tokens = iter(tokens[len(out.decodes) :])
+        for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
+            sampled_token = next(prefill_tokens) if chunk.sample else None
+            if live.get(request.request_id) is not request:
+                continue
+            if sampled_token is not None:
+                request.num_pending -= 1
+                request.output_token_ids.append(sampled_token)
             self._blocks.commit_full_blocks(request)
-            if chunk.sample:
+            if sampled_token is not None:
                 advanced.append(request)
                 self._after_token(request)
         return StepUpdate(tuple(advanced))
 
+    def forget_in_flight(self) -> None:
+        """After a failed step: no scheduled step will be updated. Abort their requests."""
+        self._in_flight.clear()
+
     # ---- internals ----------------------------------------------------------------------
 
-    def _schedule_running(self, step: _Step, decodes: bool) -> None:
+    def _schedule_decodes(self, step: _Step) -> tuple[list[Request], list[int]]:
+        """Running requests with one token left to compute: the step's decodes."""
+        decodes: list[Request] = []
+        starts: list[int] = []
+        size = self._blocks.block_size
+        capacity = self._capacity
+        prefill = self._config.role is Role.PREFILL
+        for request in list(self._running):
+            if step.budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            computed = request.num_computed_tokens
+            n = request.num_tokens
+            if n - computed != 1:
+                continue
+            if request.num_pending and (n >= request.token_limit or n > capacity or prefill):
+                continue  # it finishes (or is pinned) when its pending token arrives
+            if computed >= len(request.block_ids) * size:  # crosses into a new block
+                if not self._grow(request, computed + 1, step):
+                    continue
+                step.grown.append(request)
+            step.add(request, 1)
+            decodes.append(request)
+            starts.append(computed)
+        return decodes, starts
+
+    def _schedule_prefills(self, step: _Step) -> None:
+        """The rest of the running requests' prompts (or recomputed tokens), chunked."""
         for request in list(self._running):
             if step.budget == 0:
                 return
             if request.status is not RequestStatus.RUNNING or request.request_id in step.scheduled:
                 continue  # preempted earlier in this step, or already planned
             remaining = request.num_tokens - request.num_computed_tokens
-            if (remaining == 1) != decodes:
-                continue
+            if remaining == 1:
+                continue  # a decode that did not fit
             num_tokens = self._chunk_len(remaining, step.budget)
             if num_tokens and self._grow(request, request.num_computed_tokens + num_tokens, step):
                 step.add(request, num_tokens)
+                step.prefills.append(request.request_id)
 
     def _grow(self, request: Request, num_tokens: int, step: _Step) -> bool:
         """Allocate for a running request, preempting the newest ones; False if it was."""
@@ -259,6 +248,8 @@ class Scheduler:
             if len(self._running) + len(self._importing) >= self._config.max_num_seqs:
                 return
             request = self._waiting[0]
+            if request.num_pending:
+                return  # preempted while its token was pending: readmitted once it arrives
             hits = self._blocks.match_prefix(request.all_token_ids)
             cached = len(hits) * self._blocks.block_size
             num_tokens = self._chunk_len(request.num_tokens - cached, step.budget)
@@ -267,6 +258,7 @@ class Scheduler:
             self._waiting.popleft()
             self._start_running(request)
             step.add(request, num_tokens)
+            step.prefills.append(request.request_id)
 
     def _chunk_len(self, remaining: int, budget: int) -> int:
         """Tokens to compute now out of remaining; 0 when it must wait for a later step."""
@@ -296,7 +288,7 @@ class Scheduler:
             request.status = RequestStatus.PINNED
             request.finish_reason = FinishReason.PREFILLED
             self._pinned[request.request_id] = request
-        elif request.num_tokens > self._capacity:
+        elif request.num_known_tokens > self._capacity:
             self._finish(request, FinishReason.LENGTH)  # the next token's KV cannot fit
 
     def _preempt(self, request: Request, step: _Step) -> None:
@@ -309,49 +301,6 @@ class Scheduler:
         self._queue(request)
         step.drop(request)
 
-    def _finish(self, request: Request, reason: FinishReason) -> None:
-        self._running.remove(request)
-        self._retire(request, reason)
-
-    def _retire(self, request: Request, reason: FinishReason) -> None:
-        self._blocks.free(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        del self._live[request.request_id]
-        del self._arrival[request.request_id]
-
-    def _start_running(self, request: Request) -> None:
-        request.status = RequestStatus.RUNNING
-        keys = [self._arrival[r.request_id] for r in self._running]
-        position = bisect.bisect(keys, self._arrival[request.request_id])
-        self._running.insert(position, request)
-
-    def _queue(self, request: Request) -> None:
-        """Into the waiting queue at its (priority, arrival) place."""
-        keys = [self._arrival[r.request_id] for r in self._waiting]
-        self._waiting.insert(bisect.bisect(keys, self._arrival[request.request_id]), request)
-
-    def _enter(self, request: Request) -> None:
-        self._live[request.request_id] = request
-        self._arrival[request.request_id] = (request.priority, next(self._counter))
-
-    def _check_new(self, request: Request, num_tokens: int) -> None:
-        rid = request.request_id
-        if rid in self._live:
-            raise ValueError(f"request id {rid!r} is already in use")
-        if request.status is not RequestStatus.WAITING or request.block_ids:
-            raise ValueError(f"request {rid} is not new (status {request.status.value})")
-        if num_tokens > self._capacity:
-            raise RequestTooLargeError(
-                f"request {rid} has {num_tokens} tokens; the KV cache holds at most "
-                f"{self._capacity} ({self._blocks.num_total_blocks} blocks of "
-                f"{self._blocks.block_size})"
-            )
-
-    @property
-    def _capacity(self) -> int:
-        return self._blocks.num_total_blocks * self._blocks.block_size
-
 
 def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
     prompt = request.prompt_token_ids
@@ -361,8 +310,14 @@ def _token_slice(request: Request, start: int, end: int) -> tuple[int, ...]:
     return tuple(prompt[start:]) + tuple(outputs[max(0, start - len(prompt)) : end - len(prompt)])
 
 
-def _sampled_token(sampled: dict[str, int], request_id: str) -> int:
-    try:
-        return sampled[request_id]
-    except KeyError:
-        raise KeyError(f"no sampled token for request {request_id}") from None
+def _in_step_order(out: SchedulerOutput, sampled: Mapping[str, int] | Sequence[int]) -> list[int]:
+    """The sampled tokens as a list in step order: decodes, then sampled prefill chunks."""
+    if not isinstance(sampled, Mapping):
+        if len(sampled) != out.num_sampled:
+            raise ValueError(f"{len(sampled)} sampled tokens for {out.num_sampled} rows")
+        return list(sampled)
+    ids = [r.request_id for r in out.decodes] + [c.request_id for c in out.prefills if c.sample]
+    missing = [rid for rid in ids if rid not in sampled]
+    if missing:
+        raise KeyError(f"no sampled token for request {missing[0]}")
+    return [sampled[rid] for rid in ids]

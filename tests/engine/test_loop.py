@@ -142,7 +142,7 @@ async def test_engine_failure_ends_streams_with_an_error(
 
     stream = await _open(loop, "doomed", PROMPTS[0], LONG)
     await stream.get(timeout_s=30)
-    monkeypatch.setattr(loop.engine.runner, "execute", broken)
+    monkeypatch.setattr(loop.engine.runner, "forward", broken)
     with pytest.raises(EngineFailed, match="kernel exploded"):
         await _collect(stream)
     monkeypatch.undo()

@@ -23,7 +23,7 @@ BS = 4
 
 def fake_token(request: Request) -> int:
     """Deterministic 'model': the next token depends on the request and its length only."""
-    return 1000 + (sum(map(ord, request.request_id)) * 31 + request.num_tokens) % 5000
+    return 1000 + (sum(map(ord, request.request_id)) * 31 + request.num_known_tokens) % 5000
 
 
 @dataclass
@@ -73,10 +73,11 @@ class Sim:
             request = self.scheduler.get(chunk.request_id)
             assert request is not None and request.status is RequestStatus.RUNNING
             assert chunk.num_tokens > 0
-            assert chunk.start == request.num_computed_tokens
+            assert chunk.context_len == request.num_computed_tokens  # advanced by schedule()
             assert list(chunk.token_ids) == request.all_token_ids[chunk.start : chunk.context_len]
             assert len(chunk.block_table) * BS >= chunk.context_len
-            assert chunk.sample == (chunk.context_len == request.num_tokens)
+            assert chunk.sample == (chunk.context_len == request.num_known_tokens)
+            assert request.num_pending == chunk.sample
         self.scheduler.audit()
 
     def run(self, max_steps: int = 10_000) -> int:
@@ -298,15 +299,19 @@ def test_abort_frees_blocks_in_any_state_and_mid_step() -> None:
     assert not sim.scheduler.has_work
 
 
-def test_update_only_takes_the_latest_output() -> None:
+def test_updates_take_the_scheduled_steps_in_order() -> None:
     sim = make_sim()
     sim.add(make_request("a", 3))
-    stale = sim.scheduler.schedule()
-    latest = sim.scheduler.schedule()  # planning again after a failed step is allowed
-    assert latest.chunks == stale.chunks
-    with pytest.raises(RuntimeError, match="latest"):
-        sim.scheduler.update(stale, {"a": 1})
-    sim.scheduler.update(latest, {"a": 1})
+    first = sim.scheduler.schedule()
+    second = sim.scheduler.schedule()  # planned while the first runs: decodes the pending token
+    assert [(c.start, c.num_tokens) for c in first.chunks] == [(0, 3)]
+    assert second.decode_starts == (3,) and not second.prefills
+    with pytest.raises(RuntimeError, match="oldest"):
+        sim.scheduler.update(second, {"a": 1})
+    sim.scheduler.update(first, {"a": 7})
+    assert [(c.token_ids, c.start) for c in second.chunks] == [((7,), 3)]
+    sim.scheduler.update(second, {"a": 8})
+    assert sim.requests[0].output_token_ids == [7, 8]
 
 
 def test_prefill_role_pins_after_the_first_token_until_released() -> None:

@@ -1,0 +1,74 @@
+"""Model directories of published shapes without their weights, for benchmarks.
+
+A directory holds a config.json of the shape and the default model's tokenizer files; the
+engine makes seeded random weights for it (``EngineConfig(load_format="random")``), on the
+device, so a GPU machine benchmarks an 8B shape without downloading 16 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+_BASE: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+_LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # SmolLM2-135M
+    "smollm2": {
+        "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "head_dim": 64, "max_position_embeddings": 8192, "tie_word_embeddings": True,
+        "rope_theta": 100000.0,
+    },
+    # Llama-3.2-1B
+    "llama-1b": {
+        "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 64, "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+        "rope_scaling": _LLAMA3_ROPE | {"factor": 32.0, "original_max_position_embeddings": 8192},
+    },
+    # Llama-3.1-8B
+    "llama-8b": {
+        "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "rope_theta": 500000.0,
+        "rope_scaling": _LLAMA3_ROPE | {"factor": 8.0, "original_max_position_embeddings": 8192},
+    },
+    # the step-overhead benchmark's model: the arithmetic of a step is next to nothing
+    "tiny": {
+        "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+        "rope_theta": 10000.0,
+    },
+}  # fmt: skip
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def write_random_model_dir(
+    name: str, path: Path, tokenizer_dir: Path | None = None, **overrides: Any
+) -> Path:
+    """Write ``path/config.json`` for shape ``name`` (and copy the tokenizer files found in
+    ``tokenizer_dir``); load it with ``load_format="random"``."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown random model {name!r}; one of {', '.join(SHAPES)}")
+    path.mkdir(parents=True, exist_ok=True)
+    config = _BASE | SHAPES[name] | overrides
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for file in _TOKENIZER_FILES:
+        if tokenizer_dir is not None and (tokenizer_dir / file).is_file():
+            shutil.copy(tokenizer_dir / file, path / file)
+    return path

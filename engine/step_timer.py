@@ -1,0 +1,51 @@
+"""Wall time of each phase of the engine's steps, for the step-overhead benchmark.
+
+Off by default (then each lap is one attribute test). On a GPU the phases are host time
+unless ``synchronize`` is set, which waits for the device at every lap (and so undoes any
+overlap: use it only to split a synchronous step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+PHASES = ("schedule", "prepare", "forward", "sample", "output")
+
+
+class StepTimer:
+    """Sums of the seconds spent in each phase since the last `reset`."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.synchronize: Callable[[], None] | None = None
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.steps = 0
+        self._mark = 0.0
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.steps = 0
+
+    def start(self) -> None:
+        """A step begins: the next lap measures from now."""
+        if self.enabled:
+            self._mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap (or `start`) to `phase`."""
+        if self.enabled:
+            if self.synchronize is not None:
+                self.synchronize()
+            now = time.perf_counter()
+            self.totals[phase] += now - self._mark
+            self._mark = now
+
+    def end_step(self) -> None:
+        if self.enabled:
+            self.steps += 1
+
+    def means_ms(self) -> dict[str, float]:
+        """Milliseconds per step of each phase."""
+        n = max(self.steps, 1)
+        return {phase: 1e3 * total / n for phase, total in self.totals.items()}
