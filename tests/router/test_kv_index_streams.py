@@ -80,12 +80,14 @@ async def index(server: EmbeddedRedis) -> AsyncIterator[tuple[PrefixIndex, set[s
     await reader.stop()
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+async def _until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Whether `predicate` came true within `timeout_s` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
+            return False
         await asyncio.sleep(0.02)
+    return True
 
 
 def _matched(index: PrefixIndex) -> dict[str, int]:
@@ -99,11 +101,11 @@ async def test_stores_and_evictions_reach_the_index(
     p0, p1 = Node(server.url, "p0"), Node(server.url, "p1")
     p0.cache.store(HASHES)
     p1.cache.store(HASHES[:1])
-    await _until(lambda: _matched(idx) == {"p0": 12, "p1": 4})
+    assert await _until(lambda: _matched(idx) == {"p0": 12, "p1": 4})
     p0.cache.evict(HASHES[1:])  # the tail goes first
-    await _until(lambda: _matched(idx) == {"p0": 4, "p1": 4})
+    assert await _until(lambda: _matched(idx) == {"p0": 4, "p1": 4})
     p0.cache.evict(HASHES[:1])
-    await _until(lambda: _matched(idx) == {"p0": 0, "p1": 4})
+    assert await _until(lambda: _matched(idx) == {"p0": 0, "p1": 4})
     await p0.close()
     await p1.close()
 
@@ -115,13 +117,13 @@ async def test_a_node_that_leaves_or_restarts_loses_its_entries(
     p0, p1 = Node(server.url, "p0"), Node(server.url, "p1")
     p0.cache.store(HASHES)
     p1.cache.store(HASHES)
-    await _until(lambda: _matched(idx) == {"p0": 12, "p1": 12})
+    assert await _until(lambda: _matched(idx) == {"p0": 12, "p1": 12})
     members.discard("p1")  # membership says p1 died
-    await _until(lambda: "p1" not in idx.nodes())
+    assert await _until(lambda: "p1" not in idx.nodes())
     assert _matched(idx) == {"p0": 12, "p1": 0}
     await p0.close()
     restarted = Node(server.url, "p0", incarnation="i2")  # same id, empty cache
-    await _until(lambda: _matched(idx)["p0"] == 0)
+    assert await _until(lambda: _matched(idx)["p0"] == 0)
     await restarted.close()
     await p1.close()
 
@@ -132,14 +134,14 @@ async def test_a_redis_restart_is_repaired_by_a_snapshot(
     idx, _ = index
     p0 = Node(server.url, "p0")
     p0.cache.store(HASHES[:2])
-    await _until(lambda: _matched(idx)["p0"] == 8)
+    assert await _until(lambda: _matched(idx)["p0"] == 8)
     server.stop()
     p0.cache.evict(HASHES[1:2])  # happens while Redis is down: the delta is lost
     await asyncio.sleep(0.2)
     assert _matched(idx)["p0"] == 8  # the router keeps what it knew
     server.start()  # empty: no persistence
     p0.cache.store(HASHES[2:])  # needs the evicted parent: matches only block 0
-    await _until(lambda: _matched(idx)["p0"] == 4 and idx.num_blocks(["p0"]) == 2)
+    assert await _until(lambda: _matched(idx)["p0"] == 4 and idx.num_blocks(["p0"]) == 2)
     await p0.close()
 
 
