@@ -26,13 +26,15 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def sse(payload: BaseModel | dict[str, Any]) -> bytes:
-    """One `data:` event."""
-    body = (
-        payload.model_dump_json(exclude_none=True)
-        if isinstance(payload, BaseModel)
-        else json.dumps(payload, separators=(",", ":"))
-    )
+def sse(payload: BaseModel | dict[str, Any], with_usage: bool = False) -> bytes:
+    """One `data:` event. Fields without a value yet go out as null, as OpenAI sends them
+    (`finish_reason`, `logprobs`); `usage` only when the client asked for it
+    (stream_options.include_usage), null until the last chunk."""
+    if isinstance(payload, BaseModel):
+        exclude = None if with_usage or getattr(payload, "usage", None) else {"usage"}
+        body = payload.model_dump_json(exclude=exclude)
+    else:
+        body = json.dumps(payload, separators=(",", ":"))
     return b"data: " + body.encode() + b"\n\n"
 
 
@@ -56,11 +58,11 @@ async def sse_events(
                 piece = fmt.chunk(delta, first)
                 if piece is not None:
                     first = False
-                    yield sse(piece)
+                    yield sse(piece, include_usage)
                 if delta.finish_reason is not None:
                     break
         if include_usage:
-            yield sse(fmt.usage_chunk(usage_of(flow, output)))
+            yield sse(fmt.usage_chunk(usage_of(flow, output)), include_usage)
     except APIError as err:
         yield sse(err.body())
     except Exception:
