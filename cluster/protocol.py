@@ -72,6 +72,7 @@ class SamplingSpec(_Msg):
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
 
 
 class TokenLogprobMsg(_Msg):

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine.logit_bias import apply_logit_bias
 from engine.outputs import TokenLogprob
 from engine.sampling_rows import Penalties, StepSampling
 
@@ -61,7 +62,7 @@ def sample(logits: torch.Tensor, step: StepSampling) -> BatchSample:
     """One token per row. logits: [n, vocab] (not modified), row i has step's i-th settings."""
     if logits.dim() != 2 or logits.shape[0] != step.rows.shape[0]:
         raise ValueError(f"logits must be [{step.rows.shape[0]}, vocab], got {tuple(logits.shape)}")
-    logits = logits.float()
+    logits = apply_logit_bias(logits.float(), step.logit_bias)
     if step.penalties is not None:
         logits = apply_penalties(logits, step.penalties)  # [n, vocab], a new tensor
     greedy = logits.argmax(dim=-1)  # [n]

@@ -229,6 +229,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"request {request_id}: prompt token ids must be in [0, {vocab})")
+        if any(t >= vocab for t, _ in params.logit_bias):
+            raise ValueError(f"request {request_id}: logit_bias token ids must be in [0, {vocab})")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
                 f"request {request_id}: prompt has {len(prompt_token_ids)} tokens, the context "

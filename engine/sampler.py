@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from engine import batch_sampler
+from engine.logit_bias import apply_logit_bias, bias_entries
 from engine.outputs import TokenLogprob
 from engine.request import Request
 
@@ -73,7 +74,8 @@ class Sampler:
                 f"logits must be [{len(requests)}, vocab] for {len(requests)} requests, "
                 f"got {tuple(logits.shape)}"
             )
-        logits = _apply_penalties(logits.float(), requests)  # [n, vocab]
+        bias = bias_entries([r.params for r in requests], logits.device)
+        logits = _apply_penalties(apply_logit_bias(logits.float(), bias), requests)  # [n, vocab]
         logprobs = self._logprobs(logits, requests)
         tokens = logits.argmax(dim=-1)  # [n]
         rows = [i for i, r in enumerate(requests) if not r.params.greedy]

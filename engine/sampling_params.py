@@ -22,6 +22,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; 0 = sampled token only; n = also top-n
+    # (token id, bias) pairs added to the logits before sampling, as OpenAI's logit_bias
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         _check(
@@ -71,7 +73,17 @@ class SamplingParams:
             "logprobs",
             f"must be an integer in [0, 20], got {self.logprobs!r}",
         )
+        try:
+            bias = tuple((t, float(b)) for t, b in self.logit_bias)
+        except (TypeError, ValueError):
+            bias = ((-1, 0.0),)  # not pairs: refused below
+        _check(
+            all(_is_int(t) and t >= 0 and -100.0 <= b <= 100.0 for t, b in bias),
+            "logit_bias",
+            f"must be (token id >= 0, bias in [-100, 100]) pairs, got {self.logit_bias!r}",
+        )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", bias)
 
     @property
     def greedy(self) -> bool:

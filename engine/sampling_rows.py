@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logit_bias import BiasEntries, bias_entries
 from engine.sampling_params import SamplingParams
 
 _SEED_MASK = (1 << 63) - 1
@@ -40,6 +41,7 @@ class StepSampling:
     penalties: Penalties | None
     logprobs: tuple[int, ...]  # top-n asked by each row with logprobs (0: the token only)
     logprob_positions: tuple[int, ...]  # their positions in the step
+    logit_bias: BiasEntries | None = None  # of the rows that carry one, by step position
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class SamplingRows:
         self.params: list[SamplingParams | None] = [None] * max_rows
         self.version = 0  # changes whenever a row's settings do
         self._counts = {"random": 0, "top": 0, "min_p": 0, "penalty": 0, "repetition": 0}
-        self._counts |= {"logprobs": 0}
+        self._counts |= {"logprobs": 0, "bias": 0}
 
     def set(
         self, row: int, params: SamplingParams, prompt: Sequence[int], output: Sequence[int]
@@ -140,6 +142,7 @@ class SamplingRows:
             penalties=self._penalties(rows_t) if c["penalty"] else None,
             logprobs=logprobs,
             logprob_positions=positions,
+            logit_bias=bias_entries([params[r] for r in rows], self.device) if c["bias"] else None,
         )
 
     def refresh(self, step: StepSampling) -> StepSampling:
@@ -165,6 +168,7 @@ class SamplingRows:
         c["penalty"] += sign * params.has_penalties
         c["repetition"] += sign * (params.repetition_penalty != 1.0)
         c["logprobs"] += sign * (params.logprobs is not None)
+        c["bias"] += sign * bool(params.logit_bias)
 
     def _max_top_k(self) -> int:
         ks = [p.top_k for p in self.params if p is not None and not p.greedy]

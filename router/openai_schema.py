@@ -2,7 +2,7 @@
 
 Requests validate strictly (a string is not a number) and ignore unknown fields, as OpenAI
 clients send extras. Features the router does not implement are refused with a 400 naming
-the field rather than silently ignored: n > 1, echo, suffix, best_of > 1, logit_bias, tools.
+the field rather than silently ignored: n > 1, echo, suffix, best_of > 1, tools.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from cluster.protocol import PRIORITY_LIMIT
 from router.errors import APIError, bad_request
+
+MAX_LOGIT_BIAS = 300  # logit_bias entries a request may carry, as OpenAI allows
 
 
 class _Request(BaseModel):
@@ -42,7 +44,7 @@ class SamplingRequest(_Request):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
     ignore_eos: bool = False
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     user: str | None = None
     # splitserve extensions: lower priority is served first (as vLLM's); timeout caps the
     # router's request deadline, in seconds
@@ -75,10 +77,19 @@ class SamplingRequest(_Request):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
+    def _logit_bias_maps_token_ids_to_biases(
+        cls, value: dict[str, float] | None
+    ) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"keys must be token ids, got {key[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100], got {bias!r}")
         return value
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """(token id, bias) pairs of logit_bias, in token id order."""
+        return tuple(sorted((int(k), v) for k, v in (self.logit_bias or {}).items()))
 
     @field_validator("stream_options")
     @classmethod

@@ -89,6 +89,8 @@ def sampling_spec(
     """SamplingSpec with OpenAI's defaults for what the request leaves out."""
     stop_ids = list(req.stop_token_ids or [])
     _check_ids(tokenizer, stop_ids, "stop_token_ids")
+    bias = req.logit_bias_pairs()
+    _check_ids(tokenizer, [t for t, _ in bias], "logit_bias")
     return SamplingSpec(
         max_tokens=max_tokens,
         temperature=_or(req.temperature, 1.0),
@@ -102,6 +104,7 @@ def sampling_spec(
         stop_token_ids=tuple(stop_ids),
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
+        logit_bias=bias,
     )
 
 

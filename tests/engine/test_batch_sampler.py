@@ -179,3 +179,31 @@ def test_shape_mismatch_raises_and_empty_batch() -> None:
     with pytest.raises(ValueError, match="logits"):
         _sample(_logits(2), [SamplingParams()])
     assert _tokens(torch.zeros((0, VOCAB)), []) == []
+
+
+def test_logit_bias_keeps_tokens_out_and_pulls_them_in_for_both_samplers() -> None:
+    from engine.request import Request
+    from engine.sampler import Sampler
+
+    logits = _logits(4, seed=5)
+    best = logits.argmax(dim=-1).tolist()
+    banned = SamplingParams(temperature=0.0, logit_bias=((best[0], -100.0),))
+    forced = SamplingParams(temperature=1.0, seed=2, logit_bias=((7, 100.0),))
+    plain = SamplingParams(temperature=0.0)
+    params = [banned, forced, plain, SamplingParams(temperature=1.0, seed=3)]
+    before = logits.clone()
+    batched = _tokens(logits, params)
+    requests = [Request(str(i), [0], p) for i, p in enumerate(params)]
+    per_request = Sampler(seed=0).sample(logits, requests).token_ids
+    for tokens in (batched, per_request):
+        assert tokens[0] != best[0]
+        assert tokens[0] == logits[0].clone().index_fill_(0, torch.tensor(best[0]), -1e9).argmax()
+        assert tokens[1] == 7
+        assert tokens[2] == best[2]  # rows without a bias are untouched
+    assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("bad", [((1, 100.5),), ((-1, 1.0),), ((1, float("nan")),), ((1,),)])
+def test_bad_logit_bias_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bad)  # type: ignore[arg-type]

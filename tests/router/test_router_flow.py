@@ -242,6 +242,18 @@ async def test_short_prompt_is_prefilled_on_the_decode_node(
     assert metric(metrics, "splitserve_router_local_prefill_total", reason="short_prompt") == 1
 
 
+async def test_logit_bias_reaches_both_nodes_as_token_bias_pairs(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"logit_bias": {"42": -100, "7": 2.5}}
+        resp = await client.post(c.router_url + "/v1/chat/completions", json=body)
+    assert resp.status_code == 200
+    prefill, decode = c.nodes
+    assert prefill.prefills[0].sampling.logit_bias == ((7, 2.5), (42, -100.0))
+    assert decode.decodes[0].sampling.logit_bias == ((7, 2.5), (42, -100.0))
+
+
 async def test_logprobs_are_returned(tokenizer: Tokenizer, script: list[int]) -> None:
     async with fake_cluster(tokenizer, _nodes(script)) as c, httpx.AsyncClient() as client:
         body = CHAT | {"logprobs": True, "top_logprobs": 2, "max_tokens": 3}
