@@ -58,8 +58,6 @@ class NodeClient:
         self._headers = _JSON | (headers or {})
         self._connect = connect_timeout_s
         self._prefill_timeout = httpx.Timeout(prefill_timeout_s, connect=connect_timeout_s)
-        self._prefill_timeout_s = prefill_timeout_s
-        self._connect_timeout_s = connect_timeout_s
         self._idle = idle_timeout_s
 
     async def prefill(
@@ -71,8 +69,8 @@ class NodeClient:
         if left <= 0:
             raise NodeCallError(node.node_id, "deadline", "request deadline passed")
         timeout = self._prefill_timeout
-        if left < self._prefill_timeout_s:
-            timeout = httpx.Timeout(left, connect=min(left, self._connect_timeout_s))
+        if timeout.read is not None and left < timeout.read:
+            timeout = httpx.Timeout(left, connect=min(left, timeout.connect or left))
         try:
             resp = await self._client.post(
                 node.url + p.INTERNAL_PREFILL,
