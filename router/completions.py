@@ -102,6 +102,27 @@ class TokenFlow:
         self.path = "local"
         await self._open_decode(pools.local, kv=None)
 
+    async def start_beside(self, node_id: str | None) -> None:
+        """A sibling sample (n > 1) of a request whose prompt KV is on decode node `node_id`:
+        prefill locally there, where the prefix cache holds the prompt's full blocks, so only
+        the partial last block is computed again. Elsewhere (node gone, busy, or None): start()."""
+        near = [n for n in Pools.of(self._s.membership.nodes()).local if n.info.node_id == node_id]
+        if near:
+            try:
+                await self._open_decode(near, kv=None)
+            except APIError:
+                pass
+            else:
+                self._s.metrics.local_prefill.labels("sibling_sample").inc()
+                self.path = "local"
+                return
+        await self.start()
+
+    @property
+    def decode_node_id(self) -> str | None:
+        """The decode node streaming this request now, if any."""
+        return self._decode.node_id if self._decode is not None else None
+
     @property
     def _retry_after(self) -> int:
         return self._s.settings.retry_after_s
@@ -331,6 +352,14 @@ class TokenFlow:
         if node is not None:
             self._s.picker.end(node.node_id)
         return node
+
+    async def stop(self) -> None:
+        """End the decode now (a stop string ended the text): abort it if unfinished and
+        close its stream. close() still runs later."""
+        node = self._end_decode()
+        if not self._finished and node is not None:
+            self._s.spawn(self._s.require_nodes().abort(node, self.request_id))
+        await self._stream_ctx.aclose()
 
     async def close(self) -> None:
         """Idempotent: abort an unfinished decode, release an untaken lease, free the slot."""

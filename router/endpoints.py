@@ -9,17 +9,19 @@ nodes (503), prompt and context length (400), then the cluster.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from cluster.auth import matches_any
+from models.tokenizer import Tokenizer
 from router.admission import Ticket
+from router.choices import Samples
 from router.completions import TokenFlow
+from router.disconnect import until_disconnect
 from router.errors import APIError, unavailable
 from router.openai_schema import (
     ChatCompletionRequest,
@@ -33,6 +35,7 @@ from router.output import OutputProcessor
 from router.policy import Pools
 from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_spec
 from router.responses import ChatFormatter, CompletionFormatter, Formatter
+from router.sample_responses import serve_samples
 from router.state import RouterState
 from router.streaming import EventStreamResponse, collect, sse_events, usage_of
 
@@ -132,6 +135,15 @@ async def serve(
     except BaseException:
         ticket.release()
         raise
+    if req.num_samples() > 1:
+        tokenizer, stops = state.require_tokenizer(), req.stop_strings()
+        samples = Samples(
+            state, flow, lambda: OutputProcessor(tokenizer, flow.prompt_ids, stops),
+            req.num_samples(), req.timeout, need_logprobs=req.num_samples() > req.num_choices(),
+        )  # fmt: skip
+        return await serve_samples(
+            request, samples, fmt, req.num_choices(), req.stream, req.include_usage()
+        )
     try:
         await flow.start()
     except BaseException:
@@ -176,28 +188,23 @@ async def _prepare(
         state, request_id, prompt.token_ids, spec, ticket, arrived, req.priority, req.timeout
     )
     output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
-    fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
-    return flow, output, fmt_cls(request_id, req.model, tokenizer, logprobs)
+    fmt: Formatter
+    if isinstance(req, CompletionRequest):
+        echo = None
+        if req.echo:
+            echo = (await _prompt_text(tokenizer, req, prompt.token_ids), prompt.token_ids)
+        fmt = CompletionFormatter(request_id, req.model, tokenizer, logprobs, echo)
+    else:
+        fmt = ChatFormatter(request_id, req.model, tokenizer, logprobs)
+    return flow, output, fmt
 
 
-async def until_disconnect(request: Request, work: Any) -> Any:
-    """Await `work`; cancel it and return None if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    return None if task.cancelled() else task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+async def _prompt_text(tokenizer: Tokenizer, req: CompletionRequest, ids: list[int]) -> str:
+    """The prompt as echo shows it: the text sent, or the token ids decoded."""
+    prompt = req.single_prompt()
+    if isinstance(prompt, str):
+        return prompt
+    return await asyncio.to_thread(tokenizer.decode, ids, False)
 
 
 @probes.get("/health")

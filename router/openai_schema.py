@@ -2,7 +2,7 @@
 
 Requests validate strictly (a string is not a number) and ignore unknown fields, as OpenAI
 clients send extras. Features the router does not implement are refused with a 400 naming
-the field rather than silently ignored: n > 1, echo, suffix, best_of > 1, tools.
+the field rather than silently ignored: suffix, tools.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from cluster.protocol import PRIORITY_LIMIT
 from router.errors import APIError, bad_request
 
 MAX_LOGIT_BIAS = 300  # logit_bias entries a request may carry, as OpenAI allows
+MAX_CHOICES = 16  # the most samples (n, best_of) one request may ask for
 
 
 class _Request(BaseModel):
@@ -31,7 +32,7 @@ class SamplingRequest(_Request):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = 1
+    n: int | None = Field(default=1, ge=1, le=MAX_CHOICES)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -50,13 +51,6 @@ class SamplingRequest(_Request):
     # router's request deadline, in seconds
     priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
     timeout: float | None = Field(default=None, gt=0, le=86400)
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        return value
 
     @field_validator("stop")
     @classmethod
@@ -106,6 +100,13 @@ class SamplingRequest(_Request):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    def num_samples(self) -> int:
+        """Samples to generate: n, or best_of on completions."""
+        return self.num_choices()
+
 
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions. `prompt`: text or token ids (a batch of one is accepted)."""
@@ -115,7 +116,7 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
 
     @field_validator("prompt")
     @classmethod
@@ -127,13 +128,6 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("batched prompts are not supported; send one per request")
         return value
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo=true is not supported")
-        return value
-
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, value: str | None) -> str | None:
@@ -143,10 +137,16 @@ class CompletionRequest(SamplingRequest):
 
     @field_validator("best_of")
     @classmethod
-    def _no_best_of(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("only best_of=1 is supported")
+    def _best_of_covers_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n") or 1
+        if value is not None and value < n:
+            raise ValueError(f"best_of ({value}) must be at least n ({n})")
+        if value is not None and value > n and info.data.get("stream"):
+            raise ValueError("best_of > n cannot be streamed: the best samples are known last")
         return value
+
+    def num_samples(self) -> int:
+        return self.best_of or self.num_choices()
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt: text or token ids."""
@@ -327,9 +327,11 @@ class ChatCompletionChunk(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
+    """Echoed prompt tokens carry null logprobs (the engine computes none for the prompt)."""
+
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 

@@ -40,13 +40,17 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 class Formatter(Protocol):
     """Builds one endpoint's stream chunks and final response."""
 
-    def chunk(self, delta: TextDelta, first: bool) -> BaseModel | None:
-        """The SSE chunk for a delta; None when there is nothing to send."""
+    def chunk(self, delta: TextDelta, first: bool, index: int = 0) -> BaseModel | None:
+        """The SSE chunk for a delta of choice `index`; None when there is nothing to send."""
         ...
 
     def usage_chunk(self, usage: Usage) -> BaseModel: ...
 
     def response(self, deltas: Sequence[TextDelta], usage: Usage) -> BaseModel: ...
+
+    def responses(self, choices: Sequence[Sequence[TextDelta]], usage: Usage) -> BaseModel:
+        """One response holding several choices, indexed in order."""
+        ...
 
 
 class _Base:
@@ -70,7 +74,7 @@ class _Base:
 class ChatFormatter(_Base):
     """chat.completion and chat.completion.chunk objects."""
 
-    def chunk(self, delta: TextDelta, first: bool) -> ChatCompletionChunk | None:
+    def chunk(self, delta: TextDelta, first: bool, index: int = 0) -> ChatCompletionChunk | None:
         content: dict[str, str] = {"role": "assistant"} if first else {}
         if delta.text or first:
             content["content"] = delta.text
@@ -78,7 +82,7 @@ class ChatFormatter(_Base):
         if not content and logprobs is None and delta.finish_reason is None:
             return None
         choice = ChatChunkChoice(
-            delta=content, logprobs=logprobs, finish_reason=delta.finish_reason
+            index=index, delta=content, logprobs=logprobs, finish_reason=delta.finish_reason
         )
         return ChatCompletionChunk(
             id=self.request_id, created=self.created, model=self.model, choices=[choice]
@@ -90,16 +94,21 @@ class ChatFormatter(_Base):
         )
 
     def response(self, deltas: Sequence[TextDelta], usage: Usage) -> ChatCompletion:
-        message = ChatResponseMessage(content="".join(d.text for d in deltas))
-        choice = ChatChoice(
-            message=message,
+        return self.responses([deltas], usage)
+
+    def responses(self, choices: Sequence[Sequence[TextDelta]], usage: Usage) -> ChatCompletion:
+        return ChatCompletion(
+            id=self.request_id, created=self.created, model=self.model, usage=usage,
+            choices=[self._choice(deltas, i) for i, deltas in enumerate(choices)],
+        )  # fmt: skip
+
+    def _choice(self, deltas: Sequence[TextDelta], index: int) -> ChatChoice:
+        return ChatChoice(
+            index=index,
+            message=ChatResponseMessage(content="".join(d.text for d in deltas)),
             logprobs=self._logprobs(deltas),
             finish_reason=deltas[-1].finish_reason if deltas else None,
         )
-        return ChatCompletion(
-            id=self.request_id, created=self.created, model=self.model, choices=[choice],
-            usage=usage,
-        )  # fmt: skip
 
     def _logprobs(self, deltas: Sequence[TextDelta]) -> ChatLogprobs | None:
         entries = [self._entry(lp) for d in deltas if self._wants(d) for lp in d.logprobs or []]
@@ -114,14 +123,34 @@ class ChatFormatter(_Base):
 
 
 class CompletionFormatter(_Base):
-    """text_completion objects (the same shape streamed and not)."""
+    """text_completion objects (the same shape streamed and not).
 
-    def chunk(self, delta: TextDelta, first: bool) -> Completion | None:
-        logprobs = self._logprobs([delta])
-        if not delta.text and logprobs is None and delta.finish_reason is None:
+    With `echo` (the prompt's text and token ids), each choice starts with the prompt: its
+    first chunk, or the head of its text. Prompt tokens carry null logprobs.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        tokenizer: Tokenizer,
+        top_n: int | None,
+        echo: tuple[str, list[int]] | None = None,
+    ) -> None:
+        super().__init__(request_id, model, tokenizer, top_n)
+        self._echo = echo
+        self._echo_head = TextDelta(echo[0], echo[1], None, None, 0) if echo else None
+
+    def chunk(self, delta: TextDelta, first: bool, index: int = 0) -> Completion | None:
+        deltas = [delta]
+        if first and self._echo_head is not None:
+            deltas = [self._echo_head, delta]
+        logprobs = self._logprobs(deltas)
+        text = "".join(d.text for d in deltas)
+        if not text and logprobs is None and delta.finish_reason is None:
             return None
         choice = CompletionChoice(
-            text=delta.text, logprobs=logprobs, finish_reason=delta.finish_reason
+            index=index, text=text, logprobs=logprobs, finish_reason=delta.finish_reason
         )
         return Completion(
             id=self.request_id, created=self.created, model=self.model, choices=[choice]
@@ -133,24 +162,45 @@ class CompletionFormatter(_Base):
         )
 
     def response(self, deltas: Sequence[TextDelta], usage: Usage) -> Completion:
-        choice = CompletionChoice(
-            text="".join(d.text for d in deltas),
-            logprobs=self._logprobs(deltas),
+        return self.responses([deltas], usage)
+
+    def responses(self, choices: Sequence[Sequence[TextDelta]], usage: Usage) -> Completion:
+        return Completion(
+            id=self.request_id, created=self.created, model=self.model, usage=usage,
+            choices=[self._choice(deltas, i) for i, deltas in enumerate(choices)],
+        )  # fmt: skip
+
+    def _choice(self, deltas: Sequence[TextDelta], index: int) -> CompletionChoice:
+        head = [self._echo_head] if self._echo_head is not None else []
+        return CompletionChoice(
+            index=index,
+            text="".join(d.text for d in [*head, *deltas]),
+            logprobs=self._logprobs([*head, *deltas]),
             finish_reason=deltas[-1].finish_reason if deltas else None,
         )
-        return Completion(
-            id=self.request_id, created=self.created, model=self.model, choices=[choice],
-            usage=usage,
-        )  # fmt: skip
 
     def _logprobs(self, deltas: Sequence[TextDelta]) -> CompletionLogprobs | None:
         out = CompletionLogprobs()
+        shift = len(self._echo[0]) if self._echo is not None else 0
         for delta in deltas:
+            if delta is self._echo_head and self._top_n is not None:
+                self._echo_logprobs(out, delta)
+                continue
             if not self._wants(delta):
                 continue
             for lp in delta.logprobs or []:
                 out.tokens.append(self._tokenizer.token_to_str(lp.token_id))
                 out.token_logprobs.append(lp.logprob)
                 out.top_logprobs.append(dict(self._top(lp)))
-                out.text_offset.append(delta.text_offset)
+                out.text_offset.append(delta.text_offset + shift)
         return out if out.tokens else None
+
+    def _echo_logprobs(self, out: CompletionLogprobs, delta: TextDelta) -> None:
+        offset = 0
+        for token_id in delta.token_ids:
+            token = self._tokenizer.token_to_str(token_id)
+            out.tokens.append(token)
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            out.text_offset.append(offset)
+            offset += len(self._tokenizer.decode([token_id]))

@@ -1,0 +1,179 @@
+"""Several samples of one prompt (`n > 1`, `best_of`), each a TokenFlow of its own.
+
+Sharing the prompt: sample 0 runs as a request of its own (one prefill on the prefill pool,
+its KV imported once by a decode node, or a local prefill for short prompts). Once that
+decode node has streamed sample 0's first token, the prompt's full KV blocks sit in its
+prefix cache, and the other samples start on the same node with a local prefill of the
+prompt: the prefix cache hands them the full blocks (reference counted, never copied) and
+the node computes only the partial last block and samples each one's first token itself.
+Should sample 0 end at token 1, or its node be gone, the others start as plain requests.
+
+Seeds: sample 0 uses the request's seed, so it equals the `n=1` answer with that seed;
+sample i > 0 uses `sample_seed(seed, i)`. Without a seed every sample draws its own
+randomness. Each sample has its own stop strings, max_tokens, abort (when its text stops)
+and resume on another decode node; the request's admission slot is held until the last
+sample ends.
+
+`best_of`: every sample carries its sampled tokens' logprobs; the `n` samples with the
+highest cumulative logprob are returned, best first (logprobs shown only when asked for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from router.admission import Ticket
+from router.completions import TokenFlow
+from router.openai_schema import Usage
+from router.output import OutputProcessor, TextDelta
+from router.responses import make_usage
+from router.state import RouterState
+
+_SEED_MASK = (1 << 63) - 1
+Sink = Callable[[int, TextDelta], Awaitable[None]]
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample `index`: the request's own for sample 0, a 63-bit hash of
+    (seed, index) for the others; None stays None."""
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & _SEED_MASK
+
+
+class _NoSlot(Ticket):
+    """Sibling samples hold no admission slot of their own: sample 0's covers the request."""
+
+    def __init__(self) -> None:
+        self._admission = None
+
+
+@dataclass
+class Sample:
+    """One sample: its flow, its text state and the deltas it produced."""
+
+    index: int
+    flow: TokenFlow
+    output: OutputProcessor
+    deltas: list[TextDelta] = field(default_factory=list)
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(lp.logprob for d in self.deltas for lp in d.logprobs or [])
+
+
+def best(samples: Sequence[Sample], n: int) -> list[Sample]:
+    """The `n` samples with the highest cumulative logprob, best first (ties: lower index)."""
+    return sorted(samples, key=lambda s: (-s.cumulative_logprob, s.index))[:n]
+
+
+class Samples:
+    """The samples of one request: start, run (streaming each delta to a sink), close."""
+
+    def __init__(
+        self,
+        state: RouterState,
+        first: TokenFlow,
+        output: Callable[[], OutputProcessor],
+        count: int,
+        timeout_s: float | None,
+        need_logprobs: bool,
+    ) -> None:
+        """`first` is sample 0 (it holds the admission ticket); `output` makes a fresh
+        OutputProcessor per sample; `need_logprobs` forces sampled-token logprobs on."""
+        if need_logprobs and first.sampling.logprobs is None:
+            first.sampling = first.sampling.model_copy(update={"logprobs": 0})
+        self.samples = [Sample(0, first, output())]
+        for i in range(1, count):
+            spec = first.sampling.model_copy(update={"seed": sample_seed(first.sampling.seed, i)})
+            flow = TokenFlow(
+                state, f"{first.request_id}-{i}", first.prompt_ids, spec, _NoSlot(),
+                first.arrived_at, first.priority, timeout_s,
+            )  # fmt: skip
+            self.samples.append(Sample(i, flow, output()))
+        self._shared = asyncio.Event()  # sample 0's prompt KV is on its decode node
+        self._shared_node: str | None = None
+
+    @property
+    def first(self) -> TokenFlow:
+        return self.samples[0].flow
+
+    async def start(self) -> None:
+        """Sample 0's start: what still fails with a plain HTTP status."""
+        await self.first.start()
+
+    async def run(self, sink: Sink | None = None) -> None:
+        """Every sample to its end; the first failure (APIError) cancels the rest and raises."""
+        tasks = [asyncio.create_task(self._run(s, sink)) for s in self.samples]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def stream(self) -> AsyncGenerator[tuple[int, TextDelta], None]:
+        """(sample index, delta) as they come, from all samples interleaved."""
+        queue: asyncio.Queue[tuple[int, TextDelta] | None] = asyncio.Queue()
+
+        async def put(index: int, delta: TextDelta) -> None:
+            queue.put_nowait((index, delta))
+
+        task = asyncio.create_task(self.run(put))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+            task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _run(self, sample: Sample, sink: Sink | None) -> None:
+        flow = sample.flow
+        try:
+            if sample.index > 0:
+                await self._shared.wait()
+                await flow.start_beside(self._shared_node)
+            async with aclosing(flow.events()) as events:
+                async for chunk in events:
+                    delta = sample.output.feed(chunk)
+                    sample.deltas.append(delta)
+                    if sample.index == 0:
+                        self._note_shared(flow)
+                    if sink is not None:
+                        await sink(sample.index, delta)
+                    if delta.finish_reason is not None:
+                        break
+        finally:
+            if sample.index == 0:
+                self._shared.set()
+            await flow.stop()
+
+    def _note_shared(self, flow: TokenFlow) -> None:
+        """Once a decode node has streamed sample 0's first token of its own (after a
+        remote prefill: token 2), the prompt's blocks are in that node's prefix cache."""
+        if self._shared.is_set() or flow.decode_node_id is None:
+            return
+        if flow.path == "local" or len(flow.output_ids) >= 2:
+            self._shared_node = flow.decode_node_id
+            self._shared.set()
+
+    def usage(self) -> Usage:
+        """Prompt tokens once, the completion tokens of every sample generated."""
+        first = self.first
+        completion = sum(s.output.num_tokens for s in self.samples)
+        return make_usage(len(first.prompt_ids), completion, first.num_cached_tokens)
+
+    async def close(self) -> None:
+        """Close every sample; sample 0 last, as it frees the admission slot."""
+        for sample in reversed(self.samples):
+            await sample.flow.close()
