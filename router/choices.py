@@ -96,6 +96,7 @@ class Samples:
                 state, f"{first.request_id}-{i}", first.prompt_ids, spec, _NoSlot(),
                 first.arrived_at, first.priority, timeout_s,
             )  # fmt: skip
+            flow.counts_prompt = False
             self.samples.append(Sample(i, flow, output()))
         self._shared = asyncio.Event()  # sample 0's prompt KV is on its decode node
         self._shared_node: str | None = None

@@ -81,6 +81,7 @@ class TokenFlow:
         self._decode_tried: set[str] = set()
         self._finished = False
         self._closed = False
+        self.counts_prompt = True  # False for the sibling samples of an n > 1 request
 
     # ------------------------------------------------------------ before token 1
 
@@ -379,7 +380,8 @@ class TokenFlow:
     def _record(self) -> None:
         metrics, elapsed = self._s.metrics, time.monotonic() - self.arrived_at
         metrics.request_latency.observe(elapsed)
-        metrics.prompt_tokens.inc(len(self.prompt_ids))
+        if self.counts_prompt:
+            metrics.prompt_tokens.inc(len(self.prompt_ids))
         metrics.completion_tokens.inc(len(self.output_ids))
         ttft_ms = f"{self.ttft_s * 1000:.1f}" if self.ttft_s is not None else "none"
         log.info(

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from router_fakes import ANSWER, FakeNode, fake_cluster
+from router_fakes import ANSWER, FakeNode, fake_cluster, metric
 
 from cluster.protocol import TokenLogprobMsg
 from models.tokenizer import Tokenizer
@@ -224,3 +224,28 @@ async def test_echo_with_logprobs_gives_prompt_tokens_null_logprobs(
     assert lp["token_logprobs"][num_prompt:] == [-0.5] * 3
     offsets = lp["text_offset"]
     assert offsets == sorted(offsets) and offsets[num_prompt] == len(TEXT["prompt"])
+
+
+async def test_n_metrics_count_the_prompt_once_and_every_sample(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c:
+        r = await _post(c.router_url, "/v1/chat/completions", CHAT | {"n": 3})
+        await _eventually(lambda: c.app.state.router.admission.inflight == 0)
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(c.router_url + "/metrics")).text
+    usage = r.json()["usage"]
+    assert metric(text, "splitserve_router_prompt_tokens_total") == usage["prompt_tokens"]
+    assert metric(text, "splitserve_router_completion_tokens_total") == 3 * len(script)
+
+
+async def test_n_ending_at_token_one_prefills_each_sample(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c:
+        r = await _post(c.router_url, "/v1/completions", TEXT | {"n": 2, "max_tokens": 1})
+        prefill, decode = c.nodes
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [(ch["index"], ch["finish_reason"]) for ch in choices] == [(0, "length"), (1, "length")]
+    assert len(prefill.prefills) == 2 and decode.decodes == []  # no KV left to share
