@@ -9,8 +9,9 @@ the node computes only the partial last block and samples each one's first token
 Should sample 0 end at token 1, or its node be gone, the others start as plain requests.
 
 Seeds: sample 0 uses the request's seed, so it equals the `n=1` answer with that seed;
-sample i > 0 uses `sample_seed(seed, i)`. Without a seed every sample draws its own
-randomness. Each sample has its own stop strings, max_tokens, abort (when its text stops)
+sample i > 0 uses `sample_seed(seed, i)`. Without a seed the router draws a random one
+for the request, so every sample still has its own seed (and a resumed sample continues
+its own draws). Each sample has its own stop strings, max_tokens, abort (when its text stops)
 and resume on another decode node; the request's admission slot is held until the last
 sample ends.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -89,6 +91,9 @@ class Samples:
         OutputProcessor per sample; `need_logprobs` forces sampled-token logprobs on."""
         if need_logprobs and first.sampling.logprobs is None:
             first.sampling = first.sampling.model_copy(update={"logprobs": 0})
+        if first.sampling.seed is None:  # a random one: each sample then draws its own
+            seed = secrets.randbits(63)
+            first.sampling = first.sampling.model_copy(update={"seed": seed})
         self.samples = [Sample(0, first, output())]
         for i in range(1, count):
             spec = first.sampling.model_copy(update={"seed": sample_seed(first.sampling.seed, i)})

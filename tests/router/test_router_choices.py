@@ -249,3 +249,19 @@ async def test_n_ending_at_token_one_prefills_each_sample(
     choices = r.json()["choices"]
     assert [(ch["index"], ch["finish_reason"]) for ch in choices] == [(0, "length"), (1, "length")]
     assert len(prefill.prefills) == 2 and decode.decodes == []  # no KV left to share
+
+
+async def test_n_without_a_seed_gives_each_sample_its_own(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    async with fake_cluster(tokenizer, _nodes(script)) as c:
+        for _ in range(2):
+            r = await _post(c.router_url, "/v1/chat/completions", CHAT | {"n": 3})
+            assert r.status_code == 200, r.text
+        prefill, decode = c.nodes
+    seeds = [d.sampling.seed for d in decode.decodes]
+    assert None not in seeds and len(set(seeds)) == 6  # distinct within and across requests
+    for p in prefill.prefills:
+        base = p.sampling.seed
+        mine = {d.sampling.seed for d in decode.decodes if d.request_id.startswith(p.request_id)}
+        assert mine == {sample_seed(base, i) for i in range(3)}
