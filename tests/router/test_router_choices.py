@@ -23,6 +23,7 @@ from router.output import TextDelta
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
 TEXT = {"model": "smollm2", "prompt": "The capital of France is"}
+CHUNK_KEYS = {"id", "object", "created", "model", "system_fingerprint", "choices", "usage"}
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -111,6 +112,10 @@ async def test_n_stream_chunks_carry_their_choice_index_and_finish_reason(
     chunks = _events(r)
     for chunk in chunks:
         ChatCompletionChunk.model_validate(chunk)
+        assert set(chunk) == CHUNK_KEYS
+        assert all(
+            set(ch) == {"index", "delta", "logprobs", "finish_reason"} for ch in chunk["choices"]
+        )
     texts: dict[int, str] = {}
     finishes: dict[int, list[str | None]] = {}
     roles: dict[int, int] = {}
