@@ -242,6 +242,8 @@ async def test_n_metrics_count_the_prompt_once_and_every_sample(
     usage = r.json()["usage"]
     assert metric(text, "splitserve_router_prompt_tokens_total") == usage["prompt_tokens"]
     assert metric(text, "splitserve_router_completion_tokens_total") == 3 * len(script)
+    local = metric(text, "splitserve_router_local_prefill_total", reason="sibling_sample")
+    assert local == 2  # the samples beside sample 0 on its decode node
 
 
 async def test_n_ending_at_token_one_prefills_each_sample(
