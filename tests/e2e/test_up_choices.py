@@ -25,6 +25,7 @@ LONG_PROMPT = (
 )
 SHORT_PROMPT = "The capital of France is"  # prefilled on the decode node (local path)
 CHAT = [{"role": "user", "content": LONG_PROMPT}]
+BLOCK = 16  # the nodes' block size (the default)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,14 @@ def test_n_with_a_seed_is_reproducible_and_prefills_once(
     assert prefill["requests_total"] - before[0].get("requests_total", 0) == 1
     assert decode["imports_total"] - before[1].get("imports_total", 0) == 1
     assert decode["local_prefills_total"] - before[1].get("local_prefills_total", 0) == 3
+    # the 3 samples beside sample 0 found the prompt's full blocks in the prefix cache and
+    # computed only the partial last block, then their decodes
+    prompt, full = first.usage.prompt_tokens, (first.usage.prompt_tokens - 1) // BLOCK * BLOCK
+    hits = decode["prefix_hit_tokens"] - before[1].get("prefix_hit_tokens", 0)
+    computed = decode["tokens_computed"] - before[1].get("tokens_computed", 0)
+    print(f"prompt={prompt} shared={hits} computed_on_decode={computed} unshared={4 * prompt}")
+    assert hits >= 3 * full
+    assert computed <= 3 * (prompt - full) + 4 * 8
     _idle(cluster)
 
 
