@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import RESULTS_DIR, write_json
-from bench.multiturn import Multiturn, prefix_summary
+from bench.multiturn import Multiturn, format_lengths, parse_lengths, prefix_summary
 from bench.serve import DEFAULT_SLO, MULTITURN, SMOLLM2_VOCAB, ServeConfig, run_sweep
 from bench.serve_client import LoadOptions
 from bench.serve_stats import summarize
@@ -74,6 +75,36 @@ class Up:
                 total += int(stats["counters"].get("tokens_computed", 0))
         return total
 
+    def decode_imported_blocks(self) -> int:
+        """Blocks the decode nodes read from prefill nodes (the rest they held already)."""
+        total = 0
+        for node in self.layout["nodes"].values():
+            if node["role"] == "decode":
+                stats = httpx.get(node["url"] + "/stats", timeout=10, trust_env=False).json()
+                total += int(stats["counters"].get("imported_blocks_total", 0))
+        return total
+
+    def router_kv(self) -> dict[str, dict[str, float]]:
+        """Per pool, from the router's /metrics: requests routed to the node with the longest
+        cached prefix (as the index saw it), to a shorter one, or with none anywhere; and the
+        prefix-hit tokens the index predicted against those the nodes reported."""
+        text = httpx.get(self.url + "/metrics", timeout=10, trust_env=False).text
+        out: dict[str, dict[str, float]] = {}
+        names = {
+            "splitserve_router_kv_routed_requests_total": "match",
+            "splitserve_router_kv_predicted_hit_tokens_total": "predicted_hit_tokens",
+            "splitserve_router_kv_actual_hit_tokens_total": "actual_hit_tokens",
+        }
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = names.get(sample.name)
+                if key is None:
+                    continue
+                pool = out.setdefault(sample.labels["pool"], {})
+                key = f"routed_{sample.labels['match']}" if key == "match" else key
+                pool[key] = pool.get(key, 0.0) + sample.value
+        return out
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -90,6 +121,7 @@ class Up:
 
 def _config(args: argparse.Namespace, url: str, policy: str) -> ServeConfig:
     shape = Multiturn(users=args.users, turns=args.turns, system=args.system_tokens,
+                      question=args.question_tokens, answer=args.answer_tokens,
                       think_s=args.think_time)  # fmt: skip
     return ServeConfig(
         url=url, model=None, workload=MULTITURN, rates=(args.rate,), num_requests=1,
@@ -102,14 +134,18 @@ def _config(args: argparse.Namespace, url: str, policy: str) -> ServeConfig:
 def run_policy(policy: str, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     up = Up(policy, args, run_dir)
     try:
-        before = up.prefill_tokens_computed()
+        before, imported = up.prefill_tokens_computed(), up.decode_imported_blocks()
         result = asyncio.run(run_sweep(_config(args, up.url, policy), None))
         computed = up.prefill_tokens_computed() - before
+        imported = up.decode_imported_blocks() - imported
+        kv = up.router_kv()
     finally:
         up.stop()
     point = result["points"][0]
     load = os.getloadavg()[0]  # the machine's 1-minute load at the end: latencies need it
-    return {"policy": policy, "prefill_node_tokens_computed": computed, "load_1m": load, **point}
+    return {"policy": policy, "prefill_node_tokens_computed": computed,
+            "decode_imported_blocks": imported, "router_kv": kv, "load_1m": load,
+            **point}  # fmt: skip
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -121,11 +157,24 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         duration = sum(r["duration_s"] for r in mine)
         summary = summarize(records, duration, None, DEFAULT_SLO)
         summary["prefix"] = prefix_summary(records)
-        summary["prefill_node_tokens_computed"] = sum(
-            r["prefill_node_tokens_computed"] for r in mine
-        )
+        for key in ("prefill_node_tokens_computed", "decode_imported_blocks"):
+            summary[key] = sum(r[key] for r in mine)
+        kv: dict[str, dict[str, float]] = {}
+        for r in mine:
+            for pool, values in r["router_kv"].items():
+                for key, value in values.items():
+                    kv.setdefault(pool, {})[key] = kv.get(pool, {}).get(key, 0.0) + value
+        summary["router_kv"] = kv
         out[policy] = summary
     return out
+
+
+def longest_share(kv: dict[str, dict[str, float]], pool: str) -> float | None:
+    """Of the requests routed in `pool` while some candidate held a prefix, the share that
+    went to a node holding the longest one (None when there were none)."""
+    counts = kv.get(pool, {})
+    longest, shorter = counts.get("routed_longest", 0.0), counts.get("routed_shorter", 0.0)
+    return longest / (longest + shorter) if longest + shorter else None
 
 
 def table(summaries: dict[str, dict[str, Any]]) -> str:
@@ -134,18 +183,25 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
     head = (
         "| policy | requests ok | prompt tokens | computed | computed by prefill nodes "
         f"| computed vs {base_name} | TTFT p50 ms | TTFT p50 vs {base_name} | TTFT p90 ms "
-        "| TPOT p50 ms |"
+        "| TPOT p50 ms | prefill to longest match | decode to longest match "
+        "| decode blocks read |"
     )
-    lines = [head, "|" + " --- |" * 10]
+    lines = [head, "|" + " --- |" * 13]
+
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
     for policy, s in summaries.items():
         computed = s["prefix"]["computed_prompt_tokens"]
         ttft = s["ttft_ms"]["p50"]
+        kv = s.get("router_kv", {})
         lines.append(
             f"| {policy} | {s['completed']}/{s['num_requests']} | {s['prefix']['prompt_tokens']} "
             f"| {computed} | {s['prefill_node_tokens_computed']} "
             f"| {computed / max(base['prefix']['computed_prompt_tokens'], 1):.2f} "
             f"| {ttft:.0f} | {base['ttft_ms']['p50'] / ttft:.2f}x | {s['ttft_ms']['p90']:.0f} "
-            f"| {s['tpot_ms']['p50']:.0f} |"
+            f"| {s['tpot_ms']['p50']:.0f} | {share(longest_share(kv, 'prefill'))} "
+            f"| {share(longest_share(kv, 'decode'))} | {s.get('decode_imported_blocks', '-')} |"
         )
     return "\n".join(lines)
 
@@ -166,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     a("--turns", type=int, default=shape.turns)
     a("--system-tokens", type=int, default=shape.system)
     a("--think-time", type=float, default=shape.think_s)
+    a("--question-tokens", type=parse_lengths, default=shape.question, help="LOW:HIGH[:lognormal]")
+    a("--answer-tokens", type=parse_lengths, default=shape.answer, help="LOW:HIGH[:lognormal]")
     a("--rate", type=float, default=0.5, help="conversations started per second")
     a("--seed", type=int, default=0)
     a("--timeout", type=float, default=300.0)
@@ -183,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     summaries = aggregate(runs)
     print(table(summaries))
     config = {k: v for k, v in vars(args).items() if k != "out"}
+    config["question_tokens"] = format_lengths(args.question_tokens)
+    config["answer_tokens"] = format_lengths(args.answer_tokens)
     out = write_json(args.out, {"bench": "policy_sweep", "config": config,
                                 "summaries": summaries, "runs": runs})  # fmt: skip
     print(f"wrote {out}")
