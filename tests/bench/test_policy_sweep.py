@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.policy_sweep import aggregate, table
+from bench.multiturn import Multiturn
+from bench.policy_sweep import aggregate, fewest_computed, table
+from bench.workloads import Lengths
 
 
 def _record(ttft: float, prompt: int, cached: int) -> dict[str, Any]:
@@ -36,3 +38,13 @@ def test_rounds_are_pooled_and_compared_to_the_first_policy() -> None:
     # prefill requests sent to the node with the longest cached prefix: 3 of 4, 1 of 4
     assert rows[3].endswith("| 75% | - | 10 |")
     assert rows[2].endswith("| 25% | - | 10 |")
+
+
+def test_the_bound_counts_each_turns_new_tokens_and_the_system_prompt_once_per_node() -> None:
+    fixed = Lengths(16, 16)
+    shape = Multiturn(users=2, turns=2, system=32, question=fixed, answer=fixed)
+    # user 0: turn 1 computes all 48 tokens, turn 2 (80) reuses turn 1's 3 blocks;
+    # user 1: turn 1 reuses the 2 system blocks, turn 2 reuses its turn 1's 3 blocks
+    assert fewest_computed(shape, seed=0, prefill_nodes=1) == 48 + 32 + 16 + 32
+    # with 2 prefill nodes both first conversations compute the system prompt
+    assert fewest_computed(shape, seed=0, prefill_nodes=2) == 48 + 32 + 48 + 32
