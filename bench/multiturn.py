@@ -2,7 +2,7 @@
 
 Every user starts from the same system prompt; turn k's prompt is the system prompt, every
 earlier question and answer, and a new question, so a conversation soon outgrows the system
-prompt (with the defaults, turn 6 averages about 1,000 tokens, of which 128 are the system
+prompt (with the defaults, turn 8 averages about 1,450 tokens, of which 128 are the system
 prompt). The answers in later prompts are seeded stand-ins of the length the server was asked
 to generate (`ignore_eos`), so every policy and run sees the same prompts whatever the model
 said; a decode node's cache thus matches the previous prompt of a conversation, not its
@@ -65,7 +65,7 @@ class Multiturn:
     """The shape of the conversations (lengths in tokens)."""
 
     users: int = 10
-    turns: int = 6
+    turns: int = 8
     system: int = 128
     question: Lengths = _QUESTION
     answer: Lengths = _ANSWER

@@ -1,7 +1,7 @@
 """Routing policies compared on one seeded `multiturn` run.
 
     python -m bench.policy_sweep --prefill 2 --decode 2 --threads-per-node 1 \\
-        --policies round_robin,least_loaded,kv_aware --users 8 --turns 6 --rate 0.5
+        --policies round_robin,least_loaded,kv_aware --users 10 --turns 8 --rate 0.5
 
 For each policy (and each of --rounds, the policies interleaved) a fresh `splitserve up`
 starts with cold caches, the same conversations run against it (bench/multiturn.py), and it
@@ -9,6 +9,9 @@ stops. Per policy it reports the prompt tokens the cluster computed (the request
 minus the cached tokens their usage reports; the prefill nodes' own counter as a check),
 their ratio to the first policy's, and TTFT / TPOT percentiles over every round's requests.
 A count of tokens is robust on a shared machine; latencies are not: read them with the load.
+It also reports, from the router's metrics, the share of requests sent to the node with the
+longest cached prefix, the blocks the decode nodes read, and the tokens a perfect router
+would compute on the same conversations.
 """
 
 from __future__ import annotations
