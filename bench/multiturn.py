@@ -31,11 +31,12 @@ from tqdm import tqdm
 from bench.serve_client import Clock, LoadOptions, PointRun, RequestRecord, Target, stream_one
 from bench.workloads import FIRST_ORDINARY_TOKEN, Lengths, RequestSpec, poisson_arrivals
 
-# Per-turn lengths in tokens. LMSYS-Chat-1M (real chats with 25 LLMs) averages 69.5 tokens
-# per user message and 214.5 per answer, both right-skewed. Questions are drawn lognormal in
-# 16..192 (mean 66, median 55); answers lognormal in 32..256 (mean 102, median 90): half the
-# real mean, because a CPU decodes at about 10 tokens/s per request and each turn waits for
-# the previous answer (ask for real lengths with --answer-tokens 64:384:lognormal: mean 172).
+# Per-turn lengths in tokens. The LMSYS-Chat-1M paper (real chats with 25 LLMs) reports
+# about 70 tokens per user message and 215 per answer, both right-skewed. Questions are drawn
+# lognormal in 16..192 (mean 66, median 55); answers lognormal in 32..256 (mean 102, median
+# 90): half the real mean, because a CPU decodes at about 10 tokens/s per request and each
+# turn waits for the previous answer (ask for real lengths with --answer-tokens
+# 64:384:lognormal: mean 172).
 _QUESTION = Lengths(16, 192, "lognormal")
 _ANSWER = Lengths(32, 256, "lognormal")
 
