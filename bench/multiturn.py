@@ -1,12 +1,16 @@
 """The `multiturn` serving workload: many users, each a conversation that grows.
 
 Every user starts from the same system prompt; turn k's prompt is the system prompt, every
-earlier question and answer, and a new question. The answers in later prompts are seeded
-stand-ins of the length the server was asked to generate (every policy and run sees the same
-prompts, whatever the model said). Conversations start as a Poisson process at the offered
-rate (conversations per second); inside one, a user sends the next turn a seeded think time
-(exponential, mean --think-time) after the previous answer ended, so conversations
-interleave. Prompts are token ids clear of the special tokens, as in bench/workloads.py.
+earlier question and answer, and a new question, so a conversation soon outgrows the system
+prompt (with the defaults, turn 8 averages about 1,450 tokens, of which 128 are the system
+prompt). The answers in later prompts are seeded stand-ins of the length the server was asked
+to generate (`ignore_eos`), so every policy and run sees the same prompts whatever the model
+said; a decode node's cache thus matches the previous prompt of a conversation, not its
+answer, where a real client's re-sent answer would match most of it. Conversations start as
+a Poisson process at the offered rate (conversations per second); inside one, a user sends
+the next turn a seeded think time (exponential, mean --think-time) after the previous answer
+ended, so conversations interleave. Prompts are token ids clear of the special tokens, as in
+bench/workloads.py.
 
 Beyond the usual latencies it counts prompt tokens the server computed (prompt minus the
 `cached_tokens` the usage reports): the work a prefix cache, and routing to it, saves.
@@ -14,6 +18,7 @@ Beyond the usual latencies it counts prompt tokens the server computed (prompt m
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import sys
@@ -26,16 +31,42 @@ from tqdm import tqdm
 from bench.serve_client import Clock, LoadOptions, PointRun, RequestRecord, Target, stream_one
 from bench.workloads import FIRST_ORDINARY_TOKEN, Lengths, RequestSpec, poisson_arrivals
 
-_QUESTION = Lengths(32, 64)
-_ANSWER = Lengths(16, 32)
+# Per-turn lengths in tokens. The LMSYS-Chat-1M paper (real chats with 25 LLMs) reports
+# about 70 tokens per user message and 215 per answer, both right-skewed. Questions are drawn
+# lognormal in 16..192 (mean 66, median 55); answers lognormal in 32..256 (mean 102, median
+# 90): half the real mean, because a CPU decodes at about 10 tokens/s per request and each
+# turn waits for the previous answer (ask for real lengths with --answer-tokens
+# 64:384:lognormal: mean 172).
+_QUESTION = Lengths(16, 192, "lognormal")
+_ANSWER = Lengths(32, 256, "lognormal")
+
+
+def parse_lengths(text: str) -> Lengths:
+    """`LOW:HIGH` (uniform) or `LOW:HIGH:lognormal`, e.g. 64:384:lognormal."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError("expected LOW:HIGH or LOW:HIGH:SHAPE")
+        shape = parts[2] if len(parts) == 3 else "uniform"
+        if shape == "lognormal":
+            return Lengths(int(parts[0]), int(parts[1]), "lognormal")
+        if shape != "uniform":
+            raise ValueError(f"shape must be uniform or lognormal, got {shape!r}")
+        return Lengths(int(parts[0]), int(parts[1]))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad lengths {text!r}: {exc}") from None
+
+
+def format_lengths(lengths: Lengths) -> str:
+    return f"{lengths.low}:{lengths.high}:{lengths.shape}"
 
 
 @dataclass(frozen=True)
 class Multiturn:
     """The shape of the conversations (lengths in tokens)."""
 
-    users: int = 8
-    turns: int = 6
+    users: int = 10
+    turns: int = 8
     system: int = 128
     question: Lengths = _QUESTION
     answer: Lengths = _ANSWER

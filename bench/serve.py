@@ -36,7 +36,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.multiturn import Multiturn, prefix_summary, run_conversations
+from bench.multiturn import (
+    Multiturn,
+    format_lengths,
+    parse_lengths,
+    prefix_summary,
+    run_conversations,
+)
 from bench.serve_client import (
     LoadOptions,
     Target,
@@ -128,6 +134,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--turns", type=int, default=shape.turns, help="multiturn: turns per conversation")
     a("--system-tokens", type=int, default=shape.system, help="multiturn: shared system prompt")
     a("--think-time", type=float, default=shape.think_s, help="multiturn: mean pause, s")
+    a(
+        "--question-tokens",
+        type=parse_lengths,
+        default=shape.question,
+        help=f"multiturn: LOW:HIGH[:lognormal] (default {format_lengths(shape.question)})",
+    )
+    a(
+        "--answer-tokens",
+        type=parse_lengths,
+        default=shape.answer,
+        help=f"multiturn: LOW:HIGH[:lognormal] (default {format_lengths(shape.answer)})",
+    )
     a("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
     a("--warmup", type=int, default=1, help="untimed requests sent before the sweep")
     a("--label", help="name of this run in --compare tables and plots")
@@ -160,8 +178,9 @@ def _multiturn(args: argparse.Namespace) -> Multiturn | None:
     if args.workload != MULTITURN:
         return None
     return Multiturn(
-        users=args.users, turns=args.turns, system=args.system_tokens, think_s=args.think_time
-    )
+        users=args.users, turns=args.turns, system=args.system_tokens,
+        question=args.question_tokens, answer=args.answer_tokens, think_s=args.think_time,
+    )  # fmt: skip
 
 
 async def _warm_up(target: Target, config: ServeConfig, opts: LoadOptions) -> None:

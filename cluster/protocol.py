@@ -185,7 +185,9 @@ class TokenEvent(_Msg):
 
     `logprobs` is aligned with `token_ids` when the request asked for logprobs, else None.
     The last line has `finished=true` and a `finish_reason`. `num_cached_tokens` counts
-    prompt tokens whose KV was not computed by this node (received or prefix-cached).
+    prompt tokens whose KV was not computed by this node (received or prefix-cached);
+    `num_prefix_hit_tokens` those of them its own prefix cache held (for an import: the
+    tokens it did not read).
     """
 
     token_ids: list[int] = Field(default_factory=list)
@@ -194,6 +196,7 @@ class TokenEvent(_Msg):
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
     error: ErrorInfo | None = None
 
 

@@ -18,7 +18,11 @@ NDJSON = "application/x-ndjson"
 
 
 def token_event(
-    items: Sequence[LoopOutput], num_prompt_tokens: int, num_cached_tokens: int, logprobs: bool
+    items: Sequence[LoopOutput],
+    num_prompt_tokens: int,
+    num_cached_tokens: int,
+    logprobs: bool,
+    num_prefix_hit_tokens: int = 0,
 ) -> TokenEvent:
     """One event for outputs delivered together: their tokens in order; finished when the
     last one is."""
@@ -37,6 +41,7 @@ def token_event(
         finish_reason=wire_reason(last.finish_reason) if last.finished else None,
         num_prompt_tokens=num_prompt_tokens,
         num_cached_tokens=num_cached_tokens,
+        num_prefix_hit_tokens=num_prefix_hit_tokens,
     )
 
 

@@ -65,7 +65,7 @@ class DecodeRuntime(NodeCore):
         try:
             if req.kv is None:
                 stream = await self._open_local(job)
-                events = self._relay(job, stream, cached=None)
+                events = self._relay(job, stream, cached=None, hits=None)
             else:
                 events = self._import(job, await self._reserve(job))
         except BaseException:
@@ -137,15 +137,18 @@ class DecodeRuntime(NodeCore):
             except NodeError as exc:
                 yield error_event(exc.info.code, exc.info.message)
                 return
-        cached = len(job.req.prompt_token_ids) if result.error is None else None
-        async for event in self._relay(job, stream, cached):
+        num_prompt = len(job.req.prompt_token_ids)
+        cached = num_prompt if result.error is None else None
+        hits = min(plan.num_cached_tokens, num_prompt) if result.error is None else None
+        async for event in self._relay(job, stream, cached, hits):
             yield event
 
     async def _relay(
-        self, job: DecodeJob, stream: RequestStream, cached: int | None
+        self, job: DecodeJob, stream: RequestStream, cached: int | None, hits: int | None
     ) -> AsyncIterator[TokenEvent]:
         """The request's outputs as events, several tokens per event when they queued up.
-        `cached`: prompt tokens this node did not compute (None: as the engine reports)."""
+        `cached`: prompt tokens this node did not compute; `hits`: of those, the ones its own
+        prefix cache held (None: as the engine reports)."""
         num_prompt = len(job.req.prompt_token_ids)
         with_logprobs = job.params.logprobs is not None
         while True:
@@ -162,7 +165,9 @@ class DecodeRuntime(NodeCore):
                 self.metrics.queue_time.observe(max(items[0].scheduled_at - job.arrived_at, 0))
             if cached is None:
                 cached = min(items[0].output.num_cached_tokens, num_prompt)
-            event = token_event(items, num_prompt, cached, with_logprobs)
+            if hits is None:
+                hits = min(items[0].output.num_cached_tokens, num_prompt)
+            event = token_event(items, num_prompt, cached, with_logprobs, hits)
             yield event
             if event.finished:
                 return

@@ -58,6 +58,7 @@ class TokenFlow:
         self.prompt_ids = prompt_ids
         self._query = PrefixQuery(prompt_ids)
         self._decode_predicted = 0  # prompt tokens the index expected on the decode node
+        self._decode_recorded = True  # the open decode stream's prefix hits are counted
         self.sampling = sampling
         self.priority = priority
         self._ticket = ticket
@@ -151,7 +152,8 @@ class TokenFlow:
             node = self._s.picker.pick("prefill", candidates, tried, self._query)
             if node is None:
                 break
-            predicted = self._s.kv.predicted(self._query, node.info.node_id)
+            left = [c.info.node_id for c in candidates if c.info.node_id not in tried]
+            predicted = self._s.kv.routed("prefill", self._query, node.info.node_id, left)
             if tried:
                 self._s.metrics.prefill_retries.inc()
             tried.add(node.info.node_id)
@@ -214,7 +216,10 @@ class TokenFlow:
             node = self._s.picker.pick("decode", candidates, self._decode_tried, self._query)
             if node is None:
                 break
-            self._decode_predicted = self._s.kv.predicted(self._query, node.info.node_id)
+            left = [c.info.node_id for c in candidates if c.info.node_id not in self._decode_tried]
+            self._decode_predicted = self._s.kv.routed(
+                node.info.role, self._query, node.info.node_id, left
+            )
             self._decode_tried.add(node.info.node_id)
             tried += 1
             req = DecodeRequest(
@@ -236,6 +241,7 @@ class TokenFlow:
                 busy += err.kind == "busy"
                 continue
             self._decode, self._decode_kv = node.info, kv
+            self._decode_recorded = False
             self._s.picker.begin(node.info.node_id)
             if kv is not None:
                 self._lease_holder = None  # the decode node owns the lease now
@@ -284,10 +290,15 @@ class TokenFlow:
         if self._stream is None:
             raise RuntimeError("no decode stream is open")
         async for event in self._stream:
-            if self.path == "local" and not self.output_ids and self._decode is not None:
+            if self.path == "local" and not self.output_ids:
                 self.num_cached_tokens = event.num_cached_tokens
+            if not self._decode_recorded and self._decode is not None:
+                self._decode_recorded = True
+                # after an import, the tokens it did not read; else those it did not compute
+                imported = self._decode_kv is not None
+                actual = event.num_prefix_hit_tokens if imported else event.num_cached_tokens
                 pool, node_id = self._decode.role, self._decode.node_id
-                self._s.kv.record(pool, node_id, self._decode_predicted, event.num_cached_tokens)
+                self._s.kv.record(pool, node_id, self._decode_predicted, actual)
             if event.token_ids:
                 self._tokens_arrived(len(event.token_ids))
             self.output_ids.extend(event.token_ids)

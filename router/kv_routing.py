@@ -46,6 +46,15 @@ class KVRouting:
         """Prompt tokens the index expects `node_id` to hold."""
         return self.index.matched_tokens(query, [node_id])[node_id]
 
+    def routed(self, pool: str, query: PrefixQuery, node_id: str, candidates: Sequence[str]) -> int:
+        """`node_id` of `candidates` was chosen for `pool`: count whether it held the longest
+        cached prefix among them (as the index says); returns its predicted hit tokens."""
+        matched = self.index.matched_tokens(query, [*candidates, node_id])
+        longest = max(matched.values())
+        match = "none" if longest == 0 else "longest" if matched[node_id] == longest else "shorter"
+        self._metrics.routed.labels(pool, self.policy, match).inc()
+        return matched[node_id]
+
     def record(self, pool: str, node_id: str, predicted: int, actual: int) -> None:
         """A node chosen for `pool` reported `actual` prompt tokens from its cache."""
         self._metrics.predicted_hit_tokens.labels(pool, node_id, self.policy).inc(predicted)

@@ -173,6 +173,17 @@ class KVMetrics:
             ),
             base,
         )
+        self.routed = Family(
+            Counter(
+                "splitserve_router_kv_routed_requests",
+                "Requests routed, by whether the chosen node held the longest cached prefix "
+                "of the candidates as the index saw it (match: longest, shorter, or none: no "
+                "candidate held any)",
+                [*_BASE, "pool", "policy", "match"],
+                registry=r,
+            ),
+            base,
+        )
         self.index_blocks = Family(
             Gauge(
                 "splitserve_router_kv_index_blocks",

@@ -3,6 +3,7 @@ in order, and the count of prompt tokens the server computed."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -13,13 +14,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from bench import serve
-from bench.multiturn import Multiturn, prefix_summary, run_conversations
+from bench.multiturn import Multiturn, parse_lengths, prefix_summary, run_conversations
 from bench.serve_client import LoadOptions, Target
+from bench.workloads import Lengths
 
 SHAPE = Multiturn(users=3, turns=4, system=40, think_s=0.01)
 CACHED = 16  # the fake server reports this many prompt tokens from its cache
@@ -116,3 +119,16 @@ def test_bench_serve_runs_the_multiturn_workload(tmp_path: Path) -> None:
     point = json.loads((tmp_path / "m.json").read_text())["points"][0]
     assert len(point["records"]) == 6 and point["summary"]["completed"] == 6
     assert point["summary"]["prefix"]["cached_tokens"] == 6 * CACHED
+
+
+def test_turn_lengths_come_from_the_command_line() -> None:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    argv = ["--workload", "multiturn", "--question-tokens", "8:24"]
+    args = parser.parse_args([*argv, "--answer-tokens", "64:384:lognormal"])
+    shape = serve.config_from_args(args).multiturn
+    assert shape is not None
+    assert shape.question == Lengths(8, 24) and shape.answer == Lengths(64, 384, "lognormal")
+    for bad in ("64", "0:10", "10:5", "8:24:gamma", "a:b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="bad lengths"):
+            parse_lengths(bad)

@@ -127,14 +127,16 @@ async def test_fully_cached_prompt_reads_nothing_and_ends_the_lease(
 ) -> None:
     prompt = [11, 12, 13, 14, 15, 16, 17, 18]  # two full blocks
     want = offline_tokens(model_dir, prompt, PARAMS)
-    moved = []
+    moved, hits = [], []
     for rid in ("cached-1", "cached-2"):  # the second finds both blocks in the decode cache
         before = (await stats(nodes.decode)).counters.get("imported_blocks_total", 0)
         answer = await _prefill(nodes.prefill, rid, prompt)
         events = await generate(nodes.decode, _decode_req(rid, answer, prompt))
         assert [answer.first_token_id, *tokens_of(events)] == want
         moved.append((await stats(nodes.decode)).counters["imported_blocks_total"] - before)
+        hits.append(events[0].num_prefix_hit_tokens)  # what the router counts as actual hits
     assert moved == [2, 0]  # a release notice alone ended the second lease
+    assert hits == [0, 8]
     idle = await wait_idle(nodes.prefill, timeout_s=3.0)  # lease_ttl_s is 30 s
     assert idle.load.leases_held == 0
 

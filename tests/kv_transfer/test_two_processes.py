@@ -167,6 +167,22 @@ async def test_release_frees_the_blocks_once(reader: KVTransferAgent, owner: Own
     assert owner.ask(op="release", request_id="rel-1") == {"released": False}  # the HTTP path
 
 
+async def test_a_release_notice_without_a_read_ends_the_lease(
+    reader: KVTransferAgent, owner: OwnerProcess
+) -> None:
+    """A decode node that holds every prompt block reads nothing: the notice alone frees the
+    owner's blocks, long before the lease would expire."""
+    start = owner.ask(op="counts")
+    owner.ask(op="grant", request_id="cached-all", num_blocks=4, ttl_s=60)
+    assert owner.ask(op="counts")["held"] == 4
+    before, read_before = local_kv(reader).clone(), reader.counters.bytes
+    await reader.release(owner.info, "cached-all")
+    counts = owner.wait_counts(lambda c: "cached-all" in c["freed"])
+    assert counts["freed"].count("cached-all") == 1
+    assert counts["free"] == start["free"] and counts["held"] == 0
+    assert torch.equal(local_kv(reader), before) and reader.counters.bytes == read_before
+
+
 async def test_lease_expiry_frees_unreleased_blocks(owner: OwnerProcess) -> None:
     start = owner.ask(op="counts")
     owner.ask(op="grant", request_id="exp-1", num_blocks=3, ttl_s=0.3)

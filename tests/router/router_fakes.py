@@ -82,6 +82,7 @@ class FakeNode:
     accept_gate: asyncio.Event | None = None  # decode waits for it before answering at all
     prefill_gate: asyncio.Event | None = None  # prefill waits for it before answering
     token: str | None = None  # the cluster token every /internal/* call must carry
+    prefix_hit_tokens: int = 0  # decode: imported prompt tokens its own cache "held"
     unauthorized: int = 0  # calls refused for a missing or wrong token
     prefills: list[p.PrefillRequest] = field(default_factory=list)
     decodes: list[p.DecodeRequest] = field(default_factory=list)
@@ -186,6 +187,7 @@ class FakeNode:
                 finish_reason=reason,
                 num_prompt_tokens=len(req.prompt_token_ids),
                 num_cached_tokens=0 if req.kv is None else len(req.prompt_token_ids),
+                num_prefix_hit_tokens=0 if req.kv is None else self.prefix_hit_tokens,
             )
             yield _line(event)
             if done:

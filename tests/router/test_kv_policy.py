@@ -73,10 +73,12 @@ async def test_the_router_prefills_where_the_prefix_is_and_counts_hits(
     nodes = [
         FakeNode("p0", "prefill", script),
         FakeNode("p1", "prefill", script),
-        FakeNode("d0", "decode", script),
+        FakeNode("d0", "decode", script, prefix_hit_tokens=16),
+        FakeNode("d1", "decode", script),
     ]
     async with fake_cluster(tokenizer, nodes, policy="kv_aware") as c:
         _holds(c.app.state.router.kv.index, "p1", PROMPT)
+        _holds(c.app.state.router.kv.index, "d0", PROMPT[:16])
         body = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 3, "temperature": 0}
         async with httpx.AsyncClient(base_url=c.router_url) as client:
             for _ in range(4):
@@ -84,7 +86,39 @@ async def test_the_router_prefills_where_the_prefix_is_and_counts_hits(
                 assert resp.status_code == 200, resp.text
             text = (await client.get("/metrics")).text
     assert (len(nodes[0].prefills), len(nodes[1].prefills)) == (0, 4)
+    assert (len(nodes[2].decodes), len(nodes[3].decodes)) == (4, 0)  # d0 holds a block
     labels = {"pool": "prefill", "target": "p1", "policy": "kv_aware"}
     assert metric(text, "splitserve_router_kv_predicted_hit_tokens_total", **labels) == 4 * 32
     assert metric(text, "splitserve_router_kv_actual_hit_tokens_total", **labels) == 4 * 3
+    # the decode node's own hits after each import: what it did not have to read
+    labels = {"pool": "decode", "target": "d0", "policy": "kv_aware"}
+    assert metric(text, "splitserve_router_kv_predicted_hit_tokens_total", **labels) == 4 * 16
+    assert metric(text, "splitserve_router_kv_actual_hit_tokens_total", **labels) == 4 * 16
+    routed = "splitserve_router_kv_routed_requests_total"
+    for pool in ("prefill", "decode"):
+        assert metric(text, routed, pool=pool, match="longest") == 4
+        assert metric(text, routed, pool=pool, match="shorter") == 0
     assert metric(text, "splitserve_router_kv_index_blocks", pool="prefill") == 2
+
+
+async def test_round_robin_is_counted_when_it_misses_the_longest_prefix(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = [
+        FakeNode("p0", "prefill", script),
+        FakeNode("p1", "prefill", script),
+        FakeNode("d0", "decode", script),
+    ]
+    async with fake_cluster(tokenizer, nodes, policy="round_robin") as c:
+        _holds(c.app.state.router.kv.index, "p1", PROMPT)
+        body = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 3, "temperature": 0}
+        async with httpx.AsyncClient(base_url=c.router_url) as client:
+            for _ in range(4):
+                resp = await client.post("/v1/completions", json=body)
+                assert resp.status_code == 200, resp.text
+            text = (await client.get("/metrics")).text
+    assert (len(nodes[0].prefills), len(nodes[1].prefills)) == (2, 2)
+    routed = "splitserve_router_kv_routed_requests_total"
+    assert metric(text, routed, pool="prefill", policy="round_robin", match="longest") == 2
+    assert metric(text, routed, pool="prefill", policy="round_robin", match="shorter") == 2
+    assert metric(text, routed, pool="decode", match="none") == 4  # d0 published nothing
