@@ -35,6 +35,9 @@ from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sa
 from router.responses import ChatFormatter, CompletionFormatter, Formatter
 from router.state import RouterState
 from router.streaming import EventStreamResponse, collect, sse_events, usage_of
+from router.structured import response_format_grammar
+from router.tool_output import ToolChatFormatter
+from router.tools import plan_tools
 
 T = TypeVar("T")
 
@@ -160,8 +163,12 @@ async def _prepare(
     max_len = state.settings.max_model_len or Pools.of(state.membership.nodes()).max_model_len()
     if max_len is None:
         raise unavailable("no node is available", state.settings.retry_after_s)
+    plan, grammar = None, None
     if isinstance(req, ChatCompletionRequest):
-        prompt = await chat_prompt(tokenizer, req)
+        plan = plan_tools(req)
+        grammar = plan.grammar if plan is not None else None
+        grammar = grammar or response_format_grammar(req.response_format)
+        prompt = await chat_prompt(tokenizer, req, plan)
         requested, param = req.requested_max_tokens()
         logprobs = req.requested_logprobs()
     elif isinstance(req, CompletionRequest):
@@ -170,12 +177,16 @@ async def _prepare(
     else:
         raise TypeError(f"unexpected request type {type(req).__name__}")
     max_tokens = resolve_max_tokens(prompt, requested, param, max_len)
-    spec = sampling_spec(tokenizer, req, max_tokens, logprobs)
+    spec = sampling_spec(tokenizer, req, max_tokens, logprobs, grammar)
+    if grammar is not None:
+        state.metrics.constrained_requests.inc()
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     flow = TokenFlow(
         state, request_id, prompt.token_ids, spec, ticket, arrived, req.priority, req.timeout
     )
     output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
+    if plan is not None:
+        return flow, output, ToolChatFormatter(plan, request_id, req.model, tokenizer, logprobs)
     fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
     return flow, output, fmt_cls(request_id, req.model, tokenizer, logprobs)
 

@@ -40,8 +40,8 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 class Formatter(Protocol):
     """Builds one endpoint's stream chunks and final response."""
 
-    def chunk(self, delta: TextDelta, first: bool) -> BaseModel | None:
-        """The SSE chunk for a delta; None when there is nothing to send."""
+    def chunk(self, delta: TextDelta, first: bool) -> BaseModel | Sequence[BaseModel] | None:
+        """The SSE chunk (or chunks) for a delta; None when there is nothing to send."""
         ...
 
     def usage_chunk(self, usage: Usage) -> BaseModel: ...

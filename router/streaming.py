@@ -56,9 +56,9 @@ async def sse_events(
             async for chunk in events:
                 delta = output.feed(chunk)
                 piece = fmt.chunk(delta, first)
-                if piece is not None:
+                for one in [piece] if isinstance(piece, BaseModel) else piece or []:
                     first = False
-                    yield sse(piece, include_usage)
+                    yield sse(one, include_usage)
                 if delta.finish_reason is not None:
                     break
         if include_usage:
