@@ -96,12 +96,14 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        grammar_tokens: Sequence[int] = (),
     ) -> None:
         """Queue a request (lower `priority` first). Raises ValueError for a duplicate id or a
-        prompt that cannot fit."""
+        prompt that cannot fit. `grammar_tokens`: for a request resumed from prompt + tokens so
+        far, those tokens (the tail of the prompt), which its grammar has already matched."""
         request = self._new_request(request_id, prompt_token_ids, params)
         request.priority = priority
-        self._add_grammar(request_id, params)
+        self._add_grammar(request_id, params, grammar_tokens)
         self.scheduler.add(request)
 
     def import_request(

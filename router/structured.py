@@ -39,9 +39,11 @@ def json_schema_grammar(schema: Any, param: str) -> str:
         )
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
-    except (ValueError, TypeError) as exc:
-        raise _invalid(param, str(exc)) from None
-    problem = llguidance.LLMatcher.validate_grammar(grammar)
+        problem = llguidance.LLMatcher.validate_grammar(grammar)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # a Rust panic surfaces as a BaseException: still client input
+        problem = str(exc) or type(exc).__name__
     if problem:
         raise _invalid(param, problem)
     return grammar

@@ -5,6 +5,7 @@ first left off; a bad grammar is refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -151,3 +152,22 @@ def test_the_mask_sets_minus_inf_outside_the_allowed_tokens() -> None:
     masked = apply_grammar_mask(logits, GrammarMasks(torch.tensor([1]), allowed))
     assert torch.isinf(masked[1]).sum() == 68 and not torch.isinf(masked[0]).any()
     assert not torch.isinf(logits).any()  # the input is not modified
+
+
+def test_a_request_resumed_from_its_tokens_so_far_finishes_its_json(
+    tiny_dir: Path, tokenizer: Tokenizer
+) -> None:
+    schema, _ = CHOSEN[1]
+    params = SamplingParams(max_tokens=200, temperature=1.0, seed=5, grammar=_grammar(schema))
+    ((ids, _),) = _run(_engine(tiny_dir), [params]).values()
+    so_far = ids[:6]  # as a decode node that died after 6 tokens would have streamed them
+    engine = _engine(tiny_dir)  # another node: prompt + tokens so far, the grammar fed them
+    rest = dataclasses.replace(params, max_tokens=200 - len(so_far), seed=6)
+    engine.add_request("r", PROMPTS[0] + so_far, rest, grammar_tokens=so_far)
+    tail: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tail += out.new_token_ids
+    assert tail[-1] == 2
+    jsonschema.validate(json.loads(tokenizer.decode(so_far + tail)), schema)
+    assert len(engine.grammars) == 0

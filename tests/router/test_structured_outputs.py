@@ -120,3 +120,24 @@ async def test_a_bad_response_format_is_a_400_naming_the_problem(
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert words in error["message"]
     assert not prefill.prefills and not decode.decodes
+
+
+async def test_a_resumed_decode_carries_the_grammar_and_the_tokens_so_far(
+    tokenizer: Tokenizer, doc_script: list[int]
+) -> None:
+    nodes = [
+        FakeNode("p0", "prefill", doc_script),
+        FakeNode("d0", "decode", doc_script, die_after=2),
+        FakeNode("d1", "decode", doc_script),
+    ]
+    body = _chat(response_format=_json_schema(SCHEMA))
+    async with (
+        fake_cluster(tokenizer, nodes, policy="round_robin") as c,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        resp = await client.post(c.router_url + "/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["content"] == DOC
+    (resumed,) = nodes[2].decodes
+    assert resumed.kv is None and resumed.output_token_ids == doc_script[:3]
+    assert resumed.sampling.grammar == nodes[0].prefills[0].sampling.grammar is not None
