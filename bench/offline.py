@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--budget", type=int, default=2048, help="max tokens per engine step")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--compare-hf", action="store_true")
     ap.add_argument("--compare-sync", action="store_true", help="also without overlap (A/B)")
     ap.add_argument(
@@ -212,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from models import ensure_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     tmp = tempfile.TemporaryDirectory()
     options: dict[str, Any] = {}

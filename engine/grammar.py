@@ -30,14 +30,17 @@ class GrammarMasks(NamedTuple):
     """The masks of one step's constrained rows."""
 
     positions: torch.Tensor  # int64 [g]: their positions in the step
-    allowed: torch.Tensor  # bool [g, vocab]
+    refused: torch.Tensor  # bool [g, vocab]: True where the grammar refuses the token
+    every_row: bool = False  # positions are 0 .. n - 1: the mask covers the whole step
 
 
 def apply_grammar_mask(logits: torch.Tensor, masks: GrammarMasks | None) -> torch.Tensor:
-    """logits: [n, vocab] float32, not modified; -inf on disallowed tokens of masked rows."""
+    """logits: [n, vocab] float32, not modified; -inf on refused tokens of masked rows."""
     if masks is None:
         return logits
-    rows = logits.index_select(0, masks.positions).masked_fill_(~masks.allowed, float("-inf"))
+    if masks.every_row:  # one pass when every row is constrained
+        return logits.masked_fill(masks.refused, float("-inf"))
+    rows = logits.index_select(0, masks.positions).masked_fill_(masks.refused, float("-inf"))
     return logits.index_copy(0, masks.positions, rows)
 
 
@@ -125,7 +128,7 @@ class Grammars:
             return MaskJob(None)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        return MaskJob(self._pool.submit(self._masks, rows, device))
+        return MaskJob(self._pool.submit(self._masks, rows, len(request_ids), device))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -133,7 +136,9 @@ class Grammars:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _masks(self, rows: list[tuple[int, Any]], device: torch.device) -> GrammarMasks:
+    def _masks(
+        self, rows: list[tuple[int, Any]], n_rows: int, device: torch.device
+    ) -> GrammarMasks:
         start = time.perf_counter()
         tok = self._llg_tokenizer()
         bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), tok.vocab_size)
@@ -147,8 +152,10 @@ class Grammars:
                 words[j] = 0
                 for eos in self._eos:
                     words[j, eos // 32] |= np.uint32(1 << (eos % 32))
-        positions = torch.tensor([i for i, _ in rows], dtype=torch.int64, device=device)
-        masks = GrammarMasks(positions, unpack_bitmask(bitmask, self._vocab, device))
+        at = [i for i, _ in rows]
+        positions = torch.tensor(at, dtype=torch.int64, device=device)
+        refused = unpack_bitmask(bitmask, self._vocab, device).logical_not_()
+        masks = GrammarMasks(positions, refused, every_row=at == list(range(n_rows)))
         self.mask_seconds += time.perf_counter() - start
         self.mask_steps += 1
         return masks

@@ -128,8 +128,8 @@ def test_a_matcher_rebuilt_from_the_tokens_so_far_gives_the_same_masks(
     grammars.add("b", _grammar(schema), ids[:10])  # as a resumed request would
     masks = grammars.start(["a", "b"], torch.device("cpu")).result()
     assert masks is not None
-    assert torch.equal(masks.allowed[0], masks.allowed[1])
-    assert masks.allowed[0, ids[10]] and masks.allowed[0].sum() < VOCAB
+    assert masks.every_row and torch.equal(masks.refused[0], masks.refused[1])
+    assert not masks.refused[0, ids[10]] and (~masks.refused[0]).sum() < VOCAB
     with pytest.raises(ValueError, match="do not match"):
         grammars.add("c", _grammar(schema), tokenizer.encode("nope").ids)
     grammars.close()
@@ -149,8 +149,12 @@ def test_the_mask_sets_minus_inf_outside_the_allowed_tokens() -> None:
     allowed = unpack_bitmask(bitmask, 70, torch.device("cpu"))  # beyond 64 bits: refused
     assert allowed.shape == (1, 70) and allowed[0].nonzero().flatten().tolist() == [1, 3]
     logits = torch.zeros(2, 70)
-    masked = apply_grammar_mask(logits, GrammarMasks(torch.tensor([1]), allowed))
+    masked = apply_grammar_mask(logits, GrammarMasks(torch.tensor([1]), ~allowed))
     assert torch.isinf(masked[1]).sum() == 68 and not torch.isinf(masked[0]).any()
+    both = apply_grammar_mask(
+        logits, GrammarMasks(torch.tensor([0, 1]), ~allowed.repeat(2, 1), True)
+    )
+    assert torch.equal(torch.isinf(both).sum(dim=1), torch.tensor([68, 68]))
     assert not torch.isinf(logits).any()  # the input is not modified
 
 
