@@ -11,12 +11,16 @@ ids), a fixed number of output tokens each, ignore_eos, greedy. --random-model b
 published shape with random weights made on the device (no checkpoint to download);
 --compare-sync also runs the engine without overlapped scheduling in the same process, in
 the order overlapped, synchronous, synchronous, overlapped; each keeps its faster run.
+--compare-json-schema runs every request under a JSON schema (constrained decoding, no
+overlap while constrained) against the same workload unconstrained, in the same A B B A order,
+and reports the ratio of their step times (same number of steps: ignore_eos, fixed length).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +50,7 @@ def run_engine(
     dtype: str,
     device: str,
     budget: int,
+    grammar: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     from engine.config import EngineConfig, parse_dtype
@@ -65,7 +70,9 @@ def run_engine(
             **options,
         )
     )
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=new_tokens, temperature=0.0, ignore_eos=True, grammar=grammar
+    )
     for i, p in enumerate(prompts):
         engine.add_request(f"bench-{i}", p, params)
     bar = tqdm(
@@ -73,13 +80,50 @@ def run_engine(
     )
     start = time.perf_counter()
     generated = 0
+    step_s = []
     while engine.has_unfinished():
+        t0 = time.perf_counter()
         n = len(engine.step_result().token_ids)
+        step_s.append(time.perf_counter() - t0)
         generated += n
         bar.update(n)
     elapsed = time.perf_counter() - start
     bar.close()
-    return {"seconds": elapsed, "generated_tokens": generated, "steps": engine.counters.steps}
+    c = engine.counters
+    return {
+        "seconds": elapsed,
+        "generated_tokens": generated,
+        "steps": c.steps,
+        "step_ms": 1e3 * elapsed / max(c.steps, 1),
+        # the median step: the decode steps of the whole batch (prefill is one or two steps)
+        "median_step_ms": 1e3 * statistics.median(step_s) if step_s else 0.0,
+        "grammar_mask_ms_per_step": 1e3 * c.grammar_mask_seconds / max(c.grammar_mask_steps, 1),
+    }
+
+
+# Every request of --compare-json-schema writes this: an array of at least 64 small records,
+# so that the grammar stays live for the whole fixed-length output (it cannot close early).
+BENCH_SCHEMA = {
+    "type": "array",
+    "minItems": 64,
+    "items": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        },
+        "required": ["name", "age"],
+    },
+}
+
+
+def bench_grammar() -> str:
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_json_schema(
+        BENCH_SCHEMA, defaults={"whitespace_flexible": False}
+    )
 
 
 def _faster(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -157,14 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--budget", type=int, default=2048, help="max tokens per engine step")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--compare-hf", action="store_true")
     ap.add_argument("--compare-sync", action="store_true", help="also without overlap (A/B)")
+    ap.add_argument(
+        "--compare-json-schema", action="store_true", help="also with every request under a schema"
+    )
     ap.add_argument("--random-model", choices=sorted(RANDOM_SHAPES), help="random weights")
     ap.add_argument("--decode-steps", type=int, default=32, help="CUDA: decode steps timed")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
     args = ap.parse_args(argv)
 
     from models import ensure_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     tmp = tempfile.TemporaryDirectory()
     options: dict[str, Any] = {}
@@ -189,6 +240,14 @@ def main(argv: list[str] | None = None) -> int:
             "splitserve": _faster(timed[0], timed[3]),
             "synchronous": _faster(timed[1], timed[2]),
         }
+    elif args.compare_json_schema:  # A B B A, as above
+        grammar = bench_grammar()
+        grammars: list[str | None] = [None, grammar, grammar, None]
+        timed = [run_engine(*engine_args, grammar=g, **options) for g in grammars]
+        runs = {
+            "splitserve": _faster(timed[0], timed[3]),
+            "json_schema": _faster(timed[1], timed[2]),
+        }
     else:
         runs = {"splitserve": run_engine(*engine_args, **options)}
     if args.compare_hf:
@@ -209,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_sync:
         ratio = results["synchronous"]["seconds"] / results["splitserve"]["seconds"]
         print(f"overlapped over synchronous scheduling (same run): {ratio:.3f}x")
+    if args.compare_json_schema:
+        plain, schema = results["splitserve"], results["json_schema"]
+        ratio = schema["median_step_ms"] / plain["median_step_ms"]
+        results["json_schema"]["step_time_ratio_to_unconstrained"] = ratio
+        print(
+            f"median step under a JSON schema: {schema['median_step_ms']:.2f} ms against "
+            f"{plain['median_step_ms']:.2f} ms unconstrained (same run): {ratio:.3f}x; mask "
+            f"{schema['grammar_mask_ms_per_step']:.2f} ms per step, computed during the forward"
+        )
     decode_step = None
     if args.device.startswith("cuda"):
         from bench.decode_step import describe, measure_decode_step

@@ -73,6 +73,8 @@ class SamplingSpec(_Msg):
     ignore_eos: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    # llguidance grammar (JSON text) the output must match: response_format, forced tool calls
+    grammar: str | None = None
 
 
 class TokenLogprobMsg(_Msg):

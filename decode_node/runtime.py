@@ -106,7 +106,9 @@ class DecodeRuntime(NodeCore):
         self.counts["local_prefills_total"] += 1
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(req.request_id, prompt, params, req.priority)
+            engine.add_request(
+                req.request_id, prompt, params, req.priority, grammar_tokens=req.output_token_ids
+            )
 
         return await checked_async(self.loop.open(req.request_id, add), "prompt_token_ids")
 

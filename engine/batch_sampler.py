@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine.grammar import apply_grammar_mask
 from engine.logit_bias import apply_logit_bias
 from engine.outputs import TokenLogprob
 from engine.sampling_rows import Penalties, StepSampling
@@ -63,6 +64,7 @@ def sample(logits: torch.Tensor, step: StepSampling) -> BatchSample:
     if logits.dim() != 2 or logits.shape[0] != step.rows.shape[0]:
         raise ValueError(f"logits must be [{step.rows.shape[0]}, vocab], got {tuple(logits.shape)}")
     logits = apply_logit_bias(logits.float(), step.logit_bias)
+    logits = apply_grammar_mask(logits, step.grammar)  # constrained rows: -inf off-grammar
     if step.penalties is not None:
         logits = apply_penalties(logits, step.penalties)  # [n, vocab], a new tensor
     greedy = logits.argmax(dim=-1)  # [n]

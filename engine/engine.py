@@ -6,6 +6,8 @@ their HTTP handlers through a command queue drained between steps.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -14,6 +16,7 @@ import torch
 from engine import batch_sampler
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, Role
+from engine.grammar import GrammarMasks, Grammars
 from engine.model_config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
 from engine.persistent_batch import StepInputs
@@ -36,6 +39,9 @@ class EngineCounters:
     prefix_hit_tokens: int = 0
     preemptions: int = 0
     finished_requests: int = 0
+    constrained_requests: int = 0  # requests admitted with a grammar (engine.grammar)
+    grammar_mask_seconds: float = 0.0  # time computing token masks (worker thread)
+    grammar_mask_steps: int = 0  # steps that computed masks
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,9 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.sampler = Sampler()
+        self.grammars = Grammars(
+            config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
         self.counters = EngineCounters()
         self.timer = StepTimer()
         # overlapped scheduling: plan step N + 1 while step N runs (batched sampler only;
@@ -87,11 +96,14 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        grammar_tokens: Sequence[int] = (),
     ) -> None:
         """Queue a request (lower `priority` first). Raises ValueError for a duplicate id or a
-        prompt that cannot fit."""
+        prompt that cannot fit. `grammar_tokens`: for a request resumed from prompt + tokens so
+        far, those tokens (the tail of the prompt), which its grammar has already matched."""
         request = self._new_request(request_id, prompt_token_ids, params)
         request.priority = priority
+        self._add_grammar(request_id, params, grammar_tokens)
         self.scheduler.add(request)
 
     def import_request(
@@ -108,7 +120,11 @@ class LLMEngine:
         """
         request = self._new_request(request_id, prompt_token_ids, params)
         request.priority = priority
-        return self.scheduler.add_prefilled(request, output_token_ids)
+        self._add_grammar(request_id, params, output_token_ids)
+        plan = self.scheduler.add_prefilled(request, output_token_ids)
+        if plan is None:
+            self.grammars.forget(request_id)
+        return plan
 
     def commit_import(self, request_id: str) -> None:
         self.scheduler.commit_prefilled(request_id)
@@ -117,6 +133,7 @@ class LLMEngine:
         """Cancel a request in any state and free its blocks. False when unknown."""
         found = self.scheduler.abort(request_id)
         self.sampler.forget(request_id)
+        self.grammars.forget(request_id)
         self.runner.batch.release(request_id)
         if self._in_flight is not None and not self.scheduler.has_work:
             launched, self._in_flight = self._in_flight, None
@@ -159,6 +176,12 @@ class LLMEngine:
         and this call hands out the one launched before (planned while it ran).
         """
         self.timer.start()
+        constrained = self.grammars.active
+        if constrained and self._in_flight is not None:
+            # a constrained row's mask needs its previous token: no overlap while any request
+            # is constrained; hand out the step in flight before launching the next
+            in_flight, self._in_flight = self._in_flight, None
+            return self._finish(in_flight)
         try:
             launched = self._launch()
         except Exception:
@@ -166,7 +189,7 @@ class LLMEngine:
             self._in_flight = None
             self.scheduler.forget_in_flight()
             raise
-        if not self._overlap:
+        if not self._overlap or constrained:
             return self._finish(launched) if launched is not None else _EMPTY
         previous, self._in_flight = self._in_flight, launched
         return self._finish(previous) if previous is not None else _EMPTY
@@ -184,9 +207,10 @@ class LLMEngine:
         requests = out.sampled_requests
         inputs = self.runner.prepare(out, requests[len(out.decodes) :])
         timer.lap("prepare")
-        logits = self.runner.forward(inputs)  # [num_sampled, vocab]
+        masks = self.grammars.start([r.request_id for r in requests], self.runner.device)
+        logits = self.runner.forward(inputs)  # [num_sampled, vocab]; masks computed meanwhile
         timer.lap("forward")
-        launched = self._sample(out, logits, inputs, requests)
+        launched = self._sample(out, logits, inputs, requests, masks.result())
         timer.lap("sample")
         return launched
 
@@ -194,9 +218,12 @@ class LLMEngine:
         """Wait for a launched step's tokens (the step's one sync) and apply them."""
         token_ids, logprobs = launched.fetch()
         out = launched.out
+        if self.grammars.active:
+            self.grammars.consume([r.request_id for r in launched.requests], token_ids)
         update = self.scheduler.update(out, token_ids)
         for request in update.finished:
             self.runner.batch.release(request.request_id)
+            self.grammars.forget(request.request_id)
             if request.status is RequestStatus.FINISHED:
                 self.sampler.forget(request.request_id)
                 self.counters.finished_requests += 1
@@ -204,6 +231,8 @@ class LLMEngine:
         self.counters.generated_tokens += len(update.advanced)
         self.counters.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
         self.counters.steps += 1
+        self.counters.grammar_mask_seconds = self.grammars.mask_seconds
+        self.counters.grammar_mask_steps = self.grammars.mask_steps
         result = StepResult(launched.requests, token_ids, logprobs)
         if len(update.advanced) != len(token_ids):  # aborted while in flight
             result = result.only(set(map(id, update.advanced)))
@@ -220,6 +249,14 @@ class LLMEngine:
         ]
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _add_grammar(
+        self, request_id: str, params: SamplingParams, output_token_ids: Sequence[int] = ()
+    ) -> None:
+        """The matcher of a constrained request, fed the tokens it has (ValueError if bad)."""
+        if params.grammar is not None:
+            self.grammars.add(request_id, params.grammar, output_token_ids)
+            self.counters.constrained_requests += 1
 
     def _new_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
@@ -250,16 +287,19 @@ class LLMEngine:
         logits: torch.Tensor,
         inputs: StepInputs,
         requests: list[Request],
+        masks: GrammarMasks | None,
     ) -> _Launched:
         """Sample the step's rows; the tokens stay on the device until `_Launched.fetch`."""
         if self.config.sampler == "per_request":
-            result = self.sampler.sample(logits, requests)
+            result = self.sampler.sample(logits, requests, masks)
             asked = any(lp is not None for lp in result.logprobs)
             return _Launched(
                 out, requests, result.token_ids, None, result.logprobs if asked else None
             )
         step = inputs.sampling
         assert step is not None  # the engine always passes its requests
+        if masks is not None:
+            step = dataclasses.replace(step, grammar=masks)
         sample = batch_sampler.sample(logits, step)
         self.runner.batch.record(step.rows, sample.token_ids)
         tokens = sample.token_ids

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from engine import batch_sampler
+from engine.grammar import GrammarMasks, apply_grammar_mask
 from engine.logit_bias import apply_logit_bias, bias_entries
 from engine.outputs import TokenLogprob
 from engine.request import Request
@@ -67,15 +68,22 @@ class Sampler:
         """Seeded requests whose generator is held (for leak checks)."""
         return len(self._seeded)
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> SampleResult:
-        """Pick one token for each request. logits: [n, vocab], row i belongs to requests[i]."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[Request],
+        grammar: GrammarMasks | None = None,
+    ) -> SampleResult:
+        """Pick one token for each request. logits: [n, vocab], row i belongs to requests[i];
+        `grammar`: token masks of the constrained rows."""
         if logits.dim() != 2 or logits.shape[0] != len(requests):
             raise ValueError(
                 f"logits must be [{len(requests)}, vocab] for {len(requests)} requests, "
                 f"got {tuple(logits.shape)}"
             )
         bias = bias_entries([r.params for r in requests], logits.device)
-        logits = _apply_penalties(apply_logit_bias(logits.float(), bias), requests)  # [n, vocab]
+        logits = apply_grammar_mask(apply_logit_bias(logits.float(), bias), grammar)
+        logits = _apply_penalties(logits, requests)  # [n, vocab]
         logprobs = self._logprobs(logits, requests)
         tokens = logits.argmax(dim=-1)  # [n]
         rows = [i for i, r in enumerate(requests) if not r.params.greedy]

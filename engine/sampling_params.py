@@ -24,6 +24,8 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; 0 = sampled token only; n = also top-n
     # (token id, bias) pairs added to the logits before sampling, as OpenAI's logit_bias
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    # an llguidance grammar (JSON text) the output must match (engine.grammar); None = free
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -81,6 +83,11 @@ class SamplingParams:
             all(_is_int(t) and t >= 0 and -100.0 <= b <= 100.0 for t, b in bias),
             "logit_bias",
             f"must be (token id >= 0, bias in [-100, 100]) pairs, got {self.logit_bias!r}",
+        )
+        _check(
+            self.grammar is None or (isinstance(self.grammar, str) and bool(self.grammar)),
+            "grammar",
+            "must be None or a non-empty llguidance grammar string",
         )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logit_bias", bias)

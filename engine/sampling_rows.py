@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar import GrammarMasks
 from engine.logit_bias import BiasEntries, bias_entries
 from engine.sampling_params import SamplingParams
 
@@ -42,6 +43,7 @@ class StepSampling:
     logprobs: tuple[int, ...]  # top-n asked by each row with logprobs (0: the token only)
     logprob_positions: tuple[int, ...]  # their positions in the step
     logit_bias: BiasEntries | None = None  # of the rows that carry one, by step position
+    grammar: GrammarMasks | None = None  # token masks of the constrained rows (engine.grammar)
 
 
 @dataclass(frozen=True)

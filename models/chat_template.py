@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
@@ -35,19 +36,30 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool,
         special_tokens: Mapping[str, str],
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text of `messages` (OpenAI-style dicts); ValueError on bad messages."""
+        """The prompt text of `messages` (OpenAI-style dicts); ValueError on bad messages.
+        `tools`: OpenAI tool definitions, for a template that renders them."""
         chat = _check_messages(messages)
         try:
             return self._template().render(
                 messages=chat,
-                tools=None,
+                tools=list(tools) if tools else None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **special_tokens,
             )
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template rejected the messages: {exc}") from None
+
+    @property
+    def uses_tools(self) -> bool:
+        """True when the template reads the `tools` variable (renders tool definitions)."""
+        try:
+            names = jinja2.meta.find_undeclared_variables(_environment().parse(self.text))
+        except jinja2.TemplateError:
+            return False
+        return "tools" in names
 
     def _template(self) -> jinja2.Template:
         if self._compiled is None:

@@ -83,8 +83,16 @@ class Tokenizer:
         """Text of one token as a client sees it in logprobs (special tokens included)."""
         return self.decode([token_id], skip_special_tokens=False)
 
+    @property
+    def chat_template_uses_tools(self) -> bool:
+        """True when the chat template renders tool definitions itself (`tools`)."""
+        return self._template is not None and self._template.uses_tools
+
     def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         """The prompt text the chat template makes of `messages` (OpenAI-style dicts)."""
         if self._template is None:
@@ -92,14 +100,19 @@ class Tokenizer:
                 "this model has no chat template (chat_template.jinja or "
                 "tokenizer_config.json chat_template); use a completion"
             )
-        return self._template.render(messages, add_generation_prompt, self.special_tokens)
+        return self._template.render(
+            messages, add_generation_prompt, self.special_tokens, tools=tools
+        )
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat (the template carries its own special tokens)."""
         return self.encode(
-            self.render_chat(messages, add_generation_prompt), add_special_tokens=False
+            self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False
         )
 
 

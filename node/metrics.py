@@ -46,6 +46,15 @@ TOTALS: dict[str, tuple[str, str]] = {
         "Tokens looked up in the prefix cache at admission",
     ),
     "splitserve_preemptions": ("preemptions", "Requests preempted for lack of KV blocks"),
+    "splitserve_constrained_requests": (
+        "constrained_requests",
+        "Requests admitted with a grammar (structured output or a forced tool call)",
+    ),
+    "splitserve_grammar_mask_seconds": (
+        "grammar_mask_seconds",
+        "Time spent computing grammar token masks (divide by grammar_mask_steps: per step)",
+    ),
+    "splitserve_grammar_mask_steps": ("grammar_mask_steps", "Steps that computed grammar masks"),
     "splitserve_kv_recomputes": (
         "recomputes_total",
         "Prompts recomputed locally after a failed KV transfer",

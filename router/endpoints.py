@@ -38,6 +38,9 @@ from router.responses import ChatFormatter, CompletionFormatter, Formatter
 from router.sample_responses import serve_samples
 from router.state import RouterState
 from router.streaming import EventStreamResponse, collect, sse_events, usage_of
+from router.structured import response_format_grammar
+from router.tool_output import ToolChatFormatter
+from router.tools import plan_tools
 
 T = TypeVar("T")
 
@@ -172,8 +175,12 @@ async def _prepare(
     max_len = state.settings.max_model_len or Pools.of(state.membership.nodes()).max_model_len()
     if max_len is None:
         raise unavailable("no node is available", state.settings.retry_after_s)
+    plan, grammar = None, None
     if isinstance(req, ChatCompletionRequest):
-        prompt = await chat_prompt(tokenizer, req)
+        plan = plan_tools(req)
+        grammar = plan.grammar if plan is not None else None
+        grammar = grammar or response_format_grammar(req.response_format)
+        prompt = await chat_prompt(tokenizer, req, plan)
         requested, param = req.requested_max_tokens()
         logprobs = req.requested_logprobs()
     elif isinstance(req, CompletionRequest):
@@ -182,7 +189,9 @@ async def _prepare(
     else:
         raise TypeError(f"unexpected request type {type(req).__name__}")
     max_tokens = resolve_max_tokens(prompt, requested, param, max_len)
-    spec = sampling_spec(tokenizer, req, max_tokens, logprobs)
+    spec = sampling_spec(tokenizer, req, max_tokens, logprobs, grammar)
+    if grammar is not None:
+        state.metrics.constrained_requests.inc()
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     flow = TokenFlow(
         state, request_id, prompt.token_ids, spec, ticket, arrived, req.priority, req.timeout
@@ -194,6 +203,8 @@ async def _prepare(
         if req.echo:
             echo = (await _prompt_text(tokenizer, req, prompt.token_ids), prompt.token_ids)
         fmt = CompletionFormatter(request_id, req.model, tokenizer, logprobs, echo)
+    elif plan is not None:
+        fmt = ToolChatFormatter(plan, request_id, req.model, tokenizer, logprobs)
     else:
         fmt = ChatFormatter(request_id, req.model, tokenizer, logprobs)
     return flow, output, fmt

@@ -93,6 +93,12 @@ class RouterMetrics:
             _BASE,
             registry=r,
         ).labels(*base)
+        self.constrained_requests = Counter(
+            "splitserve_router_constrained_requests",
+            "Requests sent with a grammar: response_format json, or a forced tool call",
+            _BASE,
+            registry=r,
+        ).labels(*base)
         self.decode_resumes = Counter(
             "splitserve_router_decode_resumes",
             "Decodes resumed on another node after a failure",

@@ -2,14 +2,23 @@
 
 Requests validate strictly (a string is not a number) and ignore unknown fields, as OpenAI
 clients send extras. Features the router does not implement are refused with a 400 naming
-the field rather than silently ignored: suffix, tools.
+the field rather than silently ignored: suffix.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cluster.protocol import PRIORITY_LIMIT
 from router.errors import APIError, bad_request
@@ -161,24 +170,89 @@ class TextPart(_Request):
     text: str
 
 
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class CalledFunction(_Request):
+    name: str = Field(pattern=FUNCTION_NAME)
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(_Request):
+    """A tool call of an earlier assistant message."""
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant messages
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)  # tool messages
 
-    def template_dict(self) -> dict[str, Any]:
-        """The message as the chat template wants it (text parts joined)."""
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> ChatMessage:
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a message with role 'tool' needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
+
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
         content = self.content
         if isinstance(content, list):
             content = "\n".join(part.text for part in content)
-        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        return content or ""
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template wants it (text parts joined)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
         return message
 
 
+class JSONSchemaFormat(_Request):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Request):
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _json_schema_goes_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs the json_schema object")
+        return self
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Request):
+    name: str = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -188,15 +262,10 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if value:
-            raise ValueError("tools are not supported")
-        return value
 
     @field_validator("top_logprobs")
     @classmethod
@@ -217,9 +286,23 @@ class ChatCompletionRequest(SamplingRequest):
 
 _FIELD_NAMES = frozenset(
     name
-    for cls in (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions)
+    for cls in (
+        CompletionRequest,
+        ChatCompletionRequest,
+        ChatMessage,
+        TextPart,
+        StreamOptions,
+        ToolCallIn,
+        CalledFunction,
+        ResponseFormat,
+        JSONSchemaFormat,
+        ToolDefinition,
+        FunctionDefinition,
+        NamedToolChoice,
+        FunctionName,
+    )
     for name in cls.model_fields
-)
+) | {"schema"}
 
 
 def parse_request(cls: type[SamplingRequest], raw: bytes) -> Any:
@@ -287,14 +370,31 @@ class ChatLogprobs(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: str | None = None
     annotations: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ToolCallsMessage(ChatResponseMessage):
+    """An answer made of tool calls (content null)."""
+
+    tool_calls: list[ToolCallOut]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
-    message: ChatResponseMessage
+    message: SerializeAsAny[ChatResponseMessage]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
@@ -311,7 +411,7 @@ class ChatCompletion(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, str]
+    delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 

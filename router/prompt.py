@@ -13,6 +13,7 @@ from cluster.protocol import SamplingSpec
 from models.tokenizer import Tokenizer
 from router.errors import bad_request
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from router.tools import ToolPlan, template_messages
 
 T = TypeVar("T")
 
@@ -37,10 +38,12 @@ async def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> Pro
     return Prompt(ids, "prompt")
 
 
-async def chat_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> Prompt:
-    messages = [m.template_dict() for m in req.messages]
+async def chat_prompt(
+    tokenizer: Tokenizer, req: ChatCompletionRequest, plan: ToolPlan | None = None
+) -> Prompt:
+    messages, tools = template_messages(req.messages, plan, tokenizer.chat_template_uses_tools)
     try:
-        ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages, True)
+        ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages, True, tools)
     except ValueError as exc:  # the template refused the conversation
         raise bad_request(str(exc), param="messages", code="invalid_messages") from None
     if not ids:
@@ -84,7 +87,11 @@ def resolve_max_tokens(
 
 
 def sampling_spec(
-    tokenizer: Tokenizer, req: SamplingRequest, max_tokens: int, logprobs: int | None
+    tokenizer: Tokenizer,
+    req: SamplingRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    grammar: str | None = None,
 ) -> SamplingSpec:
     """SamplingSpec with OpenAI's defaults for what the request leaves out."""
     stop_ids = list(req.stop_token_ids or [])
@@ -105,6 +112,7 @@ def sampling_spec(
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
         logit_bias=bias,
+        grammar=grammar,
     )
 
 

@@ -40,8 +40,11 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 class Formatter(Protocol):
     """Builds one endpoint's stream chunks and final response."""
 
-    def chunk(self, delta: TextDelta, first: bool, index: int = 0) -> BaseModel | None:
-        """The SSE chunk for a delta of choice `index`; None when there is nothing to send."""
+    def chunk(
+        self, delta: TextDelta, first: bool, index: int = 0
+    ) -> BaseModel | Sequence[BaseModel] | None:
+        """The SSE chunk (or chunks) for a delta of choice `index`; None when there is
+        nothing to send."""
         ...
 
     def usage_chunk(self, usage: Usage) -> BaseModel: ...
@@ -51,6 +54,13 @@ class Formatter(Protocol):
     def responses(self, choices: Sequence[Sequence[TextDelta]], usage: Usage) -> BaseModel:
         """One response holding several choices, indexed in order."""
         ...
+
+
+def chunks_of(piece: BaseModel | Sequence[BaseModel] | None) -> Sequence[BaseModel]:
+    """What `Formatter.chunk` returned, as a list of chunks to send."""
+    if piece is None:
+        return []
+    return [piece] if isinstance(piece, BaseModel) else piece
 
 
 class _Base:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from router.choices import Samples, best
 from router.disconnect import until_disconnect
 from router.errors import APIError, internal_error
-from router.responses import Formatter
+from router.responses import Formatter, chunks_of
 from router.streaming import DONE, EventStreamResponse, sse
 
 log = logging.getLogger("splitserve.router")
@@ -60,9 +60,9 @@ async def _events(samples: Samples, fmt: Formatter, include_usage: bool) -> Asyn
         async with aclosing(samples.stream()) as deltas:
             async for index, delta in deltas:
                 piece = fmt.chunk(delta, index not in started, index)
-                if piece is not None:
+                for one in chunks_of(piece):
                     started.add(index)
-                    yield sse(piece, include_usage)
+                    yield sse(one, include_usage)
         if include_usage:
             yield sse(fmt.usage_chunk(samples.usage()), include_usage)
     except APIError as err:

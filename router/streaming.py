@@ -18,7 +18,7 @@ from router.completions import TokenFlow
 from router.errors import APIError, internal_error
 from router.openai_schema import Usage
 from router.output import OutputProcessor, TextDelta
-from router.responses import Formatter, make_usage
+from router.responses import Formatter, chunks_of, make_usage
 
 log = logging.getLogger("splitserve.router")
 
@@ -56,9 +56,9 @@ async def sse_events(
             async for chunk in events:
                 delta = output.feed(chunk)
                 piece = fmt.chunk(delta, first)
-                if piece is not None:
+                for one in chunks_of(piece):
                     first = False
-                    yield sse(piece, include_usage)
+                    yield sse(one, include_usage)
                 if delta.finish_reason is not None:
                     break
         if include_usage:

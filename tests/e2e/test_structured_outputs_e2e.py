@@ -1,0 +1,195 @@
+"""Structured outputs and tool calls with the official openai client against `splitserve up`
+(1 prefill + 1 decode node, the default model): 20 JSON schemas give output that parses and
+validates, streamed and not; tool calls round-trip with tool_choice "required" and a named
+function; bad schemas and bad tool definitions are 400s. Every response and chunk validates
+against the openai package's types."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from cluster_harness import Cluster, running_cluster
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from bench.grammar_schemas import SCHEMAS
+
+pytestmark = pytest.mark.e2e
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    run_dir = tmp_path_factory.mktemp("up-structured")
+    with running_cluster(default_model_dir, run_dir, "--num-kv-blocks", "512") as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=300
+    )
+
+
+def _messages(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    # the schema in the prompt makes it long enough to go through the prefill pool
+    text = f"Reply with JSON that matches this schema: {json.dumps(schema)}"
+    return [{"role": "user", "content": text}]
+
+
+def _one(client: openai.OpenAI, index: int, stream: bool) -> tuple[str, str | None]:
+    schema, _ = SCHEMAS[index]
+    args: dict[str, Any] = {
+        "model": "smollm2",
+        "messages": _messages(schema),
+        "max_tokens": 150,
+        "temperature": 0.7,
+        "seed": index,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": f"s{index}", "schema": schema, "strict": True},
+        },
+    }
+    if not stream:
+        reply = client.chat.completions.create(**args)
+        ChatCompletion.model_validate(reply.to_dict())
+        return reply.choices[0].message.content or "", reply.choices[0].finish_reason
+    text, finish = "", None
+    for chunk in client.chat.completions.create(**args, stream=True):
+        ChatCompletionChunk.model_validate(chunk.to_dict())
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_twenty_schemas_give_valid_json(client: openai.OpenAI, stream: bool) -> None:
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(lambda i: _one(client, i, stream), range(len(SCHEMAS))))
+    for (schema, _), (text, finish) in zip(SCHEMAS, results, strict=True):
+        assert finish == "stop", (schema, text)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def _ask(client: openai.OpenAI, messages: list[dict[str, Any]], choice: Any) -> ChatCompletion:
+    reply = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,  # type: ignore[arg-type]
+        tools=[WEATHER, TIME],  # type: ignore[list-item]
+        tool_choice=choice,
+        max_tokens=60,
+        temperature=0,
+    )
+    ChatCompletion.model_validate(reply.to_dict())
+    return reply
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}]
+)
+def test_a_tool_call_round_trip(client: openai.OpenAI, choice: Any) -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = _ask(client, messages, choice).choices[0]
+    assert first.finish_reason == "tool_calls"
+    (call,) = first.message.tool_calls or []
+    if isinstance(choice, dict):
+        assert call.function.name == "get_time"
+    tool = WEATHER if call.function.name == "get_weather" else TIME
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    messages.append(first.message.to_dict())
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "22 C, sunny, 14:00"})
+    final = _ask(client, messages, "none").choices[0]
+    assert final.message.tool_calls is None
+    assert final.message.content and final.finish_reason in ("stop", "length")
+
+
+def test_a_streamed_forced_call_parses(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Time in Berlin?"}],
+        tools=[WEATHER, TIME],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=60,
+        temperature=0,
+        stream=True,
+    )
+    names, arguments, finish = "", "", None
+    for chunk in stream:
+        ChatCompletionChunk.model_validate(chunk.to_dict())
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                names += (call.function.name or "") if call.function else ""
+                arguments += (call.function.arguments or "") if call.function else ""
+            finish = choice.finish_reason or finish
+    assert names == "get_time" and finish == "tool_calls"
+    jsonschema.validate(json.loads(arguments), TIME["function"]["parameters"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "foo"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+            "tools[0].function.name",
+        ),
+    ],
+)
+def test_bad_schemas_and_tools_are_400(
+    client: openai.OpenAI, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=4, **extra
+        )
+    assert info.value.status_code == 400
+    error = info.value.body
+    assert isinstance(error, dict) and error["param"] == param
+    assert error["type"] == "invalid_request_error" and error["message"]
