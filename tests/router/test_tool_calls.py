@@ -206,3 +206,34 @@ async def test_bad_tool_definitions_are_a_400(
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
     assert not prefill.prefills
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_each_of_n_choices_carries_its_own_forced_call(
+    tokenizer: Tokenizer, stream: bool
+) -> None:
+    body = _chat(tools=[WEATHER], tool_choice="required", n=2, seed=3, stream=stream)
+    resp, _ = await _serve(tokenizer, CALL, body)
+    assert resp.status_code == 200, resp.text
+    if not stream:
+        reply = ChatCompletion.model_validate(resp.json())
+        assert [c.index for c in reply.choices] == [0, 1]
+        for choice_out in reply.choices:
+            assert choice_out.finish_reason == "tool_calls"
+            (call,) = choice_out.message.tool_calls or []
+            assert call.function.name == "get_weather"
+            assert json.loads(call.function.arguments) == {"city": "Paris"}
+        return
+    chunks = _chunks(resp)
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk)
+    for index in (0, 1):
+        mine = [
+            c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index
+        ]
+        names = [t["function"]["name"] for c in mine for t in c["delta"].get("tool_calls") or []
+                 if t["function"].get("name")]  # fmt: skip
+        args = "".join(t["function"]["arguments"] for c in mine
+                       for t in c["delta"].get("tool_calls") or [])  # fmt: skip
+        assert names == ["get_weather"] and json.loads(args) == {"city": "Paris"}
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["tool_calls"]
