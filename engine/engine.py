@@ -6,7 +6,7 @@ their HTTP handlers through a command queue drained between steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -23,6 +23,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.schedule import ImportPlan, SchedulerOutput
 from engine.scheduler import Scheduler
+from engine.speculative import SpeculativeStats, Speculator
 from engine.step_timer import StepTimer
 
 
@@ -76,7 +77,11 @@ class LLMEngine:
             config.async_scheduling
             and config.sampler == "batched"
             and config.role is not Role.PREFILL
+            and config.speculative_method == "none"  # guesses need the tokens so far
         )
+        self.speculator: Speculator | None = None
+        if config.speculative_method != "none" and config.role is not Role.PREFILL:
+            self.speculator = Speculator(config)
         self._in_flight: _Launched | None = None
 
     # ---- requests -------------------------------------------------------------------------
@@ -133,6 +138,11 @@ class LLMEngine:
             raise KeyError(f"request {request_id} holds no pinned blocks")
         return list(request.block_ids)
 
+    @property
+    def speculative_stats(self) -> SpeculativeStats | None:
+        """Totals of speculative decoding (None: off)."""
+        return self.speculator.stats if self.speculator is not None else None
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work or self._in_flight is not None
 
@@ -174,6 +184,8 @@ class LLMEngine:
     def _launch(self) -> _Launched | None:
         """Schedule, build the inputs, run the model and the sampler (asynchronous on a GPU)."""
         timer = self.timer
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         self.counters.preemptions += len(out.preempted)
         for request_id in out.preempted:
@@ -194,7 +206,7 @@ class LLMEngine:
         """Wait for a launched step's tokens (the step's one sync) and apply them."""
         token_ids, logprobs = launched.fetch()
         out = launched.out
-        update = self.scheduler.update(out, token_ids)
+        update = self.scheduler.update(out, token_ids, launched.more)
         for request in update.finished:
             self.runner.batch.release(request.request_id)
             if request.status is RequestStatus.FINISHED:
@@ -202,9 +214,15 @@ class LLMEngine:
                 self.counters.finished_requests += 1
         self.counters.tokens_computed += out.num_tokens
         self.counters.generated_tokens += len(update.advanced)
+        if launched.more is not None and self.speculator is not None:
+            for request_id in launched.more:
+                self.runner.batch.invalidate(request_id)
+            more = update.more
+            self.counters.generated_tokens += sum(map(len, more.values()))
+            self.speculator.stats.emitted += sum(1 + len(more.get(r, ())) for r in launched.more)
         self.counters.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
         self.counters.steps += 1
-        result = StepResult(launched.requests, token_ids, logprobs)
+        result = StepResult(launched.requests, token_ids, logprobs, update.more)
         if len(update.advanced) != len(token_ids):  # aborted while in flight
             result = result.only(set(map(id, update.advanced)))
         self.timer.lap("output")
@@ -214,8 +232,9 @@ class LLMEngine:
     def to_outputs(self, result: StepResult) -> list[StepOutput]:
         """One StepOutput per request of a step (for the nodes' streams)."""
         logprobs = result.logprobs or [None] * len(result.requests)
+        more = result.more
         return [
-            _output(r, t, lp)
+            _output(r, (t, *more[r.request_id]) if r.request_id in more else (t,), lp)
             for r, t, lp in zip(result.requests, result.token_ids, logprobs, strict=True)
         ]
 
@@ -260,9 +279,17 @@ class LLMEngine:
             )
         step = inputs.sampling
         assert step is not None  # the engine always passes its requests
-        sample = batch_sampler.sample(logits, step)
-        self.runner.batch.record(step.rows, sample.token_ids)
+        n = len(requests)
+        sample = batch_sampler.sample(logits[:n] if logits.shape[0] > n else logits, step)
         tokens = sample.token_ids
+        more = None
+        if self.speculator is not None:
+            tokens, more = self.speculator.verify(out, logits, step, tokens)
+        self.runner.batch.record(step.rows, tokens)
+        if more:  # a speculative row drew one token per emitted token
+            extra = [len(more.get(r.request_id, ())) for r in requests]
+            extra_t = torch.tensor(extra, dtype=torch.int64, device=step.rows.device)
+            self.runner.batch.sampling.draws.index_add_(0, step.rows, extra_t)
         event = None
         if tokens.device.type == "cuda":  # one non-blocking copy; waited for in fetch
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -272,7 +299,7 @@ class LLMEngine:
         logprobs = None
         if sample.logprobs is not None:
             logprobs = _DeferredLogprobs(sample.logprobs, step.logprobs, step.logprob_positions)
-        return _Launched(out, requests, tokens, event, logprobs)
+        return _Launched(out, requests, tokens, event, logprobs, more or None)
 
 
 @dataclass(frozen=True)
@@ -282,13 +309,21 @@ class StepResult:
     requests: list[Request]
     token_ids: list[int]
     logprobs: list[TokenLogprob | None] | None
+    more: dict[str, tuple[int, ...]] = field(default_factory=dict)  # speculative: after the first
 
     def only(self, keep: set[int]) -> StepResult:
         """The rows whose request's id() is in `keep`."""
         rows = [i for i, r in enumerate(self.requests) if id(r) in keep]
         logprobs = [self.logprobs[i] for i in rows] if self.logprobs is not None else None
         return StepResult(
-            [self.requests[i] for i in rows], [self.token_ids[i] for i in rows], logprobs
+            [self.requests[i] for i in rows],
+            [self.token_ids[i] for i in rows],
+            logprobs,
+            {
+                k: v
+                for k, v in self.more.items()
+                if k in {self.requests[i].request_id for i in rows}
+            },
         )
 
 
@@ -317,6 +352,7 @@ class _Launched:
     tokens: torch.Tensor | list[int]
     ready: torch.cuda.Event | None
     logprobs: _DeferredLogprobs | list[TokenLogprob | None] | None
+    more: dict[str, list[int]] | None = None  # speculative chunks' tokens after the first
 
     def fetch(self) -> tuple[list[int], list[TokenLogprob | None] | None]:
         if self.ready is not None:
@@ -328,14 +364,14 @@ class _Launched:
         return tokens, logprobs
 
 
-def _output(request: Request, token: int, logprob: TokenLogprob | None) -> StepOutput:
+def _output(request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None) -> StepOutput:
     done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
     reason = request.finish_reason
     if request.status is RequestStatus.PINNED:
         reason = FinishReason.PREFILLED
     return StepOutput(
         request_id=request.request_id,
-        new_token_ids=(token,),
+        new_token_ids=tokens,
         logprobs=(logprob,) if logprob is not None else (),
         finished=done,
         finish_reason=reason,

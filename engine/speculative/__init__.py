@@ -1,0 +1,106 @@
+"""Speculative decoding: guess a decoding request's next tokens, verify them in one forward.
+
+The engine asks the `Speculator` for guesses before it schedules a step
+(`propose`): each running request that decodes gets up to k guesses in
+`Request.draft_token_ids`, from prompt lookup (`ngram`) or a small draft model (`draft`).
+The scheduler plans such a request as one chunk of its last token and the guesses (k + 1
+tokens of budget and KV slots), the model scores all its positions, and `verify` keeps the
+accepted guesses plus one token (engine.speculative.verify). The scheduler appends them up
+to a stop and gives back the blocks of the rejected ones.
+
+Requests that ask for logprobs, penalties or a logit bias are decoded plainly. Steps run
+without overlapped scheduling when speculation is on (the guesses need the tokens so far).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from engine.config import EngineConfig
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.sampling_rows import StepSampling
+from engine.schedule import SchedulerOutput
+from engine.speculative.metrics import ACCEPTANCE_BUCKETS, SpeculativeStats
+from engine.speculative.ngram import NgramProposer
+from engine.speculative.verify import verify
+
+
+def speculates(params: SamplingParams) -> bool:
+    """Whether a request with these settings may be given guesses."""
+    return params.logprobs is None and not params.has_penalties and not params.logit_bias
+
+
+class Speculator:
+    """Proposes guesses for a step's decodes and verifies them after its forward."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.k = config.num_speculative_tokens
+        self.method = config.speculative_method
+        self.stats = SpeculativeStats()
+        if self.method == "ngram":
+            self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
+        else:
+            raise ValueError(f"speculative method {self.method!r} is not built here")
+
+    def propose(self, running: Iterable[Request]) -> None:
+        """Set the guesses of every running request about to decode (others get none)."""
+        for request in running:
+            ready = (
+                request.status is RequestStatus.RUNNING
+                and request.num_pending == 0
+                and request.num_tokens - request.num_computed_tokens == 1
+                and speculates(request.params)
+            )
+            if not ready:
+                request.draft_token_ids = []
+                continue
+            left = request.token_limit - request.num_tokens - 1
+            request.draft_token_ids = self.ngram.propose(request.all_token_ids, min(self.k, left))
+
+    def verify(
+        self,
+        out: SchedulerOutput,
+        logits: torch.Tensor,
+        step: StepSampling,
+        tokens: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, list[int]]]:
+        """The step's tokens with each speculative chunk's first emitted token in its row,
+        and the tokens it emits after that, by request id. logits: every scored row
+        (the sampled rows, then the guesses' rows); tokens: what the sampler drew for the
+        sampled rows."""
+        num_sampled = tokens.shape[0]
+        positions: list[int] = []
+        drafts: list[list[int]] = []
+        ids: list[str] = []
+        position = len(out.decodes)
+        for chunk in out.prefills:
+            if not chunk.sample:
+                continue
+            if chunk.num_draft:
+                positions.append(position)
+                drafts.append(list(chunk.token_ids[-chunk.num_draft :]))
+                ids.append(chunk.request_id)
+            position += 1
+        if not positions:
+            return tokens, {}
+        emitted = verify(logits, step, positions, drafts, num_sampled)
+        tokens = tokens.clone()
+        at = torch.tensor(positions, device=tokens.device)
+        tokens[at] = torch.tensor([e[0] for e in emitted], device=tokens.device)
+        more = {rid: e[1:] for rid, e in zip(ids, emitted, strict=True)}
+        for guesses, e in zip(drafts, emitted, strict=True):
+            self.stats.record(len(guesses), len(e) - 1, 0)
+        return tokens, more
+
+
+__all__ = [
+    "ACCEPTANCE_BUCKETS",
+    "NgramProposer",
+    "SpeculativeStats",
+    "Speculator",
+    "speculates",
+    "verify",
+]
