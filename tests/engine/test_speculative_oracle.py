@@ -9,12 +9,15 @@ from test_engine_oracle import NEW_TOKENS, PROMPTS, _hf_greedy
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 
+# a third of the oracle prompts, mixed lengths (the whole set costs minutes on 2 cores)
+ORACLE = PROMPTS[::3]
+
 
 def test_greedy_ngram_equals_transformers(default_model_dir: Path) -> None:
     llm = LLM(
         default_model_dir,
         dtype="float32",
-        max_num_batched_tokens=48,  # chunked prefill beside speculative chunks
+        max_num_batched_tokens=64,  # chunked prefill beside speculative chunks
         num_kv_blocks=512,
         speculative_method="ngram",
         num_speculative_tokens=4,
@@ -25,6 +28,6 @@ def test_greedy_ngram_equals_transformers(default_model_dir: Path) -> None:
     stats = llm.engine.speculative_stats
     assert stats is not None and 0 < stats.accepted < stats.proposed
     expected = _hf_greedy(default_model_dir, prompts, NEW_TOKENS)
-    for prompt, got, want in zip(PROMPTS, ours, expected, strict=True):
+    for prompt, got, want in zip(ORACLE, ours, expected, strict=True):
         assert got.token_ids == want, f"divergence for prompt {prompt[:40]!r}"
     assert llm.engine.stats().free_blocks == llm.engine.stats().total_blocks
