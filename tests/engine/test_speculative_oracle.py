@@ -22,7 +22,7 @@ def test_greedy_ngram_equals_transformers(default_model_dir: Path) -> None:
         speculative_method="ngram",
         num_speculative_tokens=4,
     )
-    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in ORACLE]
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     ours = llm.generate(prompts, params)
     stats = llm.engine.speculative_stats
