@@ -37,6 +37,14 @@ class EngineCounters:
     prefix_hit_tokens: int = 0
     preemptions: int = 0
     finished_requests: int = 0
+    # speculative decoding (engine.speculative.metrics): guesses verified, accepted, tokens
+    # emitted by speculative chunks, chunks verified, and the acceptance-rate histogram
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_emitted: int = 0
+    spec_chunks: int = 0
+    spec_acceptance_sum: float = 0.0
+    spec_acceptance_buckets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,7 +227,9 @@ class LLMEngine:
                 self.runner.batch.invalidate(request_id)
             more = update.more
             self.counters.generated_tokens += sum(map(len, more.values()))
-            self.speculator.stats.emitted += sum(1 + len(more.get(r, ())) for r in launched.more)
+            stats = self.speculator.stats
+            stats.emitted += sum(1 + len(more.get(r, ())) for r in launched.more)
+            self._count_speculation(stats)
         self.counters.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
         self.counters.steps += 1
         result = StepResult(launched.requests, token_ids, logprobs, update.more)
@@ -228,6 +238,16 @@ class LLMEngine:
         self.timer.lap("output")
         self.timer.end_step()
         return result
+
+    def _count_speculation(self, stats: SpeculativeStats) -> None:
+        c = self.counters
+        c.spec_proposed, c.spec_accepted, c.spec_emitted = (
+            stats.proposed,
+            stats.accepted,
+            stats.emitted,
+        )
+        c.spec_chunks, c.spec_acceptance_sum = stats.chunks, stats.acceptance_sum
+        c.spec_acceptance_buckets = tuple(stats.acceptance)
 
     def to_outputs(self, result: StepResult) -> list[StepOutput]:
         """One StepOutput per request of a step (for the nodes' streams)."""

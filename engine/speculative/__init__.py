@@ -40,13 +40,20 @@ class Speculator:
         self.k = config.num_speculative_tokens
         self.method = config.speculative_method
         self.stats = SpeculativeStats()
+        self._budget: dict[str, _Budget] = {}
         if self.method == "ngram":
             self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
         else:
             raise ValueError(f"speculative method {self.method!r} is not built here")
 
     def propose(self, running: Iterable[Request]) -> None:
-        """Set the guesses of every running request about to decode (others get none)."""
+        """Set the guesses of every running request about to decode (others get none).
+
+        How many a request gets adapts to how its latest guesses fared: twice the last
+        accepted run (at least one, at most k), and after a few rejections in a row none for
+        a while (doubling up to 32 steps), so that text that does not repeat costs little.
+        """
+        budgets, self._budget = self._budget, {}
         for request in running:
             ready = (
                 request.status is RequestStatus.RUNNING
@@ -57,8 +64,15 @@ class Speculator:
             if not ready:
                 request.draft_token_ids = []
                 continue
+            budget = budgets.get(request.request_id) or _Budget(self.k)
+            self._budget[request.request_id] = budget
+            if budget.pause:
+                budget.pause -= 1
+                request.draft_token_ids = []
+                continue
             left = request.token_limit - request.num_tokens - 1
-            request.draft_token_ids = self.ngram.propose(request.all_token_ids, min(self.k, left))
+            k = min(budget.k, left)
+            request.draft_token_ids = self.ngram.propose(request.all_token_ids, k)
 
     def verify(
         self,
@@ -91,9 +105,34 @@ class Speculator:
         at = torch.tensor(positions, device=tokens.device)
         tokens[at] = torch.tensor([e[0] for e in emitted], device=tokens.device)
         more = {rid: e[1:] for rid, e in zip(ids, emitted, strict=True)}
-        for guesses, e in zip(drafts, emitted, strict=True):
+        for rid, guesses, e in zip(ids, drafts, emitted, strict=True):
             self.stats.record(len(guesses), len(e) - 1, 0)
+            budget = self._budget.get(rid)
+            if budget is not None:
+                budget.update(len(e) - 1, self.k)
         return tokens, more
+
+
+class _Budget:
+    """Guesses a request gets next (see Speculator.propose)."""
+
+    __slots__ = ("backoff", "k", "misses", "pause")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.misses = 0  # verified chunks in a row with nothing accepted
+        self.pause = 0  # steps left without guesses
+        self.backoff = 4
+
+    def update(self, accepted: int, k_max: int) -> None:
+        self.k = max(1, min(k_max, 2 * accepted))
+        if accepted:
+            self.misses, self.backoff = 0, 4
+            return
+        self.misses += 1
+        if self.misses >= 2:
+            self.pause, self.misses = self.backoff, 0
+            self.backoff = min(32, 2 * self.backoff)
 
 
 __all__ = [
