@@ -89,7 +89,7 @@ class LLMEngine:
         )
         self.speculator: Speculator | None = None
         if config.speculative_method != "none" and config.role is not Role.PREFILL:
-            self.speculator = Speculator(config)
+            self.speculator = Speculator(config, self.model_config, self.runner.num_blocks)
         self._in_flight: _Launched | None = None
 
     # ---- requests -------------------------------------------------------------------------
@@ -130,6 +130,8 @@ class LLMEngine:
         """Cancel a request in any state and free its blocks. False when unknown."""
         found = self.scheduler.abort(request_id)
         self.sampler.forget(request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
         self.runner.batch.release(request_id)
         if self._in_flight is not None and not self.scheduler.has_work:
             launched, self._in_flight = self._in_flight, None
@@ -217,6 +219,8 @@ class LLMEngine:
         update = self.scheduler.update(out, token_ids, launched.more)
         for request in update.finished:
             self.runner.batch.release(request.request_id)
+            if self.speculator is not None:
+                self.speculator.forget(request.request_id)
             if request.status is RequestStatus.FINISHED:
                 self.sampler.forget(request.request_id)
                 self.counters.finished_requests += 1

@@ -19,10 +19,12 @@ from collections.abc import Iterable
 import torch
 
 from engine.config import EngineConfig
+from engine.model_config import ModelConfig
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.sampling_rows import StepSampling
 from engine.schedule import SchedulerOutput
+from engine.speculative.draft import DraftProposer
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS, SpeculativeStats
 from engine.speculative.ngram import NgramProposer
 from engine.speculative.verify import verify
@@ -36,15 +38,21 @@ def speculates(params: SamplingParams) -> bool:
 class Speculator:
     """Proposes guesses for a step's decodes and verifies them after its forward."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self, config: EngineConfig, model: ModelConfig | None = None, num_blocks: int = 0
+    ) -> None:
         self.k = config.num_speculative_tokens
         self.method = config.speculative_method
         self.stats = SpeculativeStats()
         self._budget: dict[str, _Budget] = {}
-        if self.method == "ngram":
-            self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
-        else:
-            raise ValueError(f"speculative method {self.method!r} is not built here")
+        self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
+        self.draft: DraftProposer | None = None
+        if self.method == "draft":
+            if model is None:
+                raise ValueError("the draft proposer needs the target model's config")
+            self.draft = DraftProposer(config, model, num_blocks)
+        elif self.method != "ngram":
+            raise ValueError(f"unknown speculative method {self.method!r}")
 
     def propose(self, running: Iterable[Request]) -> None:
         """Set the guesses of every running request about to decode (others get none).
@@ -54,6 +62,7 @@ class Speculator:
         a while (doubling up to 32 steps), so that text that does not repeat costs little.
         """
         budgets, self._budget = self._budget, {}
+        asks: list[tuple[Request, int]] = []
         for request in running:
             ready = (
                 request.status is RequestStatus.RUNNING
@@ -72,7 +81,21 @@ class Speculator:
                 continue
             left = request.token_limit - request.num_tokens - 1
             k = min(budget.k, left)
-            request.draft_token_ids = self.ngram.propose(request.all_token_ids, k)
+            if self.draft is None:
+                request.draft_token_ids = self.ngram.propose(request.all_token_ids, k)
+            else:
+                asks.append((request, k))
+        if self.draft is not None:
+            self.draft.forget_except(set(self._budget))
+            guesses = self.draft.propose([r for r, _ in asks], [k for _, k in asks])
+            for (request, _), tokens in zip(asks, guesses, strict=True):
+                request.draft_token_ids = tokens
+
+    def forget(self, request_id: str) -> None:
+        """The request left the running batch: drop its state (and its draft KV)."""
+        self._budget.pop(request_id, None)
+        if self.draft is not None:
+            self.draft.forget(request_id)
 
     def verify(
         self,
@@ -137,6 +160,7 @@ class _Budget:
 
 __all__ = [
     "ACCEPTANCE_BUCKETS",
+    "DraftProposer",
     "NgramProposer",
     "SpeculativeStats",
     "Speculator",

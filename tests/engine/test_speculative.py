@@ -146,3 +146,50 @@ def test_stops_inside_an_accepted_run(tiny_dir: Path) -> None:
             results.append((out, reason))
         assert results[0] == results[1], params
         assert len(results[0][0]) <= min(params.max_tokens, 48 - len(prompt))
+
+
+@pytest.fixture(scope="module")
+def other_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A different random model of the same vocabulary: a draft whose guesses often fail."""
+    path = tmp_path_factory.mktemp("speculative_draft")
+    save_tiny_llama(path, seed=1, num_hidden_layers=1)
+    return path
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_greedy_draft_model_equals_plain_decoding(
+    tiny_dir: Path, other_tiny_dir: Path, draft: str
+) -> None:
+    plain, _ = _run(tiny_dir, "none")
+    draft_dir = tiny_dir if draft == "self" else other_tiny_dir
+    spec, engine = _run(tiny_dir, "draft", draft_model=draft_dir)
+    stats = engine.speculative_stats
+    assert stats is not None and stats.proposed > 0
+    if draft == "self":  # the model guessing its own argmax: (nearly) every guess holds
+        assert stats.accepted >= 0.9 * stats.proposed
+    else:
+        assert 0 < stats.accepted < stats.proposed
+    for rid, want in plain["tokens"].items():
+        got = spec["tokens"][rid]
+        if rid in ABORT_AFTER:
+            assert got[: len(want)] == want[: len(got)], rid
+        else:
+            assert got == want, rid
+    assert engine.speculator is not None and engine.speculator.draft is not None
+    assert (
+        engine.speculator.draft.blocks.num_free_blocks
+        == engine.speculator.draft.blocks.num_total_blocks
+    )
+
+
+def test_draft_model_of_another_vocabulary_is_refused(
+    tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    other = tmp_path_factory.mktemp("other_vocab")
+    save_tiny_llama(other, vocab_size=96)
+    with pytest.raises(ValueError, match="same vocabulary"):
+        LLMEngine(
+            EngineConfig(
+                model_dir=tiny_dir, num_kv_blocks=16, speculative_method="draft", draft_model=other
+            )
+        )
