@@ -197,6 +197,8 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
+        if self.speculator is not None:
+            self.speculator.cost.step_started(out.num_tokens)
         self.counters.preemptions += len(out.preempted)
         for request_id in out.preempted:
             self.runner.batch.release(request_id)
@@ -226,6 +228,8 @@ class LLMEngine:
                 self.counters.finished_requests += 1
         self.counters.tokens_computed += out.num_tokens
         self.counters.generated_tokens += len(update.advanced)
+        if self.speculator is not None:
+            self.speculator.cost.step_ended()
         if launched.more is not None and self.speculator is not None:
             for request_id in launched.more:
                 self.runner.batch.invalidate(request_id)

@@ -24,6 +24,7 @@ from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.sampling_rows import StepSampling
 from engine.schedule import SchedulerOutput
+from engine.speculative.cost import StepCost
 from engine.speculative.draft import DraftProposer
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS, SpeculativeStats
 from engine.speculative.ngram import NgramProposer
@@ -45,6 +46,7 @@ class Speculator:
         self.method = config.speculative_method
         self.stats = SpeculativeStats()
         self._budget: dict[str, _Budget] = {}
+        self.cost = StepCost()
         self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
         self.draft: DraftProposer | None = None
         if self.method == "draft":
@@ -63,6 +65,8 @@ class Speculator:
         """
         budgets, self._budget = self._budget, {}
         asks: list[tuple[Request, int]] = []
+        running = list(running)
+        prior = self.stats.acceptance_rate if self.stats.proposed else 0.5
         for request in running:
             ready = (
                 request.status is RequestStatus.RUNNING
@@ -73,7 +77,7 @@ class Speculator:
             if not ready:
                 request.draft_token_ids = []
                 continue
-            budget = budgets.get(request.request_id) or _Budget(self.k)
+            budget = budgets.get(request.request_id) or _Budget(self.k, prior)
             self._budget[request.request_id] = budget
             if budget.pause:
                 budget.pause -= 1
@@ -83,13 +87,20 @@ class Speculator:
             k = min(budget.k, left)
             if self.draft is None:
                 request.draft_token_ids = self.ngram.propose(request.all_token_ids, k)
-            else:
+                k = len(request.draft_token_ids)
+            if k > 0:
                 asks.append((request, k))
-        if self.draft is not None:
-            self.draft.forget_except(set(self._budget))
-            guesses = self.draft.propose([r for r, _ in asks], [k for _, k in asks])
-            for (request, _), tokens in zip(asks, guesses, strict=True):
-                request.draft_token_ids = tokens
+        # what the step can afford (engine.speculative.cost)
+        gains = [self._budget[r.request_id].gains(k) for r, k in asks]
+        counts = self.cost.allocate(len(running), gains)
+        if self.draft is None:
+            for (request, _), n in zip(asks, counts, strict=True):
+                del request.draft_token_ids[n:]
+            return
+        self.draft.forget_except(set(self._budget))
+        guesses = self.draft.propose([r for r, _ in asks], counts)
+        for (request, _), tokens in zip(asks, guesses, strict=True):
+            request.draft_token_ids = tokens
 
     def forget(self, request_id: str) -> None:
         """The request left the running batch: drop its state (and its draft KV)."""
@@ -132,22 +143,30 @@ class Speculator:
             self.stats.record(len(guesses), len(e) - 1, 0)
             budget = self._budget.get(rid)
             if budget is not None:
-                budget.update(len(e) - 1, self.k)
+                budget.update(len(e) - 1, len(guesses), self.k)
         return tokens, more
 
 
 class _Budget:
     """Guesses a request gets next (see Speculator.propose)."""
 
-    __slots__ = ("backoff", "k", "misses", "pause")
+    __slots__ = ("alpha", "backoff", "k", "misses", "pause")
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, alpha: float) -> None:
         self.k = k
+        self.alpha = alpha  # estimated chance that a guess holds (moving average)
         self.misses = 0  # verified chunks in a row with nothing accepted
         self.pause = 0  # steps left without guesses
         self.backoff = 4
 
-    def update(self, accepted: int, k_max: int) -> None:
+    def gains(self, k: int) -> list[float]:
+        """Expected extra tokens from guess 1 .. k: the chance that it and those before hold."""
+        return [self.alpha ** (j + 1) for j in range(k)]
+
+    def update(self, accepted: int, proposed: int, k_max: int) -> None:
+        # accepted of proposed, cut at the first rejection: a per-guess rate a / (a + 1)
+        rate = accepted / (accepted + (1 if accepted < proposed else 0) or 1)
+        self.alpha = 0.6 * self.alpha + 0.4 * rate
         self.k = max(1, min(k_max, 2 * accepted))
         if accepted:
             self.misses, self.backoff = 0, 4
