@@ -35,9 +35,10 @@ PASSAGES = [
     "She wrote to the shop on Thursday. The shop apologised, sent the pens by express post "
     "and offered a discount of ten percent on her next order, which she used in March to "
     "buy a desk lamp and a box of paper clips.",
-    "def average(values):\n    total = 0\n    count = 0\n    for value in values:\n        "
-    "total = total + value\n        count = count + 1\n    if count == 0:\n        return "
-    "None\n    return total / count\n",
+    "For the soup, chop two onions and three carrots, and fry them in butter for five "
+    "minutes. Add a litre of vegetable stock, a bay leaf and a handful of red lentils. Let it "
+    "simmer for twenty minutes, take out the bay leaf, and blend until smooth. Season with "
+    "salt, pepper and a little lemon juice, and serve it with warm bread.",
 ]
 TASKS = [
     "Repeat the following text exactly, word for word:\n\n{}",
