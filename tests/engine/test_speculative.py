@@ -193,3 +193,34 @@ def test_draft_model_of_another_vocabulary_is_refused(
                 model_dir=tiny_dir, num_kv_blocks=16, speculative_method="draft", draft_model=other
             )
         )
+
+
+def test_decode_role_speculates_on_imported_requests(tiny_dir: Path) -> None:
+    """A request whose prompt KV comes from a prefill engine (the decode pool's path)."""
+    prompt = [(7 * j) % 50 + 3 for j in range(9)] * 3
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    base = {"model_dir": tiny_dir, "block_size": 4, "num_kv_blocks": 64}
+    plain = LLMEngine(EngineConfig(**base))
+    plain.add_request("a", prompt, params)
+    want: list[int] = []
+    while plain.has_unfinished():
+        for o in plain.step():
+            want += o.new_token_ids
+    prefill = LLMEngine(EngineConfig(**base, role="prefill"))
+    prefill.add_request("a", prompt, params)
+    first = prefill.step()[0].new_token_ids
+    decode = LLMEngine(EngineConfig(**base, role="decode", speculative_method="ngram"))
+    plan = decode.import_request("a", prompt, list(first), params)
+    assert plan is not None
+    source = prefill.pinned_blocks("a")
+    for src, dst in zip(source[plan.num_cached_blocks :], plan.fill_block_ids, strict=False):
+        decode.runner.kv_cache[dst] = prefill.runner.kv_cache[src]
+    decode.commit_import("a")
+    got = list(first)
+    while decode.has_unfinished():
+        for o in decode.step():
+            got += o.new_token_ids
+    assert got == want
+    stats = decode.speculative_stats
+    assert stats is not None and stats.proposed > 0
+    assert decode.stats().free_blocks == decode.stats().total_blocks
