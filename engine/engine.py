@@ -197,8 +197,9 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
-        if self.speculator is not None:
-            self.speculator.cost.step_started(out.num_tokens)
+        if self.speculator is not None:  # the cost model learns from decode steps only
+            plain = all(c.num_draft for c in out.prefills)
+            self.speculator.cost.step_started(out.num_tokens if plain else 0)
         self.counters.preemptions += len(out.preempted)
         for request_id in out.preempted:
             self.runner.batch.release(request_id)

@@ -4,9 +4,10 @@ A verified guess costs one more token in the forward and pays only when accepted
 step is memory-bound (a GPU, or a CPU at batch 1) a few more tokens cost almost nothing;
 where it is compute-bound (a CPU at batch 8) every token costs about the same and guesses
 only pay when nearly all hold. The step time is fitted as a + b * tokens (least squares over
-the latest steps); a guess with expected gain g (the chance that it and the guesses before
-it hold) is added while g > b * T / C, T being the step's expected tokens and C its
-expected time, which is exactly when it raises tokens per second.
+the latest decode steps, whose every token is scored: prefill chunks, which score only
+their last token, would understate a guess's cost); a guess with expected gain g (the
+chance that it and the guesses before it hold) is added while g > b * T / C, T being the
+step's expected tokens and C its expected time: exactly when it raises tokens per second.
 """
 
 from __future__ import annotations
