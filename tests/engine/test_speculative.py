@@ -224,3 +224,19 @@ def test_decode_role_speculates_on_imported_requests(tiny_dir: Path) -> None:
     stats = decode.speculative_stats
     assert stats is not None and stats.proposed > 0
     assert decode.stats().free_blocks == decode.stats().total_blocks
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"speculative_method": "medusa"}, "speculative_method"),
+        ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"speculative_method": "ngram", "ngram_min": 3, "ngram_max": 2}, "ngram"),
+        ({"speculative_method": "draft"}, "draft_model"),
+        ({"speculative_method": "draft", "draft_model": "/no/such/dir"}, "no/such/dir"),
+        ({"draft_model": "/tmp"}, "draft_model"),
+    ],
+)
+def test_bad_speculative_settings_name_the_field(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(model_dir=Path("unused"), **options)
