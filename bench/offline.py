@@ -83,7 +83,9 @@ def run_engine(
     step_s = []
     while engine.has_unfinished():
         t0 = time.perf_counter()
-        n = len(engine.step_result().token_ids)
+        before = engine.counters.generated_tokens
+        engine.step_result()
+        n = engine.counters.generated_tokens - before
         step_s.append(time.perf_counter() - t0)
         generated += n
         bar.update(n)
@@ -210,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-model", choices=sorted(RANDOM_SHAPES), help="random weights")
     ap.add_argument("--decode-steps", type=int, default=32, help="CUDA: decode steps timed")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
+    ap.add_argument(
+        "--speculative-method", choices=["ngram", "draft"], default=None,
+        help="compare speculative decoding with plain decoding (bench.speculative)",
+    )  # fmt: skip
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--draft-model", default=None, help="draft: the draft model directory")
+    ap.add_argument("--batch-sizes", default="1,8", help="speculative: batch sizes, e.g. 1,4,8")
     args = ap.parse_args(argv)
 
     from models import ensure_model
@@ -227,6 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model_dir = ensure_model(args.model)
     shape = ModelShape.from_dir(model_dir)
+    if args.speculative_method:
+        from bench.speculative import speculative_main
+
+        report = speculative_main(args, model_dir, shape.vocab)
+        path = args.out if args.out != RESULTS_DIR / "offline.json" else None
+        path = path or RESULTS_DIR / "offline_speculative.json"
+        write_json(path, {"benchmark": "offline_speculative", "model": args.model, **report})
+        print(f"wrote {path}")
+        return 0
     prompts = make_workload(args.requests, args.min_len, args.max_len, shape.vocab, args.seed)
     peak_dtype = torch.float32 if args.dtype in ("float32", "fp32") else torch.bfloat16
     # The peak is sampled before and after the runs and the best kept: a peak taken while

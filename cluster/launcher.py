@@ -81,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpu-memory-utilization", type=float, default=0.9,
         help="CUDA: share of the GPU for all nodes together; each node gets an equal part",
     )  # fmt: skip
+    parser.add_argument(
+        "--speculative-method", choices=["none", "ngram", "draft"], default=None,
+        help="speculative decoding on the decode / colocated nodes",
+    )  # fmt: skip
+    parser.add_argument("--num-speculative-tokens", type=int, default=None)
+    parser.add_argument("--draft-model", default=None, help="draft model (registry name or dir)")
     parser.add_argument("--run-dir", default=None, help="where logs and pids.json go")
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -121,6 +127,13 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--port must be in [1, 65535]")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
+    k = args.num_speculative_tokens
+    if k is not None and not 1 <= k <= 16:
+        raise ValueError(f"--num-speculative-tokens must be in [1, 16], got {k}")
+    if args.speculative_method == "draft" and not args.draft_model:
+        raise ValueError("--speculative-method draft needs --draft-model")
+    if args.draft_model and args.speculative_method != "draft":
+        raise ValueError("--draft-model needs --speculative-method draft")
 
 
 def _ensure_model(args: argparse.Namespace) -> Path:
@@ -220,6 +233,12 @@ def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: Node
     argv += ["--transfer", args.transfer]
     if node.command == "decode":
         argv += ["--role", node.role]
+        speculative = {
+            "--speculative-method": args.speculative_method,
+            "--num-speculative-tokens": args.num_speculative_tokens,
+            "--draft-model": args.draft_model,
+        }
+        argv += [str(x) for flag, v in speculative.items() if v is not None for x in (flag, v)]
     optional = {
         "--device": args.device,
         "--dtype": args.dtype,

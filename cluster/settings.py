@@ -129,6 +129,11 @@ class NodeSettings(_Base):
     )
     advertise_host: str | None = None  # host in the URL others use; default: host
     torch_threads: int | None = Field(default=None, ge=1)
+    # Speculative decoding on decode and colocated nodes (engine.speculative); the prefill
+    # role ignores it. draft: a smaller model of the same vocabulary (registry name or dir).
+    speculative_method: Literal["none", "ngram", "draft"] = "none"
+    num_speculative_tokens: int = Field(default=4, ge=1, le=16)
+    draft_model: str | None = Field(default=None, min_length=1)
     # Needed on every /internal/* call and on the KV transfer handshake when set.
     cluster_token: SecretStr | None = None
     # After SIGTERM: how long running requests get to finish (and leases to be pulled).
@@ -143,6 +148,13 @@ class NodeSettings(_Base):
         if self.num_kv_blocks is not None and self.kv_cache_memory_gb is not None:
             raise ValueError("set num_kv_blocks or kv_cache_memory_gb, not both")
         _check_token(self.cluster_token)
+        if self.speculative_method == "draft" and self.draft_model is None:
+            raise ValueError("speculative_method draft needs draft_model")
+        if self.draft_model is not None and self.speculative_method != "draft":
+            raise ValueError(
+                f"draft_model is set but speculative_method is {self.speculative_method!r} "
+                "(use draft)"
+            )
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"

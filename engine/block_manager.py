@@ -170,17 +170,18 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Drop the request's references, last block first; request.block_ids becomes empty."""
         for block_id in reversed(request.block_ids):
-            block = self._blocks[block_id]
-            if block.ref_count < 1:
+            if self._blocks[block_id].ref_count < 1:
                 raise RuntimeError(f"block {block_id} freed by {request.request_id} is not owned")
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is None:
-                    self._free.append(block_id)
-                else:
-                    self._evictable[block_id] = None
+            self._release(block_id)
         request.block_ids = []
         self._chains.pop(request.request_id, None)
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the request's blocks past those holding num_tokens tokens, last first
+        (the slots of rejected speculative tokens)."""
+        keep = self.blocks_for(num_tokens)
+        while len(request.block_ids) > keep:
+            self._release(request.block_ids.pop())
 
     def audit(self, block_tables: Iterable[Sequence[int]]) -> None:
         """Check every invariant against the block tables of all live requests.
@@ -234,6 +235,15 @@ class BlockManager:
             )
             self.num_prefix_hit_tokens += cached
             self.num_prefix_query_tokens += request.num_tokens
+
+    def _release(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is None:
+                self._free.append(block_id)
+            else:
+                self._evictable[block_id] = None
 
     def _take(self) -> int:
         if self._free:

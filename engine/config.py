@@ -81,6 +81,14 @@ class EngineConfig:
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Needs the batched sampler; off in the prefill role.
     async_scheduling: bool = True
+    # Speculative decoding (engine.speculative): "none", "ngram" (prompt lookup) or "draft"
+    # (a smaller model of the same vocabulary in draft_model). Up to num_speculative_tokens
+    # guesses per decoding request are verified in one forward; steps run without overlap.
+    speculative_method: str = "none"
+    num_speculative_tokens: int = 4
+    draft_model: Path | None = None
+    ngram_min: int = 1  # shortest suffix the ngram proposer matches
+    ngram_max: int = 4  # longest
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -114,6 +122,7 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.sampler must be batched or per_request, got {self.sampler!r}"
             )
+        check_speculative(self)
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -123,6 +132,40 @@ class EngineConfig:
                 "without chunked prefill, max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
             )
+
+
+SPECULATIVE_METHODS = ("none", "ngram", "draft")
+
+
+def check_speculative(config: EngineConfig) -> None:
+    """ValueError naming the bad speculative setting."""
+    method = config.speculative_method
+    if method not in SPECULATIVE_METHODS:
+        raise ValueError(
+            f"EngineConfig.speculative_method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+            f"got {method!r}"
+        )
+    k = config.num_speculative_tokens
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+        raise ValueError(f"EngineConfig.num_speculative_tokens must be in [1, 16], got {k!r}")
+    if not 1 <= config.ngram_min <= config.ngram_max:
+        raise ValueError(
+            f"EngineConfig ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got "
+            f"{config.ngram_min} and {config.ngram_max}"
+        )
+    if method == "draft":
+        if config.draft_model is None:
+            raise ValueError("EngineConfig.speculative_method 'draft' needs draft_model")
+        object.__setattr__(config, "draft_model", Path(config.draft_model))
+        if not (Path(config.draft_model) / "config.json").is_file():
+            raise ValueError(
+                f"EngineConfig.draft_model {str(config.draft_model)!r} is not a model "
+                "directory (no config.json)"
+            )
+    elif config.draft_model is not None:
+        raise ValueError(
+            f"EngineConfig.draft_model is set but speculative_method is {method!r} (use 'draft')"
+        )
 
 
 def engine_config(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -26,6 +26,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.schedule import ImportPlan, SchedulerOutput
 from engine.scheduler import Scheduler
+from engine.speculative import SpeculativeStats, Speculator
 from engine.step_timer import StepTimer
 
 
@@ -42,6 +43,14 @@ class EngineCounters:
     constrained_requests: int = 0  # requests admitted with a grammar (engine.grammar)
     grammar_mask_seconds: float = 0.0  # time computing token masks (worker thread)
     grammar_mask_steps: int = 0  # steps that computed masks
+    # speculative decoding (engine.speculative.metrics): guesses verified, accepted, tokens
+    # emitted by speculative chunks, chunks verified, and the acceptance-rate histogram
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_emitted: int = 0
+    spec_chunks: int = 0
+    spec_acceptance_sum: float = 0.0
+    spec_acceptance_buckets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,11 @@ class LLMEngine:
             config.async_scheduling
             and config.sampler == "batched"
             and config.role is not Role.PREFILL
+            and config.speculative_method == "none"  # guesses need the tokens so far
         )
+        self.speculator: Speculator | None = None
+        if config.speculative_method != "none" and config.role is not Role.PREFILL:
+            self.speculator = Speculator(config, self.model_config, self.runner.num_blocks)
         self._in_flight: _Launched | None = None
 
     # ---- requests -------------------------------------------------------------------------
@@ -134,6 +147,8 @@ class LLMEngine:
         found = self.scheduler.abort(request_id)
         self.sampler.forget(request_id)
         self.grammars.forget(request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
         self.runner.batch.release(request_id)
         if self._in_flight is not None and not self.scheduler.has_work:
             launched, self._in_flight = self._in_flight, None
@@ -149,6 +164,11 @@ class LLMEngine:
         if request is None or request.status is not RequestStatus.PINNED:
             raise KeyError(f"request {request_id} holds no pinned blocks")
         return list(request.block_ids)
+
+    @property
+    def speculative_stats(self) -> SpeculativeStats | None:
+        """Totals of speculative decoding (None: off)."""
+        return self.speculator.stats if self.speculator is not None else None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work or self._in_flight is not None
@@ -197,7 +217,12 @@ class LLMEngine:
     def _launch(self) -> _Launched | None:
         """Schedule, build the inputs, run the model and the sampler (asynchronous on a GPU)."""
         timer = self.timer
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
+        if self.speculator is not None:  # the cost model learns from decode steps only
+            plain = all(c.num_draft for c in out.prefills)
+            self.speculator.cost.step_started(out.num_tokens if plain else 0)
         self.counters.preemptions += len(out.preempted)
         for request_id in out.preempted:
             self.runner.batch.release(request_id)
@@ -220,31 +245,54 @@ class LLMEngine:
         out = launched.out
         if self.grammars.active:
             self.grammars.consume([r.request_id for r in launched.requests], token_ids)
-        update = self.scheduler.update(out, token_ids)
+        update = self.scheduler.update(out, token_ids, launched.more)
         for request in update.finished:
             self.runner.batch.release(request.request_id)
             self.grammars.forget(request.request_id)
+            if self.speculator is not None:
+                self.speculator.forget(request.request_id)
             if request.status is RequestStatus.FINISHED:
                 self.sampler.forget(request.request_id)
                 self.counters.finished_requests += 1
         self.counters.tokens_computed += out.num_tokens
         self.counters.generated_tokens += len(update.advanced)
+        if self.speculator is not None:
+            self.speculator.cost.step_ended()
+        if launched.more is not None and self.speculator is not None:
+            for request_id in launched.more:
+                self.runner.batch.invalidate(request_id)
+            more = update.more
+            self.counters.generated_tokens += sum(map(len, more.values()))
+            stats = self.speculator.stats
+            stats.emitted += sum(1 + len(more.get(r, ())) for r in launched.more)
+            self._count_speculation(stats)
         self.counters.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
         self.counters.steps += 1
         self.counters.grammar_mask_seconds = self.grammars.mask_seconds
         self.counters.grammar_mask_steps = self.grammars.mask_steps
-        result = StepResult(launched.requests, token_ids, logprobs)
+        result = StepResult(launched.requests, token_ids, logprobs, update.more)
         if len(update.advanced) != len(token_ids):  # aborted while in flight
             result = result.only(set(map(id, update.advanced)))
         self.timer.lap("output")
         self.timer.end_step()
         return result
 
+    def _count_speculation(self, stats: SpeculativeStats) -> None:
+        c = self.counters
+        c.spec_proposed, c.spec_accepted, c.spec_emitted = (
+            stats.proposed,
+            stats.accepted,
+            stats.emitted,
+        )
+        c.spec_chunks, c.spec_acceptance_sum = stats.chunks, stats.acceptance_sum
+        c.spec_acceptance_buckets = tuple(stats.acceptance)
+
     def to_outputs(self, result: StepResult) -> list[StepOutput]:
         """One StepOutput per request of a step (for the nodes' streams)."""
         logprobs = result.logprobs or [None] * len(result.requests)
+        more = result.more
         return [
-            _output(r, t, lp)
+            _output(r, (t, *more[r.request_id]) if r.request_id in more else (t,), lp)
             for r, t, lp in zip(result.requests, result.token_ids, logprobs, strict=True)
         ]
 
@@ -300,9 +348,17 @@ class LLMEngine:
         assert step is not None  # the engine always passes its requests
         if masks is not None:
             step = dataclasses.replace(step, grammar=masks)
-        sample = batch_sampler.sample(logits, step)
-        self.runner.batch.record(step.rows, sample.token_ids)
+        n = len(requests)
+        sample = batch_sampler.sample(logits[:n] if logits.shape[0] > n else logits, step)
         tokens = sample.token_ids
+        more = None
+        if self.speculator is not None:
+            tokens, more = self.speculator.verify(out, logits, step, tokens)
+        self.runner.batch.record(step.rows, tokens)
+        if more:  # a speculative row drew one token per emitted token
+            extra = [len(more.get(r.request_id, ())) for r in requests]
+            extra_t = torch.tensor(extra, dtype=torch.int64, device=step.rows.device)
+            self.runner.batch.sampling.draws.index_add_(0, step.rows, extra_t)
         event = None
         if tokens.device.type == "cuda":  # one non-blocking copy; waited for in fetch
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -312,7 +368,7 @@ class LLMEngine:
         logprobs = None
         if sample.logprobs is not None:
             logprobs = _DeferredLogprobs(sample.logprobs, step.logprobs, step.logprob_positions)
-        return _Launched(out, requests, tokens, event, logprobs)
+        return _Launched(out, requests, tokens, event, logprobs, more or None)
 
 
 @dataclass(frozen=True)
@@ -322,13 +378,21 @@ class StepResult:
     requests: list[Request]
     token_ids: list[int]
     logprobs: list[TokenLogprob | None] | None
+    more: dict[str, tuple[int, ...]] = field(default_factory=dict)  # speculative: after the first
 
     def only(self, keep: set[int]) -> StepResult:
         """The rows whose request's id() is in `keep`."""
         rows = [i for i, r in enumerate(self.requests) if id(r) in keep]
         logprobs = [self.logprobs[i] for i in rows] if self.logprobs is not None else None
         return StepResult(
-            [self.requests[i] for i in rows], [self.token_ids[i] for i in rows], logprobs
+            [self.requests[i] for i in rows],
+            [self.token_ids[i] for i in rows],
+            logprobs,
+            {
+                k: v
+                for k, v in self.more.items()
+                if k in {self.requests[i].request_id for i in rows}
+            },
         )
 
 
@@ -357,6 +421,7 @@ class _Launched:
     tokens: torch.Tensor | list[int]
     ready: torch.cuda.Event | None
     logprobs: _DeferredLogprobs | list[TokenLogprob | None] | None
+    more: dict[str, list[int]] | None = None  # speculative chunks' tokens after the first
 
     def fetch(self) -> tuple[list[int], list[TokenLogprob | None] | None]:
         if self.ready is not None:
@@ -368,14 +433,14 @@ class _Launched:
         return tokens, logprobs
 
 
-def _output(request: Request, token: int, logprob: TokenLogprob | None) -> StepOutput:
+def _output(request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None) -> StepOutput:
     done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
     reason = request.finish_reason
     if request.status is RequestStatus.PINNED:
         reason = FinishReason.PREFILLED
     return StepOutput(
         request_id=request.request_id,
-        new_token_ids=(token,),
+        new_token_ids=tokens,
         logprobs=(logprob,) if logprob is not None else (),
         finished=done,
         finish_reason=reason,

@@ -9,7 +9,7 @@ then prefill chunks (built from their token lists, as they carry new tokens anyw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, chain
 from typing import NamedTuple
 
@@ -89,6 +89,14 @@ class PersistentBatch:
         self.last_token.index_copy_(0, rows, token_ids)
         self.sampling.record(rows, token_ids)
 
+    def invalidate(self, request_id: str) -> None:
+        """The request's block table changed other than by growing (speculative guesses'
+        blocks given back): write its whole table at its next step."""
+        row = self._rows.get(request_id)
+        if row is not None:
+            self._table_len[row] = 0
+            self._last_decodes, self._last_decode_rows = (), []
+
     def release(self, request_id: str) -> None:
         """Free the request's row (no-op when it has none)."""
         row = self._rows.pop(request_id, None)
@@ -108,16 +116,22 @@ class PersistentBatch:
         rows = self._decode_rows(out)
         prefill_rows = [self.row(r) for r in sampled_prefills or ()]
         d = len(rows)
+        spec = _speculative_part(out, self.row)
         pre = _prefill_part(out, size, self.device)
         self._flush_tables()
         device = self.device
         rows_t = self._rows_tensor(rows + prefill_rows)
         starts = out.decode_starts
-        pos = to_device(starts, device)  # [d]
-        width = max(starts) // size + 1 if d else 0
-        tables = self.block_tables[rows_t[:d], :width]  # [d, width] int32
-        slots = tables.gather(1, (pos // size).unsqueeze(1)).squeeze(1).long() * size + pos % size
+        decode_rows_t = rows_t[:d]
         tokens, pending = _decode_tokens(out.decodes)
+        if spec is not None:  # each position of a speculative chunk is one more decode row
+            starts = (*starts, *spec.starts)
+            decode_rows_t = to_device(rows + spec.rows, device)
+            tokens += spec.tokens
+        pos = to_device(starts, device)  # [decode rows]
+        width = max(starts) // size + 1 if starts else 0
+        tables = self.block_tables[decode_rows_t, :width]  # [decode rows, width] int32
+        slots = tables.gather(1, (pos // size).unsqueeze(1)).squeeze(1).long() * size + pos % size
         input_ids = to_device(tokens + pre.tokens, device)
         if pending:  # sampled by the step still in flight: read where the sampler left it
             last = self.last_token[rows_t[:d]]  # [d]
@@ -131,9 +145,12 @@ class PersistentBatch:
         meta = pre.meta
         if meta is None:
             meta = _decode_meta(pos, slots, ctx, tables, starts, size)
-        elif d:
+        elif starts:
             meta = _merge(meta, pos, slots, ctx, tables, starts)
-        indices = list(range(d)) + [d + i for i in pre.sampled_rows]
+        if spec is None:
+            indices = list(range(d)) + [d + i for i in pre.sampled_rows]
+        else:
+            indices = spec.logit_rows(out, d, len(starts), pre.sampled_rows)
         logits_indices = to_device(indices, device)
         sampling = None
         if sampled_prefills is not None:
@@ -214,6 +231,8 @@ class _PrefillPart(NamedTuple):
 
 def _prefill_part(out: SchedulerOutput, block_size: int, device: torch.device) -> _PrefillPart:
     chunks = out.prefills
+    if any(c.num_draft for c in chunks):
+        chunks = tuple(c for c in chunks if not c.num_draft)  # laid out as decode rows
     if not chunks:
         return _PrefillPart(None, [], [])
     meta = AttentionMetadata.build(
@@ -227,6 +246,51 @@ def _prefill_part(out: SchedulerOutput, block_size: int, device: torch.device) -
     ends = accumulate(c.num_tokens for c in chunks)
     sampled = [end - 1 for end, c in zip(ends, chunks, strict=True) if c.sample]
     return _PrefillPart(meta, tokens, sampled)
+
+
+class _SpeculativePart(NamedTuple):
+    """Speculative chunks (engine.speculative) laid out after the decodes as decode rows: the
+    query at position p of a chunk attends to positions 0 .. p, like a decode whose context
+    ends there, so the decode kernels verify them (the step's K/V are written first)."""
+
+    rows: list[int]  # the request's batch row, once per position
+    starts: list[int]  # the position of each
+    tokens: list[int]
+    ends: list[int]  # end of each chunk among these rows
+
+    def logit_rows(
+        self, out: SchedulerOutput, d: int, decode_rows: int, prefill_sampled: list[int]
+    ) -> list[int]:
+        """Rows to score: decodes, each sampled chunk's last (in step order), then each
+        speculative chunk's guesses' rows (the positions before its last), chunk by chunk."""
+        sampled = list(range(d))
+        guesses: list[int] = []
+        regular, ends = iter(prefill_sampled), iter(self.ends)
+        for chunk in out.prefills:
+            if chunk.num_draft:
+                last = d + next(ends) - 1
+                sampled.append(last)
+                guesses += range(last - chunk.num_draft, last)
+            elif chunk.sample:
+                sampled.append(decode_rows + next(regular))
+        return sampled + guesses
+
+
+def _speculative_part(
+    out: SchedulerOutput, row: Callable[[Request], int]
+) -> _SpeculativePart | None:
+    """The step's speculative chunks as decode rows (None when it has none)."""
+    if not any(c.num_draft for c in out.prefills):
+        return None
+    part = _SpeculativePart([], [], [], [])
+    for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
+        if chunk.num_draft:
+            n = chunk.num_tokens
+            part.rows.extend([row(request)] * n)
+            part.starts.extend(range(chunk.start, chunk.start + n))
+            part.tokens.extend(chunk.token_ids)
+            part.ends.append(len(part.rows))
+    return part
 
 
 def _decode_meta(

@@ -43,6 +43,9 @@ class Request:
     priority: int = 0  # lower is served first; ties go by arrival
     # sampled in a scheduled step, not yet appended: 0, or 1-2 with overlapped scheduling
     num_pending: int = 0
+    # speculative decoding: tokens guessed for the positions after the last one, to be
+    # verified by the next step (engine.speculative); empty when not speculating
+    draft_token_ids: list[int] = field(default_factory=list)
     # set from params at construction: tokens that end the request, and its longest length
     stop_ids: frozenset[int] = field(init=False)
     token_limit: int = field(init=False)

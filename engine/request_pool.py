@@ -49,6 +49,11 @@ class RequestPool:
         return len(self._running)
 
     @property
+    def running(self) -> list[Request]:
+        """The running requests, in (priority, arrival) order (do not modify)."""
+        return self._running
+
+    @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 

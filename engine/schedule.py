@@ -6,7 +6,7 @@ The runner turns it into tensors; nothing here touches torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from engine.request import Request, RequestStatus
@@ -27,6 +27,7 @@ class ScheduledChunk:
     start: int
     block_table: tuple[int, ...]
     sample: bool
+    num_draft: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -114,6 +115,8 @@ class StepUpdate:
     """What `update()` did: the requests that got a token, in chunk order."""
 
     advanced: tuple[Request, ...]
+    # speculative chunks: the tokens appended after the first, by request id (stops honoured)
+    more: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def finished(self) -> tuple[Request, ...]:

@@ -45,6 +45,7 @@ class _Step:
     prefills: list[str] = field(default_factory=list)  # chunks other than decodes, in order
     preempted: list[str] = field(default_factory=list)
     grown: list[Request] = field(default_factory=list)  # decodes given a block
+    drafts: dict[str, int] = field(default_factory=dict)  # request id -> guesses verified
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.scheduled[request.request_id] = num_tokens
@@ -129,12 +130,15 @@ class Scheduler(RequestPool):
             ]
             decodes, starts = [r for r, _ in kept], [s for _, s in kept]
         requests = [self._live[rid] for rid in step.prefills if rid in step.scheduled]
-        chunks = tuple(self._chunk(r, step.scheduled[r.request_id]) for r in requests)
+        chunks = tuple(
+            self._chunk(r, step.scheduled[r.request_id], step.drafts.get(r.request_id, 0))
+            for r in requests
+        )
         for request in decodes:
             request.num_computed_tokens += 1
             request.num_pending += 1
         for request, chunk in zip(requests, chunks, strict=True):
-            request.num_computed_tokens += chunk.num_tokens
+            request.num_computed_tokens += chunk.num_tokens - chunk.num_draft
             request.num_pending += chunk.sample
         grown = tuple(r for r in step.grown if r.request_id in step.scheduled)
         out = SchedulerOutput(
@@ -145,14 +149,18 @@ class Scheduler(RequestPool):
         return out
 
     def update(
-        self, out: SchedulerOutput, sampled: Mapping[str, int] | Sequence[int]
+        self,
+        out: SchedulerOutput,
+        sampled: Mapping[str, int] | Sequence[int],
+        more: Mapping[str, Sequence[int]] | None = None,
     ) -> StepUpdate:
         """Apply a computed step: append its sampled tokens, stop, finish or pin.
 
         Steps are updated in the order they were scheduled (with overlapped scheduling the
         next one is planned before this update). sampled: the new token of every sampled
         request, by request id or as a sequence in step order (decodes, then the sampled
-        prefill chunks). Requests aborted since `schedule()` are skipped.
+        prefill chunks). Requests aborted since `schedule()` are skipped. more: for
+        speculative chunks, the verified tokens after the first (appended up to a stop).
         """
         if out.is_empty:
             return StepUpdate(())
@@ -173,9 +181,18 @@ class Scheduler(RequestPool):
             advanced.append(request)
             self._after_token(request)
         prefill_tokens = iter(tokens[len(out.decodes) :])
+        appended: dict[str, tuple[int, ...]] = {}
         for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
             sampled_token = next(prefill_tokens) if chunk.sample else None
             if live.get(request.request_id) is not request:
+                continue
+            if chunk.num_draft and sampled_token is not None:
+                request.num_pending -= 1
+                extra = tuple((more or {}).get(request.request_id, ()))
+                n = self._accept(request, (sampled_token, *extra))
+                if n > 1:
+                    appended[request.request_id] = extra[: n - 1]
+                advanced.append(request)
                 continue
             if sampled_token is not None:
                 request.num_pending -= 1
@@ -184,7 +201,7 @@ class Scheduler(RequestPool):
             if sampled_token is not None:
                 advanced.append(request)
                 self._after_token(request)
-        return StepUpdate(tuple(advanced))
+        return StepUpdate(tuple(advanced), appended)
 
     def forget_in_flight(self) -> None:
         """After a failed step: no scheduled step will be updated. Abort their requests."""
@@ -210,6 +227,8 @@ class Scheduler(RequestPool):
                 continue
             if request.num_pending and (n >= request.token_limit or n > capacity or prefill):
                 continue  # it finishes (or is pinned) when its pending token arrives
+            if request.draft_token_ids and self._schedule_draft(request, step):
+                continue  # a speculative chunk: this token and the guesses after it
             if computed >= len(request.block_ids) * size:  # crosses into a new block
                 if not self._grow(request, computed + 1, step):
                     continue
@@ -218,6 +237,39 @@ class Scheduler(RequestPool):
             decodes.append(request)
             starts.append(computed)
         return decodes, starts
+
+    def _schedule_draft(self, request: Request, step: _Step) -> bool:
+        """Plan a decode with its guesses as one chunk (engine.speculative). False: no guess
+        fits (budget, length limits) or the blocks for them could not be had."""
+        computed, n = request.num_computed_tokens, request.num_tokens
+        limit = min(request.token_limit - n, self._capacity - computed) - 1
+        k = min(len(request.draft_token_ids), step.budget - 1, limit)
+        if k <= 0:
+            return False
+        blocks = self._blocks.blocks_for(computed + 1 + k)
+        if blocks > len(request.block_ids) + self._blocks.num_free_blocks:
+            return False  # guesses never preempt anyone: decode this one plainly
+        if not self._blocks.allocate(request, computed + 1 + k):
+            return False
+        step.add(request, 1 + k)
+        step.prefills.append(request.request_id)
+        step.drafts[request.request_id] = k
+        return True
+
+    def _accept(self, request: Request, tokens: Sequence[int]) -> int:
+        """Append a speculative chunk's verified tokens up to a stop; the blocks of the
+        rejected guesses go back. Returns how many were appended."""
+        n = 0
+        for token in tokens:
+            request.output_token_ids.append(token)
+            n += 1
+            if request.check_stop() is not None:
+                break
+        request.num_computed_tokens += n - 1  # the KV of the accepted guesses is computed
+        self._blocks.trim(request, request.num_known_tokens)
+        self._blocks.commit_full_blocks(request)
+        self._after_token(request)
+        return n
 
     def _schedule_prefills(self, step: _Step) -> None:
         """The rest of the running requests' prompts (or recomputed tokens), chunked."""
@@ -268,15 +320,19 @@ class Scheduler(RequestPool):
             return budget  # without chunking, a prompt larger than any step is chunked anyway
         return 0
 
-    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
+    def _chunk(self, request: Request, num_tokens: int, num_draft: int = 0) -> ScheduledChunk:
         start = request.num_computed_tokens
-        end = start + num_tokens
+        end = start + num_tokens - num_draft
+        tokens = _token_slice(request, start, end)
+        if num_draft:
+            tokens += tuple(request.draft_token_ids[:num_draft])
         return ScheduledChunk(
             request_id=request.request_id,
-            token_ids=_token_slice(request, start, end),
+            token_ids=tokens,
             start=start,
             block_table=tuple(request.block_ids),
             sample=end == request.num_tokens,
+            num_draft=num_draft,
         )
 
     def _after_token(self, request: Request) -> None:

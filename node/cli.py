@@ -50,6 +50,12 @@ _HELP: dict[str, str] = {
     "node_id": "node id in the registry (default: ROLE-HOSTNAME-PORT)",
     "advertise_host": "host others use to reach this node (default: --host)",
     "torch_threads": "torch CPU threads of the engine",
+    "speculative_method": "speculative decoding on decode and colocated nodes: none, ngram "
+    "(prompt lookup) or draft (a smaller model, --draft-model)",
+    "num_speculative_tokens": "speculative decoding: tokens guessed per step and request at most "
+    "(1 to 16, default 4)",
+    "draft_model": "speculative decoding: the draft model (registry name or HF directory, same "
+    "vocabulary as --model)",
     "drain_timeout_s": "after SIGTERM: seconds running requests get to finish",
     "log_level": "log level",
 }

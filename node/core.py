@@ -49,7 +49,12 @@ class NodeCore:
         """Load the model, start the engine thread and the transfer agent; stop them after."""
         started_at = time.time()
         model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
-        config = engine_config(model_dir, **engine_options(settings))
+        options = engine_options(settings)
+        if settings.draft_model is not None:
+            options["draft_model"] = await asyncio.to_thread(
+                resolve_model, settings.draft_model, settings.model_cache
+            )
+        config = engine_config(model_dir, **options)
         loop = await EngineLoop.launch(config, settings.torch_threads)
         metrics.set_kv_capacity(loop.engine.runner.kv_capacity)
         node = cls(settings, loop, started_at, metrics)
@@ -121,7 +126,10 @@ class NodeCore:
 
     def counters(self) -> dict[str, float]:
         out: dict[str, float] = dict(self.counts)
-        out.update(asdict(self.loop.snapshot.counters))
+        engine_counters = asdict(self.loop.snapshot.counters)
+        buckets = engine_counters.pop("spec_acceptance_buckets", ())
+        out.update(engine_counters)
+        out.update({f"spec_acceptance_bucket_{i}": n for i, n in enumerate(buckets)})
         out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
         if self.agent is not None:
             out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
@@ -182,6 +190,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "max_model_len": settings.max_model_len,
+        "speculative_method": settings.speculative_method,
+        "num_speculative_tokens": settings.num_speculative_tokens,
     }
 
 

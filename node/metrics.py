@@ -20,11 +20,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.protocol import NodeLoad
 from engine.kv_sizing import KVCapacity
+from engine.speculative.metrics import ACCEPTANCE_BUCKETS
 
 _LABELS = ("role", "node")
 LATENCY_BUCKETS = (
@@ -55,6 +56,18 @@ TOTALS: dict[str, tuple[str, str]] = {
         "Time spent computing grammar token masks (divide by grammar_mask_steps: per step)",
     ),
     "splitserve_grammar_mask_steps": ("grammar_mask_steps", "Steps that computed grammar masks"),
+    "splitserve_spec_proposed_tokens": (
+        "spec_proposed",
+        "Speculative decoding: guessed tokens verified",
+    ),
+    "splitserve_spec_accepted_tokens": (
+        "spec_accepted",
+        "Speculative decoding: guessed tokens accepted",
+    ),
+    "splitserve_spec_emitted_tokens": (
+        "spec_emitted",
+        "Speculative decoding: tokens emitted by verified chunks (accepted guesses + one each)",
+    ),
     "splitserve_kv_recomputes": (
         "recomputes_total",
         "Prompts recomputed locally after a failed KV transfer",
@@ -75,13 +88,30 @@ class _Totals(Collector):
             self._last = dict(self.source())  # the final values outlive the runtime
         self.source = source
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         if self.source is not None:
             self._last = dict(self.source())
         for name, (key, doc) in TOTALS.items():
             family = CounterMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(self._labels, float(self._last.get(key, 0)))
             yield family
+        yield self._acceptance()
+
+    def _acceptance(self) -> HistogramMetricFamily:
+        """Acceptance rate (accepted / guessed) of each verified speculative chunk."""
+        last = self._last
+        family = HistogramMetricFamily(
+            "splitserve_spec_acceptance_rate",
+            "Speculative decoding: accepted over guessed tokens per verified chunk",
+            labels=_LABELS,
+        )
+        buckets = [
+            (str(bound), float(last.get(f"spec_acceptance_bucket_{i}", 0)))
+            for i, bound in enumerate(ACCEPTANCE_BUCKETS)
+        ]
+        buckets.append(("+Inf", float(last.get("spec_chunks", 0))))
+        family.add_metric(self._labels, buckets, float(last.get("spec_acceptance_sum", 0.0)))
+        return family
 
 
 class NodeMetrics:

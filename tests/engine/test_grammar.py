@@ -90,6 +90,21 @@ def test_random_weights_under_a_schema_give_valid_json(
     assert engine.counters.grammar_mask_steps > 0
 
 
+def test_constrained_rows_are_not_speculated_and_stay_valid(
+    tiny_dir: Path, tokenizer: Tokenizer
+) -> None:
+    engine = _engine(tiny_dir, speculative_method="ngram", num_speculative_tokens=4)
+    params = [
+        SamplingParams(max_tokens=200, temperature=0.0, grammar=_grammar(s)) for s, _ in CHOSEN
+    ]
+    params.append(SamplingParams(max_tokens=60, temperature=0.0))  # free row: may speculate
+    results = _run(engine, params)
+    for i, (schema, _) in enumerate(CHOSEN):
+        ids, reason = results[f"r{i}"]
+        assert reason == "stop" and ids[-1] == 2
+        jsonschema.validate(json.loads(tokenizer.decode(ids)), schema)
+
+
 def test_the_same_weights_without_a_grammar_do_not_write_json(
     tiny_dir: Path, tokenizer: Tokenizer
 ) -> None:

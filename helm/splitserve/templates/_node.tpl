@@ -97,6 +97,17 @@ spec:
             - --gpu-memory-utilization
             - {{ $pool.gpuMemoryUtilization | default 0.9 | quote }}
             {{- end }}
+            {{- $spec := $pool.speculative | default dict }}
+            {{- if and (eq .role "decode") (ne ($spec.method | default "none") "none") }}
+            - --speculative-method
+            - {{ $spec.method | quote }}
+            - --num-speculative-tokens
+            - {{ $spec.numTokens | default 4 | quote }}
+            {{- with $spec.draftModel }}
+            - --draft-model
+            - {{ . | quote }}
+            {{- end }}
+            {{- end }}
             {{- with $pool.extraArgs }}
             {{- toYaml . | nindent 12 }}
             {{- end }}

@@ -1,0 +1,136 @@
+"""The draft proposer: a smaller model of the same vocabulary guesses k tokens greedily.
+
+It keeps its own paged KV cache (its own block manager) with one table per request it has
+guessed for. Each engine step it catches up on the tokens the request gained since its last
+guess (the accepted guesses' KV is already there; what follows a rejected one is
+recomputed), then runs k - 1 more one-token steps, every request of the step in one batch.
+Guesses are the draft's argmax: a point mass, as the verifier expects
+(engine.speculative.verify).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.model_config import ModelConfig
+from engine.request import Request
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+
+
+class _Shadow:
+    """A request's state in the draft's cache."""
+
+    __slots__ = ("request", "tokens")
+
+    def __init__(self, request_id: str, prompt: list[int]) -> None:
+        self.request = Request(request_id, prompt[:1], SamplingParams(), max_model_len=1 << 30)
+        self.tokens: list[int] = []  # tokens whose KV is in the draft cache, in order
+
+
+class DraftProposer:
+    """Greedy guesses from a draft model with its own KV cache."""
+
+    def __init__(self, config: EngineConfig, target: ModelConfig, num_blocks: int) -> None:
+        assert config.draft_model is not None
+        draft_config = ModelConfig.from_dir(config.draft_model)
+        if draft_config.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"draft model {str(config.draft_model)!r} has a vocabulary of "
+                f"{draft_config.vocab_size} tokens, the model {target.vocab_size}: speculative "
+                "decoding needs the same vocabulary"
+            )
+        runner_config = dataclasses.replace(
+            config,
+            model_dir=config.draft_model,
+            num_kv_blocks=num_blocks,
+            kv_cache_memory_gb=None,
+            speculative_method="none",
+            draft_model=None,
+            max_num_seqs=1,
+        )
+        self.runner = ModelRunner(runner_config, draft_config)
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, False)
+        self.block_size = config.block_size
+        self.device = self.runner.device
+        self.max_len = self.runner.max_model_len
+        self._shadows: dict[str, _Shadow] = {}
+
+    def forget(self, request_id: str) -> None:
+        shadow = self._shadows.pop(request_id, None)
+        if shadow is not None:
+            self.blocks.free(shadow.request)
+
+    def forget_except(self, live: set[str]) -> None:
+        """Free the draft cache of requests that are no longer running."""
+        for request_id in [r for r in self._shadows if r not in live]:
+            self.blocks.free(self._shadows.pop(request_id).request)
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
+        """Up to ks[i] guesses for each request ([] where none fit the draft's cache)."""
+        shadows: list[_Shadow] = []
+        chunks: list[list[int]] = []
+        starts: list[int] = []
+        wanted: list[int] = []
+        for request, k in zip(requests, ks, strict=True):
+            tokens = request.all_token_ids
+            k = min(k, self.max_len - len(tokens))
+            shadow = self._shadows.get(request.request_id)
+            if shadow is None:
+                shadow = self._shadows[request.request_id] = _Shadow(request.request_id, tokens)
+            same = _common_prefix(shadow.tokens, tokens)
+            # always compute the last token: its logits give the first guess
+            same = min(same, len(tokens) - 1)
+            if k <= 0 or not self.blocks.allocate(shadow.request, len(tokens) + k - 1):
+                shadows.append(shadow)
+                chunks.append([])
+                starts.append(same)
+                wanted.append(0)
+                continue
+            shadow.tokens = tokens[:same]
+            shadows.append(shadow)
+            chunks.append(tokens[same:])
+            starts.append(same)
+            wanted.append(k)
+        guesses: list[list[int]] = [[] for _ in requests]
+        active = [i for i, k in enumerate(wanted) if k > 0]
+        for step in range(max(wanted, default=0)):
+            rows = [i for i in active if wanted[i] > step]
+            if not rows:
+                break
+            feed = [chunks[i] if step == 0 else [guesses[i][-1]] for i in rows]
+            begin = [starts[i] if step == 0 else len(shadows[i].tokens) for i in rows]
+            logits = self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
+            best = logits.argmax(dim=-1).tolist()
+            for i, tokens_fed, token in zip(rows, feed, best, strict=True):
+                shadows[i].tokens += tokens_fed
+                guesses[i].append(int(token))
+        for i in active:  # blocks past what the cache holds go back
+            self.blocks.trim(shadows[i].request, len(shadows[i].tokens) + 1)
+        return guesses
+
+    def _forward(
+        self, feed: list[list[int]], starts: list[int], tables: list[list[int]]
+    ) -> torch.Tensor:
+        meta = AttentionMetadata.build(
+            [len(f) for f in feed], starts, tables, self.block_size, self.device
+        )
+        ids = torch.tensor([t for f in feed for t in f], dtype=torch.int64, device=self.device)
+        ends = torch.tensor([len(f) for f in feed], device=self.device).cumsum(0) - 1
+        logits = self.runner.model(ids, meta, self.runner.kv_cache, ends)
+        return logits.float()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,242 @@
+"""Speculative decoding with prompt lookup (engine.speculative): greedy output is the plain
+engine's, stops inside an accepted run are honoured, and no KV block leaks after runs with
+rejections, aborts and preemption."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_llama import save_tiny_llama
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.request import FinishReason
+from engine.sampling_params import SamplingParams
+from engine.speculative import NgramProposer
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("speculative")
+    save_tiny_llama(path)
+    return path
+
+
+def test_ngram_proposes_what_followed_the_latest_match() -> None:
+    proposer = NgramProposer(k=3, ngram_min=1, ngram_max=3)
+    #            the suffix [7, 8] occurred at 1 and at 5; the latest is followed by 4, 5
+    assert proposer.propose([1, 7, 8, 9, 2, 7, 8, 4, 5, 7, 8]) == [4, 5, 7]
+    assert proposer.propose([1, 7, 8, 9, 2, 7, 8, 4, 5, 7, 8], k=1) == [4]
+    assert proposer.propose([1, 2, 3, 4]) == []  # nothing repeats
+    assert proposer.propose([5, 5]) == [5]  # the match may overlap the suffix
+    assert proposer.propose([3]) == []
+    # the longest suffix wins: [2, 3] matches at 0 (then 9); [3] alone matched later (then 1)
+    assert NgramProposer(k=1, ngram_max=2).propose([2, 3, 9, 3, 1, 2, 3]) == [9]
+
+
+def _workload() -> list[tuple[str, list[int], SamplingParams]]:
+    kinds: list[dict[str, Any]] = [
+        {"temperature": 0.0},
+        {"temperature": 0.0, "stop_token_ids": (9, 17, 33, 40, 51)},
+        {"temperature": 0.0, "max_tokens": 7},
+        {"temperature": 0.9, "seed": 5, "frequency_penalty": 0.5},  # decoded plainly
+        {"temperature": 0.0, "logprobs": 2},  # decoded plainly
+    ]
+    work = []
+    for i in range(12):
+        motif = [(7 * i + 11 * j) % 120 + 3 for j in range(3 + i % 4)]
+        prompt = motif * (2 + i % 3) + [(5 * i) % 120 + 3]
+        params = SamplingParams(**({"max_tokens": 20 + 3 * (i % 5)} | kinds[i % len(kinds)]))
+        work.append((f"r{i}", prompt, params))
+    return work
+
+
+ABORT_AFTER = {"r5": 3, "r10": 2}  # request -> tokens seen before the client aborts it
+
+
+def _run(tiny_dir: Path, method: str, **options: Any) -> tuple[dict[str, Any], LLMEngine]:
+    config = {
+        "model_dir": tiny_dir,
+        "block_size": 4,
+        "num_kv_blocks": 40,  # too few for all at once: preemption
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 48,
+        "speculative_method": method,
+        "num_speculative_tokens": 4,
+    }
+    engine = LLMEngine(EngineConfig(**(config | options)))
+    start_free = engine.stats().free_blocks
+    tokens: dict[str, list[int]] = defaultdict(list)
+    reasons: dict[str, FinishReason | None] = {}
+    work = _workload()
+    for rid, prompt, params in work[:6]:
+        engine.add_request(rid, prompt, params)
+    calls = 0
+    while engine.has_unfinished():
+        calls += 1
+        assert calls < 2000, "no progress"
+        if calls == 4:
+            for rid, prompt, params in work[6:]:
+                engine.add_request(rid, prompt, params)
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+            elif len(tokens[out.request_id]) >= ABORT_AFTER.get(out.request_id, 1 << 30):
+                assert engine.abort(out.request_id)
+                reasons[out.request_id] = FinishReason.ABORT
+        engine.scheduler.audit()
+    assert engine.stats().free_blocks == start_free  # every block given back
+    return {"tokens": dict(tokens), "reasons": reasons}, engine
+
+
+def test_greedy_ngram_equals_plain_decoding_with_rejections_aborts_and_preemption(
+    tiny_dir: Path,
+) -> None:
+    plain, _ = _run(tiny_dir, "none")
+    spec, engine = _run(tiny_dir, "ngram")
+    stats = engine.speculative_stats
+    assert stats is not None
+    assert 0 < stats.accepted < stats.proposed  # guesses accepted and rejected
+    assert engine.counters.preemptions > 0
+    aborted = set(ABORT_AFTER)
+    for rid, want in plain["tokens"].items():
+        got = spec["tokens"][rid]
+        if rid in aborted:  # aborted after a step: a prefix of the same tokens
+            assert got[: len(want)] == want[: len(got)], rid
+        else:
+            assert got == want, rid
+            assert spec["reasons"][rid] == plain["reasons"][rid], rid
+    stops = {rid: r for rid, r in plain["reasons"].items() if r is FinishReason.STOP}
+    assert stops, "the workload must stop on a stop id somewhere"
+
+
+def test_stops_inside_an_accepted_run(tiny_dir: Path) -> None:
+    """A guess run that crosses max_tokens, a stop id or the context length is cut there."""
+    motif = [11, 12, 13, 14, 15, 16]
+    prompt = motif * 5
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop_token_ids=(14,)),
+    ]
+    for params in cases:
+        results = []
+        for method in ("none", "ngram"):
+            engine = LLMEngine(
+                EngineConfig(
+                    model_dir=tiny_dir,
+                    block_size=4,
+                    num_kv_blocks=64,
+                    max_model_len=48,
+                    speculative_method=method,
+                )
+            )
+            engine.add_request("a", prompt, params)
+            out: list[int] = []
+            reason = None
+            while engine.has_unfinished():
+                for o in engine.step():
+                    out += o.new_token_ids
+                    reason = o.finish_reason
+            assert engine.stats().free_blocks == engine.stats().total_blocks
+            results.append((out, reason))
+        assert results[0] == results[1], params
+        assert len(results[0][0]) <= min(params.max_tokens, 48 - len(prompt))
+
+
+@pytest.fixture(scope="module")
+def other_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A different random model of the same vocabulary: a draft whose guesses often fail."""
+    path = tmp_path_factory.mktemp("speculative_draft")
+    save_tiny_llama(path, seed=1, num_hidden_layers=1)
+    return path
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_greedy_draft_model_equals_plain_decoding(
+    tiny_dir: Path, other_tiny_dir: Path, draft: str
+) -> None:
+    plain, _ = _run(tiny_dir, "none")
+    draft_dir = tiny_dir if draft == "self" else other_tiny_dir
+    spec, engine = _run(tiny_dir, "draft", draft_model=draft_dir)
+    stats = engine.speculative_stats
+    assert stats is not None and stats.proposed > 0
+    if draft == "self":  # the model guessing its own argmax: (nearly) every guess holds
+        assert stats.accepted >= 0.9 * stats.proposed
+    else:
+        assert 0 < stats.accepted < stats.proposed
+    for rid, want in plain["tokens"].items():
+        got = spec["tokens"][rid]
+        if rid in ABORT_AFTER:
+            assert got[: len(want)] == want[: len(got)], rid
+        else:
+            assert got == want, rid
+    assert engine.speculator is not None and engine.speculator.draft is not None
+    assert (
+        engine.speculator.draft.blocks.num_free_blocks
+        == engine.speculator.draft.blocks.num_total_blocks
+    )
+
+
+def test_draft_model_of_another_vocabulary_is_refused(
+    tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    other = tmp_path_factory.mktemp("other_vocab")
+    save_tiny_llama(other, vocab_size=96)
+    with pytest.raises(ValueError, match="same vocabulary"):
+        LLMEngine(
+            EngineConfig(
+                model_dir=tiny_dir, num_kv_blocks=16, speculative_method="draft", draft_model=other
+            )
+        )
+
+
+def test_decode_role_speculates_on_imported_requests(tiny_dir: Path) -> None:
+    """A request whose prompt KV comes from a prefill engine (the decode pool's path)."""
+    prompt = [(7 * j) % 50 + 3 for j in range(9)] * 3
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    base = {"model_dir": tiny_dir, "block_size": 4, "num_kv_blocks": 64}
+    plain = LLMEngine(EngineConfig(**base))
+    plain.add_request("a", prompt, params)
+    want: list[int] = []
+    while plain.has_unfinished():
+        for o in plain.step():
+            want += o.new_token_ids
+    prefill = LLMEngine(EngineConfig(**base, role="prefill"))
+    prefill.add_request("a", prompt, params)
+    first = prefill.step()[0].new_token_ids
+    decode = LLMEngine(EngineConfig(**base, role="decode", speculative_method="ngram"))
+    plan = decode.import_request("a", prompt, list(first), params)
+    assert plan is not None
+    source = prefill.pinned_blocks("a")
+    for src, dst in zip(source[plan.num_cached_blocks :], plan.fill_block_ids, strict=False):
+        decode.runner.kv_cache[dst] = prefill.runner.kv_cache[src]
+    decode.commit_import("a")
+    got = list(first)
+    while decode.has_unfinished():
+        for o in decode.step():
+            got += o.new_token_ids
+    assert got == want
+    stats = decode.speculative_stats
+    assert stats is not None and stats.proposed > 0
+    assert decode.stats().free_blocks == decode.stats().total_blocks
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"speculative_method": "medusa"}, "speculative_method"),
+        ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"speculative_method": "ngram", "ngram_min": 3, "ngram_max": 2}, "ngram"),
+        ({"speculative_method": "draft"}, "draft_model"),
+        ({"speculative_method": "draft", "draft_model": "/no/such/dir"}, "no/such/dir"),
+        ({"draft_model": "/tmp"}, "draft_model"),
+    ],
+)
+def test_bad_speculative_settings_name_the_field(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(model_dir=Path("unused"), **options)
