@@ -260,7 +260,7 @@ class LLMEngine:
             )
         step = inputs.sampling
         assert step is not None  # the engine always passes its requests
-        sample = batch_sampler.sample(logits, step)
+        sample = batch_sampler.sample(logits, step, kernel=self.config.cpu_kernels)
         self.runner.batch.record(step.rows, sample.token_ids)
         tokens = sample.token_ids
         event = None
