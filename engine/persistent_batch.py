@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, chain
+from operator import attrgetter
 from typing import NamedTuple
 
 import torch
@@ -118,8 +119,10 @@ class PersistentBatch:
         tables = self.block_tables[rows_t[:d], :width]  # [d, width] int32
         slots = tables.gather(1, (pos // size).unsqueeze(1)).squeeze(1).long() * size + pos % size
         tokens, pending = _decode_tokens(out.decodes)
-        input_ids = to_device(tokens + pre.tokens, device)
-        if pending:  # sampled by the step still in flight: read where the sampler left it
+        if d and len(pending) == d and not pre.tokens:  # steady overlap: all in flight
+            input_ids = self.last_token[rows_t[:d]]  # [d]: where the sampler left them
+        elif pending:  # sampled by the step still in flight: read where the sampler left it
+            input_ids = to_device(tokens + pre.tokens, device)
             last = self.last_token[rows_t[:d]]  # [d]
             if len(pending) == d:
                 input_ids[:d] = last
@@ -127,14 +130,19 @@ class PersistentBatch:
                 mask = torch.zeros(d, dtype=torch.bool)
                 mask[pending] = True
                 input_ids[:d] = torch.where(mask.to(device), last, input_ids[:d])
+        else:
+            input_ids = to_device(tokens + pre.tokens, device)
         ctx = (pos + 1).int()
         meta = pre.meta
         if meta is None:
             meta = _decode_meta(pos, slots, ctx, tables, starts, size)
         elif d:
             meta = _merge(meta, pos, slots, ctx, tables, starts)
-        indices = list(range(d)) + [d + i for i in pre.sampled_rows]
-        logits_indices = to_device(indices, device)
+        if pre.sampled_rows:
+            indices = list(range(d)) + [d + i for i in pre.sampled_rows]
+            logits_indices = to_device(indices, device)
+        else:
+            logits_indices = torch.arange(d, device=device)
         sampling = None
         if sampled_prefills is not None:
             sampling = self._sampling(rows + prefill_rows, rows_t)
@@ -185,6 +193,8 @@ class PersistentBatch:
 def _decode_tokens(decodes: Sequence[Request]) -> tuple[list[int], list[int]]:
     """Each decode's input token where the host knows it (0 where it does not), and the
     positions (in the step) of those whose token is still pending."""
+    if decodes and min(map(_num_pending, decodes)) > 1:  # steady overlap: all pending
+        return [0] * len(decodes), list(range(len(decodes)))
     tokens: list[int] = []
     pending: list[int] = []
     for i, request in enumerate(decodes):
@@ -195,6 +205,9 @@ def _decode_tokens(decodes: Sequence[Request]) -> tuple[list[int], list[int]]:
         else:
             tokens.append((request.output_token_ids or request.prompt_token_ids)[-1])
     return tokens, pending
+
+
+_num_pending = attrgetter("num_pending")
 
 
 def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -241,7 +254,7 @@ def _decode_meta(
     return AttentionMetadata(
         num_decodes=d,
         query_lens=(1,) * d,
-        context_lens_host=tuple(s + 1 for s in starts),
+        context_lens_host=tuple(map((1).__add__, starts)),
         block_size=block_size,
         positions=pos,
         slot_mapping=slots,
@@ -270,7 +283,7 @@ def _merge(
     return AttentionMetadata(
         num_decodes=d,
         query_lens=(1,) * d + pre.query_lens,
-        context_lens_host=tuple(s + 1 for s in starts) + pre.context_lens_host,
+        context_lens_host=tuple(map((1).__add__, starts)) + pre.context_lens_host,
         block_size=pre.block_size,
         positions=torch.cat([pos, pre.positions.to(device)]),
         slot_mapping=torch.cat([slots, pre.slot_mapping.to(device)]),

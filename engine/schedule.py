@@ -114,8 +114,11 @@ class StepUpdate:
     """What `update()` did: the requests that got a token, in chunk order."""
 
     advanced: tuple[Request, ...]
+    done: tuple[Request, ...] | None = None  # `finished`, when the scheduler collected it
 
     @property
     def finished(self) -> tuple[Request, ...]:
         """Those that finished (or, prefill role, were pinned) with this token."""
+        if self.done is not None:
+            return self.done
         return tuple(r for r in self.advanced if r.status is not RequestStatus.RUNNING)
