@@ -176,7 +176,8 @@ class Scheduler(RequestPool):
             outputs = request.output_token_ids
             outputs.append(token)
             known = len(request.prompt_token_ids) + len(outputs)
-            if min(request.num_computed_tokens, known) % size == 0:
+            computed = request.num_computed_tokens
+            if (computed if computed < known else known) % size == 0:
                 self._blocks.commit_full_blocks(request)  # a block just filled up
             advanced.append(request)
             if not (

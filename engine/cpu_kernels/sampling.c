@@ -256,21 +256,45 @@ static int64_t draw_row(const float *x, int vocab, int64_t k, float p, float min
     return vocab - 1;
 }
 
-/* the first position of the largest value */
+/* the first position of the largest value: per lane the first maximum and where it is
+   (two sets of lanes, for independent chains), then the best lane, the lowest id on ties */
 static int64_t argmax_row(const float *row, int vocab)
 {
-    v8 best8 = splat8(row[0]);
+    v8 m0 = splat8(-INFINITY), m1 = m0;
+    v8i at0 = {0, 1, 2, 3, 4, 5, 6, 7}, at1 = at0 + 8, i0 = at0, i1 = at1;
+    const v8i step = {16, 16, 16, 16, 16, 16, 16, 16};
     int i = 0;
-    for (; i + 8 <= vocab; i += 8) {
-        const v8 v = load8(row + i);
-        best8 = select8(v > best8, v, best8);
+    for (; i + 16 <= vocab; i += 16) {
+        const v8 a = load8(row + i), b = load8(row + i + 8);
+        const v8i ga = a > m0, gb = b > m1;
+        m0 = select8(ga, a, m0);
+        m1 = select8(gb, b, m1);
+        at0 = (i0 & ga) | (at0 & ~ga);
+        at1 = (i1 & gb) | (at1 & ~gb);
+        i0 += step;
+        i1 += step;
     }
-    float best = best8[0];
-    for (int l = 1; l < 8; l++) best = best8[l] > best ? best8[l] : best;
-    for (; i < vocab; i++) best = row[i] > best ? row[i] : best;
-    for (i = 0; i < vocab; i++)
-        if (row[i] == best) return i;
-    return 0; /* NaN rows */
+    float best = row[0];
+    int64_t where = 0;
+    if (i > 0) {
+        best = m0[0];
+        where = at0[0];
+        for (int l = 0; l < 8; l++) {
+            const float v[2] = {m0[l], m1[l]};
+            const int w[2] = {at0[l], at1[l]};
+            for (int h = 0; h < 2; h++)
+                if (v[h] > best || (v[h] == best && w[h] < where)) {
+                    best = v[h];
+                    where = w[h];
+                }
+        }
+    }
+    for (; i < vocab; i++)
+        if (row[i] > best) {
+            best = row[i];
+            where = i;
+        }
+    return where; /* -inf everywhere: 0, as torch */
 }
 
 /* One token per row of logits [rows, vocab] (row stride in floats). Greedy rows take the

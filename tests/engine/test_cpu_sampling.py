@@ -120,6 +120,21 @@ def test_greedy_is_the_first_largest_logit() -> None:
         torch.zeros(2, dtype=torch.int64),
     )  # fmt: skip
     assert out.tolist() == [1, 1] == logits.argmax(dim=-1).tolist()
+    # rows long enough for the vector lanes: ties across lanes, masked rows, a tail
+    gen = torch.Generator().manual_seed(2)
+    rows = torch.randn((6, 101), generator=gen)
+    rows[0, [37, 70, 100]] = 9.0  # the first of three ties wins
+    rows[1, :] = float("-inf")  # all masked: 0, as torch
+    rows[2, :-1] = float("-inf")  # only the tail is left
+    rows[3, [8, 24]] = 5.0  # ties in different lanes of the same pass
+    n = rows.shape[0]
+    out = cpu_kernels.sample(
+        rows, torch.ones(n, dtype=torch.bool), torch.ones(n), torch.full((n,), 101),
+        torch.ones(n), torch.zeros(n), torch.zeros(n, dtype=torch.int64),
+        torch.zeros(n, dtype=torch.int64),
+    )  # fmt: skip
+    assert out.tolist() == rows.argmax(dim=-1).tolist()
+    assert out.tolist()[:4] == [37, 0, 100, 8]
 
 
 def test_bad_shapes_are_refused() -> None:
