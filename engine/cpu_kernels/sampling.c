@@ -209,9 +209,12 @@ static int64_t draw_row(const float *x, int vocab, int64_t k, float p, float min
     ranked r = {sorted, start, 0, 0};
     rank_tokens(&r, x, vocab, best, low, m, picked, (int32_t *)(void *)weights);
     double sum = 0.0;
-    if (m < vocab) {
+    if (m < vocab) {  /* the top-k's weights, kept for the nucleus below */
         rank_up_to(&r, m - 1);
-        for (int j = 0; j < m; j++) sum += expf(sorted[j].value - best);
+        for (int j = 0; j < m; j++) {
+            weights[j] = expf(sorted[j].value - best);
+            sum += weights[j];
+        }
     } else {
         for (i = 0; i < vocab; i++) sum += expf(x[i] - best);
     }
@@ -227,7 +230,7 @@ static int64_t draw_row(const float *x, int vocab, int64_t k, float p, float min
         const float prob = expf(value - norm);
         cumulative += prob;
         if (j > 0 && p < 1.0f && (float)cumulative - prob >= p) break;
-        const float w = expf(value - best);
+        const float w = m < vocab ? weights[j] : expf(value - best);
         if (w < min_p) continue;
         sorted[n].index = sorted[j].index;
         sorted[n++].value = w;
