@@ -9,12 +9,16 @@ then decode steps are timed, greedy and sampled (temperature 0.8, top-p 0.9, top
 seed per request). Each row gives milliseconds per step: schedule, prepare, forward, sample,
 output, overhead (everything but the forward) and step; every configuration runs twice in
 the same process, with the engine's defaults ("new") and with the overlap and the batched
-sampler switched off ("old"), so the ratio between them is a same-run A/B.
+sampler switched off ("old"), so the ratio between them is a same-run A/B. The same figures
+in CPU time of the engine's thread come with a `_cpu` suffix (`overhead_cpu_ms`, ...): on a
+machine shared with other work, wall time also counts the time other processes held the
+core, CPU time much less so.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -27,6 +31,7 @@ from bench.random_model import write_random_model_dir
 PROMPT_LEN = 256
 BLOCK_SIZE = 16
 WARMUP_STEPS = 5
+MAX_BATCHED_TOKENS = 4096
 SAMPLING: dict[str, dict[str, Any]] = {
     "greedy": {"temperature": 0.0},
     "random": {"temperature": 0.8, "top_p": 0.9, "top_k": 50},
@@ -46,7 +51,10 @@ def measure(
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
-    max_tokens = 1 + WARMUP_STEPS + steps + 4
+    # the first requests decode while the last ones prefill: room for those steps too, so
+    # that all of them still run through the timed steps
+    prefill_steps = -(-sequences * PROMPT_LEN // MAX_BATCHED_TOKENS)
+    max_tokens = prefill_steps + WARMUP_STEPS + steps + 4
     blocks_per_seq = -(-(PROMPT_LEN + max_tokens) // BLOCK_SIZE)
     engine = LLMEngine(
         EngineConfig(
@@ -55,7 +63,7 @@ def measure(
             block_size=BLOCK_SIZE,
             num_kv_blocks=sequences * blocks_per_seq + 1,
             max_num_seqs=sequences,
-            max_num_batched_tokens=4096,
+            max_num_batched_tokens=MAX_BATCHED_TOKENS,
             enable_prefix_caching=False,
             **options,
         )
@@ -66,25 +74,31 @@ def measure(
             max_tokens=max_tokens, ignore_eos=True, seed=i, **SAMPLING[sampling]
         )
         engine.add_request(f"r{i}", prompt, params)
-    while engine.counters.generated_tokens < sequences:  # prefill
-        engine.step()
+    started: set[str] = set()
+    while len(started) < sequences:  # prefill: until every request has its first token
+        started.update(o.request_id for o in engine.step())
     for _ in range(WARMUP_STEPS):
         engine.step()
     engine.timer.reset()
     engine.timer.enabled = True
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         engine.step_result()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_elapsed = time.perf_counter() - start, time.thread_time() - cpu_start
+    if engine.stats().running != sequences:
+        raise RuntimeError(f"{engine.stats().running} of {sequences} sequences ran to the end")
     engine.timer.enabled = False
-    phases = engine.timer.means_ms()
-    step_ms = 1e3 * elapsed / steps
+    phases, cpu = engine.timer.means_ms(), engine.timer.means_ms(cpu=True)
+    step_ms, step_cpu_ms = 1e3 * elapsed / steps, 1e3 * cpu_elapsed / steps
     return {
         "sequences": sequences,
         "sampling": sampling,
         **{f"{phase}_ms": value for phase, value in phases.items()},
         "overhead_ms": step_ms - phases["forward"],
         "step_ms": step_ms,
+        **{f"{phase}_cpu_ms": value for phase, value in cpu.items()},
+        "overhead_cpu_ms": step_cpu_ms - cpu["forward"],
+        "step_cpu_ms": step_cpu_ms,
     }
 
 
@@ -114,6 +128,7 @@ def same_run_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "sampling": sampling,
                     "overhead_new_over_old": new["overhead_ms"] / old["overhead_ms"],
                     "step_new_over_old": new["step_ms"] / old["step_ms"],
+                    "overhead_cpu_new_over_old": new["overhead_cpu_ms"] / old["overhead_cpu_ms"],
                 }
             )
     return ratios
@@ -126,7 +141,8 @@ def _format(row: dict[str, Any]) -> str:
     )
     return (
         f"{row['variant']:>3} {row['sequences']:4d} seqs {row['sampling']:>6}: {phases}  "
-        f"overhead {row['overhead_ms']:6.3f}  step {row['step_ms']:6.3f} ms"
+        f"overhead {row['overhead_ms']:6.3f}  step {row['step_ms']:6.3f} ms  "
+        f"(CPU: overhead {row['overhead_cpu_ms']:6.3f}  step {row['step_cpu_ms']:6.3f})"
     )
 
 
@@ -143,12 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     variants = VARIANTS if args.variant == "both" else {args.variant: VARIANTS[args.variant]}
     sequences = [int(s) for s in args.sequences.split(",")]
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     rows = run(sequences, args.steps, variants)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     ratios = same_run_ratios(rows)
     for r in ratios:
         print(
             f"{r['sequences']:4d} seqs {r['sampling']:>6}: overhead new/old "
-            f"{r['overhead_new_over_old']:.3f}, step new/old {r['step_new_over_old']:.3f}"
+            f"{r['overhead_new_over_old']:.3f}, step new/old {r['step_new_over_old']:.3f}, "
+            f"CPU overhead new/old {r['overhead_cpu_new_over_old']:.3f}"
         )
     write_json(
         args.out,
@@ -157,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             "environment": environment(),
             "rows": rows,
             "same_run_ratios": ratios,
+            "load_average_1min_after": os.getloadavg()[0],
         },
     )
     print(f"wrote {args.out}")

@@ -13,6 +13,10 @@ Order of operations (the same as the per-request engine.sampler):
 The uniform number of a row's n-th draw is a hash of (seed, n) (splitmix64), computed on the
 device for the whole batch: the same seed gives the same tokens whatever else is in the batch,
 after a preemption, and on another node that continues the request.
+
+On the CPU, steps 3-4 run in one C pass per row (``engine.cpu_kernels.sample``: a partial
+selection instead of torch's ``topk``, the same arithmetic and the same uniform numbers, so
+the same tokens); the tensor ops below stay the path on other devices and the fallback.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine import cpu_kernels
 from engine.grammar import apply_grammar_mask
 from engine.logit_bias import apply_logit_bias
 from engine.outputs import TokenLogprob
@@ -59,20 +64,33 @@ def _shift_right(z: torch.Tensor, k: int) -> torch.Tensor:
     return (z >> k) & ((1 << (64 - k)) - 1)
 
 
-def sample(logits: torch.Tensor, step: StepSampling) -> BatchSample:
-    """One token per row. logits: [n, vocab] (not modified), row i has step's i-th settings."""
+def sample(logits: torch.Tensor, step: StepSampling, kernel: bool = True) -> BatchSample:
+    """One token per row. logits: [n, vocab] (not modified), row i has step's i-th settings.
+    kernel: draw with the C kernel where it applies (fp32 on the CPU, kernels built)."""
     if logits.dim() != 2 or logits.shape[0] != step.rows.shape[0]:
         raise ValueError(f"logits must be [{step.rows.shape[0]}, vocab], got {tuple(logits.shape)}")
     logits = apply_logit_bias(logits.float(), step.logit_bias)
     logits = apply_grammar_mask(logits, step.grammar)  # constrained rows: -inf off-grammar
     if step.penalties is not None:
         logits = apply_penalties(logits, step.penalties)  # [n, vocab], a new tensor
-    greedy = logits.argmax(dim=-1)  # [n]
-    tokens = greedy
-    if step.any_random and logits.shape[0]:
-        drawn = _draw(logits, step)
-        tokens = torch.where(step.greedy, greedy, drawn)
+    # the logits are final here: any further masking belongs above this line
+    if kernel and logits.device.type == "cpu" and cpu_kernels.available():
+        tokens = _draw_kernel(logits, step)
+    else:
+        tokens = logits.argmax(dim=-1)  # [n]
+        if step.any_random and logits.shape[0]:
+            drawn = _draw(logits, step)
+            tokens = torch.where(step.greedy, tokens, drawn)
     return BatchSample(tokens, _logprobs(logits, tokens, step))
+
+
+def _draw_kernel(logits: torch.Tensor, step: StepSampling) -> torch.Tensor:
+    """The argmax and draws of steps 3-4 in C (engine.cpu_kernels.sample). Returns [n]."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    return cpu_kernels.sample(
+        logits, step.greedy, step.temperature, step.top_k, step.top_p, step.min_p,
+        step.seed, step.draws,
+    )  # fmt: skip
 
 
 def apply_penalties(logits: torch.Tensor, p: Penalties) -> torch.Tensor:

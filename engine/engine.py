@@ -349,7 +349,8 @@ class LLMEngine:
         if masks is not None:
             step = dataclasses.replace(step, grammar=masks)
         n = len(requests)
-        sample = batch_sampler.sample(logits[:n] if logits.shape[0] > n else logits, step)
+        sampled = logits[:n] if logits.shape[0] > n else logits  # the rest: guesses' rows
+        sample = batch_sampler.sample(sampled, step, kernel=self.config.cpu_kernels)
         tokens = sample.token_ids
         more = None
         if self.speculator is not None:

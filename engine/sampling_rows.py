@@ -9,7 +9,7 @@ on (seed, n) only (see engine.batch_sampler).
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,7 +151,10 @@ class SamplingRows:
         """The same rows' settings one step later: new draw counters and token counts."""
         rows = step.rows
         penalties = self._penalties(rows) if step.penalties is not None else None
-        return dataclasses.replace(step, draws=self.draws[rows], penalties=penalties)
+        fresh = copy.copy(step)  # dataclasses.replace, without its per-field work
+        object.__setattr__(fresh, "draws", self.draws[rows])
+        object.__setattr__(fresh, "penalties", penalties)
+        return fresh
 
     def record(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Rows [n] drew token_ids [n]: count them (device ops, no sync)."""

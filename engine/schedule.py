@@ -117,8 +117,11 @@ class StepUpdate:
     advanced: tuple[Request, ...]
     # speculative chunks: the tokens appended after the first, by request id (stops honoured)
     more: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    done: tuple[Request, ...] | None = None  # `finished`, when the scheduler collected it
 
     @property
     def finished(self) -> tuple[Request, ...]:
         """Those that finished (or, prefill role, were pinned) with this token."""
+        if self.done is not None:
+            return self.done
         return tuple(r for r in self.advanced if r.status is not RequestStatus.RUNNING)

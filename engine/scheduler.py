@@ -119,7 +119,8 @@ class Scheduler(RequestPool):
         requests as if it ran: the next `schedule()` plans the step after it."""
         step = _Step(budget=self._config.max_num_batched_tokens)
         decodes, starts = self._schedule_decodes(step)
-        self._schedule_prefills(step)
+        if len(decodes) != len(self._running):  # else every running request decodes
+            self._schedule_prefills(step)
         if not step.preempted:  # no admission while short of blocks: avoids thrashing
             self._admit_waiting(step)
         else:
@@ -169,17 +170,33 @@ class Scheduler(RequestPool):
         self._in_flight.popleft()
         tokens = _in_step_order(out, sampled)
         advanced: list[Request] = []
+        finished: list[Request] = []
         size = self._blocks.block_size
         live = self._live
+        # a token that neither stops the request nor is its last calls nothing (_after_token)
+        quiet = self._config.role is not Role.PREFILL
+        capacity = self._capacity
+        running = RequestStatus.RUNNING
         for request, token in zip(out.decodes, tokens, strict=False):
             if live.get(request.request_id) is not request:
                 continue  # aborted in between
             request.num_pending -= 1
-            request.output_token_ids.append(token)
-            if min(request.num_computed_tokens, request.num_known_tokens) % size == 0:
+            outputs = request.output_token_ids
+            outputs.append(token)
+            known = len(request.prompt_token_ids) + len(outputs)
+            computed = request.num_computed_tokens
+            if (computed if computed < known else known) % size == 0:
                 self._blocks.commit_full_blocks(request)  # a block just filled up
             advanced.append(request)
-            self._after_token(request)
+            if not (
+                quiet
+                and token not in request.stop_ids
+                and known < request.token_limit
+                and known <= capacity
+            ):
+                self._after_token(request)
+            if request.status is not running:
+                finished.append(request)
         prefill_tokens = iter(tokens[len(out.decodes) :])
         appended: dict[str, tuple[int, ...]] = {}
         for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
@@ -193,6 +210,8 @@ class Scheduler(RequestPool):
                 if n > 1:
                     appended[request.request_id] = extra[: n - 1]
                 advanced.append(request)
+                if request.status is not running:
+                    finished.append(request)
                 continue
             if sampled_token is not None:
                 request.num_pending -= 1
@@ -201,7 +220,9 @@ class Scheduler(RequestPool):
             if sampled_token is not None:
                 advanced.append(request)
                 self._after_token(request)
-        return StepUpdate(tuple(advanced), appended)
+                if request.status is not running:
+                    finished.append(request)
+        return StepUpdate(tuple(advanced), appended, tuple(finished))
 
     def forget_in_flight(self) -> None:
         """After a failed step: no scheduled step will be updated. Abort their requests."""
@@ -210,32 +231,46 @@ class Scheduler(RequestPool):
     # ---- internals ----------------------------------------------------------------------
 
     def _schedule_decodes(self, step: _Step) -> tuple[list[Request], list[int]]:
-        """Running requests with one token left to compute: the step's decodes."""
+        """Running requests with one token left to compute: the step's decodes (a pass over
+        the running batch with no call per request unless one needs a block)."""
         decodes: list[Request] = []
         starts: list[int] = []
         size = self._blocks.block_size
         capacity = self._capacity
         prefill = self._config.role is Role.PREFILL
+        running = RequestStatus.RUNNING
+        scheduled = step.scheduled
+        budget = step.budget
         for request in list(self._running):
-            if step.budget == 0:
+            if budget == 0:
                 break
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # preempted earlier in this step
             computed = request.num_computed_tokens
-            n = request.num_tokens
+            pending = request.num_pending
+            n = len(request.prompt_token_ids) + len(request.output_token_ids) + pending
             if n - computed != 1:
                 continue
-            if request.num_pending and (n >= request.token_limit or n > capacity or prefill):
+            if pending and (n >= request.token_limit or n > capacity or prefill):
                 continue  # it finishes (or is pinned) when its pending token arrives
-            if request.draft_token_ids and self._schedule_draft(request, step):
-                continue  # a speculative chunk: this token and the guesses after it
+            if request.draft_token_ids:
+                step.budget = budget
+                drafted = self._schedule_draft(request, step)
+                budget = step.budget
+                if drafted:
+                    continue  # a speculative chunk: this token and the guesses after it
             if computed >= len(request.block_ids) * size:  # crosses into a new block
-                if not self._grow(request, computed + 1, step):
+                step.budget = budget
+                grew = self._grow(request, computed + 1, step)
+                budget = step.budget  # a preemption gives back its victim's tokens
+                if not grew:
                     continue
                 step.grown.append(request)
-            step.add(request, 1)
+            scheduled[request.request_id] = 1
+            budget -= 1
             decodes.append(request)
             starts.append(computed)
+        step.budget = budget
         return decodes, starts
 
     def _schedule_draft(self, request: Request, step: _Step) -> bool:

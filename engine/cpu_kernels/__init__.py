@@ -8,6 +8,9 @@
   torch runs several element-wise ops and allocations per layer.
 - ``linear`` (``linear.c``) over weights packed once by ``pack_linear_weight``: faster than
   ``F.linear`` (which re-packs the weight on every call) from 1 to 2048 rows as measured.
+- ``sample`` (``sampling.c``): the batched sampler's argmax or temperature / top-k / top-p /
+  min-p / inverse-CDF draw, one pass per row with a partial selection instead of torch's
+  ``topk`` and its dozen batch-wide ops (engine.batch_sampler uses it on the CPU).
 
 The library is compiled once per source, compiler and CPU into ``$SPLITSERVE_KERNEL_CACHE``
 (default ``~/.cache/splitserve/kernels``), written to a temporary name and renamed, so
@@ -34,7 +37,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("paged_attention.c", "fused_ops.c", "linear.c")
+    Path(__file__).with_name(n)
+    for n in ("paged_attention.c", "fused_ops.c", "linear.c", "sampling.c")
 )
 HEADERS = (Path(__file__).with_name("vec8.h"),)
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
@@ -244,6 +248,46 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out: torch.Tensor | None = Non
     return out
 
 
+def sample(
+    logits: torch.Tensor,
+    greedy: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seed: torch.Tensor,
+    draws: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row of logits [rows, vocab] fp32 (unit last stride): the first argmax
+    of greedy rows, else a draw after temperature, top-k (>= vocab: off), top-p and min-p with
+    the uniform number splitmix64(seed, draws) (see engine.batch_sampler). The settings are
+    [rows] tensors (bool, float32, int64, float32, float32, int64, int64). Returns [rows]
+    int64."""
+    lib = _require()
+    rows, vocab = logits.shape
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1 or logits.device.type != "cpu":
+        raise ValueError("sample: logits must be fp32 on the CPU with a unit last stride")
+    settings = (greedy, temperature, top_k, top_p, min_p, seed, draws)
+    f32, i64 = torch.float32, torch.int64
+    dtypes = (torch.bool, f32, i64, f32, f32, i64, i64)
+    args = []
+    for t, dtype in zip(settings, dtypes, strict=True):
+        if t.shape != (rows,):
+            raise ValueError(f"sample: {rows} rows of logits need [{rows}] settings")
+        args.append(t.to(dtype).contiguous())
+    args[0] = args[0].view(torch.uint8)
+    out = torch.empty(rows, dtype=torch.int64)
+    if rows == 0:
+        return out
+    rc = lib.splitserve_sample_f32(
+        logits.data_ptr(), logits.stride(0), rows, vocab, *(a.data_ptr() for a in args),
+        out.data_ptr(), _threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError(f"sample: no scratch memory for a vocabulary of {vocab}")
+    return out
+
+
 def _require() -> ctypes.CDLL:
     lib = _library()
     if lib is None:
@@ -281,6 +325,8 @@ def _library() -> ctypes.CDLL | None:
     lib.splitserve_linear_f32.argtypes = [_P, _I64, _P, _I32, _I32, _I32, _P, _I64, _I32, _I32]
     lib.splitserve_rms_norm_f32.restype = None
     lib.splitserve_rms_norm_f32.argtypes = [_P, _I64, _P, _P, _I64, _I32, _I32, _F32, _I32]
+    lib.splitserve_sample_f32.restype = ctypes.c_int
+    lib.splitserve_sample_f32.argtypes = [_P, _I64, _I32, _I32, *([_P] * 7), _P, _I32]
     return lib
 
 
@@ -307,7 +353,7 @@ def _compile(cc: str, flags: tuple[str, ...], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cc, *flags, "-o", tmp, *map(str, SOURCES)]
+    cmd = [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:

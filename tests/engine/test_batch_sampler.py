@@ -17,6 +17,13 @@ VOCAB = 64
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True, params=["kernel", "tensors"])
+def _draw_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs on the C kernel's path (where it builds) and on the tensor path."""
+    if request.param == "tensors":
+        monkeypatch.setattr(batch_sampler.cpu_kernels, "available", lambda: False)
+
+
 def _sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
