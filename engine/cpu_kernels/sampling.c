@@ -166,6 +166,19 @@ static inline float draw_target(double total, double u)
     return target < below ? target : below;
 }
 
+/* The first token whose running sum of weights (in double, compared as float, as torch's CPU
+   cumsum) passes u times their total. */
+static int64_t inverse_cdf(const float *weights, int vocab, double total, double u)
+{
+    const float target = draw_target(total, u);
+    double acc = 0.0;
+    for (int i = 0; i < vocab; i++) {
+        acc += weights[i];
+        if ((float)acc > target) return i;
+    }
+    return vocab - 1;
+}
+
 /* The token of one random row, from x: the row divided by its temperature. Scratch: sorted
    (vocab entries), weights (vocab floats), picked (vocab ints), start (BUCKETS + 1 ints). */
 static int64_t draw_row(const float *x, int vocab, int64_t k, float p, float min_p, double u,
@@ -196,13 +209,7 @@ static int64_t draw_row(const float *x, int vocab, int64_t k, float p, float min
             weights[i] = w;
             total += w;
         }
-        const float target = draw_target(total, u);
-        double acc = 0.0;
-        for (i = 0; i < vocab; i++) {
-            acc += weights[i];
-            if ((float)acc > target) return i;
-        }
-        return vocab - 1;
+        return inverse_cdf(weights, vocab, total, u);
     }
     /* top-k / top-p: the tokens best first, sorted only as far as needed */
     const int m = k < vocab ? (int)k : vocab;
@@ -250,13 +257,7 @@ static int64_t draw_row(const float *x, int vocab, int64_t k, float p, float min
     for (i = 0; i < vocab; i++) weights[i] = 0.0f;
     for (int j = 0; j < n; j++) weights[sorted[j].index] = sorted[j].value;
     for (i = 0; i < vocab; i++) total += weights[i];
-    const float target = draw_target(total, u);
-    double acc = 0.0;
-    for (i = 0; i < vocab; i++) {
-        acc += weights[i];
-        if ((float)acc > target) return i;
-    }
-    return vocab - 1;
+    return inverse_cdf(weights, vocab, total, u);
 }
 
 /* the first position of the largest value: per lane the first maximum and where it is

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 
 from cluster.protocol import NodeStats
 from cluster.redis_server import free_port
@@ -49,6 +50,12 @@ class Cluster:
         resp = httpx.get(self.node_url(name) + "/stats", timeout=5, trust_env=False)
         resp.raise_for_status()
         return NodeStats.model_validate_json(resp.content)
+
+    def openai_client(self, timeout_s: float = 120) -> openai.OpenAI:
+        """The official client on the router, without retries (a failure shows at once)."""
+        return openai.OpenAI(
+            base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout_s
+        )
 
     def output(self) -> str:
         return (self.run_dir / "launcher.out").read_text(errors="replace")

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 from cluster_harness import Cluster, running_cluster
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,9 +42,7 @@ class Scrape:
 
 
 def test_router_and_nodes_agree(cluster: Cluster) -> None:
-    client = openai.OpenAI(
-        base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=120
-    )
+    client = cluster.openai_client()
     model = client.models.list().data[0].id
     prompt_tokens = completion_tokens = 0
     for i in range(N):

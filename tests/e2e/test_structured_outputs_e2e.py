@@ -60,9 +60,7 @@ def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=300
-    )
+    return cluster.openai_client(timeout_s=300)
 
 
 def _messages(schema: dict[str, Any]) -> list[dict[str, Any]]:

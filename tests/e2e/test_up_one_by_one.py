@@ -48,9 +48,7 @@ def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def client(cluster: Cluster) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=120
-    )
+    return cluster.openai_client()
 
 
 @pytest.fixture(scope="module")
