@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.schedule import ImportPlan, SchedulerOutput
 from engine.scheduler import Scheduler
 from engine.speculative import SpeculativeStats, Speculator
+from engine.step_result import EMPTY_STEP, DeferredLogprobs, LaunchedStep, StepResult
 from engine.step_timer import StepTimer
 
 
@@ -99,7 +99,7 @@ class LLMEngine:
         self.speculator: Speculator | None = None
         if config.speculative_method != "none" and config.role is not Role.PREFILL:
             self.speculator = Speculator(config, self.model_config, self.runner.num_blocks)
-        self._in_flight: _Launched | None = None
+        self._in_flight: LaunchedStep | None = None
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -210,11 +210,11 @@ class LLMEngine:
             self.scheduler.forget_in_flight()
             raise
         if not self._overlap or constrained:
-            return self._finish(launched) if launched is not None else _EMPTY
+            return self._finish(launched) if launched is not None else EMPTY_STEP
         previous, self._in_flight = self._in_flight, launched
-        return self._finish(previous) if previous is not None else _EMPTY
+        return self._finish(previous) if previous is not None else EMPTY_STEP
 
-    def _launch(self) -> _Launched | None:
+    def _launch(self) -> LaunchedStep | None:
         """Schedule, build the inputs, run the model and the sampler (asynchronous on a GPU)."""
         timer = self.timer
         if self.speculator is not None:
@@ -239,7 +239,7 @@ class LLMEngine:
         timer.lap("sample")
         return launched
 
-    def _finish(self, launched: _Launched) -> StepResult:
+    def _finish(self, launched: LaunchedStep) -> StepResult:
         """Wait for a launched step's tokens (the step's one sync) and apply them."""
         token_ids, logprobs = launched.fetch()
         out = launched.out
@@ -336,12 +336,12 @@ class LLMEngine:
         inputs: StepInputs,
         requests: list[Request],
         masks: GrammarMasks | None,
-    ) -> _Launched:
-        """Sample the step's rows; the tokens stay on the device until `_Launched.fetch`."""
+    ) -> LaunchedStep:
+        """Sample the step's rows; the tokens stay on the device until `LaunchedStep.fetch`."""
         if self.config.sampler == "per_request":
             result = self.sampler.sample(logits, requests, masks)
             asked = any(lp is not None for lp in result.logprobs)
-            return _Launched(
+            return LaunchedStep(
                 out, requests, result.token_ids, None, result.logprobs if asked else None
             )
         step = inputs.sampling
@@ -368,70 +368,8 @@ class LLMEngine:
             event.record()
         logprobs = None
         if sample.logprobs is not None:
-            logprobs = _DeferredLogprobs(sample.logprobs, step.logprobs, step.logprob_positions)
-        return _Launched(out, requests, tokens, event, logprobs, more or None)
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One step as arrays: requests[i] got token_ids[i] (logprobs[i] where asked)."""
-
-    requests: list[Request]
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None] | None
-    more: dict[str, tuple[int, ...]] = field(default_factory=dict)  # speculative: after the first
-
-    def only(self, keep: set[int]) -> StepResult:
-        """The rows whose request's id() is in `keep`."""
-        rows = [i for i, r in enumerate(self.requests) if id(r) in keep]
-        logprobs = [self.logprobs[i] for i in rows] if self.logprobs is not None else None
-        return StepResult(
-            [self.requests[i] for i in rows],
-            [self.token_ids[i] for i in rows],
-            logprobs,
-            {
-                k: v
-                for k, v in self.more.items()
-                if k in {self.requests[i].request_id for i in rows}
-            },
-        )
-
-
-_EMPTY = StepResult([], [], None)
-
-
-class _DeferredLogprobs(NamedTuple):
-    tensors: batch_sampler.LogprobTensors
-    top_n: tuple[int, ...]
-    positions: tuple[int, ...]
-
-    def resolve(self, rows: int) -> list[TokenLogprob | None]:
-        result: list[TokenLogprob | None] = [None] * rows
-        objects = batch_sampler.token_logprobs(self.tensors, self.top_n)
-        for position, lp in zip(self.positions, objects, strict=True):
-            result[position] = lp
-        return result
-
-
-@dataclass
-class _Launched:
-    """A step whose tokens are being computed (or already are, off the GPU)."""
-
-    out: SchedulerOutput
-    requests: list[Request]
-    tokens: torch.Tensor | list[int]
-    ready: torch.cuda.Event | None
-    logprobs: _DeferredLogprobs | list[TokenLogprob | None] | None
-    more: dict[str, list[int]] | None = None  # speculative chunks' tokens after the first
-
-    def fetch(self) -> tuple[list[int], list[TokenLogprob | None] | None]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        tokens = self.tokens if isinstance(self.tokens, list) else self.tokens.tolist()
-        logprobs = self.logprobs
-        if isinstance(logprobs, _DeferredLogprobs):
-            logprobs = logprobs.resolve(len(tokens))
-        return tokens, logprobs
+            logprobs = DeferredLogprobs(sample.logprobs, step.logprobs, step.logprob_positions)
+        return LaunchedStep(out, requests, tokens, event, logprobs, more or None)
 
 
 def _output(request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None) -> StepOutput:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from router.admission import Ticket
 from router.completions import TokenFlow
-from router.openai_schema import Usage
+from router.openai_responses import Usage
 from router.output import OutputProcessor, TextDelta
 from router.responses import make_usage
 from router.state import RouterState

@@ -23,11 +23,10 @@ from router.choices import Samples
 from router.completions import TokenFlow
 from router.disconnect import until_disconnect
 from router.errors import APIError, unavailable
+from router.openai_responses import ModelCard, ModelList
 from router.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
-    ModelCard,
-    ModelList,
     SamplingRequest,
     parse_request,
 )

@@ -1,4 +1,4 @@
-"""OpenAI API request and response models (the subset the router serves).
+"""OpenAI API request models (the subset the router serves; responses: router.openai_responses).
 
 Requests validate strictly (a string is not a number) and ignore unknown fields, as OpenAI
 clients send extras. Features the router does not implement are refused with a 400 naming
@@ -13,7 +13,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializeAsAny,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -338,130 +337,3 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
         elif part in _FIELD_NAMES:
             param += f".{part}" if param else part
     return param or None
-
-
-# ---------------------------------------------------------------- responses
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatTokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob] = Field(default_factory=list)
-
-
-class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    refusal: str | None = None
-    annotations: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class ToolCallFunction(BaseModel):
-    name: str
-    arguments: str  # JSON text
-
-
-class ToolCallOut(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class ToolCallsMessage(ChatResponseMessage):
-    """An answer made of tool calls (content null)."""
-
-    tool_calls: list[ToolCallOut]
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: SerializeAsAny[ChatResponseMessage]
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: dict[str, Any]
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    """Echoed prompt tokens carry null logprobs (the engine computes none for the prompt)."""
-
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class Completion(BaseModel):
-    """Both the non-streaming answer and each streamed chunk of /v1/completions."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "splitserve"
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

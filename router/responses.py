@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from cluster.protocol import TokenLogprobMsg
 from models.tokenizer import Tokenizer
-from router.openai_schema import (
+from router.openai_responses import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,

@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from router.completions import TokenFlow
 from router.errors import APIError, internal_error
-from router.openai_schema import Usage
+from router.openai_responses import Usage
 from router.output import OutputProcessor, TextDelta
 from router.responses import Formatter, chunks_of, make_usage
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from router.openai_schema import (
+from router.openai_responses import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
