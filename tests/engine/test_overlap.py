@@ -4,16 +4,15 @@ penalties, logprobs."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_driver import drive
 from tiny_llama import save_tiny_llama
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.outputs import TokenLogprob
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 
@@ -57,28 +56,7 @@ def _run(tiny_dir: Path, overlap: bool) -> tuple[dict[str, Any], LLMEngine]:
             async_scheduling=overlap,
         )
     )
-    tokens: dict[str, list[int]] = defaultdict(list)
-    logprobs: dict[str, list[TokenLogprob]] = defaultdict(list)
-    reasons: dict[str, FinishReason | None] = {}
-    work = _workload()
-    for rid, prompt, params in work[:6]:
-        engine.add_request(rid, prompt, params)
-    calls = 0
-    while engine.has_unfinished():
-        calls += 1
-        assert calls < 2000, "no progress"
-        if calls == 4:  # later arrivals, some of them hitting the prefix cache
-            for rid, prompt, params in work[6:]:
-                engine.add_request(rid, prompt, params)
-        for out in engine.step():
-            tokens[out.request_id] += out.new_token_ids
-            logprobs[out.request_id] += out.logprobs
-            if out.finished:
-                reasons[out.request_id] = out.finish_reason
-            elif len(tokens[out.request_id]) == ABORT_AFTER.get(out.request_id):
-                assert engine.abort(out.request_id)
-                reasons[out.request_id] = FinishReason.ABORT
-    return {"tokens": dict(tokens), "reasons": reasons, "logprobs": dict(logprobs)}, engine
+    return drive(engine, _workload(), ABORT_AFTER), engine
 
 
 def test_overlapped_engine_gives_the_synchronous_tokens(tiny_dir: Path) -> None:

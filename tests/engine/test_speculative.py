@@ -4,11 +4,11 @@ rejections, aborts and preemption."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_driver import drive
 from tiny_llama import save_tiny_llama
 
 from engine.config import EngineConfig
@@ -69,28 +69,9 @@ def _run(tiny_dir: Path, method: str, **options: Any) -> tuple[dict[str, Any], L
     }
     engine = LLMEngine(EngineConfig(**(config | options)))
     start_free = engine.stats().free_blocks
-    tokens: dict[str, list[int]] = defaultdict(list)
-    reasons: dict[str, FinishReason | None] = {}
-    work = _workload()
-    for rid, prompt, params in work[:6]:
-        engine.add_request(rid, prompt, params)
-    calls = 0
-    while engine.has_unfinished():
-        calls += 1
-        assert calls < 2000, "no progress"
-        if calls == 4:
-            for rid, prompt, params in work[6:]:
-                engine.add_request(rid, prompt, params)
-        for out in engine.step():
-            tokens[out.request_id] += out.new_token_ids
-            if out.finished:
-                reasons[out.request_id] = out.finish_reason
-            elif len(tokens[out.request_id]) >= ABORT_AFTER.get(out.request_id, 1 << 30):
-                assert engine.abort(out.request_id)
-                reasons[out.request_id] = FinishReason.ABORT
-        engine.scheduler.audit()
+    result = drive(engine, _workload(), ABORT_AFTER, each_step=engine.scheduler.audit)
     assert engine.stats().free_blocks == start_free  # every block given back
-    return {"tokens": dict(tokens), "reasons": reasons}, engine
+    return {"tokens": result["tokens"], "reasons": result["reasons"]}, engine
 
 
 def test_greedy_ngram_equals_plain_decoding_with_rejections_aborts_and_preemption(
