@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--draft-model", default=None, help="draft: the draft model directory")
     ap.add_argument("--batch-sizes", default="1,8", help="speculative: batch sizes, e.g. 1,4,8")
+    ap.add_argument("--rounds", type=int, default=3, help="speculative: requests per slot")
     args = ap.parse_args(argv)
 
     from models import ensure_model

@@ -2,14 +2,18 @@
 
     python -m bench.offline --speculative-method ngram [--num-speculative-tokens 4]
                             [--draft-model DIR] [--batch-sizes 1,8] [--new-tokens 128]
+                            [--rounds 3]
 
 Two workloads, greedy: `repeat`, chat prompts whose answer repeats their input (repeat,
 correct, extract from, or reformat a given passage: the case prompt lookup is for), and
-`random`, seeded random token prompts (a guess rarely holds). For each workload and batch
-size the engine runs without speculation and with it, in the order plain, speculative,
-speculative, plain; each keeps its faster run. Decode throughput counts the tokens after
-each request's first over the time after the last first token, so the (identical) prefill
-does not dilute the ratio. Greedy outputs of both runs are checked to be the same.
+`random`, seeded random token prompts. For each workload and batch size B the engine serves
+B * rounds requests with B slots (continuous batching: a request that ends is replaced by the
+next waiting one), without speculation and with it, in the order plain, speculative,
+speculative, plain; each keeps its faster run. Decode throughput at batch B is the tokens
+emitted by the steps in which exactly B requests decode and none prefills, over those steps'
+time: the batch size the row names, with the (identical) prefill and the batch's draining
+tail left out. The whole run's output tokens per second are reported beside it. Greedy outputs
+of every run are checked to be the same.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ PASSAGES = [
     "She wrote to the shop on Thursday. The shop apologised, sent the pens by express post "
     "and offered a discount of ten percent on her next order, which she used in March to "
     "buy a desk lamp and a box of paper clips.",
+    "The library opens at nine on weekdays and at ten on Saturdays; it is closed on Sundays. "
+    "Members can borrow up to six books for three weeks and renew them twice online. Late "
+    "returns cost twenty cents a day. The reading room on the first floor has free wifi, and "
+    "the children's corner holds a story hour every Wednesday afternoon at four.",
+    "Our team meets every Tuesday at half past nine in room 204. Anna presents the sales "
+    "figures, Tom reports on the new warehouse in Leeds, and Priya collects questions for the "
+    "board. The meeting ends at eleven. Minutes are sent by email on the same day, and any "
+    "action items must be finished before the next meeting.",
     "For the soup, chop two onions and three carrots, and fry them in butter for five "
     "minutes. Add a litre of vegetable stock, a bay leaf and a handful of red lentils. Let it "
     "simmer for twenty minutes, take out the bay leaf, and blend until smooth. Season with "
@@ -65,9 +77,15 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
 
 
 def run(
-    model_dir: Path, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, **options: Any
+    model_dir: Path,
+    prompts: list[list[int]],
+    new_tokens: int,
+    ignore_eos: bool,
+    concurrency: int,
+    **options: Any,
 ) -> dict[str, Any]:
-    """One engine run over the prompts; decode throughput and speculative totals."""
+    """One engine run over the prompts with `concurrency` slots; decode throughput at full
+    batch, whole-run throughput and speculative totals."""
     from engine.config import engine_config
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -77,8 +95,8 @@ def run(
         model_dir,
         device="cpu",
         dtype="float32",
-        num_kv_blocks=len(prompts) * (-(-max_len // 16)) + 16,
-        max_num_seqs=len(prompts),
+        num_kv_blocks=concurrency * (-(-max_len // 16)) + 16,
+        max_num_seqs=concurrency,
         **options,
     )
     engine = LLMEngine(config)
@@ -86,22 +104,38 @@ def run(
     for i, p in enumerate(prompts):
         engine.add_request(f"spec-{i}", p, params)
     tokens: dict[str, list[int]] = {f"spec-{i}": [] for i in range(len(prompts))}
+    full = {"seconds": 0.0, "tokens": 0, "steps": 0}
     start = time.perf_counter()
-    first_done = None
     while engine.has_unfinished():
+        emitted = engine.counters.spec_emitted
+        before = engine.last_schedule
+        began = time.perf_counter()
         for out in engine.step():
             tokens[out.request_id] += out.new_token_ids
-        if first_done is None and all(tokens.values()):
-            first_done = time.perf_counter()
+        seconds = time.perf_counter() - began
+        plan = engine.last_schedule
+        if plan is None or plan is before:
+            continue
+        # a step at full batch: every slot decodes (plainly, or as a chunk of guesses).
+        # Without speculation a decode emits one token (counted at launch: with overlapped
+        # scheduling its tokens come back in the next call); with it the step is finished
+        # in this call and the speculative chunks' tokens are counted by the engine.
+        if plan.prefills and not all(c.num_draft for c in plan.prefills):
+            continue
+        if len(plan.decodes) + len(plan.prefills) != concurrency:
+            continue
+        full["seconds"] += seconds
+        full["steps"] += 1
+        full["tokens"] += len(plan.decodes) + engine.counters.spec_emitted - emitted
     end = time.perf_counter()
-    assert first_done is not None
-    decode_tokens = sum(len(t) - 1 for t in tokens.values())
     stats = engine.speculative_stats
+    total = sum(map(len, tokens.values()))
     return {
         "seconds": end - start,
-        "decode_seconds": end - first_done,
-        "decode_tokens": decode_tokens,
-        "decode_tok_s": decode_tokens / max(end - first_done, 1e-9),
+        "output_tok_s": total / (end - start),
+        "full_batch_steps": full["steps"],
+        "decode_tokens": full["tokens"],
+        "decode_tok_s": full["tokens"] / max(full["seconds"], 1e-9),
         "steps": engine.counters.steps,
         "proposed": stats.proposed if stats else 0,
         "accepted": stats.accepted if stats else 0,
@@ -118,16 +152,18 @@ def compare(
     spec_options: dict[str, Any],
     seed: int,
     vocab: int,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Plain, speculative, speculative, plain on one workload; the faster run of each."""
+    n = batch * rounds
     if workload == "repeat":
-        prompts, ignore_eos = repeat_prompts(model_dir, batch), False
+        prompts, ignore_eos = repeat_prompts(model_dir, n), False
     else:
-        prompts, ignore_eos = random_prompts(batch, 128, vocab, seed), True
+        prompts, ignore_eos = random_prompts(n, 128, vocab, seed), True
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "speculative": []}
     for name in ("plain", "speculative", "speculative", "plain"):
         options = spec_options if name == "speculative" else {}
-        runs[name].append(run(model_dir, prompts, new_tokens, ignore_eos, **options))
+        runs[name].append(run(model_dir, prompts, new_tokens, ignore_eos, batch, **options))
     plain = max(runs["plain"], key=lambda r: r["decode_tok_s"])
     spec = max(runs["speculative"], key=lambda r: r["decode_tok_s"])
     same = all(r["tokens"] == plain["tokens"] for r in runs["plain"] + runs["speculative"])
@@ -137,6 +173,14 @@ def compare(
         "plain_decode_tok_s": plain["decode_tok_s"],
         "speculative_decode_tok_s": spec["decode_tok_s"],
         "speed_up": spec["decode_tok_s"] / plain["decode_tok_s"],
+        "requests": n,
+        "full_batch_steps": {
+            "plain": plain["full_batch_steps"],
+            "speculative": spec["full_batch_steps"],
+        },
+        "plain_output_tok_s": plain["output_tok_s"],
+        "speculative_output_tok_s": spec["output_tok_s"],
+        "output_speed_up": spec["output_tok_s"] / plain["output_tok_s"],
         "acceptance_rate": spec["acceptance_rate"],
         "proposed": spec["proposed"],
         "accepted": spec["accepted"],
@@ -150,7 +194,8 @@ def compare(
         f"{workload:>7} batch {batch:>2}: plain {row['plain_decode_tok_s']:7.1f} tok/s  "
         f"speculative {row['speculative_decode_tok_s']:7.1f} tok/s  "
         f"speed-up {row['speed_up']:.2f}x  acceptance {row['acceptance_rate']:.2f}  "
-        f"steps {row['plain_steps']} -> {row['speculative_steps']}  identical {same}",
+        f"steps {row['plain_steps']} -> {row['speculative_steps']}  "
+        f"whole run {row['output_speed_up']:.2f}x  identical {same}",
         flush=True,
     )
     return row
@@ -166,8 +211,11 @@ def speculative_main(args: Any, model_dir: Path, vocab: int) -> dict[str, Any]:
         spec_options["draft_model"] = Path(args.draft_model)
     batches = [int(b) for b in str(args.batch_sizes).split(",")]
     rows = [
-        compare(model_dir, workload, b, args.new_tokens, spec_options, args.seed, vocab)
+        compare(
+            model_dir, workload, b, args.new_tokens, spec_options, args.seed, vocab, args.rounds
+        )
         for workload in ("repeat", "random")
         for b in batches
     ]
-    return {"speculative": spec_options | {"draft_model": args.draft_model}, "results": rows}
+    setup = spec_options | {"draft_model": args.draft_model, "rounds": args.rounds}
+    return {"speculative": setup, "results": rows}

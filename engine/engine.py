@@ -87,6 +87,7 @@ class LLMEngine:
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
         )
         self.counters = EngineCounters()
+        self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (benchmarks)
         self.timer = StepTimer()
         # overlapped scheduling: plan step N + 1 while step N runs (batched sampler only;
         # the prefill role pins every request after one token, nothing to overlap)
@@ -219,7 +220,7 @@ class LLMEngine:
         timer = self.timer
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
-        out = self.scheduler.schedule()
+        out = self.last_schedule = self.scheduler.schedule()
         if self.speculator is not None:  # the cost model learns from decode steps only
             plain = all(c.num_draft for c in out.prefills)
             self.speculator.cost.step_started(out.num_tokens if plain else 0)

@@ -288,6 +288,15 @@ def sample(
     return out
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The first argmax of each row of logits [rows, vocab] fp32 (unit last stride), in one
+    pass without a copy (torch's CPU argmax is several times slower). Returns [rows] int64."""
+    rows = logits.shape[0]
+    greedy = torch.ones(rows, dtype=torch.bool)
+    ones, zeros = torch.ones(rows), torch.zeros(rows, dtype=torch.int64)
+    return sample(logits, greedy, ones, zeros, ones, ones * 0, zeros, zeros)
+
+
 def _require() -> ctypes.CDLL:
     lib = _library()
     if lib is None:

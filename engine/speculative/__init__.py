@@ -15,7 +15,7 @@ so far).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 import torch
 
@@ -25,11 +25,14 @@ from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.sampling_rows import StepSampling
 from engine.schedule import SchedulerOutput
+from engine.speculative.acceptance import AcceptanceTable
 from engine.speculative.cost import StepCost
 from engine.speculative.draft import DraftProposer
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS, SpeculativeStats
 from engine.speculative.ngram import NgramProposer
 from engine.speculative.verify import verify
+
+_RETRY_AFTER = 8  # steps without draft guesses after which a request's record is dropped
 
 
 def speculates(params: SamplingParams) -> bool:
@@ -51,7 +54,9 @@ class Speculator:
         self.k = config.num_speculative_tokens
         self.method = config.speculative_method
         self.stats = SpeculativeStats()
-        self._budget: dict[str, _Budget] = {}
+        self.table = AcceptanceTable(self.k)
+        self._kinds: dict[str, Hashable] = {}  # the kind of each request's guesses this step
+        self._drafted: dict[str, _DraftState] = {}
         self.cost = StepCost()
         self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
         self.draft: DraftProposer | None = None
@@ -65,52 +70,56 @@ class Speculator:
     def propose(self, running: Iterable[Request]) -> None:
         """Set the guesses of every running request about to decode (others get none).
 
-        How many a request gets adapts to how its latest guesses fared: twice the last
-        accepted run (at least one, at most k), and after a few rejections in a row none for
-        a while (doubling up to 32 steps), so that text that does not repeat costs little.
-        """
-        budgets, self._budget = self._budget, {}
-        asks: list[tuple[Request, int]] = []
+        Each candidate guess gets its expected gain from the acceptance table, by the kind of
+        proposal: for prompt lookup the match it continues (length, found once or often), for
+        the draft model how the request's latest guesses fared. The cost model then keeps
+        the guesses that raise the step's tokens per second."""
+        table = self.table
+        table.step += 1
+        asks: list[tuple[Request, Hashable]] = []
+        gains: list[list[float]] = []
         running = list(running)
-        prior = self.stats.acceptance_rate if self.stats.proposed else 0.5
         for request in running:
+            request.draft_token_ids = []
             ready = (
                 request.status is RequestStatus.RUNNING
                 and request.num_pending == 0
                 and request.num_tokens - request.num_computed_tokens == 1
                 and speculates(request.params)
             )
-            if not ready:
-                request.draft_token_ids = []
+            k = min(self.k, request.token_limit - request.num_tokens - 1)
+            if not ready or k <= 0:
                 continue
-            budget = budgets.get(request.request_id) or _Budget(self.k, prior)
-            self._budget[request.request_id] = budget
-            if budget.pause:
-                budget.pause -= 1
-                request.draft_token_ids = []
-                continue
-            left = request.token_limit - request.num_tokens - 1
-            k = min(budget.k, left)
+            kind: Hashable
             if self.draft is None:
-                request.draft_token_ids = self.ngram.propose(request.all_token_ids, k)
-                k = len(request.draft_token_ids)
-            if k > 0:
-                asks.append((request, k))
-        # what the step can afford (engine.speculative.cost)
-        gains = [self._budget[r.request_id].gains(k) for r, k in asks]
+                guesses, match = self.ngram.propose_for(
+                    request.request_id, request.prompt_token_ids, request.output_token_ids, k
+                )
+                if not guesses:
+                    continue
+                request.draft_token_ids, kind, k = guesses, ("ngram", *match), len(guesses)
+            else:
+                state = self._drafted.setdefault(request.request_id, _DraftState())
+                kind = ("draft", state.outcome)
+            asks.append((request, kind))
+            gains.append(table.gains(kind, k))
         counts = self.cost.allocate(len(running), gains)
+        self._kinds = {r.request_id: kind for (r, kind), n in zip(asks, counts, strict=True) if n}
         if self.draft is None:
             for (request, _), n in zip(asks, counts, strict=True):
                 del request.draft_token_ids[n:]
             return
-        self.draft.forget_except(set(self._budget))
-        guesses = self.draft.propose([r for r, _ in asks], counts)
-        for (request, _), tokens in zip(asks, guesses, strict=True):
+        for (request, _), n in zip(asks, counts, strict=True):
+            self._drafted[request.request_id].skipped(n)
+        self.draft.forget_except({r.request_id for r in running})
+        guesses_of = self.draft.propose([r for r, _ in asks], counts)
+        for (request, _), tokens in zip(asks, guesses_of, strict=True):
             request.draft_token_ids = tokens
 
     def forget(self, request_id: str) -> None:
         """The request left the running batch: drop its state (and its draft KV)."""
-        self._budget.pop(request_id, None)
+        self._drafted.pop(request_id, None)
+        self.ngram.forget(request_id)
         if self.draft is not None:
             self.draft.forget(request_id)
 
@@ -140,47 +149,42 @@ class Speculator:
             position += 1
         if not positions:
             return tokens, {}
-        emitted = verify(logits, step, positions, drafts, num_sampled)
+        emitted = verify(logits, step, positions, drafts, num_sampled, tokens)
         tokens = tokens.clone()
         at = torch.tensor(positions, device=tokens.device)
         tokens[at] = torch.tensor([e[0] for e in emitted], device=tokens.device)
         more = {rid: e[1:] for rid, e in zip(ids, emitted, strict=True)}
         for rid, guesses, e in zip(ids, drafts, emitted, strict=True):
-            self.stats.record(len(guesses), len(e) - 1, 0)
-            budget = self._budget.get(rid)
-            if budget is not None:
-                budget.update(len(e) - 1, len(guesses), self.k)
+            accepted = len(e) - 1
+            self.stats.record(len(guesses), accepted, 0)
+            kind = self._kinds.get(rid)
+            if kind is not None:
+                self.table.record(kind, len(guesses), accepted)
+            state = self._drafted.get(rid)
+            if state is not None:
+                state.verified(accepted, len(guesses))
         return tokens, more
 
 
-class _Budget:
-    """Guesses a request gets next (see Speculator.propose)."""
+class _DraftState:
+    """How a request's latest draft guesses fared: its kind in the acceptance table."""
 
-    __slots__ = ("alpha", "backoff", "k", "misses", "pause")
+    __slots__ = ("idle", "outcome")
 
-    def __init__(self, k: int, alpha: float) -> None:
-        self.k = k
-        self.alpha = alpha  # estimated chance that a guess holds (moving average)
-        self.misses = 0  # verified chunks in a row with nothing accepted
-        self.pause = 0  # steps left without guesses
-        self.backoff = 4
+    def __init__(self) -> None:
+        self.outcome: str | None = None  # "full", "part", "none"; None: not lately
+        self.idle = 0  # steps in a row without guesses
 
-    def gains(self, k: int) -> list[float]:
-        """Expected extra tokens from guess 1 .. k: the chance that it and those before hold."""
-        return [self.alpha ** (j + 1) for j in range(k)]
+    def verified(self, accepted: int, proposed: int) -> None:
+        self.idle = 0
+        self.outcome = "full" if accepted == proposed else "part" if accepted else "none"
 
-    def update(self, accepted: int, proposed: int, k_max: int) -> None:
-        # accepted of proposed, cut at the first rejection: a per-guess rate a / (a + 1)
-        rate = accepted / (accepted + (1 if accepted < proposed else 0) or 1)
-        self.alpha = 0.6 * self.alpha + 0.4 * rate
-        self.k = max(1, min(k_max, 2 * accepted))
-        if accepted:
-            self.misses, self.backoff = 0, 4
-            return
-        self.misses += 1
-        if self.misses >= 2:
-            self.pause, self.misses = self.backoff, 0
-            self.backoff = min(32, 2 * self.backoff)
+    def skipped(self, guesses: int) -> None:
+        # a request kept from guessing (its kind judged poor) is tried afresh after a while
+        if guesses == 0:
+            self.idle += 1
+            if self.idle >= _RETRY_AFTER:
+                self.outcome, self.idle = None, 0
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine import cpu_kernels
 from engine.batch_sampler import top_k_top_p, uniform_draws
 from engine.sampling_rows import StepSampling
 
@@ -36,17 +37,22 @@ def verify(
     positions: Sequence[int],
     drafts: Sequence[Sequence[int]],
     num_sampled: int,
+    sampled: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """The tokens each speculative chunk emits (1 to k + 1 each, before stops).
 
     logits: the step's scored rows: [num_sampled] rows (one per sampled request, in step
     order; a speculative chunk's is its last position), then the rows of the chunks' guesses
     (k each, in chunk order). positions[i]: the step position (sampled row) of chunk i;
-    drafts[i]: its guesses.
+    drafts[i]: its guesses. sampled: the sampler's tokens for the sampled rows, which for a
+    greedy row are its argmax (no logit bias, penalty or grammar on a speculating row).
     """
     if not positions:
         return []
     device = logits.device
+    owners = torch.tensor(positions, device=device)
+    if sampled is not None and bool(step.greedy[owners].all()):
+        return _verify_greedy(logits[num_sampled:], sampled[owners].tolist(), drafts)
     index: list[int] = []  # scored row of each position to verify, chunk after chunk
     owner: list[int] = []  # its step position (row settings)
     offset: list[int] = []  # its index among its chunk's positions
@@ -84,6 +90,31 @@ def verify(
             break
         emitted.append(out)
         at += len(tokens_i) + 1
+    return emitted
+
+
+def _verify_greedy(
+    guess_rows: torch.Tensor, last: list[int], drafts: Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """Every chunk greedy: guess j holds when it is the argmax of its row; the token after
+    the last guess is the sampler's (last[i]). Only the guesses' rows are read, in place."""
+    if guess_rows.device.type == "cpu" and cpu_kernels.available():
+        best = cpu_kernels.argmax(guess_rows.float())
+    else:
+        best = guess_rows.argmax(dim=-1)
+    best_l = best.tolist()
+    emitted: list[list[int]] = []
+    at = 0
+    for guesses, after in zip(drafts, last, strict=True):
+        out: list[int] = []
+        for j, g in enumerate(guesses):
+            out.append(best_l[at + j])
+            if g != best_l[at + j]:
+                break
+        else:
+            out.append(after)
+        emitted.append(out)
+        at += len(guesses)
     return emitted
 
 
