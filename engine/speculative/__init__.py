@@ -103,7 +103,7 @@ class Speculator:
                 kind = ("draft", state.outcome)
             asks.append((request, kind))
             gains.append(table.gains(kind, k))
-        counts = self.cost.allocate(len(running), gains)
+        counts = self.cost.allocate(len(running), gains, draft=self.draft is not None)
         self._kinds = {r.request_id: kind for (r, kind), n in zip(asks, counts, strict=True) if n}
         if self.draft is None:
             for (request, _), n in zip(asks, counts, strict=True):
@@ -113,8 +113,11 @@ class Speculator:
             self._drafted[request.request_id].skipped(n)
         self.draft.forget_except({r.request_id for r in running})
         guesses_of = self.draft.propose([r for r, _ in asks], counts)
-        for (request, _), tokens in zip(asks, guesses_of, strict=True):
-            request.draft_token_ids = tokens
+        for fed, seconds in self.draft.forward_times:
+            self.cost.draft.add(fed, seconds)
+        self.draft.forward_times.clear()
+        for (request, _), drafted in zip(asks, guesses_of, strict=True):
+            request.draft_token_ids = drafted
 
     def forget(self, request_id: str) -> None:
         """The request left the running batch: drop its state (and its draft KV)."""

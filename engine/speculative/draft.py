@@ -11,6 +11,7 @@ Guesses are the draft's argmax: a point mass, as the verifier expects
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 
 import torch
@@ -61,6 +62,8 @@ class DraftProposer:
         self.device = self.runner.device
         self.max_len = self.runner.max_model_len
         self._shadows: dict[str, _Shadow] = {}
+        # (tokens, seconds) of each draft forward since the Speculator last read them
+        self.forward_times: list[tuple[int, float]] = []
 
     def forget(self, request_id: str) -> None:
         shadow = self._shadows.pop(request_id, None)
@@ -101,14 +104,18 @@ class DraftProposer:
             wanted.append(k)
         guesses: list[list[int]] = [[] for _ in requests]
         active = [i for i, k in enumerate(wanted) if k > 0]
-        for step in range(max(wanted, default=0)):
+        deepest = max(wanted, default=0)
+        for step in range(deepest):
             rows = [i for i in active if wanted[i] > step]
             if not rows:
                 break
             feed = [chunks[i] if step == 0 else [guesses[i][-1]] for i in rows]
             begin = [starts[i] if step == 0 else len(shadows[i].tokens) for i in rows]
+            began = time.perf_counter()
             logits = self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
-            best = logits.argmax(dim=-1).tolist()
+            best = logits.argmax(dim=-1).tolist()  # waits for the device
+            if max(map(len, feed)) <= deepest + 1:  # decode-like: no prompt to catch up on
+                self.forward_times.append((sum(map(len, feed)), time.perf_counter() - began))
             for i, tokens_fed, token in zip(rows, feed, best, strict=True):
                 shadows[i].tokens += tokens_fed
                 guesses[i].append(int(token))

@@ -4,9 +4,11 @@ rejections, aborts and preemption."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from engine_driver import drive
 from tiny_llama import save_tiny_llama
@@ -35,6 +37,36 @@ def test_ngram_proposes_what_followed_the_latest_match() -> None:
     assert proposer.propose([3]) == []
     # the longest suffix wins: [2, 3] matches at 0 (then 9); [3] alone matched later (then 1)
     assert NgramProposer(k=1, ngram_max=2).propose([2, 3, 9, 3, 1, 2, 3]) == [9]
+
+
+def _reference(tokens: list[int], k: int, low: int, high: int) -> tuple[list[int], tuple]:
+    """The definition, by brute force: the longest suffix (high .. low tokens) found earlier,
+    its latest earlier place, what followed it, and whether it was found once."""
+    for n in range(min(high, len(tokens) - 1), low - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        starts = [s for s in range(len(tokens) - n) if tokens[s : s + n] == suffix]
+        if starts:
+            after = starts[-1] + n
+            return tokens[after : after + k], (n, len(starts) == 1)
+    return [], (0, False)
+
+
+def test_ngram_lookup_and_its_kept_tokens_agree_with_a_brute_force_search() -> None:
+    rng = random.Random(7)
+    for _ in range(3000):
+        tokens = [rng.randrange(rng.choice([2, 3, 6, 40])) for _ in range(rng.randint(1, 30))]
+        low = rng.randint(1, 3)
+        high = rng.randint(low, 6)
+        k = rng.randint(1, 5)
+        proposer = NgramProposer(k, low, high)
+        want = _reference(tokens, k, low, high)
+        assert proposer.lookup(np.asarray(tokens, dtype=np.int64), k) == want, (tokens, low, high)
+        # the same request seen step after step, its output growing token by token
+        cut = rng.randint(1, len(tokens))
+        for end in range(cut, len(tokens) + 1):
+            got = proposer.propose_for("r", tokens[:cut], tokens[cut:end], k)
+            assert got == _reference(tokens[:end], k, low, high)
+        proposer.forget("r")
 
 
 def _workload() -> list[tuple[str, list[int], SamplingParams]]:

@@ -8,7 +8,7 @@ from engine.speculative.cost import StepCost
 def _fitted(a: float, b: float) -> StepCost:
     cost = StepCost()
     for tokens in (1, 2, 5, 8, 10, 16, 20, 40):
-        cost._samples.append((float(tokens), a + b * tokens))
+        cost.target.add(tokens, a + b * tokens)
     return cost
 
 
@@ -32,3 +32,37 @@ def test_compute_bound_steps_take_only_near_certain_guesses() -> None:
 
 def test_without_a_fit_every_guess_is_tried() -> None:
     assert StepCost().allocate(3, [[0.1, 0.01], [0.5]]) == [2, 1]
+
+
+def _with_draft(cost: StepCost, a: float, b: float) -> StepCost:
+    for rows in (1, 2, 4, 8, 3, 6, 5, 7):
+        cost.draft.add(rows, a + b * rows)
+    return cost
+
+
+def test_a_draft_forward_as_dear_as_the_target_is_not_run() -> None:
+    # the target as its own draft: every guess holds, but each depth costs a whole step
+    cost = _with_draft(_fitted(0.03, 0.002), 0.03, 0.002)
+    assert cost.allocate(4, [[0.99] * 4] * 4, draft=True) == [0] * 4
+
+
+def test_a_cheap_draft_guesses_deep_where_guesses_hold() -> None:
+    cost = _with_draft(_fitted(0.03, 0.0005), 0.002, 0.0001)
+    gains = [[0.9, 0.8, 0.7, 0.6], [0.2, 0.04, 0.01, 0.0]]
+    # the second request's first guess rides on a draft forward the first one pays for
+    assert cost.allocate(2, gains, draft=True) == [4, 1]
+
+
+def test_steps_all_of_one_size_leave_one_step_in_eight_without_guesses() -> None:
+    cost = StepCost()
+    for _ in range(10):
+        cost.target.add(20, 0.05)  # every step had 4 guesses for each of 4 requests
+    got = [cost.allocate(4, [[0.9] * 4] * 4) for _ in range(16)]
+    assert got.count([0] * 4) == 2 and got.count([4] * 4) == 14
+
+
+def test_a_draft_judged_too_dear_is_tried_again_later() -> None:
+    cost = _with_draft(_fitted(0.03, 0.002), 0.03, 0.002)
+    got = [cost.allocate(2, [[0.99] * 4] * 2, draft=True) for _ in range(130)]
+    assert got.count([1, 1]) == 2  # one probe every 65 steps, one guess deep
+    assert got.count([0, 0]) == 128
