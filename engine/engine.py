@@ -26,6 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.schedule import ImportPlan, SchedulerOutput
 from engine.scheduler import Scheduler
 from engine.speculative import SpeculativeStats, Speculator
+from engine.speculative.draft import load_draft
 from engine.step_result import EMPTY_STEP, DeferredLogprobs, LaunchedStep, StepResult
 from engine.step_timer import StepTimer
 
@@ -77,7 +78,17 @@ class LLMEngine:
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        self.runner = ModelRunner(config, self.model_config)
+        speculates = config.speculative_method != "none" and config.role is not Role.PREFILL
+        # the draft's weights first: the target's KV plan counts them and prices each block
+        # with the draft's block of as many (engine.kv_sizing); a wrong vocabulary stops here
+        draft = (
+            load_draft(config, self.model_config)
+            if speculates and config.speculative_method == "draft"
+            else None
+        )
+        self.runner = ModelRunner(
+            config, self.model_config, draft_block_bytes=draft.layout.block_bytes if draft else 0
+        )
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -98,8 +109,8 @@ class LLMEngine:
             and config.speculative_method == "none"  # guesses need the tokens so far
         )
         self.speculator: Speculator | None = None
-        if config.speculative_method != "none" and config.role is not Role.PREFILL:
-            self.speculator = Speculator(config, self.model_config, self.runner.num_blocks)
+        if speculates:
+            self.speculator = Speculator(config, self.model_config, self.runner.num_blocks, draft)
         self._in_flight: LaunchedStep | None = None
 
     # ---- requests -------------------------------------------------------------------------

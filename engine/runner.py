@@ -9,6 +9,7 @@ import ctypes
 import ctypes.util
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +26,47 @@ from engine.request import Request
 from engine.schedule import SchedulerOutput
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model's weights on the device and its cache layout, before any KV cache: loaded
+    apart from ModelRunner where another cache must be planned after it (the draft model)."""
+
+    model_config: ModelConfig
+    model: LlamaModel
+    max_model_len: int
+    layout: KVLayout
+    packed_weights: bool
+
+
+def load_model(
+    config: EngineConfig, model_config: ModelConfig, attention: AttentionBackend | None = None
+) -> LoadedModel:
+    """Build the model on ``config.device``, load (or draw) its weights, pack them for the
+    CPU kernels where asked."""
+    device = torch.device(config.device)
+    if device.type == "cpu":
+        retain_freed_host_memory()
+    max_model_len = min(
+        config.max_model_len or model_config.max_position_embeddings,
+        model_config.max_position_embeddings,
+    )
+    model = LlamaModel(
+        model_config,
+        attention or select_attention(config.attention_backend, device, config.cpu_kernels),
+        max_model_len,
+        config.dtype,
+        device,
+    )
+    if config.load_format == "random":
+        init_random_weights(model)
+    else:
+        load_weights(model, config.model_dir)
+    packed = config.pack_cpu_weights and model.pack_cpu_weights()
+    model.use_cpu_kernels(config.cpu_kernels)
+    layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
+    return LoadedModel(model_config, model, max_model_len, layout, packed)
+
+
 class ModelRunner:
     """The model's weights, the node's KV cache tensor, and one forward per step."""
 
@@ -33,32 +75,25 @@ class ModelRunner:
         config: EngineConfig,
         model_config: ModelConfig,
         attention: AttentionBackend | None = None,
+        *,
+        loaded: LoadedModel | None = None,
+        draft_block_bytes: int = 0,
     ) -> None:
+        """`loaded`: the weights, already on the device (else loaded here, with `attention`).
+        `draft_block_bytes`: bytes per block of a draft model's cache that will be allocated
+        with this cache's block count; the KV budget is shared with it (engine.kv_sizing)."""
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
-        if self.device.type == "cpu":
-            retain_freed_host_memory()
-        self.max_model_len = min(
-            config.max_model_len or model_config.max_position_embeddings,
-            model_config.max_position_embeddings,
+        if loaded is None:
+            loaded = load_model(config, model_config, attention)
+        self.max_model_len = loaded.max_model_len
+        self.model = loaded.model
+        self.packed_weights = loaded.packed_weights
+        self.layout = loaded.layout
+        self.kv_capacity = plan_kv_cache(
+            config, self.layout, self._measure_memory, draft_block_bytes
         )
-        self.model = LlamaModel(
-            model_config,
-            attention
-            or select_attention(config.attention_backend, self.device, config.cpu_kernels),
-            self.max_model_len,
-            config.dtype,
-            self.device,
-        )
-        if config.load_format == "random":
-            init_random_weights(self.model)
-        else:
-            load_weights(self.model, config.model_dir)
-        self.packed_weights = config.pack_cpu_weights and self.model.pack_cpu_weights()
-        self.model.use_cpu_kernels(config.cpu_kernels)
-        self.layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
-        self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory)
         self.num_blocks = self.kv_capacity.num_blocks
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)

@@ -22,6 +22,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model_config import ModelConfig
 from engine.request import Request, RequestStatus
+from engine.runner import LoadedModel
 from engine.sampling_params import SamplingParams
 from engine.sampling_rows import StepSampling
 from engine.schedule import SchedulerOutput
@@ -49,7 +50,11 @@ class Speculator:
     """Proposes guesses for a step's decodes and verifies them after its forward."""
 
     def __init__(
-        self, config: EngineConfig, model: ModelConfig | None = None, num_blocks: int = 0
+        self,
+        config: EngineConfig,
+        model: ModelConfig | None = None,
+        num_blocks: int = 0,
+        draft: LoadedModel | None = None,  # the draft's weights, loaded before the target's plan
     ) -> None:
         self.k = config.num_speculative_tokens
         self.method = config.speculative_method
@@ -63,7 +68,7 @@ class Speculator:
         if self.method == "draft":
             if model is None:
                 raise ValueError("the draft proposer needs the target model's config")
-            self.draft = DraftProposer(config, model, num_blocks)
+            self.draft = DraftProposer(config, model, num_blocks, draft)
         elif self.method != "ngram":
             raise ValueError(f"unknown speculative method {self.method!r}")
 

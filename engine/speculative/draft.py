@@ -21,7 +21,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.model_config import ModelConfig
 from engine.request import Request
-from engine.runner import ModelRunner
+from engine.runner import LoadedModel, ModelRunner, load_model
 from engine.sampling_params import SamplingParams
 
 
@@ -35,28 +35,53 @@ class _Shadow:
         self.tokens: list[int] = []  # tokens whose KV is in the draft cache, in order
 
 
+def draft_runner_config(config: EngineConfig, num_blocks: int | None = None) -> EngineConfig:
+    """The engine's settings as the draft's runner takes them: the draft's directory, no
+    speculation of its own, one batch row, and `num_blocks` blocks (the target's count)."""
+    assert config.draft_model is not None
+    return dataclasses.replace(
+        config,
+        model_dir=config.draft_model,
+        num_kv_blocks=num_blocks,
+        kv_cache_memory_gb=None,
+        speculative_method="none",
+        draft_model=None,
+        max_num_seqs=1,
+    )
+
+
+def load_draft(config: EngineConfig, target: ModelConfig) -> LoadedModel:
+    """The draft model's weights on the device, after its vocabulary is checked against the
+    target's (ValueError naming both). Loaded before the target's KV cache is planned, so that
+    the plan counts these weights and leaves room for the draft's cache (engine.kv_sizing)."""
+    assert config.draft_model is not None
+    draft_config = ModelConfig.from_dir(config.draft_model)
+    if draft_config.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft model {str(config.draft_model)!r} has a vocabulary of "
+            f"{draft_config.vocab_size} tokens, the model {target.vocab_size}: speculative "
+            "decoding needs the same vocabulary"
+        )
+    return load_model(draft_runner_config(config), draft_config)
+
+
 class DraftProposer:
     """Greedy guesses from a draft model with its own KV cache."""
 
-    def __init__(self, config: EngineConfig, target: ModelConfig, num_blocks: int) -> None:
-        assert config.draft_model is not None
-        draft_config = ModelConfig.from_dir(config.draft_model)
-        if draft_config.vocab_size != target.vocab_size:
-            raise ValueError(
-                f"draft model {str(config.draft_model)!r} has a vocabulary of "
-                f"{draft_config.vocab_size} tokens, the model {target.vocab_size}: speculative "
-                "decoding needs the same vocabulary"
-            )
-        runner_config = dataclasses.replace(
-            config,
-            model_dir=config.draft_model,
-            num_kv_blocks=num_blocks,
-            kv_cache_memory_gb=None,
-            speculative_method="none",
-            draft_model=None,
-            max_num_seqs=1,
+    def __init__(
+        self,
+        config: EngineConfig,
+        target: ModelConfig,
+        num_blocks: int,
+        loaded: LoadedModel | None = None,
+    ) -> None:
+        """`num_blocks`: the target's block count, which the draft's cache takes too.
+        `loaded`: the draft from load_draft (else loaded here, after the target's plan)."""
+        if loaded is None:
+            loaded = load_draft(config, target)
+        self.runner = ModelRunner(
+            draft_runner_config(config, num_blocks), loaded.model_config, loaded=loaded
         )
-        self.runner = ModelRunner(runner_config, draft_config)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, False)
         self.block_size = config.block_size
         self.device = self.runner.device

@@ -5,6 +5,7 @@ memory reports); on the CPU 1 GiB. Device defaults of engine_config."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,59 @@ def test_engine_config_defaults_per_device(tmp_path: Path) -> None:
     assert engine_config(tmp_path, device="cuda", max_num_seqs=8).max_num_seqs == 8
     cpu = engine_config(tmp_path, device="cpu", max_num_seqs=None)
     assert (cpu.max_num_seqs, cpu.dtype) == (64, torch.float32)
+
+
+# a draft model's cache of as many blocks: 2 layers, 3 KV heads of 64 dims, bf16, 16 tokens
+DRAFT = KVLayout(
+    model="draft", dtype="bfloat16", block_size=16, num_layers=2, num_kv_heads=3, head_dim=64
+).block_bytes  # 24,576 bytes
+
+
+def test_a_draft_cache_shares_every_budget(tmp_path: Path) -> None:
+    """Each block costs the target's bytes plus the draft's (one draft block per block)."""
+    both = BLOCK + DRAFT
+    assert blocks_for_gib(0.5, BLOCK, draft_block_bytes=DRAFT) == (GIB // 2) // both
+    assert blocks_for_gib(0.5, BLOCK, draft_block_bytes=DRAFT) < blocks_for_gib(0.5, BLOCK)
+    assert blocks_for_gpu(H100, 0.9, BLOCK, DRAFT) == (72 * GIB - 3 * GIB) // both
+    assert blocks_for_gpu(H100, 1.0, BLOCK, DRAFT) == (77 * GIB - 1 * GIB) // both
+
+    def plan(config: EngineConfig, measure: Callable[[], DeviceMemory]) -> KVCapacity:
+        return plan_kv_cache(config, LAYOUT, measure, draft_block_bytes=DRAFT)
+
+    budget = plan(EngineConfig(tmp_path, kv_cache_memory_gb=0.5), never_measured)
+    assert (budget.num_blocks, budget.sized_by) == ((GIB // 2) // both, "kv_cache_memory_gb")
+    assert budget.num_bytes + budget.draft_bytes <= GIB // 2
+    cpu = plan(EngineConfig(tmp_path), never_measured)
+    assert (cpu.num_blocks, cpu.sized_by) == (GIB // both, "cpu_default")
+    exact = plan(EngineConfig(tmp_path, num_kv_blocks=7), never_measured)
+    assert (exact.num_blocks, exact.draft_bytes) == (7, 7 * DRAFT)  # an exact count for both
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_draft_cache_shares_the_gpu_fraction(tmp_path: Path) -> None:
+    config = EngineConfig(tmp_path, device="cuda", gpu_memory_utilization=0.5)
+    plan = plan_kv_cache(config, LAYOUT, lambda: H100, draft_block_bytes=DRAFT)
+    assert plan.num_blocks == (40 * GIB - 3 * GIB) // (BLOCK + DRAFT)
+    assert plan.num_bytes + plan.draft_bytes <= 40 * GIB - 3 * GIB
+
+
+def test_a_budget_without_room_for_both_blocks_names_them() -> None:
+    with pytest.raises(ValueError) as err:
+        blocks_for_gib((BLOCK + DRAFT - 1) / GIB, BLOCK, draft_block_bytes=DRAFT)
+    assert f"{BLOCK + DRAFT} bytes: target {BLOCK} + draft {DRAFT}" in str(err.value)
+    assert "kv_cache_memory_gb" in str(err.value)
+    assert blocks_for_gib((BLOCK + DRAFT) / GIB, BLOCK, draft_block_bytes=DRAFT) == 1
+    # 0.75 x total - weights - activations = BLOCK + DRAFT / 2
+    tight = DeviceMemory(
+        total=4 * BLOCK, free=4 * BLOCK, weights=BLOCK, activation_peak=BLOCK - DRAFT // 2
+    )
+    with pytest.raises(ValueError, match=f"target {BLOCK} \\+ draft {DRAFT}"):
+        blocks_for_gpu(tight, 0.75, BLOCK, DRAFT)  # room for a target block, not for both
+    assert blocks_for_gpu(tight, 0.75, BLOCK) == 1
+
+
+def test_startup_log_has_the_draft_share(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="splitserve.engine.kv_cache"):
+        plan_kv_cache(EngineConfig(tmp_path, num_kv_blocks=100), LAYOUT, never_measured, DRAFT)
+    assert f"block_bytes={BLOCK}+{DRAFT} (target+draft)" in caplog.text
+    assert f"draft_gib={100 * DRAFT / GIB:.3f}" in caplog.text
