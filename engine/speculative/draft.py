@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -86,6 +87,7 @@ class DraftProposer:
         self.block_size = config.block_size
         self.device = self.runner.device
         self.max_len = self.runner.max_model_len
+        self.max_tokens = config.max_num_batched_tokens  # per forward: the activation reserve
         self._shadows: dict[str, _Shadow] = {}
         # (tokens, seconds) of each draft forward since the Speculator last read them
         self.forward_times: list[tuple[int, float]] = []
@@ -129,8 +131,11 @@ class DraftProposer:
             wanted.append(k)
         guesses: list[list[int]] = [[] for _ in requests]
         active = [i for i, k in enumerate(wanted) if k > 0]
-        deepest = max(wanted, default=0)
-        for step in range(deepest):
+        self._catch_up([(i, chunks[i][:-1]) for i in active if len(chunks[i]) > 1], shadows)
+        for i in active:  # what is left: each request's last token, whose logits guess
+            starts[i] += len(chunks[i]) - 1
+            chunks[i] = chunks[i][-1:]
+        for step in range(max(wanted, default=0)):
             rows = [i for i in active if wanted[i] > step]
             if not rows:
                 break
@@ -139,14 +144,36 @@ class DraftProposer:
             began = time.perf_counter()
             logits = self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
             best = logits.argmax(dim=-1).tolist()  # waits for the device
-            if max(map(len, feed)) <= deepest + 1:  # decode-like: no prompt to catch up on
-                self.forward_times.append((sum(map(len, feed)), time.perf_counter() - began))
+            self.forward_times.append((len(feed), time.perf_counter() - began))
             for i, tokens_fed, token in zip(rows, feed, best, strict=True):
                 shadows[i].tokens += tokens_fed
                 guesses[i].append(int(token))
         for i in active:  # blocks past what the cache holds go back
             self.blocks.trim(shadows[i].request, len(shadows[i].tokens) + 1)
         return guesses
+
+    def _catch_up(self, pending: list[tuple[int, list[int]]], shadows: list[_Shadow]) -> None:
+        """Feed the draft the tokens it has not seen (pending: (row, tokens)), in forwards
+        of at most max_num_batched_tokens tokens, as the target's prefill is: a request's
+        whole prompt on its first guess would otherwise go through in one forward, past the
+        activation memory the KV plan kept."""
+        queue = deque(pending)
+        while queue:
+            rows: list[int] = []
+            feed: list[list[int]] = []
+            room = self.max_tokens
+            while queue and room > 0:
+                i, rest = queue.popleft()
+                piece = rest[:room]
+                rows.append(i)
+                feed.append(piece)
+                room -= len(piece)
+                if len(piece) < len(rest):
+                    queue.appendleft((i, rest[len(piece) :]))
+            begin = [len(shadows[i].tokens) for i in rows]
+            self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
+            for i, piece in zip(rows, feed, strict=True):
+                shadows[i].tokens += piece
 
     def _forward(
         self, feed: list[list[int]], starts: list[int], tables: list[list[int]]

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
-from engine.speculative import NgramProposer
+from engine.speculative import DraftProposer, NgramProposer
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +193,45 @@ def test_greedy_draft_model_equals_plain_decoding(
         engine.speculator.draft.blocks.num_free_blocks
         == engine.speculator.draft.blocks.num_total_blocks
     )
+
+
+def test_draft_catches_up_in_forwards_no_larger_than_the_token_budget(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's prompt reaches the draft in pieces of at most max_num_batched_tokens, as
+    it reaches the target: the activation memory the KV plan kept covers both."""
+    sizes: list[int] = []
+    forward = DraftProposer._forward
+
+    def recorded(self: DraftProposer, feed: list[list[int]], *args: Any) -> Any:
+        sizes.append(sum(map(len, feed)))
+        return forward(self, feed, *args)
+
+    monkeypatch.setattr(DraftProposer, "_forward", recorded)
+    prompts = [[(7 * i + j) % 97 + 3 for j in range(30 + i)] for i in range(3)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for method in ("none", "draft"):
+        engine = LLMEngine(
+            EngineConfig(
+                model_dir=tiny_dir,
+                block_size=4,
+                num_kv_blocks=64,
+                max_num_batched_tokens=8,
+                speculative_method=method,
+                draft_model=tiny_dir if method == "draft" else None,
+            )
+        )
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, params)
+        out: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+        while engine.has_unfinished():
+            for o in engine.step():
+                out[o.request_id] += o.new_token_ids
+        outputs.append(out)
+    assert outputs[0] == outputs[1]
+    assert sum(sizes) >= sum(map(len, prompts))  # the draft saw every prompt
+    assert max(sizes) <= 8
 
 
 def test_draft_model_of_another_vocabulary_is_refused(
