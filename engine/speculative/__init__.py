@@ -108,7 +108,10 @@ class Speculator:
                 kind = ("draft", state.outcome)
             asks.append((request, kind))
             gains.append(table.gains(kind, k))
-        counts = self.cost.allocate(len(running), gains, draft=self.draft is not None)
+        behind = None
+        if self.draft is not None:
+            behind = [self.draft.behind(r) for r, _ in asks]
+        counts = self.cost.allocate(len(running), gains, self.draft is not None, behind)
         self._kinds = {r.request_id: kind for (r, kind), n in zip(asks, counts, strict=True) if n}
         if self.draft is None:
             for (request, _), n in zip(asks, counts, strict=True):
@@ -120,7 +123,10 @@ class Speculator:
         guesses_of = self.draft.propose([r for r, _ in asks], counts)
         for fed, seconds in self.draft.forward_times:
             self.cost.draft.add(fed, seconds)
+        for fed, seconds in self.draft.catch_up_times:
+            self.cost.catch_up.add(fed, seconds)
         self.draft.forward_times.clear()
+        self.draft.catch_up_times.clear()
         for (request, _), drafted in zip(asks, guesses_of, strict=True):
             request.draft_token_ids = drafted
 

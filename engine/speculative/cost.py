@@ -5,11 +5,13 @@ step is memory-bound (a GPU, or a CPU at batch 1) a few more tokens cost almost 
 where it is compute-bound (a CPU at batch 8) every token costs about the same and guesses
 only pay when nearly all hold. The step time is fitted as a + b * tokens (least squares over
 the latest decode steps, whose every token is scored: prefill chunks, which score only
-their last token, would understate a guess's cost); while the latest steps all had one
-size, one step in eight runs without guesses, so that the line can be drawn. A draft model
+their last token, would understate a guess's cost); until the line can be drawn, steps
+with every guess offered and steps with none take turns. A draft model
 adds its own forwards, one per guess depth (every request guessing that deep in one batch),
-fitted the same way as a_d + b_d * tokens; when the draft has not run for 64 steps, one
-step guesses one token per request, so that a fit made in a bad moment is not kept for good.
+fitted the same way as a_d + b_d * tokens, and a request's first guess also pays for the
+tokens the draft must catch up on. When the draft has not run for 64 steps, one request of one
+step gets a guess, so that a fit made in a bad moment is not kept for good; each probe that
+changes nothing doubles the wait (up to 1024 steps), since its catching up is dear.
 
 Guesses are granted depth by depth: at depth j the requests that got guess j - 1 are ranked
 by the expected gain of guess j (the chance that it and the guesses before it hold), and the
@@ -25,9 +27,9 @@ import time
 from collections import deque
 
 _WINDOW = 64
-_MIN_SAMPLES = 8
-_PROBE_EVERY = 8  # without a fit, one step in this many runs without guesses
+_MIN_SAMPLES = 4
 _DRAFT_PROBE_AFTER = 64  # steps without a draft forward after which one step guesses
+_DRAFT_PROBE_MAX = 1024  # the wait doubles after each probe that changes nothing, up to this
 
 
 class LineFit:
@@ -35,23 +37,27 @@ class LineFit:
 
     def __init__(self) -> None:
         self.samples: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
+        self._last: tuple[float, float] | None = None
 
     def add(self, tokens: int, seconds: float) -> None:
         self.samples.append((float(tokens), seconds))
+        self.fit()  # keeps the line while the window still has two sizes
 
     def fit(self) -> tuple[float, float] | None:
-        """(a, b), None before enough samples of more than one size."""
+        """(a, b), None before enough samples of more than one size; while the latest
+        samples all have one size, the last line drawn."""
         n = len(self.samples)
         if n < _MIN_SAMPLES:
-            return None
+            return self._last
         mx = sum(x for x, _ in self.samples) / n
         my = sum(y for _, y in self.samples) / n
         sxx = sum((x - mx) ** 2 for x, _ in self.samples)
         if sxx < 1e-9:
-            return None
+            return self._last
         b = sum((x - mx) * (y - my) for x, y in self.samples) / sxx
         b = max(b, 1e-7)
-        return max(my - b * mx, 0.0), b
+        self._last = max(my - b * mx, 0.0), b
+        return self._last
 
 
 class StepCost:
@@ -59,11 +65,13 @@ class StepCost:
 
     def __init__(self) -> None:
         self.target = LineFit()
-        self.draft = LineFit()  # the draft model's forwards (method "draft")
+        self.draft = LineFit()  # the draft model's guessing forwards (method "draft")
+        self.catch_up = LineFit()  # and its catching up on tokens it has not seen
         self._started: float | None = None
         self._tokens = 0
         self._unfitted = 0  # allocations made without a fit
         self._idle_draft = 0  # allocations in a row that granted no draft guess
+        self._probe_after = _DRAFT_PROBE_AFTER
 
     def step_started(self, num_tokens: int) -> None:
         """A step of num_tokens tokens starts now."""
@@ -80,46 +88,62 @@ class StepCost:
         return self.target.fit()
 
     def allocate(
-        self, base_tokens: int, gains: list[list[float]], draft: bool = False
+        self,
+        base_tokens: int,
+        gains: list[list[float]],
+        draft: bool = False,
+        behind: list[int] | None = None,
     ) -> list[int]:
         """Guesses per request: gains[i][j] is the expected gain of request i's guess j + 1
         (non-increasing in j); base_tokens the step's tokens without guesses; draft: guesses
-        cost draft forwards too."""
+        cost draft forwards too, and behind[i] tokens the draft must catch up on before
+        request i's first guess."""
         counts = [0] * len(gains)
         fit = self.target.fit()
         draft_fit = self.draft.fit() if draft else (0.0, 0.0)
-        if fit is None or draft_fit is None:  # too little known yet: every guess offered,
-            self._unfitted += 1  # but when every step has had one size, now and then none
-            if len(self.target.samples) >= _MIN_SAMPLES and self._unfitted % _PROBE_EVERY == 0:
+        if fit is None or draft_fit is None:  # too little known yet: steps with every guess
+            self._unfitted += 1  # offered and steps with none, in turn, to draw the line from
+            if fit is None and self._unfitted % 2 == 1:
                 return counts
             return [len(g) for g in gains]
+        behind = behind or [0] * len(gains)
         if draft:
             self._idle_draft += 1
-            if self._idle_draft > _DRAFT_PROBE_AFTER:
-                self._idle_draft = 0
-                return [min(len(g), 1) for g in gains]
+            if self._idle_draft > self._probe_after:  # one guess for the request the draft
+                self._idle_draft = 0  # is least behind on
+                self._probe_after = min(2 * self._probe_after, _DRAFT_PROBE_MAX)
+                asking = [i for i, g in enumerate(gains) if g]
+                if asking:
+                    counts[min(asking, key=lambda i: behind[i])] = 1
+                return counts
         (a, b), (a_d, b_d) = fit, draft_fit
+        caught = self.catch_up.fit()
+        b_c = caught[1] if caught is not None else b  # a token caught up on (else: a target's)
         expected = float(len(gains))  # one token per decoding request at least
         cost = a + b * base_tokens
-        depth_rows = [i for i, g in enumerate(gains) if g]
+        rows = [i for i, g in enumerate(gains) if g]
         depth = 0
-        while depth_rows:
-            ranked = sorted(depth_rows, key=lambda i: -gains[i][depth])
-            best_c, best_rate, total = 0, expected / cost, 0.0
+        while rows:
+            # a guess's price: its target token and draft row, and at the first depth the
+            # draft's catching up on the request
+            price = {i: b + b_d + (b_c * behind[i] if depth == 0 else 0.0) for i in rows}
+            ranked = sorted(rows, key=lambda i: -gains[i][depth] / price[i])
+            best_c, best_rate, total, spent = 0, expected / cost, 0.0, a_d
             for c, i in enumerate(ranked, start=1):
                 total += gains[i][depth]
-                rate = (expected + total) / (cost + a_d + (b + b_d) * c)
+                spent += price[i]
+                rate = (expected + total) / (cost + spent)
                 if rate > best_rate:
                     best_c, best_rate = c, rate
             if best_c == 0:
                 break
             taken = ranked[:best_c]
             expected += sum(gains[i][depth] for i in taken)
-            cost += a_d + (b + b_d) * best_c
+            cost += a_d + sum(price[i] for i in taken)
             for i in taken:
                 counts[i] += 1
             depth += 1
-            depth_rows = [i for i in taken if len(gains[i]) > depth]
+            rows = [i for i in taken if len(gains[i]) > depth]
         if any(counts):
-            self._idle_draft = 0
+            self._idle_draft, self._probe_after = 0, _DRAFT_PROBE_AFTER
         return counts

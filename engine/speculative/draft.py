@@ -91,6 +91,7 @@ class DraftProposer:
         self._shadows: dict[str, _Shadow] = {}
         # (tokens, seconds) of each draft forward since the Speculator last read them
         self.forward_times: list[tuple[int, float]] = []
+        self.catch_up_times: list[tuple[int, float]] = []  # the same, of catching up
 
     def forget(self, request_id: str) -> None:
         shadow = self._shadows.pop(request_id, None)
@@ -101,6 +102,12 @@ class DraftProposer:
         """Free the draft cache of requests that are no longer running."""
         for request_id in [r for r in self._shadows if r not in live]:
             self.blocks.free(self._shadows.pop(request_id).request)
+
+    def behind(self, request: Request) -> int:
+        """About how many of the request's tokens the draft has not seen (its cache may also
+        hold rejected guesses past them: then fewer)."""
+        shadow = self._shadows.get(request.request_id)
+        return request.num_tokens - (len(shadow.tokens) if shadow is not None else 0)
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
@@ -131,8 +138,15 @@ class DraftProposer:
             wanted.append(k)
         guesses: list[list[int]] = [[] for _ in requests]
         active = [i for i, k in enumerate(wanted) if k > 0]
-        self._catch_up([(i, chunks[i][:-1]) for i in active if len(chunks[i]) > 1], shadows)
-        for i in active:  # what is left: each request's last token, whose logits guess
+        # A request the draft has fallen far behind on (a new prompt, a long rejected run)
+        # catches up first, in forwards within the token budget; the usual few tokens (the
+        # last guess and the token after it) go with the first guessing forward.
+        usual = max(wanted, default=0) + 1
+        behind = [i for i in active if len(chunks[i]) > usual]
+        if sum(len(chunks[i]) for i in active if i not in behind) + len(behind) > self.max_tokens:
+            behind = active
+        self._catch_up([(i, chunks[i][:-1]) for i in behind if len(chunks[i]) > 1], shadows)
+        for i in behind:
             starts[i] += len(chunks[i]) - 1
             chunks[i] = chunks[i][-1:]
         for step in range(max(wanted, default=0)):
@@ -144,7 +158,7 @@ class DraftProposer:
             began = time.perf_counter()
             logits = self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
             best = logits.argmax(dim=-1).tolist()  # waits for the device
-            self.forward_times.append((len(feed), time.perf_counter() - began))
+            self.forward_times.append((sum(map(len, feed)), time.perf_counter() - began))
             for i, tokens_fed, token in zip(rows, feed, best, strict=True):
                 shadows[i].tokens += tokens_fed
                 guesses[i].append(int(token))
@@ -171,7 +185,11 @@ class DraftProposer:
                 if len(piece) < len(rest):
                     queue.appendleft((i, rest[len(piece) :]))
             begin = [len(shadows[i].tokens) for i in rows]
+            began = time.perf_counter()
             self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.catch_up_times.append((sum(map(len, feed)), time.perf_counter() - began))
             for i, piece in zip(rows, feed, strict=True):
                 shadows[i].tokens += piece
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
+
 from engine.speculative.cost import StepCost
 
 
@@ -30,8 +34,10 @@ def test_compute_bound_steps_take_only_near_certain_guesses() -> None:
     assert cost.allocate(8, [[0.995, 0.99]] + [[0.1]] * 7) == [2] + [0] * 7
 
 
-def test_without_a_fit_every_guess_is_tried() -> None:
-    assert StepCost().allocate(3, [[0.1, 0.01], [0.5]]) == [2, 1]
+def test_without_a_fit_every_guess_is_tried_every_other_step() -> None:
+    cost = StepCost()
+    assert cost.allocate(3, [[0.1, 0.01], [0.5]]) == [0, 0]
+    assert cost.allocate(3, [[0.1, 0.01], [0.5]]) == [2, 1]
 
 
 def _with_draft(cost: StepCost, a: float, b: float) -> StepCost:
@@ -53,16 +59,34 @@ def test_a_cheap_draft_guesses_deep_where_guesses_hold() -> None:
     assert cost.allocate(2, gains, draft=True) == [4, 1]
 
 
-def test_steps_all_of_one_size_leave_one_step_in_eight_without_guesses() -> None:
+def test_until_the_line_is_drawn_steps_with_and_without_guesses_take_turns() -> None:
     cost = StepCost()
     for _ in range(10):
         cost.target.add(20, 0.05)  # every step had 4 guesses for each of 4 requests
     got = [cost.allocate(4, [[0.9] * 4] * 4) for _ in range(16)]
-    assert got.count([0] * 4) == 2 and got.count([4] * 4) == 14
+    assert got == [[0] * 4, [4] * 4] * 8
 
 
 def test_a_draft_judged_too_dear_is_tried_again_later() -> None:
     cost = _with_draft(_fitted(0.03, 0.002), 0.03, 0.002)
-    got = [cost.allocate(2, [[0.99] * 4] * 2, draft=True) for _ in range(130)]
-    assert got.count([1, 1]) == 2  # one probe every 65 steps, one guess deep
-    assert got.count([0, 0]) == 128
+    gains = [[], [0.99] * 4, [0.99] * 4]
+    got = [cost.allocate(3, gains, True, [0, 300, 40]) for _ in range(1000)]
+    probes = [n for n, counts in enumerate(got) if any(counts)]
+    # one guess for the request least behind; the wait doubles while nothing changes
+    assert all(got[n] == [0, 0, 1] for n in probes)
+    assert [b - a for a, b in itertools.pairwise(probes)] == [129, 257, 513]
+
+
+def test_a_request_the_draft_is_far_behind_on_waits() -> None:
+    cost = _with_draft(_fitted(0.03, 0.0005), 0.002, 0.0001)
+    gains = [[0.9, 0.8], [0.9, 0.8]]
+    # the second request's prompt is not in the draft's cache yet: 500 tokens to catch up on
+    assert cost.allocate(2, gains, draft=True, behind=[1, 500]) == [2, 0]
+    assert cost.allocate(2, gains, draft=True, behind=[1, 1]) == [2, 2]
+
+
+def test_steps_that_all_have_one_size_keep_the_last_line() -> None:
+    cost = _fitted(0.03, 0.002)
+    for _ in range(64):
+        cost.target.add(8, 0.046)  # guesses declined for a while: every step plain
+    assert cost.fit() == pytest.approx((0.03, 0.002))
