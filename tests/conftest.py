@@ -29,3 +29,15 @@ def default_model_dir() -> Path:
     from models import ensure_model
 
     return ensure_model("smollm2")
+
+
+@pytest.fixture
+def every_guess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculating engines verify every guess offered: the step-cost model, which prices
+    guesses by measured step times, would make the guesses (and so a sampled run's draws)
+    depend on the machine's speed. Its own tests are in tests/engine/test_speculative_cost.py."""
+    from engine.speculative.cost import StepCost
+
+    monkeypatch.setattr(
+        StepCost, "allocate", lambda self, base, gains, *rest: [len(g) for g in gains]
+    )

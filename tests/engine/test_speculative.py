@@ -19,6 +19,8 @@ from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from engine.speculative import DraftProposer, NgramProposer
 
+pytestmark = pytest.mark.usefixtures("every_guess")  # guesses independent of timing
+
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

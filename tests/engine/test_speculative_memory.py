@@ -17,6 +17,8 @@ from engine.engine import LLMEngine
 from engine.kv_sizing import GIB
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("every_guess")  # guesses independent of timing
+
 BLOCK_SIZE = 4
 
 

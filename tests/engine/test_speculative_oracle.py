@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from test_engine_oracle import NEW_TOKENS, PROMPTS, _hf_greedy
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("every_guess")  # guesses independent of timing
 
 # a third of the oracle prompts, mixed lengths (the whole set costs minutes on 2 cores)
 ORACLE = PROMPTS[::3]

@@ -21,6 +21,8 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("every_guess")  # guesses independent of timing
+
 RUNS = 1200
 PROMPT = [5, 6, 7, 8] * 3 + [5, 6]  # prompt lookup guesses 7, 8, 5, 6 after it
 PARAMS = {"temperature": 0.8, "top_k": 40, "max_tokens": 5, "ignore_eos": True}
