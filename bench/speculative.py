@@ -217,5 +217,6 @@ def speculative_main(args: Any, model_dir: Path, vocab: int) -> dict[str, Any]:
         for workload in ("repeat", "random")
         for b in batches
     ]
-    setup = spec_options | {"draft_model": args.draft_model, "rounds": args.rounds}
+    draft = Path(args.draft_model).name if args.draft_model else None  # no local paths
+    setup = spec_options | {"draft_model": draft, "rounds": args.rounds}
     return {"speculative": setup, "results": rows}
