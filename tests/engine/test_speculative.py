@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_driver import drive
+from engine_driver import Work, drive
 from tiny_llama import save_tiny_llama
 
 from engine.config import EngineConfig
@@ -139,28 +139,21 @@ def test_stops_inside_an_accepted_run(tiny_dir: Path) -> None:
         SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop_token_ids=(14,)),
     ]
     for params in cases:
-        results = []
-        for method in ("none", "ngram"):
-            engine = LLMEngine(
-                EngineConfig(
-                    model_dir=tiny_dir,
-                    block_size=4,
-                    num_kv_blocks=64,
-                    max_model_len=48,
-                    speculative_method=method,
-                )
-            )
-            engine.add_request("a", prompt, params)
-            out: list[int] = []
-            reason = None
-            while engine.has_unfinished():
-                for o in engine.step():
-                    out += o.new_token_ids
-                    reason = o.finish_reason
-            assert engine.stats().free_blocks == engine.stats().total_blocks
-            results.append((out, reason))
-        assert results[0] == results[1], params
-        assert len(results[0][0]) <= min(params.max_tokens, 48 - len(prompt))
+        plain, spec = (
+            _generate(tiny_dir, method, [("a", prompt, params)], max_model_len=48)
+            for method in ("none", "ngram")
+        )
+        assert (spec["tokens"], spec["reasons"]) == (plain["tokens"], plain["reasons"]), params
+        assert len(plain["tokens"]["a"]) <= min(params.max_tokens, 48 - len(prompt))
+
+
+def _generate(tiny_dir: Path, method: str, work: Work, **options: Any) -> dict[str, Any]:
+    """Tokens and finish reasons of `work`, all added at once; every block comes back."""
+    config = {"model_dir": tiny_dir, "block_size": 4, "num_kv_blocks": 64}
+    engine = LLMEngine(EngineConfig(**config, speculative_method=method, **options))
+    result = drive(engine, work, {}, first=len(work))
+    assert engine.stats().free_blocks == engine.stats().total_blocks
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -212,26 +205,10 @@ def test_draft_catches_up_in_forwards_no_larger_than_the_token_budget(
     monkeypatch.setattr(DraftProposer, "_forward", recorded)
     prompts = [[(7 * i + j) % 97 + 3 for j in range(30 + i)] for i in range(3)]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    outputs = []
-    for method in ("none", "draft"):
-        engine = LLMEngine(
-            EngineConfig(
-                model_dir=tiny_dir,
-                block_size=4,
-                num_kv_blocks=64,
-                max_num_batched_tokens=8,
-                speculative_method=method,
-                draft_model=tiny_dir if method == "draft" else None,
-            )
-        )
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"r{i}", prompt, params)
-        out: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-        while engine.has_unfinished():
-            for o in engine.step():
-                out[o.request_id] += o.new_token_ids
-        outputs.append(out)
-    assert outputs[0] == outputs[1]
+    work = [(f"r{i}", prompt, params) for i, prompt in enumerate(prompts)]
+    plain = _generate(tiny_dir, "none", work, max_num_batched_tokens=8)
+    drafted = _generate(tiny_dir, "draft", work, max_num_batched_tokens=8, draft_model=tiny_dir)
+    assert drafted["tokens"] == plain["tokens"]
     assert sum(sizes) >= sum(map(len, prompts))  # the draft saw every prompt
     assert max(sizes) <= 8
 
