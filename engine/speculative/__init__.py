@@ -68,7 +68,7 @@ class Speculator:
         if self.method == "draft":
             if model is None:
                 raise ValueError("the draft proposer needs the target model's config")
-            self.draft = DraftProposer(config, model, num_blocks, draft)
+            self.draft = DraftProposer(config, model, num_blocks, draft, self.cost)
         elif self.method != "ngram":
             raise ValueError(f"unknown speculative method {self.method!r}")
 
@@ -120,13 +120,7 @@ class Speculator:
         for (request, _), n in zip(asks, counts, strict=True):
             self._drafted[request.request_id].skipped(n)
         self.draft.forget_except({r.request_id for r in running})
-        guesses_of = self.draft.propose([r for r, _ in asks], counts)
-        for fed, seconds in self.draft.forward_times:
-            self.cost.draft.add(fed, seconds)
-        for fed, seconds in self.draft.catch_up_times:
-            self.cost.catch_up.add(fed, seconds)
-        self.draft.forward_times.clear()
-        self.draft.catch_up_times.clear()
+        guesses_of = self.draft.propose([r for r, _ in asks], counts)  # timed into self.cost
         for (request, _), drafted in zip(asks, guesses_of, strict=True):
             request.draft_token_ids = drafted
 

@@ -37,27 +37,26 @@ class LineFit:
 
     def __init__(self) -> None:
         self.samples: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
-        self._last: tuple[float, float] | None = None
+        self._line: tuple[float, float] | None = None
 
     def add(self, tokens: int, seconds: float) -> None:
+        """A sample; the line is drawn again when the window holds two sizes or more (else
+        the last line stands)."""
         self.samples.append((float(tokens), seconds))
-        self.fit()  # keeps the line while the window still has two sizes
-
-    def fit(self) -> tuple[float, float] | None:
-        """(a, b), None before enough samples of more than one size; while the latest
-        samples all have one size, the last line drawn."""
         n = len(self.samples)
         if n < _MIN_SAMPLES:
-            return self._last
+            return
         mx = sum(x for x, _ in self.samples) / n
         my = sum(y for _, y in self.samples) / n
         sxx = sum((x - mx) ** 2 for x, _ in self.samples)
         if sxx < 1e-9:
-            return self._last
-        b = sum((x - mx) * (y - my) for x, y in self.samples) / sxx
-        b = max(b, 1e-7)
-        self._last = max(my - b * mx, 0.0), b
-        return self._last
+            return
+        b = max(sum((x - mx) * (y - my) for x, y in self.samples) / sxx, 1e-7)
+        self._line = max(my - b * mx, 0.0), b
+
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b), None before enough samples of more than one size."""
+        return self._line
 
 
 class StepCost:

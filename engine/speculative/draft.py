@@ -24,6 +24,7 @@ from engine.model_config import ModelConfig
 from engine.request import Request
 from engine.runner import LoadedModel, ModelRunner, load_model
 from engine.sampling_params import SamplingParams
+from engine.speculative.cost import StepCost
 
 
 class _Shadow:
@@ -75,9 +76,11 @@ class DraftProposer:
         target: ModelConfig,
         num_blocks: int,
         loaded: LoadedModel | None = None,
+        cost: StepCost | None = None,
     ) -> None:
         """`num_blocks`: the target's block count, which the draft's cache takes too.
-        `loaded`: the draft from load_draft (else loaded here, after the target's plan)."""
+        `loaded`: the draft from load_draft (else loaded here, after the target's plan).
+        `cost`: where the draft's forwards are timed (engine.speculative.cost)."""
         if loaded is None:
             loaded = load_draft(config, target)
         self.runner = ModelRunner(
@@ -89,9 +92,7 @@ class DraftProposer:
         self.max_len = self.runner.max_model_len
         self.max_tokens = config.max_num_batched_tokens  # per forward: the activation reserve
         self._shadows: dict[str, _Shadow] = {}
-        # (tokens, seconds) of each draft forward since the Speculator last read them
-        self.forward_times: list[tuple[int, float]] = []
-        self.catch_up_times: list[tuple[int, float]] = []  # the same, of catching up
+        self.cost = cost or StepCost()
 
     def forget(self, request_id: str) -> None:
         shadow = self._shadows.pop(request_id, None)
@@ -142,9 +143,9 @@ class DraftProposer:
         # catches up first, in forwards within the token budget; the usual few tokens (the
         # last guess and the token after it) go with the first guessing forward.
         usual = max(wanted, default=0) + 1
-        behind = [i for i in active if len(chunks[i]) > usual]
+        behind = {i for i in active if len(chunks[i]) > usual}
         if sum(len(chunks[i]) for i in active if i not in behind) + len(behind) > self.max_tokens:
-            behind = active
+            behind = set(active)
         self._catch_up([(i, chunks[i][:-1]) for i in behind if len(chunks[i]) > 1], shadows)
         for i in behind:
             starts[i] += len(chunks[i]) - 1
@@ -158,7 +159,7 @@ class DraftProposer:
             began = time.perf_counter()
             logits = self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
             best = logits.argmax(dim=-1).tolist()  # waits for the device
-            self.forward_times.append((sum(map(len, feed)), time.perf_counter() - began))
+            self.cost.draft.add(sum(map(len, feed)), time.perf_counter() - began)
             for i, tokens_fed, token in zip(rows, feed, best, strict=True):
                 shadows[i].tokens += tokens_fed
                 guesses[i].append(int(token))
@@ -189,7 +190,7 @@ class DraftProposer:
             self._forward(feed, begin, [shadows[i].request.block_ids for i in rows])
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            self.catch_up_times.append((sum(map(len, feed)), time.perf_counter() - began))
+            self.cost.catch_up.add(sum(map(len, feed)), time.perf_counter() - began)
             for i, piece in zip(rows, feed, strict=True):
                 shadows[i].tokens += piece
 
