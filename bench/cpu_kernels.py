@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--layers", type=int, default=30, help="cache layers, cycled between calls")
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 256, 512])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 24, 32, 64, 256, 512])
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "cpu_kernels.json")
     args = ap.parse_args(argv)
     for name in ("seqs", "min_ctx", "max_ctx", "layers", "block_size"):

@@ -5,9 +5,16 @@
  * per step two loads of W, six broadcasts of A, twelve FMAs. Threads split the panels; rows
  * go in blocks of ROW_BLOCK so the rows of A in use stay in cache for large M.
  *
- * On the 2-core dev machine this ran the default model's layers at 150-157 GFLOP/s for 32
- * rows (oneDNN with prepacked weights: 104-120, F.linear: 90-97) and at or above F.linear up
- * to 2048 rows (bench/cpu_kernels.py measures it against the same-run matmul peak).
+ * Between one tile and CHUNK_MAX_ROWS rows (decode batches, speculative verification) a
+ * panel is walked in chunks that every row tile uses while they are in L1, and the first tile
+ * of a chunk prefetches the lines PREFETCH_LINES ahead, so the weights stream from memory
+ * while the tiles compute. On the 2-core dev machine, over the default model's linear
+ * layers (540 MB of fp32 weights) that took 8 rows from 26.4 to 20.5 ms (the memory alone:
+ * about 19.5), 16 rows from 37.6 to 31.6 ms, 40 rows from 70.5 to 66.8 ms; one row and 64 and
+ * more are as before (one tile over the whole panel). It ran the default model's layers at
+ * 150-157 GFLOP/s for 32 rows (oneDNN with prepacked weights: 104-120, F.linear: 90-97) and
+ * at or above F.linear up to 2048 rows (bench/cpu_kernels.py measures it against the
+ * same-run matmul peak).
  */
 #include <stdint.h>
 
@@ -16,18 +23,22 @@
 #define PANEL 16
 #define TILE_ROWS 6
 #define ROW_BLOCK 512
+#define K_CHUNK 64        /* 4 KB of a panel */
+#define CHUNK_MAX_ROWS 48 /* from here on the tiles of a panel are compute-bound anyway */
+#define PREFETCH_LINES 64 /* a panel's k-th row of 16 floats is one 64-byte line */
 
 static inline __attribute__((always_inline)) void tile(
-    const float *a, int64_t lda, const float *panel, int K, float *c, int64_t ldc,
-    int accumulate, const int R)
+    const float *a, int64_t lda, const float *panel, int k0, int k1, float *c, int64_t ldc,
+    int load_c, const int R, const int PF)
 {
     v8 c0[TILE_ROWS], c1[TILE_ROWS];
     for (int r = 0; r < R; r++) {
-        c0[r] = accumulate ? load8(c + r * ldc) : splat8(0.0f);
-        c1[r] = accumulate ? load8(c + r * ldc + 8) : splat8(0.0f);
+        c0[r] = load_c ? load8(c + r * ldc) : splat8(0.0f);
+        c1[r] = load_c ? load8(c + r * ldc + 8) : splat8(0.0f);
     }
-    for (int k = 0; k < K; k++) {
+    for (int k = k0; k < k1; k++) {
         const v8 b0 = load8(panel + PANEL * k), b1 = load8(panel + PANEL * k + 8);
+        if (PF) __builtin_prefetch(panel + PANEL * (k + PREFETCH_LINES));
         for (int r = 0; r < R; r++) {
             const v8 ar = splat8(a[r * lda + k]);
             c0[r] += ar * b0;
@@ -40,22 +51,56 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-static void panel_rows(const float *a, int64_t lda, const float *panel, int rows, int K,
-                       float *c, int64_t ldc, int accumulate)
+/* Every row tile over columns [k0, k1) of one panel. */
+static void chunk_rows(const float *a, int64_t lda, const float *panel, int rows, int k0,
+                       int k1, float *c, int64_t ldc, int load_c)
 {
     int m = 0;
+    /* the first tile requests the lines PREFETCH_LINES ahead: past the panel's end they are
+       the next panel's (a thread's panels are contiguous), past the weights' end harmless;
+       a single row streams alone, where the hardware prefetcher keeps up */
+    if (rows >= TILE_ROWS) {
+        tile(a, lda, panel, k0, k1, c, ldc, load_c, TILE_ROWS, 1);
+        m = TILE_ROWS;
+    }
     for (; m + TILE_ROWS <= rows; m += TILE_ROWS)
-        tile(a + m * lda, lda, panel, K, c + m * ldc, ldc, accumulate, TILE_ROWS);
+        tile(a + m * lda, lda, panel, k0, k1, c + m * ldc, ldc, load_c, TILE_ROWS, 0);
     a += m * lda;
     c += m * ldc;
     switch (rows - m) {
-    case 1: tile(a, lda, panel, K, c, ldc, accumulate, 1); break;
-    case 2: tile(a, lda, panel, K, c, ldc, accumulate, 2); break;
-    case 3: tile(a, lda, panel, K, c, ldc, accumulate, 3); break;
-    case 4: tile(a, lda, panel, K, c, ldc, accumulate, 4); break;
-    case 5: tile(a, lda, panel, K, c, ldc, accumulate, 5); break;
+    case 1: tile(a, lda, panel, k0, k1, c, ldc, load_c, 1, 0); break;
+    case 2: tile(a, lda, panel, k0, k1, c, ldc, load_c, 2, 1); break;
+    case 3: tile(a, lda, panel, k0, k1, c, ldc, load_c, 3, 1); break;
+    case 4: tile(a, lda, panel, k0, k1, c, ldc, load_c, 4, 1); break;
+    case 5: tile(a, lda, panel, k0, k1, c, ldc, load_c, 5, 1); break;
     default: break;
     }
+}
+
+/* One panel for `rows` rows. Between one tile and CHUNK_MAX_ROWS rows the panel is walked in
+   chunks of K_CHUNK that every row tile uses while it is in L1, the first tile requesting the
+   next chunk meanwhile: the memory keeps streaming while the tiles compute. (One tile at a
+   time over the whole panel read it from memory during the first tile and left the memory
+   idle during the others.) The partial sums wait between chunks in `buf`, rows PANEL floats
+   apart (C's rows are often a multiple of 4 KB apart and would share a cache set); fp32
+   stores are exact, so every element is summed in the same order as in one pass. */
+static void panel_rows(const float *a, int64_t lda, const float *panel, int rows, int K,
+                       float *c, int64_t ldc, int accumulate)
+{
+    if (rows <= TILE_ROWS || rows >= CHUNK_MAX_ROWS) {
+        chunk_rows(a, lda, panel, rows, 0, K, c, ldc, accumulate);
+        return;
+    }
+    float buf[CHUNK_MAX_ROWS * PANEL] __attribute__((aligned(64)));
+    if (accumulate)
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < PANEL; j++) buf[r * PANEL + j] = c[r * ldc + j];
+    for (int k0 = 0; k0 < K; k0 += K_CHUNK) {
+        const int k1 = K - k0 < K_CHUNK ? K : k0 + K_CHUNK;
+        chunk_rows(a, lda, panel, rows, k0, k1, buf, PANEL, accumulate || k0 > 0);
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < PANEL; j++) c[r * ldc + j] = buf[r * PANEL + j];
 }
 
 /* N must be a multiple of PANEL (the caller packs only such weights). */

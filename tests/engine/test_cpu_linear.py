@@ -17,20 +17,40 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-# rows: one, each remainder of the 6-row tiles, past one 512-row block; in: a scalar-free K
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 32, 601])
+# rows: one, each remainder of the 6-row tiles, the panel walked in chunks of 64 inputs (7 to
+# 47 rows), in one pass again (48), past one 512-row block; K: two whole chunks and a part
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 32, 47, 48, 601])
 def test_linear_and_add_linear_equal_torch(rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
-    w = torch.randn(96, 40, generator=gen)
-    x = torch.randn(rows, 40, generator=gen)
+    w = torch.randn(96, 150, generator=gen)
+    x = torch.randn(rows, 150, generator=gen)
     packed = cpu_linear.pack(w)
-    assert packed is not None and packed.shape == (6, 40, 16)
+    assert packed is not None and packed.shape == (6, 150, 16)
     torch.testing.assert_close(cpu_linear.linear(x, w, packed), F.linear(x, w))
     h = torch.randn(rows, 96, generator=gen)
     want = h + x @ w.t()
     got = cpu_linear.add_linear_(h, x, w, packed)
     assert got.data_ptr() == h.data_ptr()  # in place
     torch.testing.assert_close(got, want)
+
+
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it() -> None:
+    """Bit for bit, whichever path the call's row count takes: a request's logits do not
+    change with the batch it is in (speculative verification relies on it: its guesses' rows
+    must score as they would alone)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 200, generator=gen)
+    x = torch.randn(60, 200, generator=gen)
+    h = torch.randn(60, 64, generator=gen)
+    packed = cpu_linear.pack(w)
+    assert packed is not None
+    alone = torch.cat([cpu_kernels.linear(x[i : i + 1], packed) for i in range(60)])
+    added = torch.cat(
+        [cpu_kernels.linear(x[i : i + 1], packed, h[i : i + 1].clone()) for i in range(60)]
+    )
+    for rows in (2, 6, 7, 12, 20, 47, 48, 60):
+        assert torch.equal(cpu_kernels.linear(x[:rows], packed), alone[:rows]), rows
+        assert torch.equal(cpu_kernels.linear(x[:rows], packed, h[:rows].clone()), added[:rows])
 
 
 def test_weights_the_kernel_does_not_take_stay_on_torch() -> None:
