@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from engine_driver import Work, drive
-from tiny_llama import save_tiny_llama
+from tiny_llama import TRITON_DEVICE, save_tiny_llama
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -108,11 +108,25 @@ def _run(tiny_dir: Path, method: str, **options: Any) -> tuple[dict[str, Any], L
     return {"tokens": result["tokens"], "reasons": result["reasons"]}, engine
 
 
+# the C kernels; the torch path; the Triton kernels (on the GPU, else interpreted on the CPU)
+BACKENDS = {
+    "cpu_kernels": {},
+    "torch": {"cpu_kernels": False, "pack_cpu_weights": False},
+    "triton": {"attention_backend": "triton", "device": str(TRITON_DEVICE)},
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_greedy_ngram_equals_plain_decoding_with_rejections_aborts_and_preemption(
-    tiny_dir: Path,
+    tiny_dir: Path, backend: str
 ) -> None:
-    plain, _ = _run(tiny_dir, "none")
-    spec, engine = _run(tiny_dir, "ngram")
+    if backend == "triton":
+        from engine.kernels import triton_available
+
+        if not triton_available():
+            pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
+    plain, _ = _run(tiny_dir, "none", **BACKENDS[backend])
+    spec, engine = _run(tiny_dir, "ngram", **BACKENDS[backend])
     stats = engine.speculative_stats
     assert stats is not None
     assert 0 < stats.accepted < stats.proposed  # guesses accepted and rejected
