@@ -108,10 +108,11 @@ class Speculator:
                 kind = ("draft", state.outcome)
             asks.append((request, kind))
             gains.append(table.gains(kind, k))
-        behind = None
+        behind = remaining = None
         if self.draft is not None:
             behind = [self.draft.behind(r) for r, _ in asks]
-        counts = self.cost.allocate(len(running), gains, self.draft is not None, behind)
+            remaining = [r.token_limit - r.num_tokens for r, _ in asks]
+        counts = self.cost.allocate(len(running), gains, self.draft is not None, behind, remaining)
         self._kinds = {r.request_id: kind for (r, kind), n in zip(asks, counts, strict=True) if n}
         if self.draft is None:
             for (request, _), n in zip(asks, counts, strict=True):

@@ -9,7 +9,11 @@ their last token, would understate a guess's cost); until the line can be drawn,
 with every guess offered and steps with none take turns. A draft model
 adds its own forwards, one per guess depth (every request guessing that deep in one batch),
 fitted the same way as a_d + b_d * tokens, and a request's first guess also pays for the
-tokens the draft must catch up on. When the draft has not run for 64 steps, one request of one
+tokens the draft must catch up on: once, so that share is spread over the steps the request
+may still take (its remaining tokens over its expected tokens per step). Before the draft's
+line is drawn the steps that guess give guesses to the 1, 2, 4, ... requests the draft is
+least behind on, not to all: a draft too dear to run is found out after catching up on a few
+prompts, not on every one. When the draft has not run for 64 steps, one request of one
 step gets a guess, so that a fit made in a bad moment is not kept for good; each probe that
 changes nothing doubles the wait (up to 1024 steps), since its catching up is dear.
 
@@ -69,6 +73,7 @@ class StepCost:
         self._started: float | None = None
         self._tokens = 0
         self._unfitted = 0  # allocations made without a fit
+        self._explore = 1  # requests given guesses by the next such step with a draft
         self._idle_draft = 0  # allocations in a row that granted no draft guess
         self._probe_after = _DRAFT_PROBE_AFTER
 
@@ -92,20 +97,28 @@ class StepCost:
         gains: list[list[float]],
         draft: bool = False,
         behind: list[int] | None = None,
+        remaining: list[int] | None = None,
     ) -> list[int]:
         """Guesses per request: gains[i][j] is the expected gain of request i's guess j + 1
         (non-increasing in j); base_tokens the step's tokens without guesses; draft: guesses
         cost draft forwards too, and behind[i] tokens the draft must catch up on before
-        request i's first guess."""
+        request i's first guess; remaining[i] the tokens request i may still emit (none
+        given: the catching up is charged to this step alone)."""
         counts = [0] * len(gains)
         fit = self.target.fit()
         draft_fit = self.draft.fit() if draft else (0.0, 0.0)
+        behind = behind or [0] * len(gains)
         if fit is None or draft_fit is None:  # too little known yet: steps with every guess
             self._unfitted += 1  # offered and steps with none, in turn, to draw the line from
             if fit is None and self._unfitted % 2 == 1:
                 return counts
-            return [len(g) for g in gains]
-        behind = behind or [0] * len(gains)
+            if not draft:
+                return [len(g) for g in gains]
+            asking = sorted((i for i, g in enumerate(gains) if g), key=lambda i: behind[i])
+            for i in asking[: self._explore]:  # the draft's first steps: a few requests
+                counts[i] = len(gains[i])
+            self._explore *= 2
+            return counts
         if draft:
             self._idle_draft += 1
             if self._idle_draft > self._probe_after:  # one guess for the request the draft
@@ -118,14 +131,22 @@ class StepCost:
         (a, b), (a_d, b_d) = fit, draft_fit
         caught = self.catch_up.fit()
         b_c = caught[1] if caught is not None else b  # a token caught up on (else: a target's)
+        # the steps over which a request's catching up pays: its remaining tokens over the
+        # tokens a step gives it when every guess is granted (at least this one step)
+        steps_left = [
+            max(1.0, remaining[i] / (1.0 + sum(g))) if remaining else 1.0
+            for i, g in enumerate(gains)
+        ]
         expected = float(len(gains))  # one token per decoding request at least
         cost = a + b * base_tokens
         rows = [i for i, g in enumerate(gains) if g]
         depth = 0
         while rows:
-            # a guess's price: its target token and draft row, and at the first depth the
-            # draft's catching up on the request
-            price = {i: b + b_d + (b_c * behind[i] if depth == 0 else 0.0) for i in rows}
+            # a guess's price: its target token and draft row, and at the first depth this
+            # step's share of the draft's catching up on the request
+            price = {
+                i: b + b_d + (b_c * behind[i] / steps_left[i] if depth == 0 else 0.0) for i in rows
+            }
             ranked = sorted(rows, key=lambda i: -gains[i][depth] / price[i])
             best_c, best_rate, total, spent = 0, expected / cost, 0.0, a_d
             for c, i in enumerate(ranked, start=1):

@@ -85,6 +85,28 @@ def test_a_request_the_draft_is_far_behind_on_waits() -> None:
     assert cost.allocate(2, gains, draft=True, behind=[1, 1]) == [2, 2]
 
 
+def test_catching_up_is_paid_over_the_steps_a_request_has_left() -> None:
+    cost = _with_draft(_fitted(0.03, 0.0005), 0.002, 0.0001)
+    gains = [[0.9, 0.8], [0.9, 0.8]]
+    # 500 tokens to catch up on are worth it for 400 more tokens (148 steps at 2.7 tokens
+    # each), not for 6 (this step and one more)
+    assert cost.allocate(2, gains, True, behind=[1, 500], remaining=[400, 400]) == [2, 2]
+    assert cost.allocate(2, gains, True, behind=[1, 500], remaining=[400, 6]) == [2, 0]
+
+
+def test_a_new_draft_guesses_for_a_few_requests_until_its_line_is_drawn() -> None:
+    cost = _fitted(0.03, 0.002)
+    gains = [[0.9] * 3] * 6 + [[]]
+    behind = [60, 10, 50, 20, 40, 30, 0]
+    got = [cost.allocate(7, gains, True, behind) for _ in range(3)]
+    # the requests the draft is least behind on, 1, then 2, then 4 (the last asks nothing)
+    assert got == [
+        [0, 3, 0, 0, 0, 0, 0],
+        [0, 3, 0, 3, 0, 0, 0],
+        [0, 3, 0, 3, 3, 3, 0],
+    ]
+
+
 def test_steps_that_all_have_one_size_keep_the_last_line() -> None:
     cost = _fitted(0.03, 0.002)
     for _ in range(64):
