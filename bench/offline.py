@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.speculative_method:
         from bench.speculative import speculative_main
 
-        report = speculative_main(args, model_dir, shape.vocab)
+        report = speculative_main(args, model_dir, shape.vocab, options)
         path = args.out if args.out != RESULTS_DIR / "offline.json" else None
         path = path or RESULTS_DIR / "offline_speculative.json"
         write_json(path, {"benchmark": "offline_speculative", "model": args.model, **report})

@@ -2,7 +2,8 @@
 
     python -m bench.offline --speculative-method ngram [--num-speculative-tokens 4]
                             [--draft-model DIR] [--batch-sizes 1,8] [--new-tokens 128]
-                            [--rounds 3]
+                            [--rounds 3] [--device cuda --dtype bfloat16]
+                            [--random-model NAME]
 
 Two workloads, greedy: `repeat`, chat prompts whose answer repeats their input (repeat,
 correct, extract from, or reformat a given passage: the case prompt lookup is for), and
@@ -13,7 +14,9 @@ speculative, plain; each keeps its faster run. Decode throughput at batch B is t
 emitted by the steps in which exactly B requests decode and none prefills, over those steps'
 time: the batch size the row names, with the (identical) prefill and the batch's draining
 tail left out. The whole run's output tokens per second are reported beside it. Greedy outputs
-of every run are checked to be the same.
+of every run are checked to be the same. `--device` and `--dtype` apply to both arms; on a GPU
+whose model is too large to carry, `--random-model` gives seeded random weights of a real
+shape: the step costs are real, the acceptance is whatever such a model's loops give.
 """
 
 from __future__ import annotations
@@ -82,10 +85,12 @@ def run(
     new_tokens: int,
     ignore_eos: bool,
     concurrency: int,
+    device: str = "cpu",
+    dtype: str = "float32",
     **options: Any,
 ) -> dict[str, Any]:
     """One engine run over the prompts with `concurrency` slots; decode throughput at full
-    batch, whole-run throughput and speculative totals."""
+    batch, whole-run throughput and speculative totals. options: EngineConfig fields."""
     from engine.config import engine_config
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -93,8 +98,8 @@ def run(
     max_len = max(len(p) for p in prompts) + new_tokens + 16
     config = engine_config(
         model_dir,
-        device="cpu",
-        dtype="float32",
+        device=device,
+        dtype=dtype,
         num_kv_blocks=concurrency * (-(-max_len // 16)) + 16,
         max_num_seqs=concurrency,
         **options,
@@ -153,8 +158,10 @@ def compare(
     seed: int,
     vocab: int,
     rounds: int = 3,
+    engine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Plain, speculative, speculative, plain on one workload; the faster run of each."""
+    """Plain, speculative, speculative, plain on one workload; the faster run of each.
+    engine: options of both arms (device, dtype, EngineConfig fields)."""
     n = batch * rounds
     if workload == "repeat":
         prompts, ignore_eos = repeat_prompts(model_dir, n), False
@@ -162,7 +169,7 @@ def compare(
         prompts, ignore_eos = random_prompts(n, 128, vocab, seed), True
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "speculative": []}
     for name in ("plain", "speculative", "speculative", "plain"):
-        options = spec_options if name == "speculative" else {}
+        options = (engine or {}) | (spec_options if name == "speculative" else {})
         runs[name].append(run(model_dir, prompts, new_tokens, ignore_eos, batch, **options))
     plain = max(runs["plain"], key=lambda r: r["decode_tok_s"])
     spec = max(runs["speculative"], key=lambda r: r["decode_tok_s"])
@@ -201,8 +208,12 @@ def compare(
     return row
 
 
-def speculative_main(args: Any, model_dir: Path, vocab: int) -> dict[str, Any]:
-    """bench.offline --speculative-method: every workload and batch size."""
+def speculative_main(
+    args: Any, model_dir: Path, vocab: int, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """bench.offline --speculative-method: every workload and batch size, on args.device in
+    args.dtype; options: EngineConfig fields of both arms (a random model's load format)."""
+    engine = {"device": args.device, "dtype": args.dtype} | (options or {})
     spec_options: dict[str, Any] = {
         "speculative_method": args.speculative_method,
         "num_speculative_tokens": args.num_speculative_tokens,
@@ -212,11 +223,12 @@ def speculative_main(args: Any, model_dir: Path, vocab: int) -> dict[str, Any]:
     batches = [int(b) for b in str(args.batch_sizes).split(",")]
     rows = [
         compare(
-            model_dir, workload, b, args.new_tokens, spec_options, args.seed, vocab, args.rounds
-        )
+            model_dir, workload, b, args.new_tokens, spec_options, args.seed, vocab, args.rounds,
+            engine,
+        )  # fmt: skip
         for workload in ("repeat", "random")
         for b in batches
     ]
     draft = Path(args.draft_model).name if args.draft_model else None  # no local paths
-    setup = spec_options | {"draft_model": draft, "rounds": args.rounds}
+    setup = spec_options | {"draft_model": draft, "rounds": args.rounds} | engine
     return {"speculative": setup, "results": rows}
