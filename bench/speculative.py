@@ -214,6 +214,7 @@ def speculative_main(
     """bench.offline --speculative-method: every workload and batch size, on args.device in
     args.dtype; options: EngineConfig fields of both arms (a random model's load format)."""
     engine = {"device": args.device, "dtype": args.dtype} | (options or {})
+    rounds = args.rounds
     spec_options: dict[str, Any] = {
         "speculative_method": args.speculative_method,
         "num_speculative_tokens": args.num_speculative_tokens,
@@ -223,12 +224,11 @@ def speculative_main(
     batches = [int(b) for b in str(args.batch_sizes).split(",")]
     rows = [
         compare(
-            model_dir, workload, b, args.new_tokens, spec_options, args.seed, vocab, args.rounds,
-            engine,
-        )  # fmt: skip
+            model_dir, workload, b, args.new_tokens, spec_options, args.seed, vocab, rounds, engine
+        )
         for workload in ("repeat", "random")
         for b in batches
     ]
     draft = Path(args.draft_model).name if args.draft_model else None  # no local paths
-    setup = spec_options | {"draft_model": draft, "rounds": args.rounds} | engine
+    setup = spec_options | {"draft_model": draft, "rounds": rounds} | engine
     return {"speculative": setup, "results": rows}
