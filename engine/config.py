@@ -83,7 +83,8 @@ class EngineConfig:
     async_scheduling: bool = True
     # Speculative decoding (engine.speculative): "none", "ngram" (prompt lookup) or "draft"
     # (a smaller model of the same vocabulary in draft_model). Up to num_speculative_tokens
-    # guesses per decoding request are verified in one forward; steps run without overlap.
+    # guesses per decoding request are verified in one forward; a step that proposes runs
+    # without overlap (on a GPU, stretches whose proposals grant nothing overlap).
     speculative_method: str = "none"
     num_speculative_tokens: int = 4
     draft_model: Path | None = None

@@ -101,16 +101,17 @@ class LLMEngine:
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (benchmarks)
         self.timer = StepTimer()
         # overlapped scheduling: plan step N + 1 while step N runs (batched sampler only;
-        # the prefill role pins every request after one token, nothing to overlap)
+        # the prefill role pins every request after one token, nothing to overlap). A step
+        # that proposes guesses needs the tokens so far: it runs alone (Speculator.overlap)
         self._overlap = (
             config.async_scheduling
             and config.sampler == "batched"
             and config.role is not Role.PREFILL
-            and config.speculative_method == "none"  # guesses need the tokens so far
         )
         self.speculator: Speculator | None = None
         if speculates:
             self.speculator = Speculator(config, self.model_config, self.runner.num_blocks, draft)
+            self.speculator.overlap = self._overlap and self.runner.device.type == "cuda"
         self._in_flight: LaunchedStep | None = None
 
     # ---- requests -------------------------------------------------------------------------
@@ -209,9 +210,12 @@ class LLMEngine:
         """
         self.timer.start()
         constrained = self.grammars.active
-        if constrained and self._in_flight is not None:
-            # a constrained row's mask needs its previous token: no overlap while any request
-            # is constrained; hand out the step in flight before launching the next
+        spec = self.speculator
+        proposing = spec is not None and spec.wants_tokens()
+        if (constrained or proposing) and self._in_flight is not None:
+            # a constrained row's mask needs its previous token, and guesses the tokens so
+            # far: no overlap while any request is constrained or guesses may be proposed;
+            # hand out the step in flight before launching the next
             in_flight, self._in_flight = self._in_flight, None
             return self._finish(in_flight)
         try:
@@ -221,20 +225,23 @@ class LLMEngine:
             self._in_flight = None
             self.scheduler.forget_in_flight()
             raise
-        if not self._overlap or constrained:
+        # a proposal that granted no guess may start a stretch of overlapped steps at once
+        alone = constrained or (proposing and spec is not None and spec.wants_tokens())
+        if not self._overlap or alone or (launched is not None and launched.more):
             return self._finish(launched) if launched is not None else EMPTY_STEP
         previous, self._in_flight = self._in_flight, launched
         return self._finish(previous) if previous is not None else EMPTY_STEP
 
     def _launch(self) -> LaunchedStep | None:
         """Schedule, build the inputs, run the model and the sampler (asynchronous on a GPU)."""
-        timer = self.timer
-        if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+        timer, spec = self.timer, self.speculator
+        timed = spec is not None and spec.wants_tokens()  # this step runs alone
+        if spec is not None:
+            (spec.propose if timed else spec.skip)(self.scheduler.running)
         out = self.last_schedule = self.scheduler.schedule()
-        if self.speculator is not None:  # the cost model learns from decode steps only
-            plain = all(c.num_draft for c in out.prefills)
-            self.speculator.cost.step_started(out.num_tokens if plain else 0)
+        if spec is not None:  # the cost model learns from decode steps run alone only
+            plain = timed and all(c.num_draft for c in out.prefills)
+            spec.cost.step_started(out.num_tokens if plain else 0)
         self.counters.preemptions += len(out.preempted)
         for request_id in out.preempted:
             self.runner.batch.release(request_id)

@@ -9,8 +9,10 @@ accepted guesses plus one token (engine.speculative.verify). The scheduler appen
 to a stop and gives back the blocks of the rejected ones.
 
 Requests that ask for logprobs, penalties, a logit bias or a grammar are decoded plainly.
-Steps run without overlapped scheduling when speculation is on (the guesses need the tokens
-so far).
+A step that proposes needs every token so far, so it is not planned while another runs. Where
+overlapped scheduling pays (a GPU: the engine sets `overlap`), a speculator whose last
+proposals granted no guess lets the steps overlap, without guesses, for a stretch (16 steps,
+doubling up to 128 while the proposal that ends each stretch grants none again).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from engine.speculative.ngram import NgramProposer
 from engine.speculative.verify import verify
 
 _RETRY_AFTER = 8  # steps without draft guesses after which a request's record is dropped
+_QUIET_STEPS = 4  # proposals in a row granting no guess before steps overlap instead
+_OVERLAP_STEPS = 16  # the first stretch of overlapped steps without guesses
+_OVERLAP_MAX = 128  # the stretch doubles while the proposal after it grants none, up to this
 
 
 def speculates(params: SamplingParams) -> bool:
@@ -63,6 +68,10 @@ class Speculator:
         self._kinds: dict[str, Hashable] = {}  # the kind of each request's guesses this step
         self._drafted: dict[str, _DraftState] = {}
         self.cost = StepCost()
+        self.overlap = False  # whether overlapped steps pay here (set by the engine)
+        self._quiet = 0  # proposals in a row that granted no guess
+        self._overlap_left = 0  # steps still to run overlapped, without guesses
+        self._overlap_for = _OVERLAP_STEPS
         self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
         self.draft: DraftProposer | None = None
         if self.method == "draft":
@@ -71,6 +80,29 @@ class Speculator:
             self.draft = DraftProposer(config, model, num_blocks, draft, self.cost)
         elif self.method != "ngram":
             raise ValueError(f"unknown speculative method {self.method!r}")
+
+    def wants_tokens(self) -> bool:
+        """Whether the next step proposes guesses, and so needs every request's tokens so
+        far (no step in flight). False during a stretch of overlapped steps."""
+        return not self.overlap or self._overlap_left == 0
+
+    def skip(self, running: Iterable[Request]) -> None:
+        """A step of the overlapped stretch: no guesses (tokens may be in flight)."""
+        for request in running:
+            if request.draft_token_ids:
+                request.draft_token_ids = []
+        self._overlap_left -= 1
+
+    def _granted(self, any_guess: bool) -> None:
+        """After a proposal: a stretch of overlapped steps follows quiet ones."""
+        if any_guess:
+            self._quiet, self._overlap_for = 0, _OVERLAP_STEPS
+            return
+        self._quiet += 1
+        if self.overlap and self._quiet >= _QUIET_STEPS:
+            self._overlap_left = self._overlap_for
+            self._overlap_for = min(2 * self._overlap_for, _OVERLAP_MAX)
+            self._quiet = _QUIET_STEPS - 1  # after the stretch one quiet proposal suffices
 
     def propose(self, running: Iterable[Request]) -> None:
         """Set the guesses of every running request about to decode (others get none).
@@ -113,6 +145,7 @@ class Speculator:
             behind = [self.draft.behind(r) for r, _ in asks]
             remaining = [r.token_limit - r.num_tokens for r, _ in asks]
         counts = self.cost.allocate(len(running), gains, self.draft is not None, behind, remaining)
+        self._granted(any(counts))
         self._kinds = {r.request_id: kind for (r, kind), n in zip(asks, counts, strict=True) if n}
         if self.draft is None:
             for (request, _), n in zip(asks, counts, strict=True):

@@ -4,6 +4,7 @@ rejections, aborts and preemption."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,13 @@ import pytest
 from engine_driver import Work, drive
 from tiny_llama import TRITON_DEVICE, save_tiny_llama
 
+from engine import speculative
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.request import FinishReason
 from engine.sampling_params import SamplingParams
 from engine.speculative import DraftProposer, NgramProposer
+from engine.speculative.cost import StepCost
 
 pytestmark = pytest.mark.usefixtures("every_guess")  # guesses independent of timing
 
@@ -91,7 +94,11 @@ def _workload() -> list[tuple[str, list[int], SamplingParams]]:
 ABORT_AFTER = {"r5": 3, "r10": 2}  # request -> tokens seen before the client aborts it
 
 
-def _run(tiny_dir: Path, method: str, **options: Any) -> tuple[dict[str, Any], LLMEngine]:
+def _run(
+    tiny_dir: Path, method: str, overlap: bool = False, **options: Any
+) -> tuple[dict[str, Any], LLMEngine]:
+    """The workload on a fresh engine; overlap: let quiet stretches overlap (as on a GPU),
+    and count the steps that left one in flight."""
     config = {
         "model_dir": tiny_dir,
         "block_size": 4,
@@ -102,10 +109,23 @@ def _run(tiny_dir: Path, method: str, **options: Any) -> tuple[dict[str, Any], L
         "num_speculative_tokens": 4,
     }
     engine = LLMEngine(EngineConfig(**(config | options)))
+    if engine.speculator is not None:
+        engine.speculator.overlap = overlap
     start_free = engine.stats().free_blocks
-    result = drive(engine, _workload(), ABORT_AFTER, each_step=engine.scheduler.audit)
+    overlapped = 0
+
+    def each_step() -> None:
+        nonlocal overlapped
+        engine.scheduler.audit()
+        overlapped += engine._in_flight is not None
+
+    result = drive(engine, _workload(), ABORT_AFTER, each_step=each_step)
     assert engine.stats().free_blocks == start_free  # every block given back
-    return {"tokens": result["tokens"], "reasons": result["reasons"]}, engine
+    return {
+        "tokens": result["tokens"],
+        "reasons": result["reasons"],
+        "overlapped": overlapped,
+    }, engine
 
 
 # the C kernels; the torch path; the Triton kernels (on the GPU, else interpreted on the CPU)
@@ -141,6 +161,35 @@ def test_greedy_ngram_equals_plain_decoding_with_rejections_aborts_and_preemptio
             assert spec["reasons"][rid] == plain["reasons"][rid], rid
     stops = {rid: r for rid, r in plain["reasons"].items() if r is FinishReason.STOP}
     assert stops, "the workload must stop on a stop id somewhere"
+
+
+def test_quiet_stretches_overlap_and_guessing_resumes_after_them(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where overlapped steps pay (a GPU; forced here), proposals that grant nothing let the
+    next steps overlap without guesses, and a proposal after the stretch guesses again:
+    greedy output still equals plain decoding, with aborts and preemption, no block lost."""
+    calls = itertools.count()
+
+    def in_waves(self: StepCost, base: int, gains: list[list[float]], *a: Any) -> list[int]:
+        return [len(g) for g in gains] if next(calls) % 8 < 3 else [0] * len(gains)
+
+    monkeypatch.setattr(StepCost, "allocate", in_waves)
+    monkeypatch.setattr(speculative, "_OVERLAP_STEPS", 2)  # short stretches: many turns
+    monkeypatch.setattr(speculative, "_OVERLAP_MAX", 4)
+    plain, _ = _run(tiny_dir, "none")
+    assert plain["overlapped"] > 0  # plain decoding overlaps its steps
+    spec, engine = _run(tiny_dir, "ngram", overlap=True)
+    stats = engine.speculative_stats
+    assert stats is not None and stats.accepted >= 5  # guesses between the stretches
+    assert spec["overlapped"] > 0
+    assert engine.counters.preemptions > 0
+    for rid, want in plain["tokens"].items():
+        got = spec["tokens"][rid]
+        n = min(len(got), len(want)) if rid in ABORT_AFTER else len(want)
+        assert got[:n] == want[:n] and (rid in ABORT_AFTER or got == want), rid
+    alone, _ = _run(tiny_dir, "ngram")  # without overlap (the CPU): every step alone
+    assert alone["overlapped"] == 0
 
 
 def test_stops_inside_an_accepted_run(tiny_dir: Path) -> None:
