@@ -276,15 +276,10 @@ class LLMEngine:
         self.counters.tokens_computed += out.num_tokens
         self.counters.generated_tokens += len(update.advanced)
         if self.speculator is not None:
-            self.speculator.cost.step_ended()
-        if launched.more is not None and self.speculator is not None:
-            for request_id in launched.more:
+            self.counters.generated_tokens += self.speculator.step_done(launched.more, update.more)
+            for request_id in launched.more or ():
                 self.runner.batch.invalidate(request_id)
-            more = update.more
-            self.counters.generated_tokens += sum(map(len, more.values()))
-            stats = self.speculator.stats
-            stats.emitted += sum(1 + len(more.get(r, ())) for r in launched.more)
-            self._count_speculation(stats)
+            self._count_speculation(self.speculator.stats)
         self.counters.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
         self.counters.steps += 1
         self.counters.grammar_mask_seconds = self.grammars.mask_seconds

@@ -17,7 +17,7 @@ doubling up to 128 while the proposal that ends each stretch grants none again).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -157,6 +157,15 @@ class Speculator:
         guesses_of = self.draft.propose([r for r, _ in asks], counts)  # timed into self.cost
         for (request, _), drafted in zip(asks, guesses_of, strict=True):
             request.draft_token_ids = drafted
+
+    def step_done(self, verified: Iterable[str] | None, more: Mapping[str, Sequence[int]]) -> int:
+        """A step's tokens are applied: the cost model's sample, and the tokens emitted by
+        its speculative chunks (`verified`: their request ids; `more`: the tokens each
+        appended after its first). Returns how many were appended after the first."""
+        self.cost.step_ended()
+        if verified:
+            self.stats.emitted += sum(1 + len(more.get(r, ())) for r in verified)
+        return sum(map(len, more.values()))
 
     def forget(self, request_id: str) -> None:
         """The request left the running batch: drop its state (and its draft KV)."""
