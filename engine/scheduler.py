@@ -388,6 +388,7 @@ class Scheduler(RequestPool):
         request.num_computed_tokens = 0
         request.num_cached_tokens = 0
         request.num_preemptions += 1
+        request.draft_token_ids = []  # guesses were for this step only
         request.status = RequestStatus.WAITING
         self._queue(request)
         step.drop(request)

@@ -113,3 +113,21 @@ def test_guesses_never_preempt() -> None:
     out = scheduler.schedule()
     assert out.prefills == () and set(out.decodes) == {a, b}
     assert out.preempted == ()
+
+
+def test_a_preempted_request_drops_its_guesses() -> None:
+    """Guesses belong to the step they were proposed for: a request preempted in it comes
+    back without them (a later step may be planned without a proposal, overlapped)."""
+    config = EngineConfig(model_dir=Path("unused"), block_size=BS, max_num_batched_tokens=64)
+    blocks = BlockManager(4, BS, enable_prefix_caching=False)
+    scheduler = Scheduler(config, blocks)
+    a = Request("a", list(range(10, 18)), SamplingParams(max_tokens=50))  # 2 blocks
+    b = Request("b", list(range(20, 27)), SamplingParams(max_tokens=50))  # 2 blocks
+    scheduler.add(a)
+    scheduler.add(b)
+    scheduler.update(scheduler.schedule(), [50, 51])
+    assert blocks.num_free_blocks == 0
+    b.draft_token_ids = [1, 2, 3]
+    out = scheduler.schedule()  # a's next position needs a third block: b goes
+    assert out.preempted == ("b",)
+    assert b.status is RequestStatus.WAITING and b.draft_token_ids == []
