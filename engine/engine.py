@@ -235,9 +235,7 @@ class LLMEngine:
     def _launch(self) -> LaunchedStep | None:
         """Schedule, build the inputs, run the model and the sampler (asynchronous on a GPU)."""
         timer, spec = self.timer, self.speculator
-        timed = spec is not None and spec.wants_tokens()  # this step runs alone
-        if spec is not None:
-            (spec.propose if timed else spec.skip)(self.scheduler.running)
+        timed = spec is not None and spec.plan(self.scheduler.running)  # it runs alone
         out = self.last_schedule = self.scheduler.schedule()
         if spec is not None:  # the cost model learns from decode steps run alone only
             plain = timed and all(c.num_draft for c in out.prefills)

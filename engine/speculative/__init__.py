@@ -29,7 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.sampling_rows import StepSampling
 from engine.schedule import SchedulerOutput
 from engine.speculative.acceptance import AcceptanceTable
-from engine.speculative.cost import StepCost
+from engine.speculative.cost import Backoff, StepCost
 from engine.speculative.draft import DraftProposer
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS, SpeculativeStats
 from engine.speculative.ngram import NgramProposer
@@ -71,7 +71,7 @@ class Speculator:
         self.overlap = False  # whether overlapped steps pay here (set by the engine)
         self._quiet = 0  # proposals in a row that granted no guess
         self._overlap_left = 0  # steps still to run overlapped, without guesses
-        self._overlap_for = _OVERLAP_STEPS
+        self._stretch = Backoff(_OVERLAP_STEPS, _OVERLAP_MAX)
         self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
         self.draft: DraftProposer | None = None
         if self.method == "draft":
@@ -86,22 +86,26 @@ class Speculator:
         far (no step in flight). False during a stretch of overlapped steps."""
         return not self.overlap or self._overlap_left == 0
 
-    def skip(self, running: Iterable[Request]) -> None:
-        """A step of the overlapped stretch: no guesses (tokens may be in flight)."""
-        for request in running:
-            if request.draft_token_ids:
-                request.draft_token_ids = []
-        self._overlap_left -= 1
+    def plan(self, running: Iterable[Request]) -> bool:
+        """Before a step is scheduled: propose its guesses and return True (the step needs
+        every token so far and runs alone), or, in an overlapped stretch, return False: no
+        guesses (none are left from before: the stretch began after a proposal that granted
+        none, and a request preempted since drops its guesses)."""
+        if not self.wants_tokens():
+            self._overlap_left -= 1
+            return False
+        self.propose(running)
+        return True
 
     def _granted(self, any_guess: bool) -> None:
         """After a proposal: a stretch of overlapped steps follows quiet ones."""
         if any_guess:
-            self._quiet, self._overlap_for = 0, _OVERLAP_STEPS
+            self._quiet = 0
+            self._stretch.reset()
             return
         self._quiet += 1
         if self.overlap and self._quiet >= _QUIET_STEPS:
-            self._overlap_left = self._overlap_for
-            self._overlap_for = min(2 * self._overlap_for, _OVERLAP_MAX)
+            self._overlap_left = self._stretch.use()
             self._quiet = _QUIET_STEPS - 1  # after the stretch one quiet proposal suffices
 
     def propose(self, running: Iterable[Request]) -> None:

@@ -36,6 +36,21 @@ _DRAFT_PROBE_AFTER = 64  # steps without a draft forward after which one step gu
 _DRAFT_PROBE_MAX = 1024  # the wait doubles after each probe that changes nothing, up to this
 
 
+class Backoff:
+    """A wait that doubles (up to `cap`) each time it is used up with nothing changed."""
+
+    def __init__(self, start: int, cap: int) -> None:
+        self.start, self.cap, self.value = start, cap, start
+
+    def use(self) -> int:
+        """The wait now; the next one is twice as long."""
+        value, self.value = self.value, min(2 * self.value, self.cap)
+        return value
+
+    def reset(self) -> None:
+        self.value = self.start
+
+
 class LineFit:
     """time = a + b * tokens over the latest samples."""
 
@@ -75,7 +90,7 @@ class StepCost:
         self._unfitted = 0  # allocations made without a fit
         self._explore = 1  # requests given guesses by the next such step with a draft
         self._idle_draft = 0  # allocations in a row that granted no draft guess
-        self._probe_after = _DRAFT_PROBE_AFTER
+        self._probe = Backoff(_DRAFT_PROBE_AFTER, _DRAFT_PROBE_MAX)
 
     def step_started(self, num_tokens: int) -> None:
         """A step of num_tokens tokens starts now."""
@@ -121,9 +136,9 @@ class StepCost:
             return counts
         if draft:
             self._idle_draft += 1
-            if self._idle_draft > self._probe_after:  # one guess for the request the draft
+            if self._idle_draft > self._probe.value:  # one guess for the request the draft
                 self._idle_draft = 0  # is least behind on
-                self._probe_after = min(2 * self._probe_after, _DRAFT_PROBE_MAX)
+                self._probe.use()
                 asking = [i for i, g in enumerate(gains) if g]
                 if asking:
                     counts[min(asking, key=lambda i: behind[i])] = 1
@@ -131,22 +146,22 @@ class StepCost:
         (a, b), (a_d, b_d) = fit, draft_fit
         caught = self.catch_up.fit()
         b_c = caught[1] if caught is not None else b  # a token caught up on (else: a target's)
-        # the steps over which a request's catching up pays: its remaining tokens over the
-        # tokens a step gives it when every guess is granted (at least this one step)
-        steps_left = [
-            max(1.0, remaining[i] / (1.0 + sum(g))) if remaining else 1.0
-            for i, g in enumerate(gains)
-        ]
+        # this step's share of the draft's catching up on each request, paid once by its
+        # first guess: spread over the steps it may still take (its remaining tokens over
+        # the tokens a step gives it when every guess is granted; at least this one step)
+        catch = [0.0] * len(gains)
+        if draft:
+            for i, g in enumerate(gains):
+                steps = max(1.0, remaining[i] / (1.0 + sum(g))) if remaining else 1.0
+                catch[i] = b_c * behind[i] / steps
         expected = float(len(gains))  # one token per decoding request at least
         cost = a + b * base_tokens
         rows = [i for i, g in enumerate(gains) if g]
         depth = 0
         while rows:
-            # a guess's price: its target token and draft row, and at the first depth this
-            # step's share of the draft's catching up on the request
-            price = {
-                i: b + b_d + (b_c * behind[i] / steps_left[i] if depth == 0 else 0.0) for i in rows
-            }
+            # a guess's price: its target token and draft row, and at the first depth the
+            # share of the draft's catching up on the request
+            price = {i: b + b_d + (catch[i] if depth == 0 else 0.0) for i in rows}
             ranked = sorted(rows, key=lambda i: -gains[i][depth] / price[i])
             best_c, best_rate, total, spent = 0, expected / cost, 0.0, a_d
             for c, i in enumerate(ranked, start=1):
@@ -165,5 +180,6 @@ class StepCost:
             depth += 1
             rows = [i for i in taken if len(gains[i]) > depth]
         if any(counts):
-            self._idle_draft, self._probe_after = 0, _DRAFT_PROBE_AFTER
+            self._idle_draft = 0
+            self._probe.reset()
         return counts
