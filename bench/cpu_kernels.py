@@ -7,7 +7,7 @@ and the torch path it replaces (gather the blocks, padded SDPA), as bytes of K+V
 second against the same run's memcpy bandwidth (``bench.common.memcpy_gbps``). The cache
 has as many layers as the model and they are cycled, so the working set does not stay in
 the CPU caches. The model's linear layers from 1 to 512 rows: F.linear and the C kernel
-over packed weights (engine.cpu_linear), as GFLOP/s against the same run's matmul peak.
+over packed weights (engine.model.linear), as GFLOP/s against the same run's matmul peak.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def best_seconds(fn: Callable[[int], object], calls: int, repeats: int = 5) -> f
 
 def bench_attention(args: argparse.Namespace) -> dict[str, Any]:
     from engine import cpu_kernels
-    from engine.attention import GatherBuffers, decode_attention
+    from engine.model.attention import GatherBuffers, decode_attention
 
     gen = torch.Generator().manual_seed(0)
     bs, width = args.block_size, -(-args.max_ctx // args.block_size)
@@ -77,7 +77,7 @@ def bench_attention(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_linear(args: argparse.Namespace) -> dict[str, Any]:
-    from engine import cpu_linear
+    from engine.model import linear as cpu_linear
 
     peak = matmul_peak_gflops(torch.float32)
     shapes = {  # SmolLM2-135M's decoder weights [out, in]

@@ -21,7 +21,7 @@ from bench.common import ModelShape, memcpy_gbps
 from bench.roofline import decode_step_cost, roofline
 from engine.config import engine_config
 from engine.engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from models.sampling_params import SamplingParams
 
 WARMUP_STEPS = 3  # decode steps run before the timed ones
 COPY_BYTES = 1 << 30  # the copy that measures the device's traffic: far beyond its caches

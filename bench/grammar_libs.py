@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from tokenizers import Tokenizer
 
-    from engine.model_config import ModelConfig
+    from engine.model.config import ModelConfig
 
     config = ModelConfig.from_dir(args.model_dir)
     eos = sorted(config.eos_token_ids)

@@ -88,9 +88,9 @@ def make_cache(shape: Shape, lens: list[int], device: torch.device) -> tuple[tor
 
 
 def bench_decode(shape: Shape, iters: int, device: torch.device) -> dict[str, Any]:
-    from engine.kernels import paged_decode_attention
-    from engine.kernels.decode_attention import plan_splits
-    from engine.kernels.reference import decode_attention_ref
+    from engine.triton_kernels import paged_decode_attention
+    from engine.triton_kernels.decode_attention import plan_splits
+    from engine.triton_kernels.reference import decode_attention_ref
 
     cuda = device.type == "cuda"
     kv, tables, ctx = make_cache(shape, [shape.ctx] * shape.batch, device)
@@ -127,7 +127,7 @@ def bench_copy(nbytes: int, iters: int, device: torch.device) -> dict[str, float
 
 
 def bench_prefill(shape: Shape, iters: int, device: torch.device) -> dict[str, float]:
-    from engine.kernels import paged_prefill_attention
+    from engine.triton_kernels import paged_prefill_attention
 
     cuda = device.type == "cuda"
     seqs, new, ctx_len = shape.prefill_seqs, shape.prefill_new, shape.ctx

@@ -55,7 +55,7 @@ def run_engine(
 ) -> dict[str, Any]:
     from engine.config import EngineConfig, parse_dtype
     from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from models.sampling_params import SamplingParams
 
     max_len = max(len(p) for p in prompts) + new_tokens
     blocks = len(prompts) * (-(-max_len // 16)) + 16

@@ -93,7 +93,7 @@ def run(
     batch, whole-run throughput and speculative totals. options: EngineConfig fields."""
     from engine.config import engine_config
     from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from models.sampling_params import SamplingParams
 
     max_len = max(len(p) for p in prompts) + new_tokens + 16
     config = engine_config(

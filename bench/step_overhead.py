@@ -49,7 +49,7 @@ def measure(
     """One configuration: prefill `sequences` prompts, then time `steps` decode steps."""
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from models.sampling_params import SamplingParams
 
     # the first requests decode while the last ones prefill: room for those steps too, so
     # that all of them still run through the timed steps

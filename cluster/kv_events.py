@@ -56,7 +56,7 @@ class KVEventMsg(BaseModel):
 
 @dataclass(frozen=True)
 class CacheChanges:
-    """What a node's cache did since the last look (mirrors engine.kv_event_log.KVChanges)."""
+    """What a node's cache did since the last look (mirrors engine.kv.events.KVChanges)."""
 
     stored: list[tuple[int, int | None]]
     removed: list[int]

@@ -52,7 +52,7 @@ class _Msg(BaseModel):
 
 
 class SamplingSpec(_Msg):
-    """Sampling parameters; mirrors engine.sampling_params.SamplingParams field for field,
+    """Sampling parameters; mirrors models.sampling_params.SamplingParams field for field,
     so a node builds `SamplingParams(**spec.model_dump())`.
 
     `max_tokens` counts ALL output tokens of the request, including the ones a

@@ -11,8 +11,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from cluster.protocol import ErrorInfo, TokenEvent, TokenLogprobMsg
-from engine.request import FinishReason
-from engine.request_stream import LoopOutput
+from engine.loop.stream import LoopOutput
+from engine.scheduler.request import FinishReason
 
 NDJSON = "application/x-ndjson"
 

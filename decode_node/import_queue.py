@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from decode_node.importer import DecodeJob
 from engine.engine import LLMEngine
-from engine.loop import EngineLoop
-from engine.schedule import ImportPlan
+from engine.loop.engine_loop import EngineLoop
+from engine.scheduler.plan import ImportPlan
 from node.errors import NodeError, checked_async
 
 RETRY_S = 0.02

@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from cluster.protocol import DecodeRequest, KVHandle
-from engine.sampling_params import SamplingParams
-from engine.schedule import ImportPlan
+from engine.scheduler.plan import ImportPlan
 from kv_transfer import (
     KVTransferAgent,
     LayoutMismatch,
@@ -27,6 +26,7 @@ from kv_transfer import (
     TransferResult,
     TransferTimeout,
 )
+from models.sampling_params import SamplingParams
 from node.errors import NodeError
 
 LEASE_MARGIN_S = 0.5  # a READ must end this long before the lease expires

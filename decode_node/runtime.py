@@ -22,11 +22,11 @@ from decode_node.events import abort_event, error_event, token_event
 from decode_node.import_queue import ImportQueue
 from decode_node.importer import DecodeJob, check_handle, pull
 from engine.engine import LLMEngine
-from engine.loop import EngineLoop
-from engine.request_stream import EngineFailed, LoopOutput, RequestStream
-from engine.sampling_params import SamplingParams
-from engine.schedule import ImportPlan
+from engine.loop.engine_loop import EngineLoop
+from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
+from engine.scheduler.plan import ImportPlan
 from kv_transfer import KVTransferAgent
+from models.sampling_params import SamplingParams
 from node.core import NodeCore
 from node.errors import NodeError, bad_request, checked, checked_async
 from node.metrics import NodeMetrics

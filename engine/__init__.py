@@ -14,14 +14,14 @@ if TYPE_CHECKING:
     from engine.engine import LLMEngine
     from engine.llm import LLM
     from engine.outputs import GenerationOutput, StepOutput, TokenLogprob
-    from engine.sampling_params import SamplingParams
+    from models.sampling_params import SamplingParams
 
 _EXPORTS = {
     "LLM": "engine.llm",
     "LLMEngine": "engine.engine",
     "EngineConfig": "engine.config",
     "Role": "engine.config",
-    "SamplingParams": "engine.sampling_params",
+    "SamplingParams": "models.sampling_params",
     "GenerationOutput": "engine.outputs",
     "StepOutput": "engine.outputs",
     "TokenLogprob": "engine.outputs",

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model_dir = resolve_model(args.model, Path(args.cache_dir) if args.cache_dir else None)
         from engine.llm import LLM
-        from engine.sampling_params import SamplingParams
+        from models.sampling_params import SamplingParams
 
         params = SamplingParams(
             max_tokens=args.max_tokens,

@@ -9,8 +9,6 @@ from typing import Any
 
 import torch
 
-from engine.kv_sizing import check_fraction
-
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -54,7 +52,7 @@ class EngineConfig:
     device: str = "cpu"
     role: Role = Role.COLOCATED
     block_size: int = 16
-    # KV cache size, the first that is set (engine.kv_sizing): num_kv_blocks, else
+    # KV cache size, the first that is set (engine.kv.sizing): num_kv_blocks, else
     # kv_cache_memory_gb, else on CUDA gpu_memory_utilization of the device's memory minus the
     # weights and the activation peak, else (CPU) 1 GiB.
     num_kv_blocks: int | None = None
@@ -67,7 +65,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto | torch | triton
     # CPU fp32: keep packed copies of the linear weights for the C linear kernel
-    # (engine.cpu_linear), faster at every step size, at the cost of a second copy of them.
+    # (engine.model.linear), faster at every step size, at the cost of a second copy of them.
     pack_cpu_weights: bool = True
     # CPU fp32: C kernels (engine.cpu_kernels) for decode attention, rotary + KV write and
     # SiLU * up, where a C compiler is found; else the torch ops.
@@ -75,8 +73,8 @@ class EngineConfig:
     # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
     # shape in model_dir/config.json (benchmarks of published shapes without their weights).
     load_format: str = "safetensors"
-    # "batched": every row sampled in one set of tensor ops (engine.batch_sampler);
-    # "per_request": the per-request sampler (engine.sampler), kept for comparison.
+    # "batched": every row sampled in one set of tensor ops (engine.sampling.sampler);
+    # "per_request": the per-request sampler (engine.sampling.reference), kept for comparison.
     sampler: str = "batched"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Needs the batched sampler; off in the prefill role.
@@ -188,3 +186,9 @@ def engine_config(
     if cuda:
         given.setdefault("max_num_seqs", CUDA_MAX_NUM_SEQS)
     return EngineConfig(model_dir=Path(model_dir), device=device, dtype=parse_dtype(dtype), **given)
+
+
+def check_fraction(value: float, name: str = "gpu_memory_utilization") -> None:
+    """ValueError unless 0 < value <= 1."""
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")

@@ -12,23 +12,23 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import batch_sampler
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig, Role
-from engine.grammar import GrammarMasks, Grammars
-from engine.model_config import ModelConfig
+from engine.kv.block_manager import BlockManager
+from engine.model.config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
-from engine.persistent_batch import StepInputs
-from engine.request import FinishReason, Request, RequestStatus
-from engine.runner import ModelRunner
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.schedule import ImportPlan, SchedulerOutput
-from engine.scheduler import Scheduler
+from engine.sampling import sampler as batch_sampler
+from engine.sampling.grammar import GrammarMasks, Grammars
+from engine.sampling.reference import Sampler
+from engine.scheduler.plan import ImportPlan, SchedulerOutput
+from engine.scheduler.request import FinishReason, Request, RequestStatus
+from engine.scheduler.scheduler import Scheduler
 from engine.speculative import SpeculativeStats, Speculator
 from engine.speculative.draft import load_draft
-from engine.step_result import EMPTY_STEP, DeferredLogprobs, LaunchedStep, StepResult
-from engine.step_timer import StepTimer
+from engine.step.batch import StepInputs
+from engine.step.result import EMPTY_STEP, DeferredLogprobs, LaunchedStep, StepResult
+from engine.step.runner import ModelRunner
+from engine.step.timer import StepTimer
+from models.sampling_params import SamplingParams
 
 
 @dataclass
@@ -41,7 +41,7 @@ class EngineCounters:
     prefix_hit_tokens: int = 0
     preemptions: int = 0
     finished_requests: int = 0
-    constrained_requests: int = 0  # requests admitted with a grammar (engine.grammar)
+    constrained_requests: int = 0  # requests admitted with a grammar (engine.sampling.grammar)
     grammar_mask_seconds: float = 0.0  # time computing token masks (worker thread)
     grammar_mask_steps: int = 0  # steps that computed masks
     # speculative decoding (engine.speculative.metrics): guesses verified, accepted, tokens
@@ -80,7 +80,7 @@ class LLMEngine:
         )
         speculates = config.speculative_method != "none" and config.role is not Role.PREFILL
         # the draft's weights first: the target's KV plan counts them and prices each block
-        # with the draft's block of as many (engine.kv_sizing); a wrong vocabulary stops here
+        # with the draft's block of as many (engine.kv.sizing); a wrong vocabulary stops here
         draft = (
             load_draft(config, self.model_config)
             if speculates and config.speculative_method == "draft"

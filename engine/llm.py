@@ -12,9 +12,9 @@ import torch
 from engine.config import engine_config
 from engine.engine import LLMEngine
 from engine.outputs import GenerationOutput, TokenLogprob
-from engine.request import FinishReason
-from engine.sampling_params import SamplingParams
+from engine.scheduler.request import FinishReason
 from models import IncrementalDetokenizer, Tokenizer
+from models.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.request import FinishReason
+from engine.scheduler.request import FinishReason
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 from cluster.protocol import NodeInfo, NodeLoad
 from cluster.settings import NodeSettings
 from engine.config import engine_config
-from engine.kv_sizing import KVCapacity
-from engine.loop import EngineLoop
+from engine.kv.sizing import KVCapacity
+from engine.loop.engine_loop import EngineLoop
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
 from node.kv_publisher import kv_events

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from cluster.kv_events import CacheChanges, KVEventPublisher
 from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
-from engine.loop import EngineLoop
+from engine.loop.engine_loop import EngineLoop
 
 log = logging.getLogger("splitserve.node")
 

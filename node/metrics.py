@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.protocol import NodeLoad
-from engine.kv_sizing import KVCapacity
+from engine.kv.sizing import KVCapacity
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS
 
 _LABELS = ("role", "node")

@@ -19,11 +19,11 @@ from cluster.protocol import (
 )
 from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
-from engine.loop import EngineLoop
-from engine.request import FinishReason
-from engine.request_stream import EngineFailed, LoopOutput, RequestStream
-from engine.sampling_params import SamplingParams
+from engine.loop.engine_loop import EngineLoop
+from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
+from engine.scheduler.request import FinishReason
 from kv_transfer import LeaseTable
+from models.sampling_params import SamplingParams
 from node.core import NodeCore
 from node.errors import NodeError, bad_request, checked, checked_async
 from node.metrics import NodeMetrics

@@ -41,6 +41,7 @@ class Edge:
     target: str  # imported module, dotted
     eager: bool
     line: int
+    type_only: bool = False  # under `if TYPE_CHECKING:`
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -63,23 +64,25 @@ def edges(root: Path, packages: Iterable[str] = PROJECT) -> list[Edge]:
 
 
 def _edges_of(tree: ast.Module, module: str, is_package: bool) -> Iterator[Edge]:
-    lazy_nodes: set[int] = set()
+    in_function: set[int] = set()
+    type_only: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            lazy_nodes.update(id(inner) for inner in ast.walk(node))
+            in_function.update(id(inner) for inner in ast.walk(node))
         elif _is_type_checking(node):
             assert isinstance(node, ast.If)
-            lazy_nodes.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+            type_only.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
     for node in ast.walk(tree):
-        eager = id(node) not in lazy_nodes
+        typed = id(node) in type_only
+        eager = id(node) not in in_function and not typed
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Edge(module, alias.name, eager, node.lineno)
+                yield Edge(module, alias.name, eager, node.lineno, typed)
         elif isinstance(node, ast.ImportFrom):
             base = _resolve(module, is_package, node.module, node.level)
-            yield Edge(module, base, eager, node.lineno)
+            yield Edge(module, base, eager, node.lineno, typed)
             for alias in node.names:  # `from pkg import submodule`
-                yield Edge(module, f"{base}.{alias.name}", eager, node.lineno)
+                yield Edge(module, f"{base}.{alias.name}", eager, node.lineno, typed)
 
 
 def _is_type_checking(node: ast.AST) -> bool:
@@ -106,7 +109,74 @@ def violations(root: Path) -> list[str]:
     modules = {e.source for e in all_edges} | _all_modules(root)
     problems = [_layering(e) for e in all_edges]
     problems += _heavy_loads(all_edges, modules)
+    problems += [f"import circle: {' -> '.join(c)}" for c in circles(all_edges, modules)]
     return sorted(p for p in problems if p)
+
+
+def circles(all_edges: list[Edge], modules: set[str]) -> list[list[str]]:
+    """Groups of modules that import each other, at module level or for types (an import
+    inside a function is a deliberate deferral and does not count). `from pkg import mod`
+    depends on `pkg.mod`, not on `pkg`'s own body; a module's own parent packages run
+    before it anyway and are not counted."""
+    graph: dict[str, set[str]] = {}
+    for e in all_edges:
+        if not (e.eager or e.type_only):
+            continue
+        target = _owning_module(e.target, modules)
+        if target is None or target == e.source or e.source.startswith(f"{target}."):
+            continue
+        graph.setdefault(e.source, set()).add(target)
+    for targets in graph.values():  # `from pkg import mod`: drop the edge to `pkg`
+        targets -= {t for t in targets if any(o.startswith(f"{t}.") for o in targets)}
+    return [sorted(c) for c in _strongly_connected(graph) if len(c) > 1]
+
+
+def _owning_module(target: str, modules: set[str]) -> str | None:
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components, iteratively (no recursion limit on deep graphs)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                found.append(component)
+    return found
 
 
 def _all_modules(root: Path) -> set[str]:

@@ -76,3 +76,35 @@ def test_lazy_torch_imports_are_allowed_where_the_rules_say(tmp_path: Path) -> N
         },
     )
     assert violations(root) == []
+
+
+def test_an_import_circle_is_reported_even_through_a_type_only_import(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "engine/__init__.py": "",
+            "engine/config.py": "from engine.kv.sizing import check_fraction\n",
+            "engine/kv/__init__.py": "",
+            "engine/kv/sizing.py": """
+                from typing import TYPE_CHECKING
+                if TYPE_CHECKING:
+                    from engine.config import EngineConfig
+            """,
+            "engine/kv/cache.py": "from engine.config import parse_dtype\n",
+        },
+    )
+    found = violations(root)
+    assert "import circle: engine.config -> engine.kv.sizing" in found, found
+    assert not any("engine.kv.cache" in v for v in found), found
+
+
+def test_a_deferred_import_and_a_submodule_import_are_not_circles(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "engine/__init__.py": "def __getattr__(name):\n    from engine import llm\n",
+            "engine/llm.py": "from engine import kernels\n",
+            "engine/kernels.py": "def f():\n    from engine import llm\n",
+        },
+    )
+    assert violations(root) == []

@@ -10,7 +10,7 @@
   ``F.linear`` (which re-packs the weight on every call) from 1 to 2048 rows as measured.
 - ``sample`` (``sampling.c``): the batched sampler's argmax or temperature / top-k / top-p /
   min-p / inverse-CDF draw, one pass per row with a partial selection instead of torch's
-  ``topk`` and its dozen batch-wide ops (engine.batch_sampler uses it on the CPU).
+  ``topk`` and its dozen batch-wide ops (engine.sampling.sampler uses it on the CPU).
 
 The library is compiled once per source, compiler and CPU into ``$SPLITSERVE_KERNEL_CACHE``
 (default ``~/.cache/splitserve/kernels``), written to a temporary name and renamed, so
@@ -260,7 +260,7 @@ def sample(
 ) -> torch.Tensor:
     """One token per row of logits [rows, vocab] fp32 (unit last stride): the first argmax
     of greedy rows, else a draw after temperature, top-k (>= vocab: off), top-p and min-p with
-    the uniform number splitmix64(seed, draws) (see engine.batch_sampler). The settings are
+    the uniform number splitmix64(seed, draws) (see engine.sampling.sampler). The settings are
     [rows] tensors (bool, float32, int64, float32, float32, int64, int64). Returns [rows]
     int64."""
     lib = _require()

@@ -2,7 +2,7 @@
  * The batched sampler's draw on the CPU, one pass per row: greedy argmax, or temperature,
  * top-k (a partial selection, not a sort of the vocabulary), the top-p nucleus, min-p and
  * the inverse-CDF draw with the row's counter-based uniform number (splitmix64 of seed and
- * draw count). It follows engine/batch_sampler.py step by step, in the same float
+ * draw count). It follows engine/sampling/sampler.py step by step, in the same float
  * arithmetic where torch's is sequential (the CDF accumulates in double and is stored as
  * float, as torch's CPU cumsum does), so both give the same token unless a draw falls
  * within rounding of a CDF boundary. Penalties, logit_bias and logprobs stay tensor ops

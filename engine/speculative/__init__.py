@@ -22,18 +22,18 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import torch
 
 from engine.config import EngineConfig
-from engine.model_config import ModelConfig
-from engine.request import Request, RequestStatus
-from engine.runner import LoadedModel
-from engine.sampling_params import SamplingParams
-from engine.sampling_rows import StepSampling
-from engine.schedule import SchedulerOutput
+from engine.model.config import ModelConfig
+from engine.sampling.rows import StepSampling
+from engine.scheduler.plan import SchedulerOutput
+from engine.scheduler.request import Request, RequestStatus
 from engine.speculative.acceptance import AcceptanceTable
 from engine.speculative.cost import Backoff, StepCost
 from engine.speculative.draft import DraftProposer
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS, SpeculativeStats
 from engine.speculative.ngram import NgramProposer
 from engine.speculative.verify import verify
+from engine.step.runner import LoadedModel
+from models.sampling_params import SamplingParams
 
 _RETRY_AFTER = 8  # steps without draft guesses after which a request's record is dropped
 _QUIET_STEPS = 4  # proposals in a row granting no guess before steps overlap instead

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.model_config import ModelConfig
-from engine.request import Request
-from engine.runner import LoadedModel, ModelRunner, load_model
-from engine.sampling_params import SamplingParams
+from engine.kv.block_manager import BlockManager
+from engine.model.attention import AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.scheduler.request import Request
 from engine.speculative.cost import StepCost
+from engine.step.runner import LoadedModel, ModelRunner, load_model
+from models.sampling_params import SamplingParams
 
 
 class _Shadow:
@@ -55,7 +55,7 @@ def draft_runner_config(config: EngineConfig, num_blocks: int | None = None) -> 
 def load_draft(config: EngineConfig, target: ModelConfig) -> LoadedModel:
     """The draft model's weights on the device, after its vocabulary is checked against the
     target's (ValueError naming both). Loaded before the target's KV cache is planned, so that
-    the plan counts these weights and leaves room for the draft's cache (engine.kv_sizing)."""
+    the plan counts these weights and leaves room for the draft's cache (engine.kv.sizing)."""
     assert config.draft_model is not None
     draft_config = ModelConfig.from_dir(config.draft_model)
     if draft_config.vocab_size != target.vocab_size:

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import torch
 
 from engine import cpu_kernels
-from engine.batch_sampler import top_k_top_p, uniform_draws
-from engine.sampling_rows import StepSampling
+from engine.sampling.rows import StepSampling
+from engine.sampling.sampler import top_k_top_p, uniform_draws
 
 _ACCEPT_SALT = 0x5BD1E995  # xor-ed into a row's seed for its acceptance tests
 

@@ -20,7 +20,7 @@ from cluster.protocol import (
     TokenLogprobMsg,
 )
 from engine.outputs import TokenLogprob
-from engine.sampling_params import SamplingParams
+from models.sampling_params import SamplingParams
 
 
 def _handle() -> KVHandle:

@@ -24,7 +24,7 @@ from cluster.redis_server import EmbeddedRedis, free_port
 from cluster.settings import NodeSettings
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from models.sampling_params import SamplingParams
 from node.cli import listen_socket
 
 VOCAB = 128

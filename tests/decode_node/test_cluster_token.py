@@ -23,7 +23,7 @@ from node_harness import (
 from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.protocol import DecodeRequest, NodeErrorResponse, PrefillResponse, SamplingSpec
 from decode_node.app import create_app as decode_app
-from engine.sampling_params import SamplingParams
+from models.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

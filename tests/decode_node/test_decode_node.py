@@ -25,8 +25,8 @@ from node_harness import (
 from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, SamplingSpec, TokenEvent
 from cluster.redis_server import free_port
 from decode_node.app import create_app as decode_app
-from engine.sampling_params import SamplingParams
 from kv_transfer import PeerInfo
+from models.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -27,7 +27,7 @@ from node_harness import (
 
 from cluster.protocol import DecodeRequest, PrefillResponse, SamplingSpec, TokenEvent
 from decode_node.app import create_app as decode_app
-from engine.sampling_params import SamplingParams
+from models.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

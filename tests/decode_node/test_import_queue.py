@@ -12,8 +12,8 @@ import pytest
 from cluster.protocol import DecodeRequest, SamplingSpec
 from decode_node.import_queue import ImportQueue
 from decode_node.importer import DecodeJob
-from engine.sampling_params import SamplingParams
-from engine.schedule import ImportPlan
+from engine.scheduler.plan import ImportPlan
+from models.sampling_params import SamplingParams
 from node.errors import NodeError
 
 PLAN = ImportPlan(block_ids=(0,), num_cached_tokens=0, num_kv_tokens=2, block_size=4)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decode_node.importer import transfer_pairs
-from engine.schedule import ImportPlan
+from engine.scheduler.plan import ImportPlan
 
 
 def test_only_blocks_missing_from_the_local_cache_move() -> None:

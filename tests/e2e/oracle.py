@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from models.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

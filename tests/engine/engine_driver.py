@@ -9,8 +9,8 @@ from typing import Any
 
 from engine.engine import LLMEngine
 from engine.outputs import TokenLogprob
-from engine.request import FinishReason
-from engine.sampling_params import SamplingParams
+from engine.scheduler.request import FinishReason
+from models.sampling_params import SamplingParams
 
 Work = Sequence[tuple[str, list[int], SamplingParams]]
 

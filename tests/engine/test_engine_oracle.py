@@ -10,7 +10,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from models.sampling_params import SamplingParams
 
 PROMPTS = [
     "What is the capital of France?",

@@ -12,9 +12,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.config import EngineConfig
-from engine.model_config import ModelConfig
-from engine.runner import ModelRunner
-from engine.schedule import ScheduledChunk, SchedulerOutput
+from engine.model.config import ModelConfig
+from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
+from engine.step.runner import ModelRunner
 
 TINY: dict[str, Any] = {
     "vocab_size": 128,

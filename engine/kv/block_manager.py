@@ -1,0 +1,308 @@
+"""KV block bookkeeping: reference-counted blocks and a prefix cache of full blocks.
+
+Integers only; the KV tensor lives in the runner. Every full, computed block may be registered
+under a chained content hash (its parent's hash and its own token ids). A later request whose
+leading blocks hash the same reuses them instead of recomputing. A hit is confirmed by
+comparing the stored token ids and the parent block's registration, so a hash collision is a
+miss, never a wrong answer.
+
+A block is in exactly one of three places:
+- owned: ref count > 0, listed in the block tables of that many requests;
+- free: ref count 0, holds nothing reusable;
+- evictable: ref count 0, still registered in the prefix cache, reclaimed in LRU order.
+
+Requests release their blocks tail first, so a shared prefix outlives the suffixes built on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from engine.kv.events import KVEventLog
+from engine.scheduler.request import Request
+from models.block_hash import block_hash
+
+_ROOT_SERIAL = 0  # the "parent" of a request's first block
+
+
+@dataclass
+class _Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None  # set while registered in the prefix cache
+    token_ids: tuple[int, ...] = ()
+    serial: int = _ROOT_SERIAL  # unique per registration, never reused
+    parent_serial: int = _ROOT_SERIAL
+    parent_hash: int | None = None
+
+
+@dataclass
+class _Chain:
+    """(hash, serial) of each of a request's leading full blocks known to the cache."""
+
+    hashes: list[int] = field(default_factory=list)
+    serials: list[int] = field(default_factory=list)
+    broken: bool = False  # a hash collision stopped registration for this request
+
+
+class BlockManager:
+    """Hands out KV blocks to requests and keeps a prefix cache of full blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"BlockManager num_blocks must be an integer >= 1, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"BlockManager block_size must be an integer >= 1, got {block_size!r}")
+        self._block_size = block_size
+        self._caching = enable_prefix_caching
+        self._blocks = [_Block(i) for i in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._cached: dict[int, int] = {}  # hash -> block id
+        self._chains: dict[str, _Chain] = {}
+        self._serials = itertools.count(_ROOT_SERIAL + 1)
+        self.num_prefix_hit_tokens = 0  # tokens found in the cache at admission, in total
+        self.num_prefix_query_tokens = 0  # tokens looked up at admission, in total
+        self.events: KVEventLog | None = None  # see record_events
+
+    # ---- sizes --------------------------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_total_blocks(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take: free ones plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache, owned or evictable."""
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks owned by requests, in [0, 1]."""
+        return 1.0 - self.num_free_blocks / self.num_total_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold num_tokens tokens."""
+        return -(-num_tokens // self._block_size)
+
+    def record_events(self, capacity: int) -> KVEventLog:
+        """Record blocks stored in and evicted from the prefix cache from now on."""
+        if self.events is None:
+            self.events = KVEventLog(capacity)
+        return self.events
+
+    def cached_blocks(self) -> list[tuple[int, int | None]]:
+        """(hash, parent hash) of every block in the prefix cache: a snapshot of it."""
+        return [(h, self._blocks[b].parent_hash) for h, b in self._cached.items()]
+
+    # ---- the request-facing API ---------------------------------------------------------
+
+    def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """Cached blocks holding the leading full blocks of token_ids, in order. No side effects.
+
+        At least one token is always left to compute: the match stops below len(token_ids).
+        """
+        if not self._caching:
+            return []
+        hits: list[int] = []
+        parent_hash: int | None = None
+        parent_serial = _ROOT_SERIAL
+        for i in range((len(token_ids) - 1) // self._block_size):
+            tokens = tuple(token_ids[i * self._block_size : (i + 1) * self._block_size])
+            digest = block_hash(parent_hash, tokens)
+            block = self._lookup(digest, tokens, parent_serial)
+            if block is None:
+                break
+            hits.append(block.block_id)
+            parent_hash, parent_serial = digest, block.serial
+        return hits
+
+    def allocate(
+        self, request: Request, num_tokens: int, prefix_block_ids: Sequence[int] = ()
+    ) -> bool:
+        """Grow request.block_ids to hold num_tokens tokens; False (nothing changed) if short.
+
+        First admission (the request holds no blocks) may pass prefix_block_ids, the result of
+        match_prefix just before: those blocks are shared, and request.num_cached_tokens and
+        request.num_computed_tokens are set to the tokens they hold.
+        """
+        first = not request.block_ids
+        hits = [self._blocks[b] for b in prefix_block_ids]
+        self._check_prefix(request, num_tokens, hits, first)
+        num_new = max(0, self.blocks_for(num_tokens) - len(request.block_ids) - len(hits))
+        num_revived = sum(1 for b in hits if b.ref_count == 0)
+        if num_new + num_revived > self.num_free_blocks:
+            return False
+        if first:
+            self._admit(request, hits)
+        request.block_ids.extend(self._take() for _ in range(num_new))
+        return True
+
+    def commit_full_blocks(self, request: Request) -> None:
+        """Register the request's blocks that are now full and computed in the prefix cache."""
+        chain = self._chains.get(request.request_id)
+        if chain is None or chain.broken:
+            return
+        computed = min(request.num_computed_tokens, request.num_known_tokens)
+        num_full = min(computed // self._block_size, len(request.block_ids))
+        if len(chain.hashes) >= num_full:
+            return
+        tokens = request.all_token_ids
+        size = self._block_size
+        for i in range(len(chain.hashes), num_full):
+            block = self._blocks[request.block_ids[i]]
+            if not self._register(chain, block, tuple(tokens[i * size : (i + 1) * size])):
+                chain.broken = True
+                return
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references, last block first; request.block_ids becomes empty."""
+        for block_id in reversed(request.block_ids):
+            if self._blocks[block_id].ref_count < 1:
+                raise RuntimeError(f"block {block_id} freed by {request.request_id} is not owned")
+            self._release(block_id)
+        request.block_ids = []
+        self._chains.pop(request.request_id, None)
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the request's blocks past those holding num_tokens tokens, last first
+        (the slots of rejected speculative tokens)."""
+        keep = self.blocks_for(num_tokens)
+        while len(request.block_ids) > keep:
+            self._release(request.block_ids.pop())
+
+    def audit(self, block_tables: Iterable[Sequence[int]]) -> None:
+        """Check every invariant against the block tables of all live requests.
+
+        Raises RuntimeError naming the first violation. Meant for tests and debugging.
+        """
+        owners: Counter[int] = Counter()
+        for table in block_tables:
+            if len(set(table)) != len(table):
+                raise RuntimeError(f"a block table lists a block twice: {list(table)}")
+            owners.update(table)
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise RuntimeError("the free list holds a block twice")
+        for block in self._blocks:
+            self._audit_block(block, owners[block.block_id], block.block_id in free)
+        for digest, block_id in self._cached.items():
+            if self._blocks[block_id].hash != digest:
+                raise RuntimeError(f"cache entry {digest:#x} points at block {block_id} wrongly")
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _check_prefix(
+        self, request: Request, num_tokens: int, hits: list[_Block], first: bool
+    ) -> None:
+        if not hits:
+            return
+        if not first:
+            raise ValueError(f"request {request.request_id}: prefix blocks only at admission")
+        if any(b.hash is None for b in hits):
+            raise ValueError(f"request {request.request_id}: prefix blocks are not cached")
+        if num_tokens <= len(hits) * self._block_size:
+            raise ValueError(
+                f"request {request.request_id}: num_tokens {num_tokens} must exceed the "
+                f"{len(hits) * self._block_size} cached tokens"
+            )
+
+    def _admit(self, request: Request, hits: list[_Block]) -> None:
+        for block in hits:
+            if block.ref_count == 0:
+                del self._evictable[block.block_id]
+            block.ref_count += 1
+            request.block_ids.append(block.block_id)
+        cached = len(hits) * self._block_size
+        request.num_cached_tokens = cached
+        request.num_computed_tokens = cached
+        if self._caching:
+            self._chains[request.request_id] = _Chain(
+                hashes=[b.hash for b in hits if b.hash is not None],
+                serials=[b.serial for b in hits],
+            )
+            self.num_prefix_hit_tokens += cached
+            self.num_prefix_query_tokens += request.num_tokens
+
+    def _release(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is None:
+                self._free.append(block_id)
+            else:
+                self._evictable[block_id] = None
+
+    def _take(self) -> int:
+        if self._free:
+            block_id = self._free.popleft()
+        else:
+            block_id, _ = self._evictable.popitem(last=False)
+            self._unregister(self._blocks[block_id])
+        self._blocks[block_id].ref_count = 1
+        return block_id
+
+    def _lookup(self, digest: int, tokens: tuple[int, ...], parent_serial: int) -> _Block | None:
+        block_id = self._cached.get(digest)
+        if block_id is None:
+            return None
+        block = self._blocks[block_id]
+        if block.token_ids != tokens or block.parent_serial != parent_serial:
+            return None  # hash collision
+        return block
+
+    def _register(self, chain: _Chain, block: _Block, tokens: tuple[int, ...]) -> bool:
+        """Extend the chain by one block; False on a hash collision with other content."""
+        parent_hash = chain.hashes[-1] if chain.hashes else None
+        parent_serial = chain.serials[-1] if chain.serials else _ROOT_SERIAL
+        digest = block_hash(parent_hash, tokens)
+        if digest not in self._cached:
+            block.hash, block.token_ids = digest, tokens
+            block.serial, block.parent_serial = next(self._serials), parent_serial
+            block.parent_hash = parent_hash
+            self._cached[digest] = block.block_id
+            if self.events is not None:
+                self.events.stored(digest, parent_hash)
+            serial = block.serial
+        else:
+            twin = self._lookup(digest, tokens, parent_serial)
+            if twin is None:
+                return False
+            serial = twin.serial  # same content computed twice: keep the first copy cached
+        chain.hashes.append(digest)
+        chain.serials.append(serial)
+        return True
+
+    def _unregister(self, block: _Block) -> None:
+        if block.hash is not None and self._cached.get(block.hash) == block.block_id:
+            del self._cached[block.hash]
+            if self.events is not None:
+                self.events.removed(block.hash)
+        block.hash, block.token_ids, block.parent_hash = None, (), None
+        block.serial = block.parent_serial = _ROOT_SERIAL
+
+    def _audit_block(self, block: _Block, owners: int, in_free: bool) -> None:
+        in_evictable = block.block_id in self._evictable
+        where = f"block {block.block_id}"
+        if block.ref_count != owners:
+            raise RuntimeError(f"{where}: ref count {block.ref_count}, {owners} owners")
+        if owners and (in_free or in_evictable):
+            raise RuntimeError(f"{where}: owned yet listed as free or evictable")
+        if not owners and in_free == in_evictable:
+            raise RuntimeError(f"{where}: unowned, must be exactly one of free or evictable")
+        if in_free and block.hash is not None:
+            raise RuntimeError(f"{where}: free yet still registered in the cache")
+        if in_evictable and block.hash is None:
+            raise RuntimeError(f"{where}: evictable yet not registered in the cache")

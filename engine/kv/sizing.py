@@ -1,0 +1,171 @@
+"""How many KV blocks a node allocates.
+
+The first rule that applies:
+- ``num_kv_blocks``: that many blocks.
+- ``kv_cache_memory_gb``: as many blocks as that many GiB hold.
+- on CUDA: ``gpu_memory_utilization`` of the device's total memory, minus the weights and the
+  activation peak of a profiling forward (engine.step.memory_profile measures both), and never more
+  than what is free on the device once room for the activations is kept.
+- on the CPU: 1 GiB.
+
+With a draft model (speculative decoding) the draft keeps one block of its own layout per
+block of the target, so every rule but ``num_kv_blocks`` prices a block at the target's bytes
+plus the draft's, and the draft's weights are loaded before the measurement counts them.
+
+The arithmetic is pure (``blocks_for_gpu``) so that it is tested against made-up memory
+reports; the measurement that feeds it runs only on a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig, check_fraction
+
+if TYPE_CHECKING:
+    from engine.kv.cache import KVLayout
+
+log = logging.getLogger("splitserve.engine.kv.cache")
+
+GIB = 2**30
+CPU_DEFAULT_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU's memory as the sizing sees it, in bytes, taken after the weights are loaded
+    and one profiling forward has run (and its activations were freed)."""
+
+    total: int  # the device's memory
+    free: int  # free on the device now: after our weights, CUDA contexts, other processes
+    weights: int  # held by this process before the profiling forward (weights, rope tables)
+    activation_peak: int  # most held above `weights` during the profiling forward
+
+    def __post_init__(self) -> None:
+        for name in ("total", "free", "weights", "activation_peak"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"DeviceMemory.{name} must be an integer >= 0, got {value!r}")
+        if self.free > self.total:
+            raise ValueError(f"DeviceMemory.free ({self.free}) exceeds total ({self.total})")
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """The KV cache a node allocated and which rule sized it."""
+
+    num_blocks: int
+    block_size: int  # tokens per block
+    block_bytes: int  # of this cache (the target's)
+    sized_by: str  # num_kv_blocks | kv_cache_memory_gb | gpu_memory_utilization | cpu_default
+    draft_block_bytes: int = 0  # of the draft model's cache, as many blocks (0: no draft)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_bytes(self) -> int:
+        """This cache's bytes (the one that transfers move), without the draft's."""
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def draft_bytes(self) -> int:
+        return self.num_blocks * self.draft_block_bytes
+
+    def describe(self) -> str:
+        """One log line: blocks, tokens, GiB (and the draft's share of each block)."""
+        line = (
+            f"blocks={self.num_blocks} tokens={self.num_tokens} "
+            f"gib={self.num_bytes / GIB:.3f} sized_by={self.sized_by}"
+        )
+        if self.draft_block_bytes:
+            line += (
+                f" block_bytes={self.block_bytes}+{self.draft_block_bytes} (target+draft) "
+                f"draft_gib={self.draft_bytes / GIB:.3f}"
+            )
+        return line
+
+
+def blocks_for_gpu(
+    memory: DeviceMemory, fraction: float, block_bytes: int, draft_block_bytes: int = 0
+) -> int:
+    """Blocks of `block_bytes` (plus `draft_block_bytes` for a draft's cache of as many
+    blocks) in ``fraction * total - weights - activation_peak``, capped by
+    ``free - activation_peak``. ValueError naming the numbers when not even one fits."""
+    check_fraction(fraction)
+    share = int(fraction * memory.total) - memory.weights - memory.activation_peak
+    room = memory.free - memory.activation_peak
+    blocks = min(share, room) // (block_bytes + draft_block_bytes)
+    if blocks < 1:
+        raise ValueError(
+            f"no room for one KV block ({_block(block_bytes, draft_block_bytes)}): "
+            f"gpu_memory_utilization {fraction} "
+            f"x {_gib(memory.total)} total = {_gib(int(fraction * memory.total))}, minus weights "
+            f"{_gib(memory.weights)} and activation peak {_gib(memory.activation_peak)} leaves "
+            f"{_gib(share)}; free on the device {_gib(memory.free)}, minus the activation peak "
+            f"leaves {_gib(room)}. Raise gpu_memory_utilization, lower max_num_batched_tokens, "
+            "or set num_kv_blocks / kv_cache_memory_gb"
+        )
+    return blocks
+
+
+def blocks_for_gib(
+    gib: float, block_bytes: int, setting: str = "kv_cache_memory_gb", draft_block_bytes: int = 0
+) -> int:
+    """Blocks of `block_bytes` (plus `draft_block_bytes` for a draft's cache of as many
+    blocks) in `gib` GiB; ValueError when not even one fits."""
+    blocks = int(gib * GIB) // (block_bytes + draft_block_bytes)
+    if blocks < 1:
+        raise ValueError(
+            f"KV cache budget of {gib:.6f} GiB holds no block of "
+            f"{_block(block_bytes, draft_block_bytes)}; raise {setting} or set num_kv_blocks"
+        )
+    return blocks
+
+
+def plan_kv_cache(
+    config: EngineConfig,
+    layout: KVLayout,
+    measure: Callable[[], DeviceMemory],
+    draft_block_bytes: int = 0,
+) -> KVCapacity:
+    """The capacity for this engine; `measure` runs only when sized from the GPU (call this
+    after the weights are loaded, the draft model's too). A draft's cache of
+    `draft_block_bytes` per block, allocated with as many blocks, shares every budget.
+    Logs blocks, tokens and GiB."""
+    bytes_per_block = layout.block_bytes
+    draft = draft_block_bytes
+    if config.num_kv_blocks is not None:
+        blocks, rule = config.num_kv_blocks, "num_kv_blocks"
+    elif config.kv_cache_memory_gb is not None:
+        blocks = blocks_for_gib(config.kv_cache_memory_gb, bytes_per_block, draft_block_bytes=draft)
+        rule = "kv_cache_memory_gb"
+    elif str(config.device).startswith("cuda"):
+        memory = measure()
+        log.info(
+            "gpu_memory total_gib=%.2f free_gib=%.2f weights_gib=%.2f activation_peak_gib=%.2f",
+            *(v / GIB for v in (memory.total, memory.free, memory.weights, memory.activation_peak)),
+        )
+        blocks = blocks_for_gpu(memory, config.gpu_memory_utilization, bytes_per_block, draft)
+        rule = "gpu_memory_utilization"
+    else:
+        blocks = blocks_for_gib(CPU_DEFAULT_GIB, bytes_per_block, draft_block_bytes=draft)
+        rule = "cpu_default"
+    capacity = KVCapacity(blocks, layout.block_size, bytes_per_block, rule, draft)
+    log.info("kv_cache %s", capacity.describe())
+    return capacity
+
+
+def _block(block_bytes: int, draft_block_bytes: int) -> str:
+    if not draft_block_bytes:
+        return f"{block_bytes} bytes"
+    total = block_bytes + draft_block_bytes
+    return f"{total} bytes: target {block_bytes} + draft {draft_block_bytes}"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB"

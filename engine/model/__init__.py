@@ -1,0 +1,1 @@
+"""The model: its config, layers, attention backends and weight loading."""

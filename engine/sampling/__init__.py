@@ -1,0 +1,1 @@
+"""Sampling: the batched sampler, its per-row settings, logit bias and grammar masks."""

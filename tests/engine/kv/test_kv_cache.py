@@ -1,0 +1,93 @@
+"""The KV cache is block-major and its layout fingerprint is exact (sizing: test_kv_sizing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.kv.cache import KVLayout, allocate_kv_cache, write_kv
+from engine.model.config import ModelConfig
+
+LAYOUT = KVLayout(
+    model="smollm2", dtype="float32", block_size=16, num_layers=30, num_kv_heads=3, head_dim=64
+)
+
+
+def test_block_bytes_and_shape() -> None:
+    assert LAYOUT.block_shape == (30, 2, 16, 3, 64)
+    assert LAYOUT.block_bytes == 30 * 2 * 16 * 3 * 64 * 4
+    assert dataclasses.replace(LAYOUT, dtype="bfloat16").block_bytes == LAYOUT.block_bytes // 2
+
+
+def test_each_block_is_one_contiguous_region() -> None:
+    layout = dataclasses.replace(LAYOUT, num_layers=3, block_size=4)
+    kv = allocate_kv_cache(layout, 5, "cpu")
+    assert kv.shape == (5, 3, 2, 4, 3, 64) and kv.is_contiguous()
+    base = kv.data_ptr()
+    for i in range(5):
+        assert kv[i].is_contiguous()
+        assert kv[i].data_ptr() - base == i * layout.block_bytes
+        assert kv[i].numel() * kv.element_size() == layout.block_bytes
+
+
+def test_fingerprint_is_stable_and_differs_in_every_field() -> None:
+    assert LAYOUT.fingerprint() == dataclasses.replace(LAYOUT).fingerprint()
+    changes = {
+        "model": "other",
+        "dtype": "bfloat16",
+        "block_size": 32,
+        "num_layers": 31,
+        "num_kv_heads": 4,
+        "head_dim": 128,
+    }
+    assert set(changes) == {f.name for f in dataclasses.fields(KVLayout)}
+    prints = {dataclasses.replace(LAYOUT, **{k: v}).fingerprint() for k, v in changes.items()}
+    assert len(prints | {LAYOUT.fingerprint()}) == len(changes) + 1
+
+
+def test_describe_names_every_field() -> None:
+    text = LAYOUT.describe()
+    for word in ("smollm2", "float32", "block_size=16", "layers=30", "kv_heads=3", "head_dim=64"):
+        assert word in text
+    assert LAYOUT.fingerprint() in text
+
+
+def test_layout_for_model() -> None:
+    cfg = ModelConfig.from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": 100,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+            "rms_norm_eps": 1e-5,
+        },
+        name="tiny",
+    )
+    layout = KVLayout.for_model(cfg, torch.bfloat16, 8)
+    assert layout == KVLayout("tiny", "bfloat16", 8, 2, 2, 16)
+
+
+@pytest.mark.parametrize("bad", [{"block_size": 0}, {"dtype": "int8"}, {"head_dim": 2.5}])
+def test_invalid_layout(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        dataclasses.replace(LAYOUT, **bad)
+
+
+def test_write_lands_at_slots() -> None:
+    layout = KVLayout("m", "float32", block_size=4, num_layers=2, num_kv_heads=2, head_dim=8)
+    kv = allocate_kv_cache(layout, 6, "cpu")
+    k = torch.randn(3, 2, 8)
+    v = torch.randn(3, 2, 8)
+    slots = torch.tensor([5 * 4 + 3, 0 * 4 + 1, 2 * 4 + 0])  # (block, offset): (5,3) (0,1) (2,0)
+    write_kv(kv, 1, k, v, slots)
+    for i, (block, offset) in enumerate([(5, 3), (0, 1), (2, 0)]):
+        assert torch.equal(kv[block, 1, 0, offset], k[i])
+        assert torch.equal(kv[block, 1, 1, offset], v[i])
+    assert kv[:, 0].abs().sum() == 0  # the other layer is untouched
+    assert int((kv != 0).sum()) == 2 * k.numel()

@@ -1,0 +1,142 @@
+"""Paged attention over scattered blocks equals dense causal attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_llama import TRITON_DEVICE
+
+from engine.kv.cache import write_kv
+from engine.model.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    TorchAttention,
+    TritonAttention,
+    select_attention,
+)
+
+BLOCK = 4
+KV_HEADS = 2
+HEAD_DIM = 16
+NUM_BLOCKS = 48
+
+
+def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q: [len, heads, d]; k, v: [len, kv_heads, d] -> [len, heads, d], in float64."""
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, dim=1)
+    v = v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) / q.shape[-1] ** 0.5
+    n = q.shape[0]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+def run_step(
+    seqs: list[tuple[int, int]],
+    group: int,
+    seed: int = 0,
+    backend: AttentionBackend | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Sequences given as (total length, start): positions before ``start`` are already in the
+    cache, the rest are this step's queries. The step runs on `device`; returns (paged output,
+    dense expectation) on the CPU, and the metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    heads = KV_HEADS * group
+    kv = torch.zeros(NUM_BLOCKS, 3, 2, BLOCK, KV_HEADS, HEAD_DIM, device=device)
+    free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()  # scattered, out of order
+    tables, qs, ks, vs, expected = [], [], [], [], []
+    for length, start in seqs:
+        table = [free.pop() for _ in range(-(-length // BLOCK) + 1)]  # one spare block
+        q = torch.randn(length, heads, HEAD_DIM, generator=gen)
+        k = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
+        v = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
+        prefix = AttentionMetadata.build([start], [0], [table], BLOCK, device) if start else None
+        if prefix is not None:  # an earlier step wrote the cached prefix
+            write_kv(kv, 1, k[:start].to(device), v[:start].to(device), prefix.slot_mapping)
+        tables.append(table)
+        qs.append(q[start:])
+        ks.append(k[start:])
+        vs.append(v[start:])
+        expected.append(dense_causal(q, k, v)[start:])
+    meta = AttentionMetadata.build(
+        [length - start for length, start in seqs], [s for _, s in seqs], tables, BLOCK, device
+    )
+    k_step, v_step = torch.cat(ks).to(device), torch.cat(vs).to(device)
+    write_kv(kv, 1, k_step, v_step, meta.slot_mapping)
+    out = (backend or TorchAttention())(torch.cat(qs).to(device), k_step, v_step, kv, 1, meta)
+    return out.cpu(), torch.cat(expected).float(), meta
+
+
+MIXED = [
+    (9, 8),  # decodes: one new token over a context that is not a multiple of the block
+    (4, 3),
+    (1, 0),  # a one-token prompt
+    (11, 0),  # a prompt in one chunk
+    (14, 6),  # a chunk over a cached prefix, starting mid-block
+    (6, 5),  # a single-token chunk after the prefills: handled as a prefill, still exact
+    (21, 16),  # a chunk over a prefix that ends on a block boundary
+]
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_mixed_step_equals_dense_causal(group: int) -> None:
+    out, expected, meta = run_step(MIXED, group)
+    assert meta.num_decodes == 3
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_decode_only_step(group: int) -> None:
+    seqs = [(n, n - 1) for n in (1, 5, 8, 13, 30)]
+    out, expected, meta = run_step(seqs, group, seed=1)
+    assert meta.num_decodes == len(seqs)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_metadata_positions_and_slots() -> None:
+    meta = AttentionMetadata.build([1, 3], [5, 2], [(7, 3, 9), (4, 0)], BLOCK)
+    assert meta.positions.tolist() == [5, 2, 3, 4]
+    # seq 0 pos 5 -> block 3 offset 1; seq 1 pos 2, 3 -> block 4; pos 4 -> block 0 offset 0
+    assert meta.slot_mapping.tolist() == [3 * 4 + 1, 4 * 4 + 2, 4 * 4 + 3, 0]
+    assert meta.query_start_loc.tolist() == [0, 1, 4]
+    assert meta.context_lens.tolist() == [6, 5]
+    assert meta.block_tables.tolist() == [[7, 3], [4, 0]]  # cut to what the context needs
+    assert meta.block_tables.dtype == torch.int32
+
+
+def test_short_block_table_is_refused() -> None:
+    with pytest.raises(ValueError, match="sequence 1"):
+        AttentionMetadata.build([1, 4], [0, 2], [(1,), (2,)], BLOCK)
+
+
+def needs_triton() -> None:
+    pytest.importorskip("triton")
+    from engine.triton_kernels import triton_available
+
+    if not triton_available():
+        pytest.skip("triton needs CUDA or TRITON_INTERPRET=1")
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_triton_backend_equals_dense_causal(group: int) -> None:
+    """On the GPU when there is one, else interpreted on the CPU."""
+    needs_triton()
+    out, expected, _ = run_step(MIXED, group, backend=TritonAttention(), device=TRITON_DEVICE)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    seqs = [(n, n - 1) for n in (1, 5, 13)]
+    out, expected, _ = run_step(
+        seqs, group, seed=1, backend=TritonAttention(), device=TRITON_DEVICE
+    )
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_backend_selection() -> None:
+    cpu = torch.device("cpu")
+    assert isinstance(select_attention("torch", cpu), TorchAttention)
+    assert isinstance(select_attention("auto", cpu), TorchAttention)
+    with pytest.raises(ValueError):
+        select_attention("bogus", cpu)

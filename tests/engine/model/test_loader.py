@@ -1,0 +1,123 @@
+"""Checkpoint loading: fused projections, shards, dtypes and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny_llama import save_tiny_llama
+from transformers import LlamaForCausalLM
+
+from engine.model.attention import TorchAttention
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaModel
+from engine.model.loader import load_weights
+
+
+def engine_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> LlamaModel:
+    return LlamaModel(ModelConfig.from_dir(model_dir), TorchAttention(), 64, dtype, "cpu")
+
+
+def loaded(model_dir: Path, dtype: torch.dtype = torch.float32) -> LlamaModel:
+    model = engine_model(model_dir, dtype)
+    load_weights(model, model_dir)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[LlamaForCausalLM, Path]:
+    path = tmp_path_factory.mktemp("tiny")
+    return save_tiny_llama(path, tie_word_embeddings=False), path
+
+
+def test_projections_are_fused(hf_dir: tuple[LlamaForCausalLM, Path]) -> None:
+    hf, path = hf_dir
+    model = loaded(path)
+    attn, mlp = hf.model.layers[1].self_attn, hf.model.layers[1].mlp
+    layer = model.decoder_layers()[1]
+    qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    assert torch.equal(layer.qkv, qkv)
+    assert torch.equal(layer.gate_up, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    assert torch.equal(model.lm_head, hf.lm_head.weight)
+    assert not torch.equal(model.lm_head, model.embed)
+
+
+def test_tied_head_is_the_embedding(tmp_path: Path) -> None:
+    save_tiny_llama(tmp_path)
+    model = loaded(tmp_path)
+    assert model.lm_head is model.embed
+
+
+def test_dtype_conversion(hf_dir: tuple[LlamaForCausalLM, Path]) -> None:
+    hf, path = hf_dir
+    model = loaded(path, torch.bfloat16)
+    assert model.embed.dtype == torch.bfloat16
+    assert torch.equal(model.embed, hf.model.embed_tokens.weight.to(torch.bfloat16))
+
+
+def test_sharded_checkpoint(hf_dir: tuple[LlamaForCausalLM, Path], tmp_path: Path) -> None:
+    hf, path = hf_dir
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 2
+    sharded, single = loaded(tmp_path), loaded(path)
+    for (name, a), (_, b) in zip(
+        sharded.named_parameters(), single.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def rewrite(src: Path, dst: Path, tensors: dict[str, torch.Tensor]) -> None:
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    save_file(tensors, str(dst / "model.safetensors"))
+
+
+def test_missing_tensor_is_named(hf_dir: tuple[LlamaForCausalLM, Path], tmp_path: Path) -> None:
+    _, path = hf_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    rewrite(path, tmp_path, tensors)
+    with pytest.raises(ValueError, match=r"lacks tensor 'model\.layers\.1\.mlp\.up_proj\.weight'"):
+        load_weights(engine_model(tmp_path), tmp_path)
+
+
+def test_unexpected_tensor_is_named(hf_dir: tuple[LlamaForCausalLM, Path], tmp_path: Path) -> None:
+    _, path = hf_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
+    rewrite(path, tmp_path, tensors)
+    with pytest.raises(ValueError, match=r"unexpected tensor 'model\.layers\.0\.self_attn\.q_proj"):
+        load_weights(engine_model(tmp_path), tmp_path)
+
+
+def test_wrong_shape_is_named(hf_dir: tuple[LlamaForCausalLM, Path], tmp_path: Path) -> None:
+    _, path = hf_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
+    rewrite(path, tmp_path, tensors)
+    with pytest.raises(
+        ValueError, match=r"k_proj\.weight' has shape \(16, 64\), expected \(32, 64\)"
+    ):
+        load_weights(engine_model(tmp_path), tmp_path)
+
+
+def test_ignored_extras(tmp_path: Path) -> None:
+    """Old checkpoints carry rotary inv_freq; some tied ones still carry lm_head.weight."""
+    src = tmp_path / "src"
+    src.mkdir()
+    save_tiny_llama(src)
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    tensors["lm_head.weight"] = torch.zeros(128, 64)
+    rewrite(src, tmp_path, tensors)
+    model = loaded(tmp_path)
+    assert torch.equal(model.lm_head, tensors["model.embed_tokens.weight"])
+
+
+def test_no_weights(tmp_path: Path) -> None:
+    save_tiny_llama(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"no \*\.safetensors"):
+        load_weights(engine_model(tmp_path), tmp_path)

@@ -1,0 +1,75 @@
+"""Paged decode attention (Triton) against the dense torch oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE, DTYPES, LAYER, make_cache, tolerance
+
+from engine.triton_kernels import paged_decode_attention, triton_available
+from engine.triton_kernels.reference import decode_attention_ref
+
+pytest.importorskip("triton")
+
+HEAD_DIM = 16
+KV_HEADS = 2
+
+
+def test_triton_is_available_to_the_suite() -> None:
+    assert triton_available()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_decode_matches_reference(
+    group: int,
+    block_size: int,
+    num_splits: int | None,
+    dtype: torch.dtype,
+) -> None:
+    lengths = [1, block_size - 1, block_size + 1, 3 * block_size + 2]
+    cache = make_cache(lengths, block_size, KV_HEADS, HEAD_DIM, dtype)
+    q = torch.randn(len(lengths), KV_HEADS * group, HEAD_DIM, device=DEVICE).to(dtype)
+    scale = HEAD_DIM**-0.5
+    args = (q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, scale)
+    out = paged_decode_attention(*args, num_splits=num_splits)
+    expected = decode_attention_ref(*args)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    torch.testing.assert_close(out, expected, **tolerance(dtype))
+
+
+def test_decode_reads_the_layer_it_is_given() -> None:
+    cache = make_cache([5, 9], 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(2, KV_HEADS, HEAD_DIM, device=DEVICE)
+    other = cache.kv.clone()
+    other[:, LAYER] = other[:, LAYER] * 2.0  # only this layer changes
+    out = paged_decode_attention(q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+    changed = paged_decode_attention(q, other, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+    assert not torch.allclose(out, changed)
+    with pytest.raises(ValueError, match="layer"):
+        paged_decode_attention(q, cache.kv, 7, cache.block_tables, cache.ctx_lens, 0.25)
+
+
+def test_decode_rejects_heads_that_do_not_fit() -> None:
+    cache = make_cache([3], 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(1, KV_HEADS * 2 + 1, HEAD_DIM, device=DEVICE)
+    with pytest.raises(ValueError, match="does not fit"):
+        paged_decode_attention(q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+
+
+def test_decode_rejects_a_query_dtype_other_than_the_cache() -> None:
+    cache = make_cache([3], 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(1, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=torch.float64)
+    with pytest.raises(ValueError, match="dtype"):
+        paged_decode_attention(q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+
+
+def test_decode_with_a_context_hint_matches_reference() -> None:
+    lengths = [6, 13]
+    cache = make_cache(lengths, 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(2, KV_HEADS * 3, HEAD_DIM, device=DEVICE)
+    args = (q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
+    out = paged_decode_attention(*args, num_splits=2, max_ctx_len=max(lengths))
+    torch.testing.assert_close(out, decode_attention_ref(*args), **tolerance(torch.float32))

@@ -1,0 +1,71 @@
+"""Paged prefill attention (Triton) against the dense torch oracle, and against decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE, DTYPES, LAYER, make_cache, tolerance
+
+from engine.triton_kernels import paged_decode_attention, paged_prefill_attention
+from engine.triton_kernels.reference import prefill_attention_ref
+
+pytest.importorskip("triton")
+
+HEAD_DIM = 16
+
+
+def _cu(q_lens: list[int]) -> torch.Tensor:
+    """Query start offsets [batch + 1] int32."""
+    return torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _cases(block_size: int) -> dict[str, tuple[list[int], list[int]]]:
+    """name -> (new tokens per sequence, context lengths incl. the new tokens)."""
+    bs = block_size
+    return {
+        "fresh": ([5, 1, bs + 1, 17], [5, 1, bs + 1, 17]),
+        "cached_prefix": ([3, 1, bs - 1, 18], [bs + 3, 2 * bs + 1, 3 * bs - 1, 18 + bs]),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["fresh", "cached_prefix"])
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_prefill_matches_reference(
+    group: int, block_size: int, case: str, dtype: torch.dtype
+) -> None:
+    q_lens, ctx_lens = _cases(block_size)[case]
+    kv_heads = 2 if group < 8 else 1
+    cache = make_cache(ctx_lens, block_size, kv_heads, HEAD_DIM, dtype)
+    q = torch.randn(sum(q_lens), kv_heads * group, HEAD_DIM, device=DEVICE).to(dtype)
+    cu_q = _cu(q_lens).to(DEVICE)
+    args = (q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, HEAD_DIM**-0.5)
+    out = paged_prefill_attention(*args)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    torch.testing.assert_close(out, prefill_attention_ref(*args), **tolerance(dtype))
+
+
+def test_prefill_last_row_equals_decode_of_that_token() -> None:
+    """A prompt's last token sees the same keys in both kernels, so the rows agree."""
+    q_lens, ctx_lens = [7, 2], [7, 11]
+    cache = make_cache(ctx_lens, 4, 2, HEAD_DIM, torch.float32)
+    q = torch.randn(sum(q_lens), 6, HEAD_DIM, device=DEVICE)
+    cu_q = _cu(q_lens).to(DEVICE)
+    scale = HEAD_DIM**-0.5
+    prefill = paged_prefill_attention(
+        q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, scale, max_q_len=7
+    )
+    last_rows = cu_q[1:].long() - 1
+    decode = paged_decode_attention(
+        q[last_rows], cache.kv, LAYER, cache.block_tables, cache.ctx_lens, scale
+    )
+    torch.testing.assert_close(prefill[last_rows], decode, atol=2e-5, rtol=1e-5)
+
+
+def test_prefill_rejects_offsets_of_the_wrong_length() -> None:
+    cache = make_cache([4, 4], 4, 2, HEAD_DIM, torch.float32)
+    q = torch.randn(8, 2, HEAD_DIM, device=DEVICE)
+    cu_q = _cu([4, 4])[:2].to(DEVICE)
+    with pytest.raises(ValueError, match="cu_q"):
+        paged_prefill_attention(q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, 0.25)
