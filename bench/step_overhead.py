@@ -8,8 +8,9 @@ inputs, sampling, handing out the outputs. N sequences of 256 prompt tokens are 
 then decode steps are timed, greedy and sampled (temperature 0.8, top-p 0.9, top-k 50, a
 seed per request). Each row gives milliseconds per step: schedule, prepare, forward, sample,
 output, overhead (everything but the forward) and step; every configuration runs twice in
-the same process, with the engine's defaults ("new") and with the overlap and the batched
-sampler switched off ("old"), so the ratio between them is a same-run A/B. The same figures
+the same process, with the engine's defaults ("new") and with the overlap switched off
+("old": one sync per step before the next is planned), so the ratio between them is a
+same-run A/B. The same figures
 in CPU time of the engine's thread come with a `_cpu` suffix (`overhead_cpu_ms`, ...): on a
 machine shared with other work, wall time also counts the time other processes held the
 core, CPU time much less so.
@@ -36,10 +37,10 @@ SAMPLING: dict[str, dict[str, Any]] = {
     "greedy": {"temperature": 0.0},
     "random": {"temperature": 0.8, "top_p": 0.9, "top_k": 50},
 }
-# EngineConfig fields of each variant: the defaults, and the synchronous per-request path
+# EngineConfig fields of each variant: the defaults, and the synchronous step
 VARIANTS: dict[str, dict[str, Any]] = {
     "new": {},
-    "old": {"sampler": "per_request", "async_scheduling": False},
+    "old": {"async_scheduling": False},
 }
 
 

@@ -73,11 +73,8 @@ class EngineConfig:
     # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
     # shape in model_dir/config.json (benchmarks of published shapes without their weights).
     load_format: str = "safetensors"
-    # "batched": every row sampled in one set of tensor ops (engine.sampling.sampler);
-    # "per_request": the per-request sampler (engine.sampling.reference), kept for comparison.
-    sampler: str = "batched"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
-    # step late, same output). Needs the batched sampler; off in the prefill role.
+    # step late, same output). Off in the prefill role.
     async_scheduling: bool = True
     # Speculative decoding (engine.speculative): "none", "ngram" (prompt lookup) or "draft"
     # (a smaller model of the same vocabulary in draft_model). Up to num_speculative_tokens
@@ -116,10 +113,6 @@ class EngineConfig:
         if self.load_format not in ("safetensors", "random"):
             raise ValueError(
                 f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
-            )
-        if self.sampler not in ("batched", "per_request"):
-            raise ValueError(
-                f"EngineConfig.sampler must be batched or per_request, got {self.sampler!r}"
             )
         check_speculative(self)
         if (

@@ -163,6 +163,11 @@ class SamplingRows:
             ones = torch.ones_like(token_ids, dtype=torch.int32)
             self.output_counts.index_put_((rows, token_ids), ones, accumulate=True)
 
+    def record_more(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
+        """Rows [n] drew counts [n] tokens beyond the one `record` counted (a speculative
+        chunk emits several): their draw counters move on by as many."""
+        self.draws.index_add_(0, rows, counts)
+
     # ---- internals ----------------------------------------------------------------------
 
     def _count(self, params: SamplingParams, sign: int) -> None:

@@ -1,6 +1,6 @@
 """The batched sampler: one token per row of logits in a fixed number of tensor ops.
 
-Order of operations (the same as the per-request engine.sampling.reference):
+Order of operations (the same as the per-request reference sampler the tests keep):
 
 1. penalties from the row's token counts: repetition (HF semantics, prompt + output tokens),
    then frequency and presence (output tokens only, as in the OpenAI API);

@@ -189,7 +189,8 @@ def test_shape_mismatch_raises_and_empty_batch() -> None:
 
 
 def test_logit_bias_keeps_tokens_out_and_pulls_them_in_for_both_samplers() -> None:
-    from engine.sampling.reference import Sampler
+    from reference_sampler import Sampler
+
     from engine.scheduler.request import Request
 
     logits = _logits(4, seed=5)

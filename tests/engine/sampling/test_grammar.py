@@ -66,14 +66,11 @@ def _engine(tiny_dir: Path, **kw: object) -> LLMEngine:
     return LLMEngine(EngineConfig(model_dir=tiny_dir, block_size=4, num_kv_blocks=128, **kw))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("sampler", "overlap", "temperature"),
-    [("batched", True, 1.0), ("batched", False, 0.0), ("per_request", False, 1.0)],
-)
+@pytest.mark.parametrize(("overlap", "temperature"), [(True, 1.0), (False, 0.0), (False, 1.0)])
 def test_random_weights_under_a_schema_give_valid_json(
-    tiny_dir: Path, tokenizer: Tokenizer, sampler: str, overlap: bool, temperature: float
+    tiny_dir: Path, tokenizer: Tokenizer, overlap: bool, temperature: float
 ) -> None:
-    engine = _engine(tiny_dir, sampler=sampler, async_scheduling=overlap)
+    engine = _engine(tiny_dir, async_scheduling=overlap)
     params = [
         SamplingParams(max_tokens=200, temperature=temperature, seed=i, grammar=_grammar(s))
         for i, (s, _) in enumerate(CHOSEN)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
+from reference_sampler import Sampler, _top_k_top_p
 
-from engine.sampling.reference import Sampler, _top_k_top_p
 from engine.scheduler.request import Request
 from models.sampling_params import SamplingParams
 

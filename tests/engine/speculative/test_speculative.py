@@ -117,7 +117,7 @@ def _run(
     def each_step() -> None:
         nonlocal overlapped
         engine.scheduler.audit()
-        overlapped += engine._in_flight is not None
+        overlapped += engine.has_step_in_flight
 
     result = drive(engine, _workload(), ABORT_AFTER, each_step=each_step)
     assert engine.stats().free_blocks == start_free  # every block given back

@@ -1,0 +1,28 @@
+"""The engine's running totals (metrics, tests, benchmarks read them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineCounters:
+    """Monotonic totals since start, for metrics and tests."""
+
+    steps: int = 0
+    tokens_computed: int = 0  # every token run through the model (prefill chunks + decodes)
+    generated_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    finished_requests: int = 0
+    constrained_requests: int = 0  # requests admitted with a grammar (engine.sampling.grammar)
+    grammar_mask_seconds: float = 0.0  # time computing token masks (worker thread)
+    grammar_mask_steps: int = 0  # steps that computed masks
+    # speculative decoding (engine.speculative.metrics): guesses verified, accepted, tokens
+    # emitted by speculative chunks, chunks verified, and the acceptance-rate histogram
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_emitted: int = 0
+    spec_chunks: int = 0
+    spec_acceptance_sum: float = 0.0
+    spec_acceptance_buckets: tuple[int, ...] = ()
