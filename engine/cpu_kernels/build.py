@@ -1,0 +1,107 @@
+"""Compiling the C kernels: once per source, compiler and CPU, into a cache directory, written
+to a temporary name and renamed (processes that start together never load a half-written
+file)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("engine.cpu_kernels")
+
+SOURCES = tuple(
+    Path(__file__).with_name(n)
+    for n in ("paged_attention.c", "fused_ops.c", "linear.c", "sampling.c")
+)
+HEADERS = (Path(__file__).with_name("vec8.h"),)
+CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
+_BASE_FLAGS = (
+    "-O3",
+    "-std=gnu11",
+    "-ffp-contract=fast",
+    "-fPIC",
+    "-shared",
+    "-fopenmp",
+    "-Wno-psabi",
+)
+
+
+class KernelBuildError(RuntimeError):
+    """The C compiler is missing or failed; the message names the command and its output."""
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "splitserve" / "kernels"
+
+
+def build(cache_dir: Path | None = None) -> Path:
+    """Path of the compiled library for this machine, compiling it first if needed."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise KernelBuildError("no C compiler found (set CC, or install gcc)")
+    source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    errors = []
+    for flags in (_BASE_FLAGS + ("-march=native",), _BASE_FLAGS):
+        target = (cache_dir or default_cache_dir()) / f"splitserve_cpu-{_key(cc, flags, source)}.so"
+        if target.exists():
+            return target
+        try:
+            _compile(cc, flags, target)
+            return target
+        except KernelBuildError as exc:
+            errors.append(str(exc))
+    raise KernelBuildError("; ".join(errors))
+
+
+def _compile(cc: str, flags: tuple[str, ...], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            shown = " ".join(cmd[: 1 + len(flags)])
+            raise KernelBuildError(f"{shown} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
+        log.info("cpu_kernels_built path=%s", target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelBuildError(f"{cc}: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _key(cc: str, flags: tuple[str, ...], source: bytes) -> str:
+    """Hash of everything the binary depends on: source, flags, compiler and this CPU."""
+    h = hashlib.sha256(source)
+    h.update(" ".join((cc, *flags, platform.machine())).encode())
+    h.update(_compiler_version(cc).encode())
+    h.update(_cpu_identity().encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _cpu_identity() -> str:
+    """Model name and feature flags of the first CPU (``-march=native`` builds for them)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(line for line in text.split("\n\n")[0].splitlines() if line.startswith(wanted))
