@@ -27,7 +27,7 @@ import hashlib
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from router.admission import Ticket
 from router.completions import TokenFlow
@@ -90,13 +90,13 @@ class Samples:
         """`first` is sample 0 (it holds the admission ticket); `output` makes a fresh
         OutputProcessor per sample; `need_logprobs` forces sampled-token logprobs on."""
         if need_logprobs and first.sampling.logprobs is None:
-            first.sampling = first.sampling.model_copy(update={"logprobs": 0})
+            first.sampling = replace(first.sampling, logprobs=0)
         if first.sampling.seed is None:  # a random one: each sample then draws its own
             seed = secrets.randbits(63)
-            first.sampling = first.sampling.model_copy(update={"seed": seed})
+            first.sampling = replace(first.sampling, seed=seed)
         self.samples = [Sample(0, first, output())]
         for i in range(1, count):
-            spec = first.sampling.model_copy(update={"seed": sample_seed(first.sampling.seed, i)})
+            spec = replace(first.sampling, seed=sample_seed(first.sampling.seed, i))
             flow = TokenFlow(
                 state, f"{first.request_id}-{i}", first.prompt_ids, spec, _NoSlot(),
                 first.arrived_at, first.priority, timeout_s,

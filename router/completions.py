@@ -24,9 +24,9 @@ from cluster.protocol import (
     NodeRecord,
     PrefillRequest,
     PrefillResponse,
-    SamplingSpec,
     TokenEvent,
 )
+from models.sampling_params import SamplingParams
 from router.admission import Ticket
 from router.errors import APIError, bad_request, overloaded, unavailable
 from router.kv_index import PrefixQuery
@@ -46,7 +46,7 @@ class TokenFlow:
         state: RouterState,
         request_id: str,
         prompt_ids: list[int],
-        sampling: SamplingSpec,
+        sampling: SamplingParams,
         ticket: Ticket,
         arrived_at: float,
         priority: int = 0,

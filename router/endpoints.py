@@ -32,7 +32,7 @@ from router.openai_schema import (
 )
 from router.output import OutputProcessor
 from router.policy import Pools
-from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_spec
+from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
 from router.responses import ChatFormatter, CompletionFormatter, Formatter
 from router.sample_responses import serve_samples
 from router.state import RouterState
@@ -188,12 +188,12 @@ async def _prepare(
     else:
         raise TypeError(f"unexpected request type {type(req).__name__}")
     max_tokens = resolve_max_tokens(prompt, requested, param, max_len)
-    spec = sampling_spec(tokenizer, req, max_tokens, logprobs, grammar)
+    sampling = sampling_params(tokenizer, req, max_tokens, logprobs, grammar)
     if grammar is not None:
         state.metrics.constrained_requests.inc()
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     flow = TokenFlow(
-        state, request_id, prompt.token_ids, spec, ticket, arrived, req.priority, req.timeout
+        state, request_id, prompt.token_ids, sampling, ticket, arrived, req.priority, req.timeout
     )
     output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
     fmt: Formatter
