@@ -119,10 +119,9 @@ class DecodeLeg:
             if not self._recorded and self._node is not None:
                 self._recorded = True
                 # after an import, the tokens it did not read; else those it did not compute
-                imported = self._imported
-                actual = event.num_prefix_hit_tokens if imported else event.num_cached_tokens
+                hits = event.num_prefix_hit_tokens if self._imported else event.num_cached_tokens
                 pool, node_id = self._node.role, self._node.node_id
-                self._s.kv.record(pool, node_id, self._predicted, actual)
+                self._s.kv.record(pool, node_id, self._predicted, hits)
             yield event
 
     async def resume(self, err: NodeCallError, output_ids: list[int]) -> None:
