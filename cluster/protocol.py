@@ -29,9 +29,19 @@ with `done=false`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic_core import InitErrorDetails
+
+from models.sampling_params import InvalidSampling, SamplingParams
 
 NodeRole = Literal["prefill", "decode", "colocated"]
 INTERNAL_PREFILL = "/internal/prefill"
@@ -51,30 +61,28 @@ class _Msg(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
-class SamplingSpec(_Msg):
-    """Sampling parameters; mirrors models.sampling_params.SamplingParams field for field,
-    so a node builds `SamplingParams(**spec.model_dump())`.
+def _name_the_field(value: Any, build: ValidatorFunctionWrapHandler) -> SamplingParams:
+    """Build SamplingParams; a field it refuses becomes an error located at that field
+    (`sampling.top_p`), not at the whole object."""
+    try:
+        return cast(SamplingParams, build(value))
+    except ValidationError as exc:
+        errors = exc.errors()
+        cause = errors[0].get("ctx", {}).get("error") if len(errors) == 1 else None
+        if not isinstance(cause, InvalidSampling):
+            raise
+        line = InitErrorDetails(
+            type="value_error", loc=(cause.field,), input=value, ctx={"error": cause}
+        )
+        raise ValidationError.from_exception_data(exc.title, [line]) from None
 
-    `max_tokens` counts ALL output tokens of the request, including the ones a
-    `DecodeRequest` passes in `output_token_ids`. `logprobs`: None = off, 0 = the sampled
-    token only, n = also the top-n alternatives.
-    """
 
-    max_tokens: int = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)  # 0 = off
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
-    # llguidance grammar (JSON text) the output must match: response_format, forced tool calls
-    grammar: str | None = None
+# The sampling parameters as they cross the wire: models.sampling_params.SamplingParams itself,
+# one JSON object with a key per field (tuples travel as lists and come back as tuples).
+# SamplingParams validates its own bounds. `logprobs`: None = off, 0 = the sampled token only,
+# n = also the top-n alternatives. `grammar`: llguidance grammar (JSON text) the output must
+# match (response_format, forced tool calls).
+WireSampling = Annotated[SamplingParams, WrapValidator(_name_the_field)]
 
 
 class TokenLogprobMsg(_Msg):
@@ -123,7 +131,7 @@ class PrefillRequest(_Msg):
 
     request_id: str
     prompt_token_ids: list[int] = Field(min_length=1)
-    sampling: SamplingSpec
+    sampling: WireSampling
     priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)  # lower first
 
 
@@ -166,17 +174,17 @@ class DecodeRequest(_Msg):
 
     output_token_ids: tokens already produced (after a remote prefill: [first_token]; when
     resuming after a node failure: every token so far; empty for a local prefill). They are
-    never streamed again. kv: the prefill node's lease; None means the decode node computes
-    the KV of prompt + output_token_ids itself. priority: lower is served first, in the
-    node's queues and under preemption. wait_s: how long the node may queue the request for
-    KV blocks before it answers 503 (the router sends what is left of the request's
-    deadline); None: the node's own limit.
+    never streamed again, and `sampling.max_tokens` counts them. kv: the prefill node's
+    lease; None means the decode node computes the KV of prompt + output_token_ids itself.
+    priority: lower is served first, in the node's queues and under preemption. wait_s: how
+    long the node may queue the request for KV blocks before it answers 503 (the router
+    sends what is left of the request's deadline); None: the node's own limit.
     """
 
     request_id: str
     prompt_token_ids: list[int] = Field(min_length=1)
     output_token_ids: list[int] = Field(default_factory=list)
-    sampling: SamplingSpec
+    sampling: WireSampling
     kv: KVHandle | None = None
     priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
     wait_s: float | None = Field(default=None, gt=0)

@@ -39,12 +39,15 @@ class DecodeJob:
     for the latency metrics."""
 
     req: DecodeRequest
-    params: SamplingParams
     transfer: asyncio.Task[TransferResult] | None = None
     aborted: bool = False
     ended: bool = False
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.req.sampling
 
     @property
     def kv(self) -> KVHandle:

@@ -26,9 +26,8 @@ from engine.loop.engine_loop import EngineLoop
 from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import KVTransferAgent
-from models.sampling_params import SamplingParams
 from node.core import NodeCore
-from node.errors import NodeError, bad_request, checked, checked_async
+from node.errors import NodeError, bad_request, checked_async
 from node.metrics import NodeMetrics
 
 log = logging.getLogger("splitserve.decode")
@@ -57,7 +56,8 @@ class DecodeRuntime(NodeCore):
         """Checks and reservations that may still refuse the request (NodeError), then the
         event stream and its cleanup, to call once the stream is over or was never read."""
         rid = req.request_id
-        job = DecodeJob(req, self._params(req))
+        self._check(req)
+        job = DecodeJob(req)
         if rid in self._jobs:
             raise bad_request(f"request id {rid!r} is already being generated", "request_id")
         self.counts["requests_total"] += 1
@@ -74,15 +74,13 @@ class DecodeRuntime(NodeCore):
         self.metrics.prompt_tokens.inc(len(req.prompt_token_ids))
         return self._events(job, events), functools.partial(self._close, job)
 
-    def _params(self, req: DecodeRequest) -> SamplingParams:
-        params = checked(lambda: SamplingParams(**req.sampling.model_dump()), "sampling")
-        if len(req.output_token_ids) >= params.max_tokens:
+    def _check(self, req: DecodeRequest) -> None:
+        if len(req.output_token_ids) >= req.sampling.max_tokens:
             raise bad_request("output_token_ids already hold max_tokens tokens", "sampling")
         if req.kv is not None and self.settings.role != "decode":
             raise bad_request("a colocated node takes no KV handle; send kv=null", "kv")
         if req.kv is not None and not req.output_token_ids:
             raise bad_request("a KV handle comes with the first token", "output_token_ids")
-        return params
 
     async def _reserve(self, job: DecodeJob) -> ImportPlan:
         kv = job.kv

@@ -1,4 +1,8 @@
-"""Per-request sampling parameters, validated at construction."""
+"""Per-request sampling parameters, validated at construction.
+
+The one sampling type of the project: the router builds it from the OpenAI request, the wire
+protocol (cluster.protocol) carries it as it is, and the engine samples with it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. Invalid values raise ValueError naming the field."""
+    """How to pick tokens and when to stop. Invalid values raise InvalidSampling (a
+    ValueError) naming the field.
+
+    `max_tokens` counts ALL output tokens of the request, including the ones a decode request
+    passes in `output_token_ids`.
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -105,9 +114,18 @@ class SamplingParams:
         )
 
 
+class InvalidSampling(ValueError):
+    """A SamplingParams field out of its bounds; `field` names it (the wire protocol reports
+    it as the error's location)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"SamplingParams.{name} {message}")
+        self.field = name
+
+
 def _check(ok: bool, name: str, message: str) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams.{name} {message}")
+        raise InvalidSampling(name, message)
 
 
 def _is_int(value: object) -> bool:

@@ -1,12 +1,12 @@
 """The error answers of a node: the protocol's NodeErrorResponse with an HTTP status.
 
-Handlers raise NodeError (or use `checked` / `checked_async`, which turn the engine's
-ValueErrors into 400s naming the parameter); node.server renders them.
+Handlers raise NodeError (or use `checked_async`, which turns the engine's ValueErrors into
+400s naming the parameter); node.server renders them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TypeVar
 
 from fastapi.responses import JSONResponse
@@ -32,14 +32,6 @@ class NodeError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> NodeError:
     return NodeError(400, "bad_request", message, param)
-
-
-def checked(build: Callable[[], T], param: str | None = None) -> T:
-    """`build()`, with a ValueError turned into a 400 naming `param`."""
-    try:
-        return build()
-    except ValueError as exc:
-        raise bad_request(str(exc), param) from None
 
 
 async def checked_async(work: Awaitable[T], param: str | None = None) -> T:

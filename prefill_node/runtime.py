@@ -25,7 +25,7 @@ from engine.scheduler.request import FinishReason
 from kv_transfer import LeaseTable
 from models.sampling_params import SamplingParams
 from node.core import NodeCore
-from node.errors import NodeError, bad_request, checked, checked_async
+from node.errors import NodeError, bad_request, checked_async
 from node.metrics import NodeMetrics
 
 log = logging.getLogger("splitserve.prefill")
@@ -52,7 +52,6 @@ class PrefillRuntime(NodeCore):
         """Token 1 and, unless the request ended there, a lease on its KV blocks."""
         rid = req.request_id
         arrived = time.monotonic()
-        params = checked(lambda: SamplingParams(**req.sampling.model_dump()), "sampling")
         if rid in self._inflight:
             raise bad_request(f"request id {rid!r} is already being prefilled", "request_id")
         self.counts["requests_total"] += 1
@@ -62,7 +61,7 @@ class PrefillRuntime(NodeCore):
                 _add,
                 rid=rid,
                 prompt=list(req.prompt_token_ids),
-                params=params,
+                params=req.sampling,
                 priority=req.priority,
             )
             stream = await checked_async(self.loop.open(rid, start), "prompt_token_ids")

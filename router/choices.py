@@ -1,4 +1,4 @@
-"""Several samples of one prompt (`n > 1`, `best_of`), each a TokenFlow of its own.
+"""Several samples of one prompt (`n > 1`, `best_of`), each a RequestFlow of its own.
 
 Sharing the prompt: sample 0 runs as a request of its own (one prefill on the prefill pool,
 its KV imported once by a decode node, or a local prefill for short prompts). Once that
@@ -12,8 +12,8 @@ Seeds: sample 0 uses the request's seed, so it equals the `n=1` answer with that
 sample i > 0 uses `sample_seed(seed, i)`. Without a seed the router draws a random one
 for the request, so every sample still has its own seed (and a resumed sample continues
 its own draws). Each sample has its own stop strings, max_tokens, abort (when its text stops)
-and resume on another decode node; the request's admission slot is held until the last
-sample ends.
+and resume on another decode node; the request's admission slot is held (by sample 0's
+flow) until the last sample ends.
 
 `best_of`: every sample carries its sampled tokens' logprobs; the `n` samples with the
 highest cumulative logprob are returned, best first (logprobs shown only when asked for).
@@ -27,10 +27,12 @@ import hashlib
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from router.admission import Ticket
-from router.completions import TokenFlow
+from router.flow.request import FlowRequest
+from router.flow.request_flow import RequestFlow
+from router.flow.shared_prompt import SharedPrompt
 from router.openai_responses import Usage
 from router.output import OutputProcessor, TextDelta
 from router.responses import make_usage
@@ -49,19 +51,12 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     return int.from_bytes(digest, "big") & _SEED_MASK
 
 
-class _NoSlot(Ticket):
-    """Sibling samples hold no admission slot of their own: sample 0's covers the request."""
-
-    def __init__(self) -> None:
-        self._admission = None
-
-
 @dataclass
 class Sample:
     """One sample: its flow, its text state and the deltas it produced."""
 
     index: int
-    flow: TokenFlow
+    flow: RequestFlow
     output: OutputProcessor
     deltas: list[TextDelta] = field(default_factory=list)
 
@@ -81,33 +76,29 @@ class Samples:
     def __init__(
         self,
         state: RouterState,
-        first: TokenFlow,
+        request: FlowRequest,
+        ticket: Ticket,
         output: Callable[[], OutputProcessor],
         count: int,
-        timeout_s: float | None,
         need_logprobs: bool,
     ) -> None:
-        """`first` is sample 0 (it holds the admission ticket); `output` makes a fresh
-        OutputProcessor per sample; `need_logprobs` forces sampled-token logprobs on."""
-        if need_logprobs and first.sampling.logprobs is None:
-            first.sampling = first.sampling.model_copy(update={"logprobs": 0})
-        if first.sampling.seed is None:  # a random one: each sample then draws its own
-            seed = secrets.randbits(63)
-            first.sampling = first.sampling.model_copy(update={"seed": seed})
+        """`ticket` is the request's admission slot (sample 0's flow frees it); `output` makes
+        a fresh OutputProcessor per sample; `need_logprobs` forces sampled-token logprobs on."""
+        sampling = request.sampling
+        if need_logprobs and sampling.logprobs is None:
+            sampling = replace(sampling, logprobs=0)
+        if sampling.seed is None:  # a random one: each sample then draws its own
+            sampling = replace(sampling, seed=secrets.randbits(63))
+        self._shared = SharedPrompt()  # sample 0's prompt KV is on its decode node
+        first = RequestFlow(state, replace(request, sampling=sampling), ticket)
         self.samples = [Sample(0, first, output())]
         for i in range(1, count):
-            spec = first.sampling.model_copy(update={"seed": sample_seed(first.sampling.seed, i)})
-            flow = TokenFlow(
-                state, f"{first.request_id}-{i}", first.prompt_ids, spec, _NoSlot(),
-                first.arrived_at, first.priority, timeout_s,
-            )  # fmt: skip
-            flow.counts_prompt = False
+            own = replace(sampling, seed=sample_seed(sampling.seed, i))
+            flow = RequestFlow(state, request.sibling(i, own), None, beside=self._shared)
             self.samples.append(Sample(i, flow, output()))
-        self._shared = asyncio.Event()  # sample 0's prompt KV is on its decode node
-        self._shared_node: str | None = None
 
     @property
-    def first(self) -> TokenFlow:
+    def first(self) -> RequestFlow:
         return self.samples[0].flow
 
     async def start(self) -> None:
@@ -147,37 +138,27 @@ class Samples:
         flow = sample.flow
         try:
             if sample.index > 0:
-                await self._shared.wait()
-                await flow.start_beside(self._shared_node)
+                await flow.start()  # waits for sample 0 to share the prompt's KV
             async with aclosing(flow.events()) as events:
                 async for chunk in events:
                     delta = sample.output.feed(chunk)
                     sample.deltas.append(delta)
-                    if sample.index == 0:
-                        self._note_shared(flow)
+                    if sample.index == 0 and (node_id := flow.prompt_kv_node_id) is not None:
+                        self._shared.settle(node_id)
                     if sink is not None:
                         await sink(sample.index, delta)
                     if delta.finish_reason is not None:
                         break
         finally:
             if sample.index == 0:
-                self._shared.set()
+                self._shared.settle(None)  # no-op once settled with the node
             await flow.stop()
-
-    def _note_shared(self, flow: TokenFlow) -> None:
-        """Once a decode node has streamed sample 0's first token of its own (after a
-        remote prefill: token 2), the prompt's blocks are in that node's prefix cache."""
-        if self._shared.is_set() or flow.decode_node_id is None:
-            return
-        if flow.path == "local" or len(flow.output_ids) >= 2:
-            self._shared_node = flow.decode_node_id
-            self._shared.set()
 
     def usage(self) -> Usage:
         """Prompt tokens once, the completion tokens of every sample generated."""
         first = self.first
         completion = sum(s.output.num_tokens for s in self.samples)
-        return make_usage(len(first.prompt_ids), completion, first.num_cached_tokens)
+        return make_usage(len(first.request.prompt_ids), completion, first.num_cached_tokens)
 
     async def close(self) -> None:
         """Close every sample; sample 0 last, as it frees the admission slot."""

@@ -18,11 +18,11 @@ from fastapi.responses import JSONResponse
 
 from cluster.auth import matches_any
 from models.tokenizer import Tokenizer
-from router.admission import Ticket
 from router.choices import Samples
-from router.completions import TokenFlow
 from router.disconnect import until_disconnect
 from router.errors import APIError, unavailable
+from router.flow.request import FlowRequest
+from router.flow.request_flow import RequestFlow
 from router.openai_responses import ModelCard, ModelList
 from router.openai_schema import (
     ChatCompletionRequest,
@@ -32,7 +32,7 @@ from router.openai_schema import (
 )
 from router.output import OutputProcessor
 from router.policy import Pools
-from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_spec
+from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
 from router.responses import ChatFormatter, CompletionFormatter, Formatter
 from router.sample_responses import serve_samples
 from router.state import RouterState
@@ -133,19 +133,20 @@ async def serve(
     wait_s = min(limit, req.timeout) if req.timeout else limit
     ticket = await state.admission.admit(req.priority, wait_s)
     try:
-        flow, output, fmt = await _prepare(state, req, kind, ticket, arrived)
+        flow_req, output, fmt = await _prepare(state, req, kind, arrived)
     except BaseException:
         ticket.release()
         raise
     if req.num_samples() > 1:
         tokenizer, stops = state.require_tokenizer(), req.stop_strings()
         samples = Samples(
-            state, flow, lambda: OutputProcessor(tokenizer, flow.prompt_ids, stops),
-            req.num_samples(), req.timeout, need_logprobs=req.num_samples() > req.num_choices(),
+            state, flow_req, ticket, lambda: OutputProcessor(tokenizer, flow_req.prompt_ids, stops),
+            req.num_samples(), need_logprobs=req.num_samples() > req.num_choices(),
         )  # fmt: skip
         return await serve_samples(
             request, samples, fmt, req.num_choices(), req.stream, req.include_usage()
         )
+    flow = RequestFlow(state, flow_req, ticket)
     try:
         await flow.start()
     except BaseException:
@@ -167,9 +168,8 @@ async def _prepare(
     state: RouterState,
     req: SamplingRequest,
     kind: Literal["chat", "completion"],
-    ticket: Ticket,
     arrived: float,
-) -> tuple[TokenFlow, OutputProcessor, Formatter]:
+) -> tuple[FlowRequest, OutputProcessor, Formatter]:
     tokenizer = state.require_tokenizer()
     max_len = state.settings.max_model_len or Pools.of(state.membership.nodes()).max_model_len()
     if max_len is None:
@@ -188,12 +188,12 @@ async def _prepare(
     else:
         raise TypeError(f"unexpected request type {type(req).__name__}")
     max_tokens = resolve_max_tokens(prompt, requested, param, max_len)
-    spec = sampling_spec(tokenizer, req, max_tokens, logprobs, grammar)
+    sampling = sampling_params(tokenizer, req, max_tokens, logprobs, grammar)
     if grammar is not None:
         state.metrics.constrained_requests.inc()
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-    flow = TokenFlow(
-        state, request_id, prompt.token_ids, spec, ticket, arrived, req.priority, req.timeout
+    flow_req = FlowRequest(
+        request_id, prompt.token_ids, sampling, arrived, req.priority, req.timeout
     )
     output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
     fmt: Formatter
@@ -206,7 +206,7 @@ async def _prepare(
         fmt = ToolChatFormatter(plan, request_id, req.model, tokenizer, logprobs)
     else:
         fmt = ChatFormatter(request_id, req.model, tokenizer, logprobs)
-    return flow, output, fmt
+    return flow_req, output, fmt
 
 
 async def _prompt_text(tokenizer: Tokenizer, req: CompletionRequest, ids: list[int]) -> str:

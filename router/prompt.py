@@ -1,4 +1,4 @@
-"""From a validated OpenAI request to what nodes take: prompt token ids and a SamplingSpec.
+"""From a validated OpenAI request to what nodes take: prompt token ids and SamplingParams.
 
 Tokenization and chat templates run in a worker thread (they are CPU work).
 """
@@ -9,13 +9,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cluster.protocol import SamplingSpec
+from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
 from router.errors import bad_request
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from router.tools import ToolPlan, template_messages
 
 T = TypeVar("T")
+_DEFAULT = SamplingParams()  # what a request leaves out: OpenAI's defaults
 
 
 @dataclass(frozen=True)
@@ -86,28 +87,29 @@ def resolve_max_tokens(
     return requested
 
 
-def sampling_spec(
+def sampling_params(
     tokenizer: Tokenizer,
     req: SamplingRequest,
     max_tokens: int,
     logprobs: int | None,
     grammar: str | None = None,
-) -> SamplingSpec:
-    """SamplingSpec with OpenAI's defaults for what the request leaves out."""
+) -> SamplingParams:
+    """The request's SamplingParams, with SamplingParams' defaults for what it leaves out.
+    These go to the nodes as they are."""
     stop_ids = list(req.stop_token_ids or [])
     _check_ids(tokenizer, stop_ids, "stop_token_ids")
     bias = req.logit_bias_pairs()
     _check_ids(tokenizer, [t for t, _ in bias], "logit_bias")
-    return SamplingSpec(
+    return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_or(req.temperature, 1.0),
-        top_p=_or(req.top_p, 1.0),
-        top_k=_or(req.top_k, 0),
-        min_p=_or(req.min_p, 0.0),
+        temperature=_or(req.temperature, _DEFAULT.temperature),
+        top_p=_or(req.top_p, _DEFAULT.top_p),
+        top_k=_or(req.top_k, _DEFAULT.top_k),
+        min_p=_or(req.min_p, _DEFAULT.min_p),
         seed=req.seed,
-        presence_penalty=_or(req.presence_penalty, 0.0),
-        frequency_penalty=_or(req.frequency_penalty, 0.0),
-        repetition_penalty=_or(req.repetition_penalty, 1.0),
+        presence_penalty=_or(req.presence_penalty, _DEFAULT.presence_penalty),
+        frequency_penalty=_or(req.frequency_penalty, _DEFAULT.frequency_penalty),
+        repetition_penalty=_or(req.repetition_penalty, _DEFAULT.repetition_penalty),
         stop_token_ids=tuple(stop_ids),
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,

@@ -68,6 +68,6 @@ async def _events(samples: Samples, fmt: Formatter, include_usage: bool) -> Asyn
     except APIError as err:
         yield sse(err.body())
     except Exception:
-        log.exception("stream_failed id=%s", samples.first.request_id)
+        log.exception("stream_failed id=%s", samples.first.request.request_id)
         yield sse(internal_error().body())
     yield DONE

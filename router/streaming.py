@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from router.completions import TokenFlow
 from router.errors import APIError, internal_error
+from router.flow.request_flow import RequestFlow
 from router.openai_responses import Usage
 from router.output import OutputProcessor, TextDelta
 from router.responses import Formatter, chunks_of, make_usage
@@ -38,12 +38,12 @@ def sse(payload: BaseModel | dict[str, Any], with_usage: bool = False) -> bytes:
     return b"data: " + body.encode() + b"\n\n"
 
 
-def usage_of(flow: TokenFlow, output: OutputProcessor) -> Usage:
-    return make_usage(len(flow.prompt_ids), output.num_tokens, flow.num_cached_tokens)
+def usage_of(flow: RequestFlow, output: OutputProcessor) -> Usage:
+    return make_usage(len(flow.request.prompt_ids), output.num_tokens, flow.num_cached_tokens)
 
 
 async def sse_events(
-    flow: TokenFlow, output: OutputProcessor, fmt: Formatter, include_usage: bool
+    flow: RequestFlow, output: OutputProcessor, fmt: Formatter, include_usage: bool
 ) -> AsyncIterator[bytes]:
     """Chunks as tokens arrive, the usage chunk if asked, then `[DONE]`.
 
@@ -66,12 +66,12 @@ async def sse_events(
     except APIError as err:
         yield sse(err.body())
     except Exception:
-        log.exception("stream_failed id=%s", flow.request_id)
+        log.exception("stream_failed id=%s", flow.request.request_id)
         yield sse(internal_error().body())
     yield DONE
 
 
-async def collect(flow: TokenFlow, output: OutputProcessor) -> list[TextDelta]:
+async def collect(flow: RequestFlow, output: OutputProcessor) -> list[TextDelta]:
     """The whole generation, for a non-streaming answer."""
     deltas = []
     async with aclosing(flow.events()) as events:

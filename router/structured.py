@@ -1,5 +1,5 @@
 """Structured outputs: `response_format` (and forced tool calls) compiled to an llguidance
-grammar once, in the router, and sent to the nodes in SamplingSpec.grammar.
+grammar once, in the router, and sent to the nodes in SamplingParams.grammar.
 
 llguidance does not load torch, so the router checks a schema where the request arrives: a
 schema it cannot compile is a 400 naming the parameter, before any node sees the request.

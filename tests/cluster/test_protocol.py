@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from cluster.protocol import (
     DecodeRequest,
@@ -15,9 +15,9 @@ from cluster.protocol import (
     NodeRecord,
     PrefillRequest,
     PrefillResponse,
-    SamplingSpec,
     TokenEvent,
     TokenLogprobMsg,
+    WireSampling,
 )
 from engine.outputs import TokenLogprob
 from models.sampling_params import SamplingParams
@@ -34,18 +34,44 @@ def _handle() -> KVHandle:
     )
 
 
-def test_sampling_spec_builds_engine_sampling_params() -> None:
-    spec = SamplingSpec(
+def test_the_wire_carries_engine_sampling_params() -> None:
+    spec = SamplingParams(
         max_tokens=7, temperature=0.5, top_k=3, seed=11, stop_token_ids=(5, 6), logprobs=2
     )
-    params = SamplingParams(**spec.model_dump())
+    sent = PrefillRequest(request_id="r", prompt_token_ids=[1], sampling=spec)
+    params = PrefillRequest.model_validate_json(sent.model_dump_json()).sampling
+    assert isinstance(params, SamplingParams)
     assert params.max_tokens == 7 and params.top_k == 3 and params.stop_token_ids == (5, 6)
     assert params.logprobs == 2 and params.seed == 11
 
 
-def test_sampling_spec_fields_mirror_engine_exactly() -> None:
+def test_sampling_params_survive_the_wire_round_trip_equal() -> None:
+    params = SamplingParams(
+        max_tokens=9,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.05,
+        seed=2**62 + 1,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        stop_token_ids=(3, 7),
+        ignore_eos=True,
+        logprobs=3,
+        logit_bias=((4, -100.0), (9, 2.5)),
+        grammar='{"grammars": []}',
+    )
+    dec = DecodeRequest(request_id="r", prompt_token_ids=[1], sampling=params)
+    again = DecodeRequest.model_validate_json(dec.model_dump_json())
+    assert again.sampling == params and again == dec
+    assert isinstance(again.sampling.stop_token_ids, tuple)
+    assert all(isinstance(pair, tuple) for pair in again.sampling.logit_bias)
+
+
+def test_sampling_on_the_wire_has_one_key_per_engine_field() -> None:
     engine_fields = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
-    spec_fields = SamplingSpec().model_dump()
+    spec_fields = TypeAdapter(WireSampling).dump_python(SamplingParams(), mode="json")
     assert spec_fields.keys() == engine_fields.keys()
     for name, default in engine_fields.items():
         if default is not dataclasses.MISSING:
@@ -56,10 +82,20 @@ def test_sampling_spec_fields_mirror_engine_exactly() -> None:
     "bad",
     [{"max_tokens": 0}, {"top_p": 0.0}, {"temperature": -1}, {"logprobs": 21}, {"top_k": -1}],
 )
-def test_sampling_spec_rejects_what_the_engine_rejects(bad: dict[str, object]) -> None:
+def test_wire_sampling_rejects_what_the_engine_rejects(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError) as exc:
-        SamplingSpec.model_validate(bad)
+        TypeAdapter(WireSampling).validate_python(bad)
     assert next(iter(bad)) in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"top_p": 0.0}, {"logit_bias": [[1, 500]]}, {"grammar": ""}, {"max_tokens": 1.5}],
+)
+def test_a_refused_sampling_field_is_the_error_location(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError) as exc:
+        PrefillRequest.model_validate({"request_id": "r", "prompt_token_ids": [1], "sampling": bad})
+    assert [e["loc"] for e in exc.value.errors()] == [("sampling", next(iter(bad)))]
 
 
 def test_logprob_message_mirrors_engine_token_logprob() -> None:
@@ -70,7 +106,7 @@ def test_logprob_message_mirrors_engine_token_logprob() -> None:
 
 
 def test_prefill_and_decode_messages_round_trip_through_json() -> None:
-    spec = SamplingSpec(max_tokens=4)
+    spec = SamplingParams(max_tokens=4)
     prefill = PrefillRequest(request_id="r1", prompt_token_ids=[1, 2, 3], sampling=spec)
     assert PrefillRequest.model_validate_json(prefill.model_dump_json()) == prefill
     resp = PrefillResponse(
@@ -91,7 +127,7 @@ def test_prefill_and_decode_messages_round_trip_through_json() -> None:
 
 def test_empty_prompt_is_refused() -> None:
     with pytest.raises(ValidationError, match="prompt_token_ids"):
-        PrefillRequest(request_id="r", prompt_token_ids=[], sampling=SamplingSpec())
+        PrefillRequest(request_id="r", prompt_token_ids=[], sampling=SamplingParams())
 
 
 def test_token_event_defaults_and_unknown_fields_are_tolerated() -> None:

@@ -3,6 +3,7 @@ format otherwise), and a prefill node refuses the KV handshake of a reader witho
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from node_harness import (
 )
 
 from cluster.auth import CLUSTER_TOKEN_HEADER
-from cluster.protocol import DecodeRequest, NodeErrorResponse, PrefillResponse, SamplingSpec
+from cluster.protocol import DecodeRequest, NodeErrorResponse, PrefillResponse
 from decode_node.app import create_app as decode_app
 from models.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOKEN = "the-cluster-token-0123456789"
 OTHER = "another-cluster-token-98765"
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]
-SPEC = SamplingSpec(max_tokens=6, temperature=0.0, ignore_eos=True)
+SPEC = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -49,7 +50,7 @@ async def nodes(
 
 
 def _prefill_body(rid: str) -> dict[str, object]:
-    return {"request_id": rid, "prompt_token_ids": PROMPT, "sampling": SPEC.model_dump()}
+    return {"request_id": rid, "prompt_token_ids": PROMPT, "sampling": dataclasses.asdict(SPEC)}
 
 
 @pytest.mark.parametrize("headers", [{}, {CLUSTER_TOKEN_HEADER: "wrong-token-0123456789"}])

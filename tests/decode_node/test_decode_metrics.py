@@ -23,15 +23,16 @@ from node_harness import (
     wait_idle,
 )
 
-from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, SamplingSpec
+from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse
 from cluster.redis_server import free_port
 from decode_node.app import create_app as decode_app
 from kv_transfer import PeerInfo
+from models.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SPEC = SamplingSpec(max_tokens=6, temperature=0.0, ignore_eos=True)
+SPEC = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 N = 3
 
 
@@ -59,7 +60,7 @@ async def pair(model_dir: Path, redis_url: str) -> AsyncIterator[Pair]:
 
 
 async def _prefill(node: httpx.AsyncClient, rid: str, prompt: list[int]) -> PrefillResponse:
-    body = {"request_id": rid, "prompt_token_ids": prompt, "sampling": SPEC.model_dump()}
+    body = {"request_id": rid, "prompt_token_ids": prompt, "sampling": dataclasses.asdict(SPEC)}
     resp = await node.post("/internal/prefill", json=body)
     assert resp.status_code == 200, resp.text
     return PrefillResponse.model_validate_json(resp.content)

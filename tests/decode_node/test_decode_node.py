@@ -22,7 +22,7 @@ from node_harness import (
     wait_idle,
 )
 
-from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, SamplingSpec, TokenEvent
+from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, TokenEvent
 from cluster.redis_server import free_port
 from decode_node.app import create_app as decode_app
 from kv_transfer import PeerInfo
@@ -32,7 +32,7 @@ from prefill_node.app import create_app as prefill_app
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]  # 9 tokens: 3 blocks of 4
-SPEC = SamplingSpec(max_tokens=8, temperature=0.0, ignore_eos=True)
+SPEC = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 JSON = {"content-type": "application/json"}
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -69,7 +69,7 @@ def expected(model_dir: Path) -> list[int]:
 
 
 async def _prefill(node: httpx.AsyncClient, rid: str, prompt: list[int]) -> PrefillResponse:
-    body = {"request_id": rid, "prompt_token_ids": prompt, "sampling": SPEC.model_dump()}
+    body = {"request_id": rid, "prompt_token_ids": prompt, "sampling": dataclasses.asdict(SPEC)}
     resp = await node.post("/internal/prefill", json=body)
     assert resp.status_code == 200, resp.text
     return PrefillResponse.model_validate_json(resp.content)
@@ -107,8 +107,8 @@ async def test_kv_handoff_gives_the_offline_output(nodes: Nodes, expected: list[
 
 
 async def test_logprobs_come_with_every_token(nodes: Nodes) -> None:
-    spec = SPEC.model_copy(update={"logprobs": 2})
-    body = {"request_id": "lp", "prompt_token_ids": PROMPT, "sampling": spec.model_dump()}
+    spec = dataclasses.replace(SPEC, logprobs=2)
+    body = {"request_id": "lp", "prompt_token_ids": PROMPT, "sampling": dataclasses.asdict(spec)}
     answer = PrefillResponse.model_validate_json(
         (await nodes.prefill.post("/internal/prefill", json=body)).content
     )
@@ -179,7 +179,7 @@ async def test_transfer_failure_fails_the_request_when_set(nodes: Nodes) -> None
 
 
 def _long(rid: str) -> DecodeRequest:
-    spec = SPEC.model_copy(update={"max_tokens": 200})
+    spec = dataclasses.replace(SPEC, max_tokens=200)
     return DecodeRequest(request_id=rid, prompt_token_ids=PROMPT, sampling=spec)
 
 

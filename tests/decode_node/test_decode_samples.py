@@ -7,6 +7,7 @@ every block is free again after the samples end, aborted ones included."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from node_harness import (
     wait_idle,
 )
 
-from cluster.protocol import DecodeRequest, PrefillResponse, SamplingSpec, TokenEvent
+from cluster.protocol import DecodeRequest, PrefillResponse, TokenEvent
 from decode_node.app import create_app as decode_app
 from models.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41, 50, 51]  # 11 tokens: 2 full blocks of 4 + 3
 SEEDS = [101, 7_000_001, 42, 9]
-SPEC = SamplingSpec(max_tokens=6, temperature=1.0, ignore_eos=True)
+SPEC = SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True)
 HEADERS = {"content-type": "application/json"}
 DECODE_BLOCKS = 256  # room for 4 samples of 150 tokens
 
@@ -52,12 +53,12 @@ async def pair(model_dir: Path, redis_url: str) -> AsyncIterator[tuple[httpx.Asy
         yield prefill, decode
 
 
-def _spec(seed: int, max_tokens: int = 6) -> SamplingSpec:
-    return SPEC.model_copy(update={"seed": seed, "max_tokens": max_tokens})
+def _spec(seed: int, max_tokens: int = 6) -> SamplingParams:
+    return dataclasses.replace(SPEC, seed=seed, max_tokens=max_tokens)
 
 
-async def _prefill(node: httpx.AsyncClient, rid: str, spec: SamplingSpec) -> PrefillResponse:
-    body = {"request_id": rid, "prompt_token_ids": PROMPT, "sampling": spec.model_dump()}
+async def _prefill(node: httpx.AsyncClient, rid: str, spec: SamplingParams) -> PrefillResponse:
+    body = {"request_id": rid, "prompt_token_ids": PROMPT, "sampling": dataclasses.asdict(spec)}
     resp = await node.post("/internal/prefill", json=body)
     assert resp.status_code == 200, resp.text
     return PrefillResponse.model_validate_json(resp.content)
@@ -131,4 +132,4 @@ async def test_aborted_samples_free_every_block(pair: tuple[httpx.AsyncClient, .
 
 
 def _params(seed: int) -> SamplingParams:
-    return SamplingParams(**_spec(seed).model_dump())
+    return _spec(seed)

@@ -4,19 +4,21 @@ new work is refused with 503 "draining", while releases, aborts and running stre
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import redis.asyncio as aioredis
 from node_harness import generate, node_settings, serving, tokens_of, wait_idle
 
-from cluster.protocol import DecodeRequest, NodeErrorResponse, SamplingSpec
+from cluster.protocol import DecodeRequest, NodeErrorResponse
 from cluster.registry import node_key
 from decode_node.app import create_app as decode_app
+from models.sampling_params import SamplingParams
 from node.server import begin_drain
 from prefill_node.app import create_app as prefill_app
 
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]
-SPEC = SamplingSpec(max_tokens=40, temperature=0.0, ignore_eos=True)
+SPEC = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
 
 async def _registered(redis_url: str, node_id: str) -> bool:
@@ -54,7 +56,11 @@ async def test_a_draining_node_leaves_and_refuses_new_work_only(
                     break
                 await asyncio.sleep(0.05)
             assert not await _registered(redis_url, str(node_id))
-        body = {"request_id": "new", "prompt_token_ids": PROMPT, "sampling": SPEC.model_dump()}
+        body = {
+            "request_id": "new",
+            "prompt_token_ids": PROMPT,
+            "sampling": dataclasses.asdict(SPEC),
+        }
         for client, path in ((prefill, "/internal/prefill"), (decode, "/internal/generate")):
             resp = await client.post(path, json=body)
             assert resp.status_code == 503, path

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cluster.protocol import DecodeRequest, SamplingSpec
+from cluster.protocol import DecodeRequest
 from decode_node.import_queue import ImportQueue
 from decode_node.importer import DecodeJob
 from engine.scheduler.plan import ImportPlan
@@ -44,10 +44,10 @@ class _Loop:
 
 def _job(rid: str, priority: int = 0, wait_s: float | None = None) -> DecodeJob:
     req = DecodeRequest(
-        request_id=rid, prompt_token_ids=[1, 2], sampling=SamplingSpec(), priority=priority,
+        request_id=rid, prompt_token_ids=[1, 2], sampling=SamplingParams(), priority=priority,
         wait_s=wait_s,
     )  # fmt: skip
-    return DecodeJob(req, SamplingParams())
+    return DecodeJob(req)
 
 
 async def test_waiting_imports_get_blocks_in_priority_then_arrival_order() -> None:

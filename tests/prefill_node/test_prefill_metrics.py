@@ -3,6 +3,7 @@ generated token each, prefix-cache hits and lookups, one latency sample per requ
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,12 +19,13 @@ from node_harness import (
     wait_idle,
 )
 
-from cluster.protocol import PrefillResponse, SamplingSpec
+from cluster.protocol import PrefillResponse
+from models.sampling_params import SamplingParams
 from prefill_node.app import create_app
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SPEC = SamplingSpec(max_tokens=4, temperature=0.0, ignore_eos=True)
+SPEC = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 PROMPT = [7, 9, 17, 33, 4, 8, 12, 40, 41]  # 2 full blocks of 4, then 1 token
 
 
@@ -35,7 +37,7 @@ async def node(model_dir: Path, redis_url: str) -> AsyncIterator[tuple[httpx.Asy
 
 
 async def _prefill(client: httpx.AsyncClient, rid: str) -> PrefillResponse:
-    body = {"request_id": rid, "prompt_token_ids": PROMPT, "sampling": SPEC.model_dump()}
+    body = {"request_id": rid, "prompt_token_ids": PROMPT, "sampling": dataclasses.asdict(SPEC)}
     resp = await client.post("/internal/prefill", json=body)
     assert resp.status_code == 200, resp.text
     answer = PrefillResponse.model_validate_json(resp.content)

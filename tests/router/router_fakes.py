@@ -20,6 +20,7 @@ from cluster import protocol as p
 from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
+from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
 from router.app import create_app
 
@@ -116,7 +117,7 @@ class FakeNode:
             self.unauthorized += 1
             raise HTTPException(401, "missing or wrong cluster token")
 
-    def _lp(self, token: int, spec: p.SamplingSpec) -> p.TokenLogprobMsg | None:
+    def _lp(self, token: int, spec: SamplingParams) -> p.TokenLogprobMsg | None:
         if spec.logprobs is None:
             return None
         top = [(token, -0.5), (token + 1, -1.5), (token + 2, -2.5)][: spec.logprobs]

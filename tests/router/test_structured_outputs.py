@@ -1,5 +1,5 @@
 """response_format through the router: the schema is compiled once and its grammar travels to
-the prefill and the decode node in SamplingSpec; a bad schema is a 400 naming the parameter
+the prefill and the decode node in SamplingParams; a bad schema is a 400 naming the parameter
 before any node is called."""
 
 from __future__ import annotations

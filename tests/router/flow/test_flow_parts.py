@@ -1,0 +1,114 @@
+"""The request flow's small parts on their own: the KV lease (released once, only while the
+router holds it), the shared prompt of n > 1 siblings, the deadline and a sibling's request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, cast
+
+from cluster.protocol import KVHandle, NodeInfo, PrefillResponse
+from models.sampling_params import SamplingParams
+from router.flow.lease import KVLease
+from router.flow.request import Deadline, FlowRequest
+from router.flow.shared_prompt import SharedPrompt
+from router.state import RouterState
+
+
+class _Nodes:
+    def __init__(self) -> None:
+        self.released: list[tuple[str, str]] = []
+
+    async def release(self, node: NodeInfo, request_id: str) -> None:
+        self.released.append((node.node_id, request_id))
+
+
+class _State:
+    """What KVLease uses of RouterState: spawn (run at once here) and the node client."""
+
+    def __init__(self) -> None:
+        self.nodes = _Nodes()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        asyncio.run(coro)
+
+    def require_nodes(self) -> _Nodes:
+        return self.nodes
+
+
+def _node(node_id: str) -> NodeInfo:
+    return NodeInfo(
+        node_id=node_id, role="prefill", url="http://p", model="m", layout_fingerprint="fp",
+        max_model_len=64, capacity=8, started_at=0.0,
+    )  # fmt: skip
+
+
+def _answer(finished: bool) -> PrefillResponse:
+    kv = KVHandle(
+        node_id="p0", peer_info="", block_ids=[1], num_tokens=4, layout_fingerprint="fp",
+        lease_expires_at=1.0,
+    )  # fmt: skip
+    return PrefillResponse(
+        request_id="r", first_token_id=3, finished=finished, num_prompt_tokens=4,
+        kv=None if finished else kv,
+    )  # fmt: skip
+
+
+def _lease() -> tuple[KVLease, _Nodes]:
+    state = _State()
+    return KVLease(cast(RouterState, state), "r"), state.nodes
+
+
+def test_an_untaken_lease_is_released_once() -> None:
+    lease, nodes = _lease()
+    lease.granted(_node("p0"), _answer(finished=False))
+    lease.release()
+    lease.release()
+    assert nodes.released == [("p0", "r")]
+
+
+def test_no_lease_after_a_request_that_ended_at_token_1() -> None:
+    lease, nodes = _lease()
+    lease.release()  # nothing granted yet
+    lease.granted(_node("p0"), _answer(finished=True))
+    lease.release()
+    assert nodes.released == []
+
+
+def test_a_taken_lease_is_the_decode_nodes_until_its_import_fails() -> None:
+    lease, nodes = _lease()
+    lease.granted(_node("p0"), _answer(finished=False))
+    lease.taken()
+    lease.release()
+    assert nodes.released == []
+    lease.release_after_failed_import()
+    lease.release_unanswered(_node("p1"))
+    assert nodes.released == [("p0", "r"), ("p1", "r")]
+
+
+async def test_the_shared_prompt_settles_once_and_wakes_the_siblings() -> None:
+    shared = SharedPrompt()
+    waiting = asyncio.create_task(shared.node_id())
+    await asyncio.sleep(0)
+    assert not waiting.done() and not shared.settled
+    shared.settle("d1")
+    shared.settle(None)  # sample 0 ending later changes nothing
+    assert await waiting == "d1" and await shared.node_id() == "d1"
+
+
+def test_the_deadline_is_the_shorter_of_the_two_limits() -> None:
+    request = FlowRequest("r", [1, 2], SamplingParams(), arrived_at=100.0, timeout_s=5.0)
+    own = Deadline.of(request, limit_s=60.0)
+    assert own == Deadline(105.0, own=True) and own.error().status == 408
+    router = Deadline.of(request, limit_s=2.0)
+    assert router == Deadline(102.0, own=False) and router.error().status == 504
+    plain = FlowRequest("r", [1], SamplingParams(), arrived_at=100.0)
+    assert Deadline.of(plain, limit_s=60.0) == Deadline(160.0, own=False)
+
+
+def test_a_sibling_request_has_its_own_id_and_sampling_and_skips_the_prompt_count() -> None:
+    request = FlowRequest("r", [1, 2], SamplingParams(seed=1), arrived_at=0.0, priority=3)
+    sibling = request.sibling(2, SamplingParams(seed=9))
+    assert sibling.request_id == "r-2" and sibling.sampling.seed == 9
+    assert not sibling.counts_prompt and request.counts_prompt
+    assert (sibling.prompt_ids, sibling.priority) == (request.prompt_ids, 3)
