@@ -24,6 +24,7 @@ from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
 from engine.speculative import SpeculativeStats, Speculator
 from engine.speculative.draft import load_draft
+from engine.speculative.planning import GuessLookahead
 from engine.step.batch import StepInputs
 from engine.step.result import EMPTY_STEP, DeferredLogprobs, LaunchedStep, StepResult
 from engine.step.runner import ModelRunner
@@ -92,7 +93,9 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(
+            config, self.block_manager, GuessLookahead() if speculates else None
+        )
         self.sampler = Sampler()
         self.grammars = Grammars(
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
