@@ -25,6 +25,7 @@ from engine.scheduler.scheduler import Scheduler
 from engine.speculative import SpeculativeStats, Speculator
 from engine.speculative.draft import load_draft
 from engine.speculative.planning import GuessLookahead
+from engine.speculative.rows import GuessRowLayout
 from engine.step.batch import StepInputs
 from engine.step.result import EMPTY_STEP, DeferredLogprobs, LaunchedStep, StepResult
 from engine.step.runner import ModelRunner
@@ -88,7 +89,10 @@ class LLMEngine:
             else None
         )
         self.runner = ModelRunner(
-            config, self.model_config, draft_block_bytes=draft.layout.block_bytes if draft else 0
+            config,
+            self.model_config,
+            draft_block_bytes=draft.layout.block_bytes if draft else 0,
+            chunk_rows=GuessRowLayout() if speculates else None,
         )
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching

@@ -23,6 +23,7 @@ from engine.model.loader import init_random_weights, load_weights
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
+from engine.step.chunk_rows import ChunkRowLayout
 from engine.step.memory_profile import measure_device_memory, profile_lengths
 
 
@@ -78,10 +79,12 @@ class ModelRunner:
         *,
         loaded: LoadedModel | None = None,
         draft_block_bytes: int = 0,
+        chunk_rows: ChunkRowLayout | None = None,
     ) -> None:
         """`loaded`: the weights, already on the device (else loaded here, with `attention`).
         `draft_block_bytes`: bytes per block of a draft model's cache that will be allocated
-        with this cache's block count; the KV budget is shared with it (engine.kv.sizing)."""
+        with this cache's block count; the KV budget is shared with it (engine.kv.sizing).
+        `chunk_rows`: lays some chunks out as decode rows (engine.step.chunk_rows)."""
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
@@ -99,7 +102,12 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
         max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
         self.batch = PersistentBatch(
-            config.max_num_seqs, max_blocks, config.block_size, model_config.vocab_size, self.device
+            config.max_num_seqs,
+            max_blocks,
+            config.block_size,
+            model_config.vocab_size,
+            self.device,
+            chunk_rows=chunk_rows,
         )
 
     @torch.inference_mode()
