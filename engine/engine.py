@@ -23,7 +23,7 @@ from engine.scheduler.plan import ImportPlan, SchedulerOutput
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
 from engine.speculative import SpeculativeStats, Speculator
-from engine.speculative.draft import load_draft
+from engine.speculative.draft import draft_kv_cache, load_draft
 from engine.speculative.planning import GuessLookahead
 from engine.speculative.rows import GuessRowLayout
 from engine.step.batch import StepInputs
@@ -91,7 +91,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             config,
             self.model_config,
-            draft_block_bytes=draft.layout.block_bytes if draft else 0,
+            shared_caches=draft_kv_cache(draft),
             chunk_rows=GuessRowLayout() if speculates else None,
         )
         self.block_manager = BlockManager(
