@@ -36,6 +36,7 @@ from engine.scheduler.plan import ImportPlan, RequestTooLargeError, SchedulerOut
 from engine.scheduler.planner import StepPlanner
 from engine.scheduler.queues import LiveRequests, RunningRequests, WaitingQueue
 from engine.scheduler.request import FinishReason, Request, RequestStatus
+from engine.scheduler.updater import StepUpdater
 
 
 class Scheduler:
@@ -43,9 +44,10 @@ class Scheduler:
 
     Made of small parts: the live requests, the waiting queue and the running batch
     (engine.scheduler.queues), the imports held for disaggregated decode
-    (engine.scheduler.imports), the block manager and its prefix cache (engine.kv), and the
-    step planner (engine.scheduler.planner). `lookahead`: tokens computed ahead of decodes
-    (speculative decoding's guesses, engine.scheduler.lookahead); None plans plain decodes.
+    (engine.scheduler.imports), the block manager and its prefix cache (engine.kv), the step
+    planner (engine.scheduler.planner) and the step updater (engine.scheduler.updater).
+    `lookahead`: tokens computed ahead of decodes (speculative decoding's guesses,
+    engine.scheduler.lookahead); None plans plain decodes.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class Scheduler:
         self._planner = StepPlanner(
             config, block_manager, self._waiting, self._running, self._imports, lookahead
         )
+        self._updater = StepUpdater(config, block_manager, self._live, lookahead, self._after_token)
         self._capacity = block_manager.num_total_blocks * block_manager.block_size  # tokens
         self._in_flight: deque[SchedulerOutput] = deque()  # scheduled, not yet updated
 
@@ -206,101 +209,11 @@ class Scheduler:
         if not self._in_flight or self._in_flight[0] is not out:
             raise RuntimeError("update() takes the oldest scheduled step not yet updated")
         self._in_flight.popleft()
-        tokens = out.in_step_order(sampled)
-        advanced: list[Request] = []
-        finished: list[Request] = []
-        self._apply_decodes(out.decodes, tokens, advanced, finished)
-        appended = self._apply_chunks(out, tokens[len(out.decodes) :], more, advanced, finished)
-        return StepUpdate(tuple(advanced), appended, tuple(finished))
+        return self._updater.apply(out, out.in_step_order(sampled), more)
 
     def forget_in_flight(self) -> None:
         """After a failed step: no scheduled step will be updated. Abort their requests."""
         self._in_flight.clear()
-
-    # ---- applying a step's tokens, by kind of row ---------------------------------------
-
-    def _apply_decodes(
-        self,
-        decodes: Sequence[Request],
-        tokens: list[int],
-        advanced: list[Request],
-        finished: list[Request],
-    ) -> None:
-        """Each decode's token (a pass with no call per request unless a block filled up or
-        the token may end it)."""
-        size = self._blocks.block_size
-        live = self._live.by_id
-        # a token that neither stops the request nor is its last calls nothing (_after_token)
-        quiet = self._config.role is not Role.PREFILL
-        capacity = self._capacity
-        running = RequestStatus.RUNNING
-        for request, token in zip(decodes, tokens, strict=False):
-            if live.get(request.request_id) is not request:
-                continue  # aborted in between
-            request.num_pending -= 1
-            outputs = request.output_token_ids
-            outputs.append(token)
-            known = len(request.prompt_token_ids) + len(outputs)
-            computed = request.num_computed_tokens
-            if (computed if computed < known else known) % size == 0:
-                self._blocks.commit_full_blocks(request)  # a block just filled up
-            advanced.append(request)
-            if not (
-                quiet
-                and token not in request.stop_ids
-                and known < request.token_limit
-                and known <= capacity
-            ):
-                self._after_token(request)
-            if request.status is not running:
-                finished.append(request)
-
-    def _apply_chunks(
-        self,
-        out: SchedulerOutput,
-        tokens: list[int],
-        more: Mapping[str, Sequence[int]] | None,
-        advanced: list[Request],
-        finished: list[Request],
-    ) -> dict[str, tuple[int, ...]]:
-        """The prefill chunks: a sampled one appends its token, one with tokens ahead those
-        that stand. Returns the tokens appended after the first, by request id."""
-        sampled = iter(tokens)
-        live = self._live.by_id
-        appended: dict[str, tuple[int, ...]] = {}
-        for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
-            token = next(sampled) if chunk.sample else None
-            if live.get(request.request_id) is not request:
-                continue  # aborted in between
-            if token is None:  # part of a prompt: no token yet
-                self._blocks.commit_full_blocks(request)
-                continue
-            request.num_pending -= 1
-            if chunk.num_draft:
-                extra = tuple((more or {}).get(request.request_id, ()))
-                n = self._apply_ahead(request, (token, *extra))
-                if n > 1:
-                    appended[request.request_id] = extra[: n - 1]
-            else:
-                request.output_token_ids.append(token)
-                self._blocks.commit_full_blocks(request)
-                self._after_token(request)
-            advanced.append(request)
-            if request.status is not RequestStatus.RUNNING:
-                finished.append(request)
-        return appended
-
-    def _apply_ahead(self, request: Request, emitted: Sequence[int]) -> int:
-        """A chunk with tokens ahead: the lookahead appends the emitted tokens that stand;
-        the KV of the tokens ahead accepted is computed, the blocks past them go back."""
-        if self._lookahead is None:
-            raise RuntimeError(f"request {request.request_id}: tokens ahead without a lookahead")
-        n = self._lookahead.accept(request, emitted)
-        request.num_computed_tokens += n - 1
-        self._blocks.trim(request, request.num_known_tokens)
-        self._blocks.commit_full_blocks(request)
-        self._after_token(request)
-        return n
 
     # ---- leaving ------------------------------------------------------------------------
 
