@@ -130,7 +130,7 @@ class StepUpdate:
     """What `update()` did: the requests that got a token, in chunk order."""
 
     advanced: tuple[Request, ...]
-    # speculative chunks: the tokens appended after the first, by request id (stops honoured)
+    # chunks with tokens ahead: the tokens appended after the first, by id (stops honoured)
     more: dict[str, tuple[int, ...]] = field(default_factory=dict)
     done: tuple[Request, ...] | None = None  # `finished`, when the scheduler collected it
 
