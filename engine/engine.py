@@ -19,7 +19,9 @@ from engine.scheduler.plan import ImportPlan, SchedulerOutput
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
 from engine.speculative import SpeculativeStats, Speculator
-from engine.speculative.draft import load_draft
+from engine.speculative.draft import draft_kv_cache, load_draft
+from engine.speculative.planning import GuessLookahead
+from engine.speculative.rows import GuessRowLayout
 from engine.speculative.step_hook import SpeculationHook
 from engine.step.counters import EngineCounters
 from engine.step.hooks import StepHook
@@ -63,12 +65,17 @@ class LLMEngine:
             else None
         )
         self.runner = ModelRunner(
-            config, self.model_config, draft_block_bytes=draft.layout.block_bytes if draft else 0
+            config,
+            self.model_config,
+            shared_caches=draft_kv_cache(draft),
+            chunk_rows=GuessRowLayout() if speculates else None,
         )
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = Scheduler(
+            config, self.block_manager, GuessLookahead() if speculates else None
+        )
         self.grammars = Grammars(
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
         )

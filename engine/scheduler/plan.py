@@ -6,6 +6,7 @@ The runner turns it into tensors; nothing here touches torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -27,7 +28,7 @@ class ScheduledChunk:
     start: int
     block_table: tuple[int, ...]
     sample: bool
-    num_draft: int = 0
+    num_draft: int = 0  # of token_ids, the last ones are computed ahead (guesses, not known)
 
     @property
     def num_tokens(self) -> int:
@@ -79,6 +80,20 @@ class SchedulerOutput:
         )
         return decodes + self.prefills
 
+    def in_step_order(self, sampled: Mapping[str, int] | Sequence[int]) -> list[int]:
+        """The sampled tokens (by request id, or a sequence) as a list in step order: decodes,
+        then sampled prefill chunks."""
+        if not isinstance(sampled, Mapping):
+            if len(sampled) != self.num_sampled:
+                raise ValueError(f"{len(sampled)} sampled tokens for {self.num_sampled} rows")
+            return list(sampled)
+        ids = [r.request_id for r in self.decodes]
+        ids += [c.request_id for c in self.prefills if c.sample]
+        missing = [rid for rid in ids if rid not in sampled]
+        if missing:
+            raise KeyError(f"no sampled token for request {missing[0]}")
+        return [sampled[rid] for rid in ids]
+
 
 class RequestTooLargeError(ValueError):
     """The request needs more KV blocks than the whole cache holds."""
@@ -115,7 +130,7 @@ class StepUpdate:
     """What `update()` did: the requests that got a token, in chunk order."""
 
     advanced: tuple[Request, ...]
-    # speculative chunks: the tokens appended after the first, by request id (stops honoured)
+    # chunks with tokens ahead: the tokens appended after the first, by id (stops honoured)
     more: dict[str, tuple[int, ...]] = field(default_factory=dict)
     done: tuple[Request, ...] | None = None  # `finished`, when the scheduler collected it
 

@@ -1,159 +1,107 @@
-"""Where a scheduler's requests are: waiting, running, pinned, importing; entering and leaving.
+"""Where a scheduler's requests are: every live one by id, the waiting queue, the running batch.
 
-The queues and their invariants, without the planning of steps (engine.scheduler.scheduler).
+Both queues keep (priority, arrival) order: lower priority first, FIFO among equals. The keys
+are given once, when a request enters (`LiveRequests.enter`), so that a preempted request goes
+back to its place.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Iterator, ValuesView
 
-from engine.config import EngineConfig
-from engine.kv.block_manager import BlockManager
-from engine.scheduler.plan import RequestTooLargeError
-from engine.scheduler.request import FinishReason, Request, RequestStatus
+from engine.scheduler.request import Request, RequestStatus
 
 
-@dataclass
-class HeldImport:
-    request: Request
-    output_token_ids: list[int]
+class LiveRequests:
+    """Every request a scheduler holds (waiting, running, pinned or importing), by id, with
+    its (priority, arrival) key."""
 
-
-class RequestPool:
-    """The live requests of a scheduler by state, in arrival order. Not thread-safe."""
-
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
-        if block_manager.block_size != config.block_size:
-            raise ValueError(
-                f"block manager block_size {block_manager.block_size} differs from "
-                f"EngineConfig.block_size {config.block_size}"
-            )
-        self._config = config
-        self._blocks = block_manager
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []  # (priority, arrival) order: the victim is last
-        self._pinned: dict[str, Request] = {}
-        self._importing: dict[str, HeldImport] = {}
-        self._live: dict[str, Request] = {}
-        self._arrival: dict[str, tuple[int, int]] = {}  # id -> (priority, arrival)
+    def __init__(self) -> None:
+        self.by_id: dict[str, Request] = {}  # read it, do not modify it
+        self._keys: dict[str, tuple[int, int]] = {}  # id -> (priority, arrival)
         self._counter = itertools.count()
 
-    # ---- introspection ------------------------------------------------------------------
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
-    def running(self) -> list[Request]:
-        """The running requests, in (priority, arrival) order (do not modify)."""
-        return self._running
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def num_pinned(self) -> int:
-        return len(self._pinned)
-
-    @property
-    def num_importing(self) -> int:
-        return len(self._importing)
-
-    @property
-    def has_work(self) -> bool:
-        """Whether schedule() may produce chunks: some request waits or runs."""
-        return bool(self._waiting or self._running)
-
     def get(self, request_id: str) -> Request | None:
-        """The live request (waiting, running, pinned or importing) with that id."""
-        return self._live.get(request_id)
+        return self.by_id.get(request_id)
 
-    def audit(self) -> None:
-        """Check block accounting against every live request; RuntimeError on a violation."""
-        self._blocks.audit(r.block_ids for r in self._live.values())
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self.by_id
 
-    # ---- entering and leaving -----------------------------------------------------------
+    def values(self) -> ValuesView[Request]:
+        return self.by_id.values()
 
-    def add(self, request: Request) -> None:
-        """Queue a new request. ValueError for a reused id; RequestTooLargeError if it can
-        never fit in the cache."""
-        self._check_new(request, request.num_tokens)
-        self._enter(request)
-        self._queue(request)
+    def enter(self, request: Request) -> None:
+        self.by_id[request.request_id] = request
+        self._keys[request.request_id] = (request.priority, next(self._counter))
 
-    def abort(self, request_id: str) -> bool:
-        """Finish a request in any state with ABORT and free its blocks. False when unknown."""
-        request = self._live.get(request_id)
-        if request is None:
-            return False
-        if request_id in self._importing:
-            del self._importing[request_id]
-        elif request.status is RequestStatus.WAITING:
-            self._waiting.remove(request)
-        elif request.status is RequestStatus.RUNNING:
-            self._running.remove(request)
-        else:
-            del self._pinned[request_id]
-        self._retire(request, FinishReason.ABORT)
-        return True
+    def leave(self, request: Request) -> None:
+        del self.by_id[request.request_id]
+        del self._keys[request.request_id]
 
-    def release(self, request_id: str) -> bool:
-        """Prefill role: free the blocks of a pinned request. False when none is pinned."""
-        request = self._pinned.pop(request_id, None)
-        if request is None:
-            return False
-        self._retire(request, FinishReason.PREFILLED)
-        return True
+    def key(self, request: Request) -> tuple[int, int]:
+        """The request's place in either queue."""
+        return self._keys[request.request_id]
 
-    def _finish(self, request: Request, reason: FinishReason) -> None:
-        if request.status is RequestStatus.WAITING:  # preempted while its token was pending
-            self._waiting.remove(request)
-        else:
-            self._running.remove(request)
-        self._retire(request, reason)
 
-    def _retire(self, request: Request, reason: FinishReason) -> None:
-        self._blocks.free(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        del self._live[request.request_id]
-        del self._arrival[request.request_id]
+class WaitingQueue:
+    """Requests without blocks (new, or preempted to be recomputed), in (priority, arrival)
+    order: the head is admitted first and nobody overtakes it."""
 
-    def _start_running(self, request: Request) -> None:
+    def __init__(self, live: LiveRequests) -> None:
+        self._live = live
+        self._queue: deque[Request] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    @property
+    def head(self) -> Request:
+        return self._queue[0]
+
+    def pop_head(self) -> Request:
+        return self._queue.popleft()
+
+    def push(self, request: Request) -> None:
+        """Into the queue at its (priority, arrival) place."""
+        key = self._live.key
+        keys = [key(r) for r in self._queue]
+        self._queue.insert(bisect.bisect(keys, key(request)), request)
+
+    def remove(self, request: Request) -> None:
+        self._queue.remove(request)
+
+
+class RunningRequests:
+    """Requests holding blocks, being computed or decoded, in (priority, arrival) order: the
+    last one is the first to be preempted."""
+
+    def __init__(self, live: LiveRequests) -> None:
+        self._live = live
+        self.requests: list[Request] = []  # read it, do not modify it
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self.requests)
+
+    @property
+    def last(self) -> Request:
+        """The newest of the lowest priority: preempted first."""
+        return self.requests[-1]
+
+    def start(self, request: Request) -> None:
+        """The request runs from now on, at its (priority, arrival) place."""
         request.status = RequestStatus.RUNNING
-        keys = [self._arrival[r.request_id] for r in self._running]
-        position = bisect.bisect(keys, self._arrival[request.request_id])
-        self._running.insert(position, request)
+        key = self._live.key
+        keys = [key(r) for r in self.requests]
+        self.requests.insert(bisect.bisect(keys, key(request)), request)
 
-    def _queue(self, request: Request) -> None:
-        """Into the waiting queue at its (priority, arrival) place."""
-        keys = [self._arrival[r.request_id] for r in self._waiting]
-        self._waiting.insert(bisect.bisect(keys, self._arrival[request.request_id]), request)
-
-    def _enter(self, request: Request) -> None:
-        self._live[request.request_id] = request
-        self._arrival[request.request_id] = (request.priority, next(self._counter))
-
-    def _check_new(self, request: Request, num_tokens: int) -> None:
-        rid = request.request_id
-        if rid in self._live:
-            raise ValueError(f"request id {rid!r} is already in use")
-        if request.status is not RequestStatus.WAITING or request.block_ids:
-            raise ValueError(f"request {rid} is not new (status {request.status.value})")
-        if num_tokens > self._capacity:
-            raise RequestTooLargeError(
-                f"request {rid} has {num_tokens} tokens; the KV cache holds at most "
-                f"{self._capacity} ({self._blocks.num_total_blocks} blocks of "
-                f"{self._blocks.block_size})"
-            )
-
-    @functools.cached_property
-    def _capacity(self) -> int:
-        """Tokens the whole cache holds."""
-        return self._blocks.num_total_blocks * self._blocks.block_size
+    def remove(self, request: Request) -> None:
+        self.requests.remove(request)

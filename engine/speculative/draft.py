@@ -19,6 +19,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
+from engine.kv.sizing import SharedCache
 from engine.model.attention import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.scheduler.request import Request
@@ -65,6 +66,14 @@ def load_draft(config: EngineConfig, target: ModelConfig) -> LoadedModel:
             "decoding needs the same vocabulary"
         )
     return load_model(draft_runner_config(config), draft_config)
+
+
+def draft_kv_cache(draft: LoadedModel | None) -> tuple[SharedCache, ...]:
+    """What a draft model's KV cache takes from the target's budget: one block of its own
+    layout per target block (nothing without a draft)."""
+    if draft is None:
+        return ()
+    return (SharedCache("draft", draft.layout.block_bytes),)
 
 
 class DraftProposer:

@@ -9,7 +9,7 @@ then prefill chunks (built from their token lists, as they carry new tokens anyw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate, chain
 from operator import attrgetter
 from typing import NamedTuple
@@ -19,8 +19,9 @@ import torch
 
 from engine.model.attention import AttentionMetadata
 from engine.sampling.rows import SamplingRows, StepSampling
-from engine.scheduler.plan import SchedulerOutput
+from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
 from engine.scheduler.request import Request
+from engine.step.chunk_rows import ChunkRowLayout
 
 
 class StepInputs(NamedTuple):
@@ -43,8 +44,11 @@ class PersistentBatch:
         vocab: int,
         device: torch.device,
         seed: int | None = None,
+        chunk_rows: ChunkRowLayout | None = None,
     ) -> None:
+        """`chunk_rows`: lays some chunks out as decode rows (speculative decoding's)."""
         self.block_size = block_size
+        self._chunk_rows = chunk_rows
         self.device = device
         # block_tables: [max_rows, max_blocks] int32; written through a numpy view on the CPU
         self.block_tables = torch.zeros((max_rows, max_blocks), dtype=torch.int32)
@@ -92,8 +96,8 @@ class PersistentBatch:
         self.sampling.record(rows, token_ids)
 
     def invalidate(self, request_id: str) -> None:
-        """The request's block table changed other than by growing (speculative guesses'
-        blocks given back): write its whole table at its next step."""
+        """The request's block table changed other than by growing (the blocks of tokens
+        computed ahead given back): write its whole table at its next step."""
         row = self._rows.get(request_id)
         if row is not None:
             self._table_len[row] = 0
@@ -118,20 +122,21 @@ class PersistentBatch:
         rows = self._decode_rows(out)
         prefill_rows = [self.row(r) for r in sampled_prefills or ()]
         d = len(rows)
-        spec = _speculative_part(out, self.row)
-        pre = _prefill_part(out, size, self.device)
+        layout = self._chunk_rows
+        extra = layout.lay_out(out, self.row) if layout is not None else None
+        pre = _prefill_part(out.prefills if extra is None else extra.rest, size, self.device)
         self._flush_tables()
         device = self.device
         rows_t = self._rows_tensor(rows + prefill_rows)
         starts = out.decode_starts
         decode_rows_t = rows_t[:d]
         tokens, pending = _decode_tokens(out.decodes)
-        if spec is not None:  # each position of a speculative chunk is one more decode row
-            starts = (*starts, *spec.starts)
-            decode_rows_t = to_device(rows + spec.rows, device)
-            tokens += spec.tokens
+        if extra is not None:  # chunks laid out as decode rows, one row per position
+            starts = (*starts, *extra.starts)
+            decode_rows_t = to_device(rows + extra.rows, device)
+            tokens += extra.tokens
         pos, tables, slots, ctx = self._decode_positions(decode_rows_t, starts)
-        if d and len(pending) == d and not pre.tokens and spec is None:  # all in flight
+        if d and len(pending) == d and not pre.tokens and extra is None:  # all in flight
             input_ids = self.last_token[rows_t[:d]]  # [d]: where the sampler left them
         elif pending:  # sampled by the step still in flight: read where the sampler left it
             input_ids = to_device(tokens + pre.tokens, device)
@@ -149,8 +154,8 @@ class PersistentBatch:
             meta = _decode_meta(pos, slots, ctx, tables, starts, size)
         elif starts:
             meta = _merge(meta, pos, slots, ctx, tables, starts)
-        if spec is not None:
-            indices = spec.logit_rows(out, d, len(starts), pre.sampled_rows)
+        if extra is not None:
+            indices = extra.logit_rows(out, d, len(starts), pre.sampled_rows)
             logits_indices = to_device(indices, device)
         elif pre.sampled_rows:
             indices = list(range(d)) + [d + i for i in pre.sampled_rows]
@@ -263,10 +268,9 @@ class _PrefillPart(NamedTuple):
     sampled_rows: list[int]  # row of each sampled chunk's last token, among the prefills
 
 
-def _prefill_part(out: SchedulerOutput, block_size: int, device: torch.device) -> _PrefillPart:
-    chunks = out.prefills
-    if any(c.num_draft for c in chunks):
-        chunks = tuple(c for c in chunks if not c.num_draft)  # laid out as decode rows
+def _prefill_part(
+    chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device
+) -> _PrefillPart:
     if not chunks:
         return _PrefillPart(None, [], [])
     meta = AttentionMetadata.build(
@@ -280,51 +284,6 @@ def _prefill_part(out: SchedulerOutput, block_size: int, device: torch.device) -
     ends = accumulate(c.num_tokens for c in chunks)
     sampled = [end - 1 for end, c in zip(ends, chunks, strict=True) if c.sample]
     return _PrefillPart(meta, tokens, sampled)
-
-
-class _SpeculativePart(NamedTuple):
-    """Speculative chunks (engine.speculative) laid out after the decodes as decode rows: the
-    query at position p of a chunk attends to positions 0 .. p, like a decode whose context
-    ends there, so the decode kernels verify them (the step's K/V are written first)."""
-
-    rows: list[int]  # the request's batch row, once per position
-    starts: list[int]  # the position of each
-    tokens: list[int]
-    ends: list[int]  # end of each chunk among these rows
-
-    def logit_rows(
-        self, out: SchedulerOutput, d: int, decode_rows: int, prefill_sampled: list[int]
-    ) -> list[int]:
-        """Rows to score: decodes, each sampled chunk's last (in step order), then each
-        speculative chunk's guesses' rows (the positions before its last), chunk by chunk."""
-        sampled = list(range(d))
-        guesses: list[int] = []
-        regular, ends = iter(prefill_sampled), iter(self.ends)
-        for chunk in out.prefills:
-            if chunk.num_draft:
-                last = d + next(ends) - 1
-                sampled.append(last)
-                guesses += range(last - chunk.num_draft, last)
-            elif chunk.sample:
-                sampled.append(decode_rows + next(regular))
-        return sampled + guesses
-
-
-def _speculative_part(
-    out: SchedulerOutput, row: Callable[[Request], int]
-) -> _SpeculativePart | None:
-    """The step's speculative chunks as decode rows (None when it has none)."""
-    if not any(c.num_draft for c in out.prefills):
-        return None
-    part = _SpeculativePart([], [], [], [])
-    for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
-        if chunk.num_draft:
-            n = chunk.num_tokens
-            part.rows.extend([row(request)] * n)
-            part.starts.extend(range(chunk.start, chunk.start + n))
-            part.tokens.extend(chunk.token_ids)
-            part.ends.append(len(part.rows))
-    return part
 
 
 def _decode_meta(

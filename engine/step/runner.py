@@ -15,7 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache
-from engine.kv.sizing import DeviceMemory, plan_kv_cache
+from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
 from engine.model.attention import AttentionBackend, AttentionMetadata, select_attention
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
@@ -23,6 +23,7 @@ from engine.model.loader import init_random_weights, load_weights
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
+from engine.step.chunk_rows import ChunkRowLayout
 from engine.step.memory_profile import measure_device_memory, profile_lengths
 
 
@@ -77,11 +78,13 @@ class ModelRunner:
         attention: AttentionBackend | None = None,
         *,
         loaded: LoadedModel | None = None,
-        draft_block_bytes: int = 0,
+        shared_caches: Sequence[SharedCache] = (),
+        chunk_rows: ChunkRowLayout | None = None,
     ) -> None:
         """`loaded`: the weights, already on the device (else loaded here, with `attention`).
-        `draft_block_bytes`: bytes per block of a draft model's cache that will be allocated
-        with this cache's block count; the KV budget is shared with it (engine.kv.sizing)."""
+        `shared_caches`: caches to be allocated with this cache's block count (a draft
+        model's); the KV budget is shared with them (engine.kv.sizing).
+        `chunk_rows`: lays some chunks out as decode rows (engine.step.chunk_rows)."""
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
@@ -91,15 +94,18 @@ class ModelRunner:
         self.model = loaded.model
         self.packed_weights = loaded.packed_weights
         self.layout = loaded.layout
-        self.kv_capacity = plan_kv_cache(
-            config, self.layout, self._measure_memory, draft_block_bytes
-        )
+        self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory, shared_caches)
         self.num_blocks = self.kv_capacity.num_blocks
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
         max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
         self.batch = PersistentBatch(
-            config.max_num_seqs, max_blocks, config.block_size, model_config.vocab_size, self.device
+            config.max_num_seqs,
+            max_blocks,
+            config.block_size,
+            model_config.vocab_size,
+            self.device,
+            chunk_rows=chunk_rows,
         )
 
     @torch.inference_mode()

@@ -17,6 +17,7 @@ from engine.kv.sizing import (
     GIB,
     DeviceMemory,
     KVCapacity,
+    SharedCache,
     blocks_for_gib,
     blocks_for_gpu,
     plan_kv_cache,
@@ -146,53 +147,69 @@ def test_engine_config_defaults_per_device(tmp_path: Path) -> None:
 DRAFT = KVLayout(
     model="draft", dtype="bfloat16", block_size=16, num_layers=2, num_kv_heads=3, head_dim=64
 ).block_bytes  # 24,576 bytes
+SHARED = (SharedCache("draft", DRAFT),)
 
 
 def test_a_draft_cache_shares_every_budget(tmp_path: Path) -> None:
     """Each block costs the target's bytes plus the draft's (one draft block per block)."""
     both = BLOCK + DRAFT
-    assert blocks_for_gib(0.5, BLOCK, draft_block_bytes=DRAFT) == (GIB // 2) // both
-    assert blocks_for_gib(0.5, BLOCK, draft_block_bytes=DRAFT) < blocks_for_gib(0.5, BLOCK)
-    assert blocks_for_gpu(H100, 0.9, BLOCK, DRAFT) == (72 * GIB - 3 * GIB) // both
-    assert blocks_for_gpu(H100, 1.0, BLOCK, DRAFT) == (77 * GIB - 1 * GIB) // both
+    assert blocks_for_gib(0.5, BLOCK, shared=SHARED) == (GIB // 2) // both
+    assert blocks_for_gib(0.5, BLOCK, shared=SHARED) < blocks_for_gib(0.5, BLOCK)
+    assert blocks_for_gpu(H100, 0.9, BLOCK, SHARED) == (72 * GIB - 3 * GIB) // both
+    assert blocks_for_gpu(H100, 1.0, BLOCK, SHARED) == (77 * GIB - 1 * GIB) // both
 
     def plan(config: EngineConfig, measure: Callable[[], DeviceMemory]) -> KVCapacity:
-        return plan_kv_cache(config, LAYOUT, measure, draft_block_bytes=DRAFT)
+        return plan_kv_cache(config, LAYOUT, measure, shared=SHARED)
 
     budget = plan(EngineConfig(tmp_path, kv_cache_memory_gb=0.5), never_measured)
     assert (budget.num_blocks, budget.sized_by) == ((GIB // 2) // both, "kv_cache_memory_gb")
-    assert budget.num_bytes + budget.draft_bytes <= GIB // 2
+    assert budget.num_bytes + budget.shared_bytes <= GIB // 2
     cpu = plan(EngineConfig(tmp_path), never_measured)
     assert (cpu.num_blocks, cpu.sized_by) == (GIB // both, "cpu_default")
     exact = plan(EngineConfig(tmp_path, num_kv_blocks=7), never_measured)
-    assert (exact.num_blocks, exact.draft_bytes) == (7, 7 * DRAFT)  # an exact count for both
+    assert (exact.num_blocks, exact.shared_bytes) == (7, 7 * DRAFT)  # an exact count for both
 
 
 @pytest.mark.usefixtures("fake_cuda")
 def test_a_draft_cache_shares_the_gpu_fraction(tmp_path: Path) -> None:
     config = EngineConfig(tmp_path, device="cuda", gpu_memory_utilization=0.5)
-    plan = plan_kv_cache(config, LAYOUT, lambda: H100, draft_block_bytes=DRAFT)
+    plan = plan_kv_cache(config, LAYOUT, lambda: H100, shared=SHARED)
     assert plan.num_blocks == (40 * GIB - 3 * GIB) // (BLOCK + DRAFT)
-    assert plan.num_bytes + plan.draft_bytes <= 40 * GIB - 3 * GIB
+    assert plan.num_bytes + plan.shared_bytes <= 40 * GIB - 3 * GIB
 
 
 def test_a_budget_without_room_for_both_blocks_names_them() -> None:
     with pytest.raises(ValueError) as err:
-        blocks_for_gib((BLOCK + DRAFT - 1) / GIB, BLOCK, draft_block_bytes=DRAFT)
+        blocks_for_gib((BLOCK + DRAFT - 1) / GIB, BLOCK, shared=SHARED)
     assert f"{BLOCK + DRAFT} bytes: target {BLOCK} + draft {DRAFT}" in str(err.value)
     assert "kv_cache_memory_gb" in str(err.value)
-    assert blocks_for_gib((BLOCK + DRAFT) / GIB, BLOCK, draft_block_bytes=DRAFT) == 1
+    assert blocks_for_gib((BLOCK + DRAFT) / GIB, BLOCK, shared=SHARED) == 1
     # 0.75 x total - weights - activations = BLOCK + DRAFT / 2
     tight = DeviceMemory(
         total=4 * BLOCK, free=4 * BLOCK, weights=BLOCK, activation_peak=BLOCK - DRAFT // 2
     )
     with pytest.raises(ValueError, match=f"target {BLOCK} \\+ draft {DRAFT}"):
-        blocks_for_gpu(tight, 0.75, BLOCK, DRAFT)  # room for a target block, not for both
+        blocks_for_gpu(tight, 0.75, BLOCK, SHARED)  # room for a target block, not for both
     assert blocks_for_gpu(tight, 0.75, BLOCK) == 1
 
 
 def test_startup_log_has_the_draft_share(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="splitserve.engine.kv.cache"):
-        plan_kv_cache(EngineConfig(tmp_path, num_kv_blocks=100), LAYOUT, never_measured, DRAFT)
+        plan_kv_cache(EngineConfig(tmp_path, num_kv_blocks=100), LAYOUT, never_measured, SHARED)
     assert f"block_bytes={BLOCK}+{DRAFT} (target+draft)" in caplog.text
     assert f"draft_gib={100 * DRAFT / GIB:.3f}" in caplog.text
+
+
+def test_fixed_bytes_of_a_shared_cache_come_off_every_budget_but_an_exact_count(
+    tmp_path: Path,
+) -> None:
+    fixed = (SharedCache("side", DRAFT, fixed_bytes=5 * BLOCK),)
+    both = BLOCK + DRAFT
+    assert blocks_for_gib(0.5, BLOCK, shared=fixed) == (GIB // 2 - 5 * BLOCK) // both
+    assert blocks_for_gpu(H100, 0.9, BLOCK, fixed) == (72 * GIB - 3 * GIB - 5 * BLOCK) // both
+    exact = plan_kv_cache(EngineConfig(tmp_path, num_kv_blocks=7), LAYOUT, never_measured, fixed)
+    assert (exact.num_blocks, exact.shared_bytes) == (7, 7 * DRAFT + 5 * BLOCK)
+    with pytest.raises(ValueError, match=f"after {5 * BLOCK} fixed bytes"):
+        blocks_for_gib((both + 5 * BLOCK - 1) / GIB, BLOCK, shared=fixed)
+    with pytest.raises(ValueError, match="fixed_bytes"):
+        SharedCache("side", DRAFT, fixed_bytes=-1)

@@ -76,7 +76,7 @@ def test_the_gib_budget_holds_both_caches_with_one_block_count(
     assert draft.runner.kv_cache.shape[0] == engine.runner.kv_cache.shape[0] == 40
     assert draft.blocks.num_total_blocks == engine.block_manager.num_total_blocks == 40
     capacity = engine.runner.kv_capacity
-    assert (capacity.block_bytes, capacity.draft_block_bytes) == (2048, 1024)
+    assert (capacity.block_bytes, capacity.shared_block_bytes) == (2048, 1024)
     # and it decodes with guesses, the plain engine's tokens, every block given back
     prompt = [5, 9, 13, 17, 21, 5, 9, 13]
     plain = LLMEngine(EngineConfig(tiny_dir, block_size=BLOCK_SIZE, num_kv_blocks=40))
@@ -108,7 +108,7 @@ def test_a_prefill_node_keeps_the_whole_budget(tiny_dir: Path, draft_dir: Path) 
         _config(tiny_dir, draft_dir, role="prefill", kv_cache_memory_gb=40 * 2048 / GIB)
     )
     assert engine.speculator is None
-    assert engine.runner.num_blocks == 40 and engine.runner.kv_capacity.draft_block_bytes == 0
+    assert engine.runner.num_blocks == 40 and engine.runner.kv_capacity.shared_block_bytes == 0
 
 
 def test_the_draft_loads_first_and_a_wrong_vocabulary_stops_before_the_target(
@@ -125,9 +125,10 @@ def test_the_draft_loads_first_and_a_wrong_vocabulary_stops_before_the_target(
         events.append(("load", Path(model_dir)))
         real_load(model, model_dir)
 
-    def plan(config: EngineConfig, layout: Any, measure: Any, draft_bytes: int = 0) -> Any:
+    def plan(config: EngineConfig, layout: Any, measure: Any, shared: Any = ()) -> Any:
+        draft_bytes = sum(cache.block_bytes for cache in shared)
         events.append(("plan", (Path(config.model_dir), draft_bytes)))
-        return real_plan(config, layout, measure, draft_bytes)
+        return real_plan(config, layout, measure, shared)
 
     def allocate(layout: Any, num_blocks: int, device: Any) -> torch.Tensor:
         events.append(("allocate", num_blocks))

@@ -12,6 +12,7 @@ from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
+from engine.speculative.planning import GuessLookahead
 from models.sampling_params import SamplingParams
 
 BS = 4
@@ -23,7 +24,7 @@ def _decoding(
     """A scheduler whose one request has its prompt computed and its first token."""
     config = EngineConfig(model_dir=Path("unused"), block_size=BS, max_num_batched_tokens=64)
     blocks = BlockManager(32, BS, enable_prefix_caching=True)
-    scheduler = Scheduler(config, blocks)
+    scheduler = Scheduler(config, blocks, GuessLookahead())
     request = Request("a", list(range(10, 10 + prompt_len)), params, eos_token_ids=frozenset({2}))
     scheduler.add(request)
     scheduler.update(scheduler.schedule(), [50])
@@ -87,7 +88,7 @@ def test_guesses_stop_at_the_context_length() -> None:
         model_dir=Path("unused"), block_size=BS, max_num_batched_tokens=64, max_model_len=10
     )
     blocks = BlockManager(32, BS, enable_prefix_caching=False)
-    scheduler = Scheduler(config, blocks)
+    scheduler = Scheduler(config, blocks, GuessLookahead())
     request = Request("a", list(range(10, 16)), SamplingParams(max_tokens=50), max_model_len=10)
     scheduler.add(request)
     scheduler.update(scheduler.schedule(), [50])
@@ -102,7 +103,7 @@ def test_guesses_never_preempt() -> None:
     """A guess that needs a block when none is free is dropped: the request decodes plainly."""
     config = EngineConfig(model_dir=Path("unused"), block_size=BS, max_num_batched_tokens=64)
     blocks = BlockManager(4, BS, enable_prefix_caching=False)
-    scheduler = Scheduler(config, blocks)
+    scheduler = Scheduler(config, blocks, GuessLookahead())
     a = Request("a", list(range(10, 16)), SamplingParams(max_tokens=50))
     b = Request("b", list(range(20, 27)), SamplingParams(max_tokens=50))
     scheduler.add(a)
@@ -120,7 +121,7 @@ def test_a_preempted_request_drops_its_guesses() -> None:
     back without them (a later step may be planned without a proposal, overlapped)."""
     config = EngineConfig(model_dir=Path("unused"), block_size=BS, max_num_batched_tokens=64)
     blocks = BlockManager(4, BS, enable_prefix_caching=False)
-    scheduler = Scheduler(config, blocks)
+    scheduler = Scheduler(config, blocks, GuessLookahead())
     a = Request("a", list(range(10, 18)), SamplingParams(max_tokens=50))  # 2 blocks
     b = Request("b", list(range(20, 27)), SamplingParams(max_tokens=50))  # 2 blocks
     scheduler.add(a)
