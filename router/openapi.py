@@ -74,7 +74,20 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (ReadyResponse, "serialization"),
     (HealthResponse, "serialization"),
 ]
-_STREAM = {"type": "string", "description": "server-sent events: `data: <chunk JSON>` lines"}
+
+
+def _events(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One server-sent event of a stream (Open API before 3.2 has `schema` describe each
+    event): a chunk or an error object as JSON, and `[DONE]` last."""
+    payload = {"anyOf": [chunk, ErrorResponse]}
+    data = {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, data]}},
+    }
+
+
 _ERRORS = {
     400: "bad input (the error names the parameter)",
     401: "missing or invalid API key (when keys are set)",
@@ -92,12 +105,12 @@ _TOKENS_ERRORS = (400, 401, 404, 413, 500, 503)
 _OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] = {
     ("/v1/chat/completions", "post"): (
         ChatCompletionRequest,
-        {"application/json": ChatCompletion, "text/event-stream": _STREAM},
+        {"application/json": ChatCompletion, "text/event-stream": _events(ChatCompletionChunk)},
         _GENERATE_ERRORS,
     ),
     ("/v1/completions", "post"): (
         CompletionRequest,
-        {"application/json": Completion, "text/event-stream": _STREAM},
+        {"application/json": Completion, "text/event-stream": _events(Completion)},
         _GENERATE_ERRORS,
     ),
     ("/v1/models", "get"): (None, {"application/json": ModelList}, (401, 500)),
@@ -169,11 +182,14 @@ def _answer(description: str, content: dict[str, Any], names: Names) -> dict[str
     }
 
 
-def _schema(body: Any, names: Names) -> dict[str, Any]:
-    """A model's reference in the components, any of several, or a schema as it is."""
+def _schema(body: Any, names: Names) -> Any:
+    """A model's reference in the components, any of several, or a schema with models in it."""
     if isinstance(body, tuple):
         return {"anyOf": [_schema(b, names) for b in body]}
     if isinstance(body, type) and issubclass(body, BaseModel):
         return dict(names[body])
-    schema: dict[str, Any] = body
-    return schema
+    if isinstance(body, dict):
+        return {k: _schema(v, names) for k, v in body.items()}
+    if isinstance(body, list):
+        return [_schema(v, names) for v in body]
+    return body

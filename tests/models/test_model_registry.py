@@ -340,7 +340,8 @@ def test_cli_pull_killed_by_sigterm_cleans_up(
 
     monkeypatch.setattr(models.convert, "convert_gguf", terminated_midway)
     handler_before = signal.getsignal(signal.SIGTERM)
-    assert cli.main(["model", "pull", "tiny", "--quiet", "--model-cache", str(fake_registry)]) == 130
+    argv = ["model", "pull", "tiny", "--quiet", "--model-cache", str(fake_registry)]
+    assert cli.main(argv) == 130
     assert _complete_dirs(fake_registry) == []
     assert _temp_dirs(fake_registry) == []
     assert signal.getsignal(signal.SIGTERM) == handler_before
