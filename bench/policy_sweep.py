@@ -30,12 +30,14 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
 
 from bench.common import RESULTS_DIR, write_json
 from bench.multiturn import Multiturn, format_lengths, parse_lengths, prefix_summary
 from bench.serve import DEFAULT_SLO, MULTITURN, SMOLLM2_VOCAB, ServeConfig, run_sweep
 from bench.serve_client import LoadOptions
 from bench.serve_stats import summarize
+from cluster.auth import CLUSTER_TOKEN_ENV, cluster_headers, new_token
 from cluster.redis_server import free_port
 
 UP_TIMEOUT_S = 300.0
@@ -53,9 +55,12 @@ class Up:
         if args.threads_per_node:
             argv += ["--threads-per-node", str(args.threads_per_node)]
         run_dir.mkdir(parents=True, exist_ok=True)
+        # the run's cluster token, so that the nodes' /stats answer this process
+        self.token = os.environ.get(CLUSTER_TOKEN_ENV) or new_token()
+        env = dict(os.environ, **{CLUSTER_TOKEN_ENV: self.token})
         with open(run_dir / "launcher.out", "wb") as sink:
             self.proc = subprocess.Popen(
-                argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+                argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env
             )
         deadline = time.monotonic() + UP_TIMEOUT_S
         while "splitserve is up" not in self._output():
@@ -74,8 +79,7 @@ class Up:
         total = 0
         for node in self.layout["nodes"].values():
             if node["role"] == "prefill":
-                stats = httpx.get(node["url"] + "/stats", timeout=10, trust_env=False).json()
-                total += int(stats["counters"].get("tokens_computed", 0))
+                total += int(self._stats(node["url"])["counters"].get("tokens_computed", 0))
         return total
 
     def decode_imported_blocks(self) -> int:
@@ -83,9 +87,16 @@ class Up:
         total = 0
         for node in self.layout["nodes"].values():
             if node["role"] == "decode":
-                stats = httpx.get(node["url"] + "/stats", timeout=10, trust_env=False).json()
-                total += int(stats["counters"].get("imported_blocks_total", 0))
+                imported = self._stats(node["url"])["counters"].get("imported_blocks_total", 0)
+                total += int(imported)
         return total
+
+    def _stats(self, node_url: str) -> dict[str, Any]:
+        headers = cluster_headers(SecretStr(self.token))
+        resp = httpx.get(node_url + "/stats", headers=headers, timeout=10, trust_env=False)
+        resp.raise_for_status()
+        stats: dict[str, Any] = resp.json()
+        return stats
 
     def router_kv(self) -> dict[str, dict[str, float]]:
         """Per pool, from the router's /metrics: requests routed to the node with the longest

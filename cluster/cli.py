@@ -4,9 +4,11 @@ so `splitserve router` never imports torch."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 # subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -20,8 +22,17 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """The installed package's version ("unknown" when run from a source tree only)."""
+    try:
+        return metadata.version("splitserve")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in _COMMANDS.items():
@@ -33,10 +44,43 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _innermost(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The (sub)command parser that parsed the arguments: its usage is the one to show."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen in action.choices:
+                return _innermost(action.choices[chosen], args)
+    return parser
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """The error for arguments `parser` does not know, with the closest flag it has (a hidden
+    deprecated alias is close to the flag that replaced it)."""
+    shown = {
+        a.dest: a.option_strings[-1]
+        for a in parser._actions
+        if a.option_strings and a.help != argparse.SUPPRESS
+    }
+    flags = {s: shown.get(a.dest, s) for a in parser._actions for s in a.option_strings}
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    for extra in extras:
+        if extra.startswith("-"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            if close:
+                return f"{message} (did you mean {flags[close[0]]}?)"
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser(args_list)
-    args = parser.parse_args(args_list)
+    args, extras = parser.parse_known_args(args_list)
+    if extras:  # named by the subcommand that got them, with its usage
+        command = _innermost(parser, args)
+        command.error(unrecognized(command, extras))
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2

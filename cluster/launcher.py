@@ -13,7 +13,9 @@ the router URL, the Redis URL, each node's URL and every process id (launcher in
 A node that exits is reported and the cluster keeps serving without it. An embedded Redis that
 dies is restarted on the same port (cluster.redis_supervisor); when the router exits, or Redis
 keeps dying, the launcher stops everything and exits 1. Every run gets its own cluster token
-(SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set).
+(SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set). `--api-key`
+reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line;
+`--max-model-len` goes to the router and every node, `--served-model-name` to the router.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from cluster.auth import CLUSTER_TOKEN_ENV, new_token
 from cluster.process import Child, stop_all
 from cluster.redis_server import EmbeddedRedis, free_port
 from cluster.redis_supervisor import RedisSupervisor
+from cluster.up_args import API_KEY_ENV, check_args
+from cluster.up_args import add_arguments as add_arguments
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.25
@@ -59,46 +63,9 @@ class NodePlan:
         return f"http://127.0.0.1:{self.port}"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="registry name or HF model dir")
-    parser.add_argument("--model-cache", default=None, help="model cache directory")
-    parser.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
-    parser.add_argument("--decode", type=int, default=1, help="decode nodes (default 1)")
-    parser.add_argument(
-        "--colocated", action="store_true",
-        help="run --decode colocated nodes (prefill and decode in one) and no prefill pool",
-    )  # fmt: skip
-    parser.add_argument("--redis", default=None, help="use this Redis URL, not an embedded one")
-    parser.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
-    parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
-    parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
-    parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
-    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
-    parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
-    parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9,
-        help="CUDA: share of the GPU for all nodes together; each node gets an equal part",
-    )  # fmt: skip
-    parser.add_argument(
-        "--speculative-method", choices=["none", "ngram", "draft"], default=None,
-        help="speculative decoding on the decode / colocated nodes",
-    )  # fmt: skip
-    parser.add_argument("--num-speculative-tokens", type=int, default=None)
-    parser.add_argument("--draft-model", default=None, help="draft model (registry name or dir)")
-    parser.add_argument("--run-dir", default=None, help="where logs and pids.json go")
-    parser.add_argument("--ready-timeout-s", type=float, default=300.0)
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument(
-        "--policy", choices=["kv_aware", "least_loaded", "round_robin"], default=None,
-        help="the router's routing policy (default kv_aware)",
-    )  # fmt: skip
-
-
 def run(args: argparse.Namespace) -> int:
     try:
-        _check_args(args)
+        check_args(args)
         model = _ensure_model(args)
     except (ValueError, LaunchError) as exc:
         print(f"splitserve up: {exc}", file=sys.stderr)
@@ -114,26 +81,6 @@ def run(args: argparse.Namespace) -> int:
         except LaunchError as exc:
             print(f"splitserve up: {exc}", file=sys.stderr, flush=True)
             return 1
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    if args.decode < 1:
-        raise ValueError("--decode must be >= 1")
-    if not args.colocated and args.prefill < 1:
-        raise ValueError("--prefill must be >= 1 (or use --colocated)")
-    if args.threads_per_node is not None and args.threads_per_node < 1:
-        raise ValueError("--threads-per-node must be >= 1")
-    if not 1 <= args.port <= 65535:
-        raise ValueError("--port must be in [1, 65535]")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
-    k = args.num_speculative_tokens
-    if k is not None and not 1 <= k <= 16:
-        raise ValueError(f"--num-speculative-tokens must be in [1, 16], got {k}")
-    if args.speculative_method == "draft" and not args.draft_model:
-        raise ValueError("--speculative-method draft needs --draft-model")
-    if args.draft_model and args.speculative_method != "draft":
-        raise ValueError("--draft-model needs --speculative-method draft")
 
 
 def _ensure_model(args: argparse.Namespace) -> Path:
@@ -180,13 +127,14 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
             redis = EmbeddedRedis(die_with_parent=True).start()
             redis_url = redis.url
         nodes = _plan_nodes(args)
-        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url), env))
+        router_env = router_environment(args, env)
+        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url), router_env))
         for node in nodes:
             argv = _node_argv(args, model, redis_url, node)
             children.append(_spawn(run_dir, node.name, argv, env))
         _write_cluster_file(run_dir, args, redis_url, nodes, children, redis)
         _wait_ready(args, children, nodes)
-        _announce(args, model, nodes)
+        _announce(args, model, nodes, keyed=API_KEY_ENV in router_env)
         return _supervise(children, redis, run_dir)
     finally:
         if children or redis is not None:
@@ -198,6 +146,11 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
             redis.stop()
         if children:
             print("stopped", flush=True)
+
+
+def router_environment(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
+    """The router's environment: the children's, with the API key of --api-key."""
+    return env if args.api_key is None else dict(env, **{API_KEY_ENV: args.api_key})
 
 
 def _plan_nodes(args: argparse.Namespace) -> list[NodePlan]:
@@ -224,6 +177,10 @@ def _router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[
         argv += ["--log-level", args.log_level]
     if args.policy:
         argv += ["--policy", args.policy]
+    if args.served_model_name:
+        argv += ["--served-model-name", args.served_model_name]
+    if args.max_model_len is not None:
+        argv += ["--max-model-len", str(args.max_model_len)]
     return argv
 
 
@@ -245,6 +202,7 @@ def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: Node
         "--torch-threads": args.threads_per_node,
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,
+        "--max-model-len": args.max_model_len,
         "--gpu-memory-utilization": node_gpu_share(args),
         "--log-level": args.log_level,
     }
@@ -350,21 +308,23 @@ def _router_ready(http: httpx.Client, url: str, nodes: list[NodePlan]) -> bool:
     return True
 
 
-def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan]) -> None:
+def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan], keyed: bool) -> None:
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     base = f"http://{host}:{args.port}"
     pools = ", ".join(f"{n.name} {n.url}" for n in nodes)
+    name = args.served_model_name or model.name
+    auth = f'-H "Authorization: Bearer ${API_KEY_ENV}" ' if keyed else ""
     body = json.dumps(
         {
-            "model": model.name,
+            "model": name,
             "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 32,
         }
     )
     print(
-        f"splitserve is up: {base}/v1 (model {model.name})\n"
+        f"splitserve is up: {base}/v1 (model {name})\n"
         f"  nodes: {pools}\n"
-        f"  try:   curl {base}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"  try:   curl {base}/v1/chat/completions {auth}-H 'Content-Type: application/json' "
         f"-d '{body}'\n"
         "  Ctrl-C stops everything.",
         flush=True,

@@ -6,11 +6,13 @@ import argparse
 import sys
 import time
 
+from models.cli import add_model_cache_flag
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompts", nargs="*", help="prompts (default: one example question)")
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
     parser.add_argument("--model", default="smollm2", help="registry name or HF model directory")
-    parser.add_argument("--cache-dir", default=None, help="model cache directory")
+    add_model_cache_flag(parser)
     parser.add_argument("--raw", action="store_true", help="no chat template")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -27,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from models import resolve_model
 
     try:
-        model_dir = resolve_model(args.model, Path(args.cache_dir) if args.cache_dir else None)
+        model_dir = resolve_model(args.model, Path(args.model_cache) if args.model_cache else None)
         from engine.llm import LLM
         from models.sampling_params import SamplingParams
 
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"splitserve: error: {exc}", file=sys.stderr)
         return 2
-    prompts = args.prompts or ["What is the capital of France?"]
+    prompts = args.prompts
     start = time.perf_counter()
     if args.raw:
         outputs = llm.generate(prompts, params)

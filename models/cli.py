@@ -1,4 +1,5 @@
-"""`splitserve model pull|list|path`: get models into the local cache and find them."""
+"""`splitserve model pull|list|path`: get models into the local cache and find them; and the
+`--model-cache` flag every subcommand that finds models shares."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import models
 
@@ -23,12 +25,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     path = sub.add_parser("path", help="print the directory of a pulled model")
     path.add_argument("name", help="registry name or path to a HF directory")
     for p in (pull, lst, path):
-        p.add_argument(
-            "--cache-dir",
-            type=Path,
-            default=None,
-            help=f"model cache (default: ${models.CACHE_ENV} or ~/.cache/splitserve/models)",
+        add_model_cache_flag(p)
+
+
+MODEL_CACHE_HELP = (
+    f"model cache directory (default: ${models.CACHE_ENV} or ~/.cache/splitserve/models)"
+)
+
+
+def add_model_cache_flag(parser: argparse.ArgumentParser, alias_only: bool = False) -> None:
+    """`--model-cache DIR` (in `args.model_cache`, a string) and `--cache-dir`, its deprecated
+    alias; `alias_only` when the parser has `--model-cache` already."""
+    if not alias_only:
+        parser.add_argument("--model-cache", default=None, help=MODEL_CACHE_HELP)
+    parser.add_argument(
+        "--cache-dir", dest="model_cache", action=_DeprecatedAlias, help=argparse.SUPPRESS
+    )
+
+
+class _DeprecatedAlias(argparse.Action):
+    """Stores the value like `--model-cache` does, with a warning on stderr."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated; use --model-cache",
+            file=sys.stderr,
         )
+        setattr(namespace, self.dest, values)
+
+
+def _cache(args: argparse.Namespace) -> Path | None:
+    return Path(args.model_cache) if args.model_cache else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +78,7 @@ def _pull(args: argparse.Namespace) -> int:
     # SIGTERM (kill, a pod shutdown) unwinds like Ctrl-C, so the pull removes its temp dir.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        print(models.pull(args.name, args.cache_dir, progress=not args.quiet))
+        print(models.pull(args.name, _cache(args), progress=not args.quiet))
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
@@ -57,9 +90,10 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     rows = [("NAME", "STATUS", "PATH", "DESCRIPTION")]
+    cache = _cache(args)
     for name, spec in models.REGISTRY.items():
-        status = "pulled" if models.is_pulled(name, args.cache_dir) else "not pulled"
-        rows.append((name, status, str(models.cache_path(name, args.cache_dir)), spec.description))
+        status = "pulled" if models.is_pulled(name, cache) else "not pulled"
+        rows.append((name, status, str(models.cache_path(name, cache)), spec.description))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         print("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[3]]))
@@ -67,5 +101,5 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
-    print(models.resolve_model(args.name, args.cache_dir))
+    print(models.resolve_model(args.name, _cache(args)))
     return 0

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from cluster.settings import NodeSettings, SettingsError, load
+from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 
 _HELP: dict[str, str] = {
     "host": "address to listen on (default 127.0.0.1)",
     "port": "HTTP port (default 8100)",
     "redis_url": "Redis holding the cluster registry",
     "model": "model registry name (pulled) or HF model directory",
-    "model_cache": "model cache directory",
+    "model_cache": MODEL_CACHE_HELP,
     "device": "where the engine runs",
     "dtype": "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU)",
     "block_size": "tokens per KV block",
@@ -67,6 +68,7 @@ def add_node_arguments(parser: argparse.ArgumentParser, roles: Sequence[str]) ->
         kind, choices = _arg_type(NodeSettings.model_fields[name].annotation)
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, choices=choices, default=None, help=help_text)
+    add_model_cache_flag(parser, alias_only=True)
     if len(roles) > 1:
         parser.add_argument("--role", choices=list(roles), default=None, help=f"default {roles[0]}")
 

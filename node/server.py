@@ -1,6 +1,8 @@
 """What every node serves, whatever its role: the FastAPI shell, /health, /ready, /stats,
 /metrics, the registry heartbeat, and error answers in the protocol's format
-(node.errors).
+(node.errors). The probes (/health, /ready) and /metrics are open; /stats, which publishes the
+transfer agent's metadata and the KV cache's memory address, needs the cluster token as the
+role's /internal/* endpoints do (when the node has one).
 
 Torch-free. A role package (prefill_node, decode_node) adds its internal endpoints and a
 `NodeRuntime` factory; `create_node_app` loads nothing: the runtime (model, engine thread,
@@ -133,6 +135,7 @@ def create_node_app(
     )  # fmt: skip
     app.state.node = state
     app.include_router(probes)
+    app.include_router(guarded)
     app.include_router(routes, dependencies=[Depends(require_cluster_token)])
     _install_error_handlers(app)
     return app
@@ -142,7 +145,7 @@ def node_route_paths(routes: APIRouter) -> set[str]:
     """Paths a node with the role's `routes` serves (the Helm chart's probes rely on them)."""
     return {
         path
-        for router in (probes, routes)
+        for router in (probes, guarded, routes)
         for route in router.routes
         if isinstance(path := getattr(route, "path", None), str)
     }
@@ -222,6 +225,7 @@ async def _stop_beating(beats: asyncio.Task[None], stop: asyncio.Event) -> None:
 
 
 probes = APIRouter()
+guarded = APIRouter(dependencies=[Depends(require_cluster_token)])
 
 
 @probes.get(HEALTH)
@@ -245,8 +249,9 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if state.ready else 503)
 
 
-@probes.get(STATS)
+@guarded.get(STATS)
 async def stats(request: Request) -> JSONResponse:
+    """Identity (peer_info included: transfer metadata and addresses), load and counters."""
     runtime: NodeRuntime = runtime_of(request)
     body = NodeStats(info=runtime.info, load=runtime.load(), counters=runtime.counters())
     return JSONResponse(body.model_dump(mode="json"))

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.auth import cluster_headers
+from cluster.cli import version
 from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
@@ -31,8 +32,10 @@ from router.kv_policy import KVWeights
 from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
+from router.openapi import install_openapi
 from router.policy import NodePicker
 from router.state import RouterState
+from router.tokenize import tokens
 
 log = logging.getLogger("splitserve.router")
 
@@ -65,18 +68,19 @@ def create_app(
         tokenizer=tokenizer,
     )
     app = FastAPI(
-        title="splitserve router", lifespan=_lifespan, docs_url=None, redoc_url=None,
-        openapi_url=None,
+        title="splitserve router", version=version(), lifespan=_lifespan, docs_url="/docs",
+        redoc_url=None, openapi_url="/openapi.json",
     )  # fmt: skip
     app.state.router = state
     for router in _ROUTERS:
         app.include_router(router)
+    install_openapi(app, keyed=bool(state.api_keys))
     _install_error_handlers(app)
     app.add_middleware(RequestMetrics, metrics=metrics, routes=route_paths())
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes)
+_ROUTERS = (endpoints.v1, endpoints.probes, tokens)
 
 
 def route_paths() -> set[str]:

@@ -11,13 +11,14 @@ import logging
 import sys
 
 from cluster.settings import RouterSettings, SettingsError, load
+from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 
 _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--host", str, "address to listen on (default 127.0.0.1)"),
     ("--port", int, "port to listen on (default 8000)"),
     ("--redis-url", str, "Redis holding the cluster registry"),
     ("--model", str, "model registry name or HF directory, for the tokenizer"),
-    ("--model-cache", str, "model cache directory"),
+    ("--model-cache", str, MODEL_CACHE_HELP),
     ("--served-model-name", str, "the model name clients send (default: the model's name)"),
     ("--api-key", str, "require `Authorization: Bearer KEY` on /v1 (prefer the env var)"),
     ("--api-key-file", str, "accepted API keys, one per line"),
@@ -33,6 +34,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kind, help_text in _FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=help_text)
+    add_model_cache_flag(parser, alias_only=True)
     parser.add_argument("--policy", choices=["round_robin", "least_loaded", "kv_aware"])
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
 

@@ -13,7 +13,8 @@ from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
 from router.errors import bad_request
 from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from router.tools import ToolPlan, template_messages
+from router.structured import response_format_instruction
+from router.tools import ToolPlan, template_messages, with_system_text
 
 T = TypeVar("T")
 _DEFAULT = SamplingParams()  # what a request leaves out: OpenAI's defaults
@@ -43,6 +44,9 @@ async def chat_prompt(
     tokenizer: Tokenizer, req: ChatCompletionRequest, plan: ToolPlan | None = None
 ) -> Prompt:
     messages, tools = template_messages(req.messages, plan, tokenizer.chat_template_uses_tools)
+    instruction = response_format_instruction(req.response_format)
+    if instruction is not None:
+        messages = with_system_text(messages, instruction)
     try:
         ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages, True, tools)
     except ValueError as exc:  # the template refused the conversation

@@ -4,7 +4,9 @@ grammar once, in the router, and sent to the nodes in SamplingParams.grammar.
 llguidance does not load torch, so the router checks a schema where the request arrives: a
 schema it cannot compile is a 400 naming the parameter, before any node sees the request.
 JSON is generated compact (no free whitespace), so that a model cannot spend its tokens on
-blank lines.
+blank lines. `json_object` also adds JSON_OBJECT_INSTRUCTION to the system message, as other
+servers do: the grammar alone lets a model that was not asked for JSON close the object at
+once (`{}`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
 
 from router.errors import APIError, bad_request
 
+JSON_OBJECT_INSTRUCTION = (
+    "Answer with one JSON object only, with the keys and values the answer needs."
+)
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 MAX_SCHEMA_BYTES = 64 * 1024
 
@@ -58,6 +63,13 @@ def response_format_grammar(response_format: Any) -> str | None:
     spec = response_format.json_schema
     schema = spec.schema_ if spec.schema_ is not None else {"type": "object"}
     return json_schema_grammar(schema, "response_format.json_schema.schema")
+
+
+def response_format_instruction(response_format: Any) -> str | None:
+    """What the prompt's system message says for `response_format` (json_object only)."""
+    if response_format is not None and response_format.type == "json_object":
+        return JSON_OBJECT_INSTRUCTION
+    return None
 
 
 def _invalid(param: str, problem: str) -> APIError:

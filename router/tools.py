@@ -10,7 +10,9 @@ results go in as `tool` messages.
 `tool_choice`: "none" renders no tools; "auto" lets the model choose (calls are read from the
 output when it is one or more wrapped calls, or one bare call object); "required" and a
 named function constrain the output with a grammar built from the functions' parameter
-schemas, so that it always parses: a bare `{"name": ..., "arguments": {...}}` object.
+schemas, closed and bounded (router.tool_schema), so that it always parses: a bare
+`{"name": ..., "arguments": {...}}` object. A forced call that `max_tokens` cuts short is no
+call: it ends with finish_reason "length" and the text so far as content (router.tool_output).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Literal
 from router.errors import bad_request
 from router.openai_schema import ChatCompletionRequest, ChatMessage, ToolDefinition
 from router.structured import json_schema_grammar
+from router.tool_schema import closed_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _WRAPPED = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
@@ -91,13 +94,14 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
 
 
 def call_schema(tools: Sequence[ToolDefinition]) -> dict[str, Any]:
-    """JSON schema of one call to one of `tools`: {"name": <const>, "arguments": <params>}."""
+    """JSON schema of one call to one of `tools`: {"name": <const>, "arguments": <params>},
+    the parameters closed and bounded for the grammar."""
     options = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t.function.name},
-                "arguments": _parameters(t),
+                "arguments": closed_schema(_parameters(t)),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -124,7 +128,7 @@ def template_messages(
         return [_native_message(m) for m in messages], tools
     chat = [_fallback_message(m) for m in messages]
     if plan is not None:
-        chat = _with_system_text(chat, _tools_prompt(plan))
+        chat = with_system_text(chat, _tools_prompt(plan))
     return chat, None
 
 
@@ -157,7 +161,8 @@ def _fallback_message(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _with_system_text(chat: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+def with_system_text(chat: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """`chat` with `text` added to its system message (a new one first when it has none)."""
     if chat and chat[0]["role"] in ("system", "developer"):
         first = dict(chat[0])
         first["content"] = f"{first['content']}\n\n{text}" if first["content"] else text

@@ -190,3 +190,43 @@ def test_policy_reaches_the_router_command_line(tmp_path: Path) -> None:
         argv = launcher._router_argv(_args("--policy", policy), tmp_path, "redis://h:1/0")
         assert _parse_child(argv).policy == policy
     assert _parse_child(launcher._router_argv(_args(), tmp_path, "redis://h:1/0")).policy is None
+
+
+def test_up_passes_max_model_len_served_name_and_api_key_through(tmp_path: Path) -> None:
+    args = _args(
+        "--max-model-len", "96", "--served-model-name", "my-model", "--api-key", "k-123456789",
+    )  # fmt: skip
+    router_argv = launcher._router_argv(args, tmp_path, "redis://h:1/0")
+    router = _parse_child(router_argv)
+    assert (router.max_model_len, router.served_model_name) == (96, "my-model")
+    assert router.api_key is None and "k-123456789" not in router_argv  # not on a command line
+    assert launcher.router_environment(args, {"A": "1"}) == {
+        "A": "1",
+        "SPLITSERVE_API_KEY": "k-123456789",
+    }
+    for plan in launcher._plan_nodes(args):
+        argv = launcher._node_argv(args, tmp_path, "redis://h:1/0", plan)
+        assert _parse_child(argv).max_model_len == 96 and "k-123456789" not in argv
+    plain = _args()
+    assert (
+        _parse_child(launcher._router_argv(plain, tmp_path, "redis://h:1/0")).max_model_len is None
+    )
+    assert launcher.router_environment(plain, {"A": "1"}) == {"A": "1"}
+
+
+def test_run_dir_help_names_the_files_written_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _args("--run-dir", str(tmp_path))
+    nodes = launcher._plan_nodes(args)
+    children = [launcher._spawn(tmp_path, "router", SLEEPER, dict(os.environ))]
+    try:
+        launcher._write_cluster_file(tmp_path, args, "redis://h:1/0", nodes, children, None)
+    finally:
+        stop_all(children, 5.0)
+    parser = argparse.ArgumentParser(prog="splitserve up")
+    launcher.add_arguments(parser)
+    help_text = " ".join(parser.format_help().split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json", "router.log"]
+    assert "cluster.json" in help_text and "NAME.log" in help_text
+    assert "pids.json" not in help_text

@@ -125,17 +125,20 @@ async def serving(app: Any, settings: NodeSettings) -> AsyncIterator[httpx.Async
             sock.close()
 
 
-async def stats(client: httpx.AsyncClient) -> NodeStats:
-    resp = await client.get("/stats")
+async def stats(client: httpx.AsyncClient, headers: dict[str, str] | None = None) -> NodeStats:
+    """GET /stats; `headers` carry the cluster token of a node that has one."""
+    resp = await client.get("/stats", headers=headers)
     resp.raise_for_status()
     return NodeStats.model_validate_json(resp.content)
 
 
-async def wait_idle(client: httpx.AsyncClient, timeout_s: float = 10.0) -> NodeStats:
+async def wait_idle(
+    client: httpx.AsyncClient, timeout_s: float = 10.0, headers: dict[str, str] | None = None
+) -> NodeStats:
     """Stats once every block is free and no lease is held (or the last stats at timeout)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        now = await stats(client)
+        now = await stats(client, headers)
         load = now.load
         idle = load.free_blocks == load.total_blocks and load.leases_held == 0
         if (idle and load.running == 0) or asyncio.get_running_loop().time() > deadline:

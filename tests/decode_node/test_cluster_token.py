@@ -1,5 +1,6 @@
-"""The cluster token: nodes answer /internal/* only with it (401 in the protocol's error
-format otherwise), and a prefill node refuses the KV handshake of a reader without it."""
+"""The cluster token: nodes answer /internal/* and /stats (transfer metadata, memory addresses)
+only with it (401 in the protocol's error format otherwise) while the probes stay open, and a
+prefill node refuses the KV handshake of a reader without it."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ TOKEN = "the-cluster-token-0123456789"
 OTHER = "another-cluster-token-98765"
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41]
 SPEC = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+WITH_TOKEN = {CLUSTER_TOKEN_HEADER: TOKEN}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -68,18 +70,31 @@ async def test_internal_calls_without_the_token_get_401(
         assert resp.status_code == 401, path
         error = NodeErrorResponse.model_validate_json(resp.content).error
         assert error.code == "unauthorized" and TOKEN not in resp.text
-    idle = await wait_idle(prefill)
+    idle = await wait_idle(prefill, headers=WITH_TOKEN)
     assert idle.counters.get("requests_total", 0) == 0  # nothing ran
     assert (await prefill.get("/ready")).status_code == 200  # probes stay open
+
+
+@pytest.mark.parametrize("headers", [{}, {CLUSTER_TOKEN_HEADER: "wrong-token-0123456789"}])
+async def test_stats_need_the_token_and_the_probes_stay_open(
+    nodes: tuple[httpx.AsyncClient, httpx.AsyncClient], headers: dict[str, str]
+) -> None:
+    prefill, _ = nodes
+    resp = await prefill.get("/stats", headers=headers)
+    assert resp.status_code == 401, resp.text
+    error = NodeErrorResponse.model_validate_json(resp.content).error
+    assert error.code == "unauthorized" and "peer_info" not in resp.text
+    for probe in ("/health", "/ready", "/metrics"):
+        assert (await prefill.get(probe, headers=headers)).status_code == 200, probe
+    allowed = await prefill.get("/stats", headers=WITH_TOKEN)
+    assert allowed.status_code == 200 and allowed.json()["info"]["peer_info"]
 
 
 async def test_a_reader_with_another_token_is_refused_and_recomputes(
     nodes: tuple[httpx.AsyncClient, httpx.AsyncClient], model_dir: Path
 ) -> None:
     prefill, decode = nodes
-    resp = await prefill.post(
-        "/internal/prefill", json=_prefill_body("r1"), headers={CLUSTER_TOKEN_HEADER: TOKEN}
-    )
+    resp = await prefill.post("/internal/prefill", json=_prefill_body("r1"), headers=WITH_TOKEN)
     assert resp.status_code == 200, resp.text
     answer = PrefillResponse.model_validate_json(resp.content)
     req = DecodeRequest(
@@ -99,7 +114,5 @@ async def test_a_reader_with_another_token_is_refused_and_recomputes(
     samples = await scrape(decode)
     assert metric(samples, "splitserve_kv_transfer_failures_total", kind="refused") == 1
     assert events[-1].num_cached_tokens == 0  # recomputed here, no KV came over
-    await prefill.post(
-        "/internal/release", json={"request_id": "r1"}, headers={CLUSTER_TOKEN_HEADER: TOKEN}
-    )
-    assert (await wait_idle(prefill)).load.leases_held == 0
+    await prefill.post("/internal/release", json={"request_id": "r1"}, headers=WITH_TOKEN)
+    assert (await wait_idle(prefill, headers=WITH_TOKEN)).load.leases_held == 0

@@ -18,10 +18,13 @@ from typing import Any
 import httpx
 import openai
 
+from cluster.auth import CLUSTER_TOKEN_ENV, CLUSTER_TOKEN_HEADER
 from cluster.protocol import NodeStats
 from cluster.redis_server import free_port
 
 UP_TIMEOUT_S = 240.0
+# the clusters' token (the launcher keeps one it finds in its environment): /stats needs it
+CLUSTER_TOKEN = "e2e-cluster-token-0123456789abcdef"
 
 
 @dataclass
@@ -47,7 +50,10 @@ class Cluster:
         return [n for n, v in self.layout["nodes"].items() if v["role"] == role]
 
     def stats(self, name: str) -> NodeStats:
-        resp = httpx.get(self.node_url(name) + "/stats", timeout=5, trust_env=False)
+        headers = {CLUSTER_TOKEN_HEADER: CLUSTER_TOKEN}
+        resp = httpx.get(
+            self.node_url(name) + "/stats", headers=headers, timeout=5, trust_env=False
+        )
         resp.raise_for_status()
         return NodeStats.model_validate_json(resp.content)
 
@@ -100,7 +106,13 @@ def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "launcher.out"
     with open(out, "wb") as sink:
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ, **{CLUSTER_TOKEN_ENV: CLUSTER_TOKEN}),
+        )
     cluster = Cluster(proc, run_dir, {})
     deadline = time.monotonic() + UP_TIMEOUT_S
     while "splitserve is up" not in cluster.output():

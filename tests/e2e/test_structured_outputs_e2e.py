@@ -1,8 +1,9 @@
 """Structured outputs and tool calls with the official openai client against `splitserve up`
 (1 prefill + 1 decode node, the default model): 20 JSON schemas give output that parses and
 validates, streamed and not; tool calls round-trip with tool_choice "required" and a named
-function; bad schemas and bad tool definitions are 400s. Every response and chunk validates
-against the openai package's types."""
+function; a forced call whose parameters leave objects open parses, or ends in "length" with
+no tool_calls when max_tokens cuts it; bad schemas and bad tool definitions are 400s. Every
+response and chunk validates against the openai package's types."""
 
 from __future__ import annotations
 
@@ -49,6 +50,38 @@ TIME = {
         },
     },
 }
+
+
+OPEN_WEATHER = {  # as most users write it: objects open, strings unbounded
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city"],
+        },
+    },
+}
+OPEN_SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "filters": {"type": "object", "properties": {"site": {"type": "string"}}},
+            },
+            "required": ["query"],
+        },
+    },
+}
+OPEN_TOOLS = {"get_weather": OPEN_WEATHER, "search": OPEN_SEARCH}
+# with open objects in the grammar the default model added keys to these until max_tokens
+QUESTIONS = ("What is the weather in Paris?", "Is it cold in Oslo today?", "hi")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +189,66 @@ def test_a_streamed_forced_call_parses(client: openai.OpenAI) -> None:
             finish = choice.finish_reason or finish
     assert names == "get_time" and finish == "tool_calls"
     jsonschema.validate(json.loads(arguments), TIME["function"]["parameters"])
+
+
+def _forced_call(
+    client: openai.OpenAI, question: str, max_tokens: int, stream: bool
+) -> tuple[str | None, list[tuple[str, str]]]:
+    """(finish_reason, [(name, arguments)]) of a forced call, streamed or not."""
+    args: dict[str, Any] = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": question}],
+        "tools": list(OPEN_TOOLS.values()),
+        "tool_choice": "required",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    if not stream:
+        reply = client.chat.completions.create(**args)
+        ChatCompletion.model_validate(reply.to_dict())
+        choice = reply.choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        return choice.finish_reason, calls
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**args, stream=True):
+        ChatCompletionChunk.model_validate(chunk.to_dict())
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                fn = call.function
+                names[call.index] = names.get(call.index, "") + ((fn.name or "") if fn else "")
+                arguments[call.index] = arguments.get(call.index, "") + (
+                    (fn.arguments or "") if fn else ""
+                )
+            finish = choice.finish_reason or finish
+    return finish, [(names[i], arguments.get(i, "")) for i in sorted(names)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("max_tokens", [6, 300])
+def test_a_forced_call_with_an_open_schema_parses_or_says_length(
+    client: openai.OpenAI, max_tokens: int, stream: bool
+) -> None:
+    """Parameters without additionalProperties: every reply is a call whose arguments validate
+    (and hold only the declared keys: the grammar closed the object), or finish_reason "length"
+    with no tool_calls; with room enough, always a call."""
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        replies = list(pool.map(lambda q: _forced_call(client, q, max_tokens, stream), QUESTIONS))
+    for finish, calls in replies:
+        if finish == "length":
+            assert calls == [], calls
+            continue
+        assert finish == "tool_calls" and len(calls) == 1, (finish, calls)
+        name, arguments = calls[0]
+        schema: dict[str, Any] = OPEN_TOOLS[name]["function"]["parameters"]  # type: ignore[index]
+        value = json.loads(arguments)
+        jsonschema.validate(value, schema)
+        assert set(value) <= set(schema["properties"]), value
+    if max_tokens >= 300:  # the closed grammar ends the call long before
+        assert [finish for finish, _ in replies] == ["tool_calls"] * len(QUESTIONS), replies
+    else:
+        assert [finish for finish, _ in replies] == ["length"] * len(QUESTIONS), replies
 
 
 @pytest.mark.parametrize(

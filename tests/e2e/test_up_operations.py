@@ -1,6 +1,7 @@
-"""`splitserve up` (1 prefill + 1 decode) as an operator meets it: node endpoints and the KV
-handshake refuse callers without the run's cluster token, and the embedded Redis SIGKILLed
-twice under 16 concurrent streams comes back on its port while every stream completes."""
+"""`splitserve up` (1 prefill + 1 decode) as an operator meets it: node endpoints (/stats
+included) and the KV handshake refuse callers without the run's cluster token (the probes stay
+open), and the embedded Redis SIGKILLed twice under 16 concurrent streams comes back on its
+port while every stream completes."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ def test_node_endpoints_need_the_cluster_token(cluster: Cluster, headers: dict[s
             resp = http.post(cluster.node_url(node) + path, json=payload, headers=headers)
             assert resp.status_code == 401, (node, path, resp.text)
             assert resp.json()["error"]["code"] == "unauthorized"
+        for node in ("prefill-0", "decode-0"):  # /stats shows transfer metadata: guarded too
+            resp = http.get(cluster.node_url(node) + "/stats", headers=headers)
+            assert resp.status_code == 401 and "peer_info" not in resp.text, (node, resp.text)
+            for probe in ("/health", "/ready"):
+                assert http.get(cluster.node_url(node) + probe).status_code == 200, (node, probe)
     assert cluster.stats("prefill-0").counters.get("requests_total", 0) == 0
 
 

@@ -161,7 +161,7 @@ def test_model_pulled_at_start_by_an_init_container() -> None:
     for component in SPLITSERVE:
         spec = pod_spec(deployments(docs)[component])
         (init,) = spec["initContainers"]
-        assert init["args"] == ["model", "pull", "smollm2", "--cache-dir", "/cache"]
+        assert init["args"] == ["model", "pull", "smollm2", "--model-cache", "/cache"]
         main = main_container(deployments(docs)[component])
         assert arg_after(main, "--model") == "smollm2"
         assert env_of(main)["SPLITSERVE_MODEL_CACHE"]["value"] == "/cache"

@@ -309,7 +309,7 @@ def test_unreachable_index_is_named(fake_registry: Path, monkeypatch: pytest.Mon
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["model", "path", "smollm2", "--cache-dir", str(tmp_path)]) == 2
+    assert cli.main(["model", "path", "smollm2", "--model-cache", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("splitserve: error: model 'smollm2' is not pulled")
     assert err.count("\n") == 1
@@ -319,7 +319,7 @@ def test_cli_pull_list_path(
     fake_registry: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter())
-    cache = ["--cache-dir", str(fake_registry)]
+    cache = ["--model-cache", str(fake_registry)]
     assert cli.main(["model", "list", *cache]) == 0
     assert "not pulled" in capsys.readouterr().out
     assert cli.main(["model", "pull", "tiny", "--quiet", *cache]) == 0
@@ -340,7 +340,8 @@ def test_cli_pull_killed_by_sigterm_cleans_up(
 
     monkeypatch.setattr(models.convert, "convert_gguf", terminated_midway)
     handler_before = signal.getsignal(signal.SIGTERM)
-    assert cli.main(["model", "pull", "tiny", "--quiet", "--cache-dir", str(fake_registry)]) == 130
+    argv = ["model", "pull", "tiny", "--quiet", "--model-cache", str(fake_registry)]
+    assert cli.main(argv) == 130
     assert _complete_dirs(fake_registry) == []
     assert _temp_dirs(fake_registry) == []
     assert signal.getsignal(signal.SIGTERM) == handler_before

@@ -15,6 +15,7 @@ from openai.types.chat import ChatCompletion
 from router_fakes import FakeNode, fake_cluster, metric
 
 from models.tokenizer import Tokenizer
+from router.structured import JSON_OBJECT_INSTRUCTION
 
 pytestmark = pytest.mark.timeout(120)
 SCHEMA = {
@@ -87,6 +88,25 @@ async def test_json_object_is_any_object_and_text_is_free(
         tokenizer, doc_script, _chat(response_format={"type": "text"})
     )
     assert resp.status_code == 200 and prefill.prefills[0].sampling.grammar is None
+
+
+async def test_json_object_asks_for_json_in_the_system_message(
+    tokenizer: Tokenizer, doc_script: list[int]
+) -> None:
+    body = _chat(response_format={"type": "json_object"})
+    resp, (prefill, _), _ = await _serve(tokenizer, doc_script, body)
+    assert resp.status_code == 200, resp.text
+    prompt = tokenizer.decode(prefill.prefills[0].prompt_token_ids, skip_special_tokens=False)
+    assert JSON_OBJECT_INSTRUCTION in prompt and "Name a city as JSON." in prompt
+    own_system = {"role": "system", "content": "Be brief."}
+    body["messages"] = [own_system, *body["messages"]]
+    resp, (prefill, _), _ = await _serve(tokenizer, doc_script, body)
+    prompt = tokenizer.decode(prefill.prefills[0].prompt_token_ids, skip_special_tokens=False)
+    assert f"Be brief.\n\n{JSON_OBJECT_INSTRUCTION}" in prompt  # added to the user's own
+    for other in ({"type": "text"}, _json_schema(SCHEMA)):
+        resp, (prefill, _), _ = await _serve(tokenizer, doc_script, _chat(response_format=other))
+        prompt = tokenizer.decode(prefill.prefills[0].prompt_token_ids, skip_special_tokens=False)
+        assert resp.status_code == 200 and JSON_OBJECT_INSTRUCTION not in prompt
 
 
 @pytest.mark.parametrize(

@@ -237,3 +237,26 @@ async def test_each_of_n_choices_carries_its_own_forced_call(
                        for t in c["delta"].get("tool_calls") or [])  # fmt: skip
         assert names == ["get_weather"] and json.loads(args) == {"city": "Paris"}
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["tool_calls"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_forced_call_cut_by_max_tokens_is_length_without_tool_calls(
+    tokenizer: Tokenizer, stream: bool
+) -> None:
+    body = _chat(tools=[WEATHER], tool_choice="required", max_tokens=5, stream=stream)
+    resp, _ = await _serve(tokenizer, CALL, body)
+    assert resp.status_code == 200, resp.text
+    cut = tokenizer.decode(_script(tokenizer, CALL)[:5])
+    if not stream:
+        (choice,) = resp.json()["choices"]
+        assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+        assert choice["message"]["content"] == cut  # the text so far, never a made-up call
+        return
+    chunks = _chunks(resp)
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not any("tool_calls" in d for d in deltas)
+    assert "".join(d.get("content") or "" for d in deltas) == cut
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert reasons[-1] == "length"

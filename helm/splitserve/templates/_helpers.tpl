@@ -141,7 +141,7 @@ initContainers:
   - name: model-pull
     image: {{ include "splitserve.image" . }}
     imagePullPolicy: {{ .Values.image.pullPolicy }}
-    args: ["model", "pull", {{ .Values.model.name | quote }}, "--cache-dir", {{ .Values.model.mountPath | quote }}]
+    args: ["model", "pull", {{ .Values.model.name | quote }}, "--model-cache", {{ .Values.model.mountPath | quote }}]
     env:
       {{- include "splitserve.commonEnv" . | nindent 6 }}
     securityContext:

@@ -1,0 +1,86 @@
+"""The flags of `splitserve up` (cluster.launcher) and their checks."""
+
+from __future__ import annotations
+
+import argparse
+
+from models.cli import add_model_cache_flag
+
+API_KEY_ENV = "SPLITSERVE_API_KEY"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="registry name or HF model dir")
+    add_model_cache_flag(parser)
+    parser.add_argument(
+        "--served-model-name", default=None,
+        help="the model name clients send (default: the model's name)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="context length of the router and every node (default: the model's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api-key", default=None,
+        help="the router requires `Authorization: Bearer KEY` on /v1 (several: comma-separated);"
+        f" prefer {API_KEY_ENV}, which other users cannot see in the process list",
+    )  # fmt: skip
+    parser.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
+    parser.add_argument("--decode", type=int, default=1, help="decode nodes (default 1)")
+    parser.add_argument(
+        "--colocated", action="store_true",
+        help="run --decode colocated nodes (prefill and decode in one) and no prefill pool",
+    )  # fmt: skip
+    parser.add_argument("--redis", default=None, help="use this Redis URL, not an embedded one")
+    parser.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
+    parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
+    parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9,
+        help="CUDA: share of the GPU for all nodes together; each node gets an equal part",
+    )  # fmt: skip
+    parser.add_argument(
+        "--speculative-method", choices=["none", "ngram", "draft"], default=None,
+        help="speculative decoding on the decode / colocated nodes",
+    )  # fmt: skip
+    parser.add_argument("--num-speculative-tokens", type=int, default=None)
+    parser.add_argument("--draft-model", default=None, help="draft model (registry name or dir)")
+    parser.add_argument(
+        "--run-dir", default=None,
+        help="where each process's NAME.log and cluster.json (URLs, process ids) go "
+        "(default: a new temporary directory)",
+    )  # fmt: skip
+    parser.add_argument("--ready-timeout-s", type=float, default=300.0)
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--policy", choices=["kv_aware", "least_loaded", "round_robin"], default=None,
+        help="the router's routing policy (default kv_aware)",
+    )  # fmt: skip
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """ValueError naming the first bad flag."""
+    if args.decode < 1:
+        raise ValueError("--decode must be >= 1")
+    if not args.colocated and args.prefill < 1:
+        raise ValueError("--prefill must be >= 1 (or use --colocated)")
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise ValueError("--max-model-len must be >= 1")
+    if args.threads_per_node is not None and args.threads_per_node < 1:
+        raise ValueError("--threads-per-node must be >= 1")
+    if not 1 <= args.port <= 65535:
+        raise ValueError("--port must be in [1, 65535]")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
+    k = args.num_speculative_tokens
+    if k is not None and not 1 <= k <= 16:
+        raise ValueError(f"--num-speculative-tokens must be in [1, 16], got {k}")
+    if args.speculative_method == "draft" and not args.draft_model:
+        raise ValueError("--speculative-method draft needs --draft-model")
+    if args.draft_model and args.speculative_method != "draft":
+        raise ValueError("--draft-model needs --speculative-method draft")

@@ -1,0 +1,195 @@
+"""The router's OpenAPI document (/openapi.json, browsable at /docs).
+
+The endpoints read and validate their bodies themselves (router.endpoints: size limit, OpenAI
+error format), so FastAPI sees no body parameter to describe. This module completes the
+document FastAPI builds from the routes: each POST gets its request model, every operation
+its answers (the JSON or event-stream body of a 200, and each error status with OpenAI's error
+object), and, when API keys are set, bearer security on the endpoints that need a key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from router.openai_responses import ChatCompletion, ChatCompletionChunk, Completion, ModelList
+from router.openai_schema import ChatCompletionRequest, CompletionRequest
+from router.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+)
+
+REF = "#/components/schemas/{model}"
+DESCRIPTION = (
+    "The OpenAI-compatible API of a splitserve cluster (chat completions, completions, "
+    "models), vLLM's /tokenize and /detokenize, and the probes. Errors are OpenAI's error object."
+)
+Names = dict[Any, dict[str, Any]]  # model -> its {"$ref": ...} in the components
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the router answers: OpenAI's error object."""
+
+    error: ErrorDetail
+
+
+class ReadyResponse(BaseModel):
+    status: Literal["ready", "not_ready"]
+    prefill_nodes: int
+    decode_nodes: int
+    colocated_nodes: int
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+
+
+_MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+    (ChatCompletionRequest, "validation"),
+    (CompletionRequest, "validation"),
+    (TokenizeCompletionRequest, "validation"),
+    (TokenizeChatRequest, "validation"),
+    (DetokenizeRequest, "validation"),
+    (ChatCompletion, "serialization"),
+    (ChatCompletionChunk, "serialization"),
+    (Completion, "serialization"),
+    (ModelList, "serialization"),
+    (TokenizeResponse, "serialization"),
+    (DetokenizeResponse, "serialization"),
+    (ErrorResponse, "serialization"),
+    (ReadyResponse, "serialization"),
+    (HealthResponse, "serialization"),
+]
+
+
+def _events(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One server-sent event of a stream (Open API before 3.2 has `schema` describe each
+    event): a chunk or an error object as JSON, and `[DONE]` last."""
+    payload = {"anyOf": [chunk, ErrorResponse]}
+    data = {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, data]}},
+    }
+
+
+_ERRORS = {
+    400: "bad input (the error names the parameter)",
+    401: "missing or invalid API key (when keys are set)",
+    404: "the model is not the one this router serves",
+    408: "the request ran past its own `timeout`",
+    413: "the body is larger than the router takes",
+    429: "overloaded: the queue is full (Retry-After)",
+    500: "internal error",
+    503: "no healthy node (Retry-After)",
+    504: "the request ran past the router's deadline",
+}
+_GENERATE_ERRORS = (400, 401, 404, 408, 413, 429, 500, 503, 504)
+_TOKENS_ERRORS = (400, 401, 404, 413, 500, 503)
+# (path, method) -> (request model, {media type: 200 body model or schema}, error statuses)
+_OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] = {
+    ("/v1/chat/completions", "post"): (
+        ChatCompletionRequest,
+        {"application/json": ChatCompletion, "text/event-stream": _events(ChatCompletionChunk)},
+        _GENERATE_ERRORS,
+    ),
+    ("/v1/completions", "post"): (
+        CompletionRequest,
+        {"application/json": Completion, "text/event-stream": _events(Completion)},
+        _GENERATE_ERRORS,
+    ),
+    ("/v1/models", "get"): (None, {"application/json": ModelList}, (401, 500)),
+    ("/tokenize", "post"): (
+        (TokenizeCompletionRequest, TokenizeChatRequest),
+        {"application/json": TokenizeResponse},
+        _TOKENS_ERRORS,
+    ),
+    ("/detokenize", "post"): (
+        DetokenizeRequest,
+        {"application/json": DetokenizeResponse},
+        _TOKENS_ERRORS,
+    ),
+    ("/health", "get"): (None, {"application/json": HealthResponse}, ()),
+    ("/ready", "get"): (None, {"application/json": ReadyResponse}, ()),
+    ("/metrics", "get"): (None, {"text/plain": {"type": "string"}}, ()),
+}
+_KEYED = ("/v1/", "/tokenize", "/detokenize")
+
+
+def install_openapi(app: FastAPI, keyed: bool) -> None:
+    """Serve the completed document; `keyed`: the router requires an API key."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_document(app, keyed)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def build_document(app: FastAPI, keyed: bool) -> dict[str, Any]:
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=DESCRIPTION,
+        routes=app.routes,
+    )
+    refs, defs = models_json_schema(_MODELS, ref_template=REF)
+    names = {model: ref for (model, _), ref in refs.items()}
+    components = doc.setdefault("components", {})
+    components["schemas"] = defs.get("$defs", {})
+    if keyed:
+        components["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+    for (path, method), (body, ok, errors) in _OPERATIONS.items():
+        operation = doc["paths"].get(path, {}).get(method)
+        if operation is None:
+            continue
+        if body is not None:
+            operation["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": _schema(body, names)}}}  # fmt: skip
+        answers = {"200": _answer("OK", ok, names)}
+        if path == "/ready":
+            answers["503"] = _answer("not ready", {"application/json": ReadyResponse}, names)
+        for status in errors:
+            if status != 401 or keyed:
+                content = {"application/json": ErrorResponse}
+                answers[str(status)] = _answer(_ERRORS[status], content, names)
+        operation["responses"] = answers
+        if keyed and path.startswith(_KEYED):
+            operation["security"] = [{"apiKey": []}]
+    return doc
+
+
+def _answer(description: str, content: dict[str, Any], names: Names) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {media: {"schema": _schema(body, names)} for media, body in content.items()},
+    }
+
+
+def _schema(body: Any, names: Names) -> Any:
+    """A model's reference in the components, any of several, or a schema with models in it."""
+    if isinstance(body, tuple):
+        return {"anyOf": [_schema(b, names) for b in body]}
+    if isinstance(body, type) and issubclass(body, BaseModel):
+        return dict(names[body])
+    if isinstance(body, dict):
+        return {k: _schema(v, names) for k, v in body.items()}
+    if isinstance(body, list):
+        return [_schema(v, names) for v in body]
+    return body
