@@ -10,6 +10,8 @@ Shapes (d = head_dim):
 - paged_prefill_attention: q [tokens, heads, d], cu_q [batch + 1] int32, ctx_lens [batch]
   (cached + new), block_tables [batch, max_blocks] int32 -> [tokens, heads, d]. The new
   tokens' K/V must be written first (write_kv).
+- Both attentions take ``window``: 0 is full causal attention; > 0 a sliding window, a
+  query at position p sees the keys at (p - window, p].
 - write_kv: k, v [tokens, kv_heads, d], slot_mapping [tokens] int64.
 - rms_norm: x, residual [tokens, hidden], weight [hidden] -> (out, new_residual).
 - apply_rope: q [tokens, heads, d], k [tokens, kv_heads, d], positions [tokens],
@@ -41,11 +43,12 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     max_ctx_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Decode attention, one query per sequence; see ``decode_attention``."""
     from engine.triton_kernels.decode_attention import paged_decode_attention as impl
 
-    return impl(q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len)
+    return impl(q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len, window)
 
 
 def paged_prefill_attention(
@@ -57,11 +60,12 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     max_q_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Prefill attention over cached prefix + new tokens; see ``prefill_attention``."""
     from engine.triton_kernels.prefill_attention import paged_prefill_attention as impl
 
-    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len)
+    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len, window)
 
 
 def write_kv(

@@ -50,8 +50,9 @@ def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
     decode = {"BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 16, "HEAD_DIM": 64, "HEAD_PAD": 64}
     decode |= {"TILE_N": 64, "SINGLE": False, "PRECISION": "tf32"}
     decode_fp32 = decode | {"HEAD_DIM": 16, "HEAD_PAD": 16, "SINGLE": True, "PRECISION": "ieee"}
-    prefill = {"BLOCK_SIZE": 16, "GROUP": 3, "HEAD_DIM": 64, "HEAD_PAD": 64, "BLOCK_M": 64}
+    prefill = {"BLOCK_SIZE": 16, "GROUP": 3, "HEAD_DIM": 64, "HEAD_PAD": 64, "BLOCK_M": 128}
     prefill |= {"BLOCK_N": 64, "PRECISION": "tf32"}
+    prefill_fp32 = prefill | {"GROUP": 8, "HEAD_DIM": 16, "HEAD_PAD": 16, "PRECISION": "ieee"}
     return [
         (decode_attention._decode_split_kernel, "bf16", decode, 4),
         (decode_attention._decode_split_kernel, "fp32", decode_fp32, 4),
@@ -62,6 +63,7 @@ def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
             1,
         ),
         (prefill_attention._prefill_kernel, "bf16", prefill, 4),
+        (prefill_attention._prefill_kernel, "fp32", prefill_fp32, 4),
         (
             kv_write._write_kv_kernel,
             "bf16",
