@@ -16,6 +16,7 @@ Shapes (d = head_dim):
 - rms_norm: x, residual [tokens, hidden], weight [hidden] -> (out, new_residual).
 - apply_rope: q [tokens, heads, d], k [tokens, kv_heads, d], positions [tokens],
   cos_sin_cache [max_position, d] (cos half | sin half) -> (q, k), rotated in place.
+- rope_write_kv: apply_rope and write_kv in one kernel (v [tokens, kv_heads, d] as well).
 Outputs are in q's (or x's) dtype; softmax and norms accumulate in fp32.
 """
 
@@ -95,11 +96,28 @@ def apply_rope(
     return impl(q, k, positions, cos_sin_cache)
 
 
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``apply_rope`` then ``write_kv`` in one kernel; see ``rope``."""
+    from engine.triton_kernels.rope import rope_write_kv as impl
+
+    impl(q, k, v, positions, cos_sin_cache, kv, layer, slot_mapping)
+
+
 __all__ = [
     "apply_rope",
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",
+    "rope_write_kv",
     "triton_available",
     "write_kv",
 ]
