@@ -1,7 +1,7 @@
 """`splitserve bench <benchmark> ...`: serve (load against an OpenAI-compatible server),
 offline (engine throughput), step-overhead (host time per engine step), transfer (KV block
-moves), kernels (attention kernels), cpu-kernels (the CPU decode attention kernel and packed
-linear layers).
+moves), kernels (attention kernels), prefill-attention (the prefill kernel against a matmul of
+equal FLOPs), cpu-kernels (the CPU decode attention kernel and packed linear layers).
 
 `serve` parses its own flags here; the others hand the rest of the command line to their
 module's `main(argv)`, so `splitserve bench offline --help` shows that module's help.
@@ -18,6 +18,10 @@ _FORWARDED: dict[str, tuple[str, str]] = {
     "step-overhead": ("bench.step_overhead", "host time per decode step, phase by phase"),
     "transfer": ("bench.transfer", "KV block transfer bandwidth"),
     "kernels": ("bench.kernels", "attention kernel bandwidth and FLOP rates"),
+    "prefill-attention": (
+        "bench.prefill_attention",
+        "prefill attention vs a same-run matmul of equal FLOPs",
+    ),
     "cpu-kernels": ("bench.cpu_kernels", "CPU decode attention and linear layers vs limits"),
 }
 

@@ -2,7 +2,8 @@
 
 A forward takes the flattened tokens of a whole step (prefill chunks and decode tokens mixed)
 and returns logits only for the rows that are sampled. Projections are fused at load time:
-one ``qkv`` matmul and one ``gate_up`` matmul per layer.
+one ``qkv`` matmul and one ``gate_up`` matmul per layer. The element-wise work between them
+runs as torch, C or Triton ops (``engine.model.layer_ops``), chosen once per step.
 """
 
 from __future__ import annotations
@@ -15,22 +16,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_kernels
-from engine.kv.cache import write_kv
 from engine.model import linear as cpu_linear
-from engine.model.attention import AttentionBackend, AttentionMetadata
+from engine.model.attention import AttentionBackend, AttentionMetadata, TritonAttention
 from engine.model.config import ModelConfig, RopeScaling
+from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
 
 
 def _weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     """Uninitialised frozen weight; the loader fills it."""
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [tokens, hidden]. Normalised in fp32, scaled in the model dtype."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype) * weight
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -72,12 +66,6 @@ class Rotary(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos, sin: [tokens, 1, head_dim / 2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
 _LINEAR_WEIGHTS = ("qkv", "o_proj", "gate_up", "down")
 
 
@@ -108,42 +96,23 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,
-        rotary: Rotary,
-        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        ops: LayerOps,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionBackend,
     ) -> torch.Tensor:
-        """h: [tokens, hidden] -> [tokens, hidden]. ``rope``: this step's cos / sin rows, or
-        None to run the fused CPU kernels (``engine.cpu_kernels``) instead of torch ops."""
-        tokens = h.shape[0]
-        heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
-        norm = cpu_kernels.rms_norm if rope is None else rms_norm
-        x = norm(h, self.input_norm, self.eps)
-        packed = self.packed
+        """h: [tokens, hidden] -> [tokens, hidden], the residual stream, updated in place."""
+        tokens, packed = h.shape[0], self.packed
+        x = ops.norm(h, self.input_norm, self.eps)
         qkv = cpu_linear.linear(x, self.qkv, packed.get("qkv"))  # [tokens, (h + 2 kvh) * d]
-        if rope is None:  # rotate q, k in place and store K, V: one pass
-            cpu_kernels.rope_write_kv(
-                qkv, heads, kv_heads, meta.positions, rotary.cos, rotary.sin, kv_cache,
-                self.index, meta.slot_mapping,
-            )  # fmt: skip
-            qkv = qkv.view(tokens, heads + 2 * kv_heads, d)
-            q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
-        else:
-            qkv = qkv.view(tokens, heads + 2 * kv_heads, d)
-            qk = apply_rope(qkv[:, : heads + kv_heads], *rope)  # [tokens, heads + kv_heads, d]
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
-            write_kv(kv_cache, self.index, k, v, meta.slot_mapping)
+        q, k, v = ops.rope_write_kv(
+            qkv, self.num_heads, self.num_kv_heads, kv_cache, self.index, meta
+        )
         o = attention(q, k, v, kv_cache, self.index, meta)  # [tokens, heads, d]
         h = cpu_linear.add_linear_(h, o.reshape(tokens, -1), self.o_proj, packed.get("o_proj"))
-        x = norm(h, self.post_norm, self.eps)
+        x = ops.norm(h, self.post_norm, self.eps)
         gate_up = cpu_linear.linear(x, self.gate_up, packed.get("gate_up"))
-        if rope is None:
-            act = cpu_kernels.silu_mul(gate_up)
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)  # each [tokens, inter]
-            act = F.silu(gate, inplace=True).mul_(up)  # in place: no [tokens, inter] temporaries
-        return cpu_linear.add_linear_(h, act, self.down, packed.get("down"))
+        return cpu_linear.add_linear_(h, ops.silu_mul(gate_up), self.down, packed.get("down"))
 
 
 class LlamaModel(nn.Module):
@@ -174,6 +143,10 @@ class LlamaModel(nn.Module):
         self.rotary = Rotary(config, max_len, dtype, device)
         self.packed_lm_head: torch.Tensor | None = None
         self.cpu_kernels = False  # see use_cpu_kernels
+        cos, sin = self.rotary.cos, self.rotary.sin
+        self.cpu_ops = CpuKernelOps(cos, sin)
+        # The Triton attention backend runs where the Triton kernels do: the fused ops too.
+        self.triton_ops = TritonOps(cos, sin) if isinstance(attention, TritonAttention) else None
 
     def _on_cpu_fp32(self) -> bool:
         return self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
@@ -194,6 +167,17 @@ class LlamaModel(nn.Module):
         self.packed_lm_head = cpu_linear.pack(self.lm_head)
         return True
 
+    def step_ops(
+        self, h: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> LayerOps:
+        """The layers' element-wise ops for a step: Triton with the Triton backend, the C
+        kernels where they are on and take the tensors, else torch."""
+        if self.triton_ops is not None:
+            return self.triton_ops
+        if self.cpu_kernels and cpu_kernels.fused_ops_supported(h, kv_cache):
+            return self.cpu_ops
+        return TorchOps(*self.rotary.tables(meta.positions))
+
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]
 
@@ -210,9 +194,8 @@ class LlamaModel(nn.Module):
         model dtype.
         """
         h = F.embedding(input_ids, self.embed)  # [tokens, hidden]
-        fused = self.cpu_kernels and cpu_kernels.fused_ops_supported(h, kv_cache)
-        rope = None if fused else self.rotary.tables(meta.positions)
+        ops = self.step_ops(h, kv_cache, meta)
         for layer in self.layers:
-            h = layer(h, self.rotary, rope, kv_cache, meta, self.attention)
-        last = rms_norm(h[logits_indices], self.norm, self.config.rms_norm_eps)
+            h = layer(h, ops, kv_cache, meta, self.attention)
+        last = ops.norm(h[logits_indices], self.norm, self.config.rms_norm_eps)
         return cpu_linear.linear(last, self.lm_head, self.packed_lm_head)  # [sampled, vocab]

@@ -10,10 +10,13 @@ Shapes (d = head_dim):
 - paged_prefill_attention: q [tokens, heads, d], cu_q [batch + 1] int32, ctx_lens [batch]
   (cached + new), block_tables [batch, max_blocks] int32 -> [tokens, heads, d]. The new
   tokens' K/V must be written first (write_kv).
+- Both attentions take ``window``: 0 is full causal attention; > 0 a sliding window, a
+  query at position p sees the keys at (p - window, p].
 - write_kv: k, v [tokens, kv_heads, d], slot_mapping [tokens] int64.
 - rms_norm: x, residual [tokens, hidden], weight [hidden] -> (out, new_residual).
 - apply_rope: q [tokens, heads, d], k [tokens, kv_heads, d], positions [tokens],
   cos_sin_cache [max_position, d] (cos half | sin half) -> (q, k), rotated in place.
+- rope_write_kv: apply_rope and write_kv in one kernel (v [tokens, kv_heads, d] as well).
 Outputs are in q's (or x's) dtype; softmax and norms accumulate in fp32.
 """
 
@@ -41,11 +44,12 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     max_ctx_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Decode attention, one query per sequence; see ``decode_attention``."""
     from engine.triton_kernels.decode_attention import paged_decode_attention as impl
 
-    return impl(q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len)
+    return impl(q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len, window)
 
 
 def paged_prefill_attention(
@@ -57,11 +61,12 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     max_q_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Prefill attention over cached prefix + new tokens; see ``prefill_attention``."""
     from engine.triton_kernels.prefill_attention import paged_prefill_attention as impl
 
-    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len)
+    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len, window)
 
 
 def write_kv(
@@ -91,11 +96,28 @@ def apply_rope(
     return impl(q, k, positions, cos_sin_cache)
 
 
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``apply_rope`` then ``write_kv`` in one kernel; see ``rope``."""
+    from engine.triton_kernels.rope import rope_write_kv as impl
+
+    impl(q, k, v, positions, cos_sin_cache, kv, layer, slot_mapping)
+
+
 __all__ = [
     "apply_rope",
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",
+    "rope_write_kv",
     "triton_available",
     "write_kv",
 ]

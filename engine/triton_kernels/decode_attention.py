@@ -4,7 +4,8 @@ One query token per sequence. The grid is (sequence, KV head, split): each progr
 slice of one sequence's context for one KV head, once, and serves every query head of that GQA
 group with a ``tl.dot`` (the group is padded to 16 rows, the minimum dot size). Splits write a
 partial output and a log2-sum-exp; a second kernel merges them. With one split the first
-kernel writes the output directly.
+kernel writes the output directly. With a sliding window the splits cover only the window's
+keys, the last ``window`` tokens of each context.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def _decode_split_kernel(
     part_out_ptr,  # [batch, heads, splits, HEAD_PAD] fp32
     part_lse_ptr,  # [batch, heads, splits] fp32, log2 domain
     qk_scale,  # softmax scale * log2(e)
+    window,  # 0: whole context; else its last `window` tokens
     stride_qb,
     stride_qh,
     stride_ob,
@@ -47,7 +49,7 @@ def _decode_split_kernel(
     stride_kb,
     stride_kt,
     stride_kh,
-    partition,  # context tokens per split, a multiple of TILE_N
+    partition,  # keys per split, a multiple of TILE_N
     num_splits,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
@@ -62,7 +64,8 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     ctx_len = tl.load(ctx_ptr + seq).to(tl.int32)
-    start = split * partition
+    first = tl.where(window > 0, tl.maximum(ctx_len - window, 0), 0)  # first visible key
+    start = first + split * partition
     end = tl.minimum(start + partition, ctx_len)
 
     g = tl.arange(0, GROUP_PAD)
@@ -161,6 +164,7 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     max_ctx_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context (itself included).
 
@@ -169,7 +173,10 @@ def paged_decode_attention(
     Returns [batch, heads, d] in q's dtype. No host sync: the split plan uses ``max_ctx_len``
     (the batch's longest context, known to the scheduler) or else the block table's width,
     so pass one of them tight. ``num_splits`` overrides the plan (tests, benchmarks).
+    ``window`` > 0 limits each query to the last ``window`` tokens of its context.
     """
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: full attention), got {window}")
     view = kv_layer_view(kv, layer)
     check_attention_inputs(q, kv, view, block_tables=block_tables, ctx_lens=ctx_lens)
     batch, heads, head_dim = q.shape
@@ -177,6 +184,8 @@ def paged_decode_attention(
     head_pad = pow2(head_dim, 16)
     tile_n = 16 if interpreted(q) else 64
     max_ctx = max_ctx_len or block_tables.shape[1] * view.block_size
+    if window > 0:
+        max_ctx = min(max_ctx, window)  # keys per sequence
     splits = num_splits or plan_splits(batch, view.num_kv_heads, max_ctx, tile_n, q.device)
     partition = triton.cdiv(triton.cdiv(max_ctx, splits), tile_n) * tile_n
     splits = triton.cdiv(max_ctx, partition)
@@ -185,7 +194,7 @@ def paged_decode_attention(
     part_lse = torch.empty((batch, heads, splits), device=q.device, dtype=torch.float32)
     _decode_split_kernel[(batch, view.num_kv_heads, splits)](
         q, kv, block_tables, ctx_lens, out, part_out, part_lse,
-        scale * _LOG2E,
+        scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
         view.head_stride, partition, splits,

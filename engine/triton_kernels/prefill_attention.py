@@ -1,10 +1,16 @@
-"""Paged prefill attention: new tokens of many sequences over cached prefix + themselves.
+"""Paged prefill attention, FlashAttention-2 style: new tokens over cached prefix + themselves.
 
 Flattened batch: the queries of sequence ``b`` are rows ``cu_q[b]:cu_q[b+1]`` of ``q``; their
 absolute positions end at ``ctx_lens[b] - 1``. The new tokens' K/V must already be written to
 the cache (``write_kv``), so prefix and new keys are read the same way, through the block
-table. The grid is (query tile, sequence, head); each program runs an online softmax over the
-keys up to its last query's position, with the causal mask on the diagonal tiles only.
+table.
+
+The grid is (query tile, sequence, KV head). A tile's rows are (query token, head of the GQA
+group) pairs, so each K/V tile is read once for the whole group and both products go through
+``tl.dot``. The online softmax runs in fp32 in the log2 domain. Each program walks only the
+keys its queries can see, in three runs of key tiles: those cut by the sliding window's lower
+edge (masked), those every query of the tile sees (no mask), and those on the causal
+diagonal (masked). Tiles past the last query or below the window are never visited.
 """
 
 from __future__ import annotations
@@ -25,6 +31,50 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _key_tile(
+    acc,  # [BLOCK_M, HEAD_PAD] fp32
+    m_i,  # [BLOCK_M] running max, log2 domain
+    l_i,  # [BLOCK_M] running sum
+    q,  # [BLOCK_M, HEAD_PAD]
+    q_pos,  # [BLOCK_M] absolute query positions
+    start,  # first key position of the tile
+    kv_end,  # keys at or past this are outside every query's view
+    window,  # 0: full causal
+    kv_ptr,
+    bt_row,
+    head_base,
+    v_offset,
+    stride_kb,
+    stride_kt,
+    qk_scale,
+    d,
+    d_mask,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every query of the tile sees every key of this tile
+    PRECISION: tl.constexpr,
+):
+    tok = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+    t_mask = tok < kv_end
+    block = tl.load(bt_row + tok // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+    row = head_base + block * stride_kb + (tok % BLOCK_SIZE) * stride_kt  # [BLOCK_N]
+    kv_mask = t_mask[:, None] & d_mask[None, :]
+    k = tl.load(kv_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        seen = t_mask[None, :] & (tok[None, :] <= q_pos[:, None])
+        seen = seen & ((window == 0) | (tok[None, :] > q_pos[:, None] - window))
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    v = tl.load(kv_ptr + v_offset + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,  # [tokens, heads, d]
     kv_ptr,  # the whole cache
@@ -33,6 +83,7 @@ def _prefill_kernel(
     bt_ptr,  # [batch, max_blocks] int32
     out_ptr,  # [tokens, heads, d]
     qk_scale,  # softmax scale * log2(e)
+    window,  # 0: full causal; else a query at p sees keys in (p - window, p]
     stride_qt,
     stride_qh,
     stride_ot,
@@ -51,54 +102,63 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    tile_m = tl.program_id(0)
+    tile_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest tiles start first
     seq = tl.program_id(1)
-    head = tl.program_id(2)
+    kv_head = tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    ctx_len = tl.load(ctx_ptr + seq).to(tl.int32)
-    prefix = ctx_len - q_len
+    prefix = tl.load(ctx_ptr + seq).to(tl.int32) - q_len
+    rows = q_len * GROUP  # (token, group head) pairs of this sequence and KV head
 
-    m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = m < q_len
-    q_pos = prefix + m  # [BLOCK_M] absolute positions
+    r = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_mask = r < rows
+    q_pos = prefix + r // GROUP  # [BLOCK_M]
+    head = kv_head * GROUP + r % GROUP  # [BLOCK_M]
     d = tl.arange(0, HEAD_PAD)
     d_mask = d < HEAD_DIM
-    q_mask = m_mask[:, None] & d_mask[None, :]
-    rows = (q_start + m).to(tl.int64)
-    q = tl.load(
-        q_ptr + rows[:, None] * stride_qt + head * stride_qh + d[None, :], mask=q_mask, other=0.0
-    )
+    q_mask = r_mask[:, None] & d_mask[None, :]
+    q_rows = (q_start + r // GROUP).to(tl.int64) * stride_qt + head * stride_qh  # [BLOCK_M]
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=q_mask, other=0.0)
+
+    # Key runs of this tile: [kv_lo, lead_end) window edge, [lead_end, mid_end) unmasked,
+    # [mid_end, kv_end) causal diagonal. An empty tile gets empty runs.
+    live = tile_m * BLOCK_M < rows
+    lo_pos = prefix + (tile_m * BLOCK_M) // GROUP
+    hi_pos = prefix + (tl.minimum((tile_m + 1) * BLOCK_M, rows) - 1) // GROUP
+    kv_end = tl.where(live, hi_pos + 1, 0)
+    kv_lo = tl.where(live & (window > 0), tl.maximum(lo_pos - window + 1, 0), 0)
+    full_lo = tl.where(live & (window > 0), tl.maximum(hi_pos - window + 1, 0), 0)
+    full_hi = tl.where(live, lo_pos + 1, 0)
+    lead_end = kv_lo + tl.cdiv(full_lo - kv_lo, BLOCK_N) * BLOCK_N
+    mid_end = lead_end + (tl.maximum(full_hi - lead_end, 0) // BLOCK_N) * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_btb
-    head_base = layer_offset + (head // GROUP) * stride_kh
-    # Keys past the tile's last query are never needed; an empty tile loops zero times.
-    kv_end = tl.where(
-        tile_m * BLOCK_M < q_len, tl.minimum(ctx_len, prefix + (tile_m + 1) * BLOCK_M), 0
-    )
-    for tile in range(0, kv_end, BLOCK_N):
-        tok = tile + tl.arange(0, BLOCK_N)
-        t_mask = tok < kv_end
-        block = tl.load(bt_row + tok // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
-        row = head_base + block * stride_kb + (tok % BLOCK_SIZE) * stride_kt  # [BLOCK_N]
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(kv_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        allowed = t_mask[None, :] & (tok[None, :] <= q_pos[:, None])
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(kv_ptr + v_offset + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    head_base = layer_offset + kv_head * stride_kh
+    for start in range(kv_lo, lead_end, BLOCK_N):
+        acc, m_i, l_i = _key_tile(
+            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
+            v_offset, stride_kb, stride_kt, qk_scale, d, d_mask,
+            BLOCK_SIZE, BLOCK_N, True, PRECISION,
+        )  # fmt: skip
+    for start in range(lead_end, mid_end, BLOCK_N):
+        acc, m_i, l_i = _key_tile(
+            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
+            v_offset, stride_kb, stride_kt, qk_scale, d, d_mask,
+            BLOCK_SIZE, BLOCK_N, False, PRECISION,
+        )  # fmt: skip
+    for start in range(mid_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _key_tile(
+            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
+            v_offset, stride_kb, stride_kt, qk_scale, d, d_mask,
+            BLOCK_SIZE, BLOCK_N, True, PRECISION,
+        )  # fmt: skip
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_ptrs = out_ptr + rows[:, None] * stride_ot + head * stride_oh + d[None, :]
+    o_rows = (q_start + r // GROUP).to(tl.int64) * stride_ot + head * stride_oh
+    o_ptrs = out_ptr + o_rows[:, None] + d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
@@ -111,12 +171,14 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     max_q_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of new tokens over their sequence's cached prefix and themselves.
 
     q: [tokens, heads, d]; kv: [blocks, layers, 2, block, kv_heads, d]; cu_q: [batch + 1]
     int32 query offsets; ctx_lens: [batch] cached + new tokens; block_tables: [batch,
     max_blocks] int32. ``max_q_len`` (the longest query run) avoids a host sync when given.
+    ``window`` > 0 is a sliding window: a query at position p sees keys in (p - window, p].
     Returns [tokens, heads, d] in q's dtype.
     """
     view = kv_layer_view(kv, layer)
@@ -125,23 +187,26 @@ def paged_prefill_attention(
     batch = ctx_lens.shape[0]
     if cu_q.shape[0] != batch + 1:
         raise ValueError(f"cu_q must have batch + 1 = {batch + 1} entries, got {cu_q.shape[0]}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: full attention), got {window}")
     out = torch.empty_like(q)
     if tokens == 0 or batch == 0:
         return out
     if max_q_len is None:
         max_q_len = int((cu_q[1:] - cu_q[:-1]).max())
+    group = heads // view.num_kv_heads
     small = interpreted(q)
-    block_m = 16 if small else 64
+    block_m = 16 if small else 128
     block_n = 16 if small else 64
-    grid = (triton.cdiv(max_q_len, block_m), batch, heads)
+    grid = (triton.cdiv(max_q_len * group, block_m), batch, view.num_kv_heads)
     _prefill_kernel[grid](
         q, kv, cu_q, ctx_lens, block_tables, out,
-        scale * _LOG2E,
+        scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
         view.head_stride,
-        BLOCK_SIZE=view.block_size, GROUP=heads // view.num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_SIZE=view.block_size, GROUP=group, HEAD_DIM=head_dim,
         HEAD_PAD=pow2(head_dim, 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
+        PRECISION=dot_precision(q.dtype), num_warps=4 if head_dim <= 64 else 8, num_stages=3,
     )  # fmt: skip
     return out

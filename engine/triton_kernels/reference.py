@@ -30,11 +30,17 @@ def gather_kv(
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of queries at absolute positions ``q_pos`` over keys ``0..len(k)-1``.
 
-    q: [n, heads, d]; k, v: [len, kv_heads, d]; q_pos: [n]. Returns [n, heads, d] in fp32.
+    q: [n, heads, d]; k, v: [len, kv_heads, d]; q_pos: [n]. With ``window`` > 0 a query at
+    ``p`` sees only keys in ``(p - window, p]``. Returns [n, heads, d] in fp32.
     """
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)  # [len, heads, d]
@@ -42,6 +48,8 @@ def _attend(
     scores = torch.einsum("nhd,lhd->hnl", q.float(), k) * scale  # [heads, n, len]
     key_pos = torch.arange(k.shape[0], device=q.device)
     allowed = key_pos[None, :] <= q_pos[:, None]  # [n, len]
+    if window > 0:
+        allowed &= key_pos[None, :] > q_pos[:, None] - window
     scores = scores.masked_fill(~allowed[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hnl,lhd->nhd", probs, v)
@@ -54,8 +62,9 @@ def decode_attention_ref(
     block_tables: torch.Tensor,
     ctx_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """One query per sequence over its whole context.
+    """One query per sequence over its whole context (its last ``window`` tokens if > 0).
 
     q: [batch, heads, d]; block_tables: [batch, max_blocks]; ctx_lens: [batch].
     Returns [batch, heads, d] in q's dtype.
@@ -65,7 +74,7 @@ def decode_attention_ref(
         length = int(ctx_lens[b])
         k, v = gather_kv(kv, layer, block_tables[b], length)
         pos = torch.tensor([length - 1], device=q.device)
-        out[b] = _attend(q[b : b + 1], k, v, pos, scale)[0].to(q.dtype)
+        out[b] = _attend(q[b : b + 1], k, v, pos, scale, window)[0].to(q.dtype)
     return out
 
 
@@ -77,11 +86,13 @@ def prefill_attention_ref(
     ctx_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """New tokens of several sequences attending causally to cached prefix + themselves.
 
     q: [tokens, heads, d]; cu_q: [batch + 1] query start offsets; ctx_lens: [batch] cached +
-    new tokens; the new tokens' K/V are already in the cache. Returns [tokens, heads, d].
+    new tokens; the new tokens' K/V are already in the cache; ``window`` > 0 limits each
+    query at ``p`` to keys in ``(p - window, p]``. Returns [tokens, heads, d].
     """
     out = torch.empty_like(q)
     for b in range(ctx_lens.shape[0]):
@@ -89,7 +100,7 @@ def prefill_attention_ref(
         length = int(ctx_lens[b])
         k, v = gather_kv(kv, layer, block_tables[b], length)
         q_pos = torch.arange(length - (end - start), length, device=q.device)
-        out[start:end] = _attend(q[start:end], k, v, q_pos, scale).to(q.dtype)
+        out[start:end] = _attend(q[start:end], k, v, q_pos, scale, window).to(q.dtype)
     return out
 
 

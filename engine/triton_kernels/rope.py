@@ -1,4 +1,8 @@
-"""Rotate-half rotary embedding applied to q and k in place, one program per token."""
+"""Rotate-half rotary embedding applied to q and k in place, one program per token.
+
+``rope_write_kv`` also stores the rotated K and the V of each token in the paged cache in the
+same program, so the layer's K / V make one trip through memory instead of two.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.triton_kernels.layout import pow2
+from engine.triton_kernels.layout import kv_layer_view, pow2
 
 
 @triton.jit
@@ -22,7 +26,8 @@ def _rotate_heads(
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
 ):
-    """Rotate all heads of one token of x: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin."""
+    """Rotate all heads of one token of x in place: x1' = x1 cos - x2 sin, x2' = x2 cos +
+    x1 sin. Returns the rotated halves [HEADS_PAD, HALF_PAD] in x's dtype."""
     h = tl.arange(0, HEADS_PAD)
     i = tl.arange(0, HALF_PAD)
     mask = (h < H)[:, None] & (i < HALF)[None, :]
@@ -31,27 +36,42 @@ def _rotate_heads(
     x2 = tl.load(p1 + HALF, mask=mask, other=0.0)
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
-    tl.store(p1, (f1 * cos[None, :] - f2 * sin[None, :]).to(x1.dtype), mask=mask)
-    tl.store(p1 + HALF, (f2 * cos[None, :] + f1 * sin[None, :]).to(x1.dtype), mask=mask)
+    r1 = (f1 * cos[None, :] - f2 * sin[None, :]).to(x1.dtype)
+    r2 = (f2 * cos[None, :] + f1 * sin[None, :]).to(x1.dtype)
+    tl.store(p1, r1, mask=mask)
+    tl.store(p1 + HALF, r2, mask=mask)
+    return r1, r2
 
 
 @triton.jit
 def _rope_kernel(
     q_ptr,  # [tokens, heads, d]
     k_ptr,  # [tokens, kv_heads, d]
+    v_ptr,  # [tokens, kv_heads, d], read when WRITE_KV
     pos_ptr,  # [tokens]
     cache_ptr,  # [max_position, d]: cos half | sin half
+    kv_ptr,  # the paged cache, written when WRITE_KV
+    slot_ptr,  # [tokens] int64, read when WRITE_KV
     stride_qt,
     stride_qh,
     stride_kt,
     stride_kh,
+    stride_vt,
+    stride_vh,
     stride_c,
+    layer_offset,
+    v_offset,
+    stride_cb,
+    stride_ct,
+    stride_ch,
     Q_HEADS: tl.constexpr,
     Q_HEADS_PAD: tl.constexpr,
     K_HEADS: tl.constexpr,
     K_HEADS_PAD: tl.constexpr,
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    WRITE_KV: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
@@ -60,7 +80,43 @@ def _rope_kernel(
     cos = tl.load(c_ptr, mask=i < HALF, other=0.0).to(tl.float32)
     sin = tl.load(c_ptr + HALF, mask=i < HALF, other=0.0).to(tl.float32)
     _rotate_heads(q_ptr, row, stride_qt, stride_qh, cos, sin, Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
-    _rotate_heads(k_ptr, row, stride_kt, stride_kh, cos, sin, K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
+    k1, k2 = _rotate_heads(
+        k_ptr, row, stride_kt, stride_kh, cos, sin, K_HEADS, K_HEADS_PAD, HALF, HALF_PAD
+    )
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        h = tl.arange(0, K_HEADS_PAD)
+        mask = (h < K_HEADS)[:, None] & (i < HALF)[None, :]
+        cell = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+        dst = kv_ptr + layer_offset + cell + h[:, None] * stride_ch + i[None, :]
+        elem = kv_ptr.dtype.element_ty
+        tl.store(dst, k1.to(elem), mask=mask)
+        tl.store(dst + HALF, k2.to(elem), mask=mask)
+        src = v_ptr + row * stride_vt + h[:, None] * stride_vh + i[None, :]
+        tl.store(dst + v_offset, tl.load(src, mask=mask).to(elem), mask=mask)
+        tl.store(dst + v_offset + HALF, tl.load(src + HALF, mask=mask).to(elem), mask=mask)
+
+
+def _check(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
+    tokens, _, head_dim = q.shape
+    if k.dim() != 3 or k.shape[0] != tokens or k.shape[2] != head_dim or head_dim % 2:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not match (even d)")
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
+        raise ValueError(f"cos_sin_cache must be [max_position, {head_dim}]")
+    if positions.shape != (tokens,):
+        raise ValueError(f"positions must be [{tokens}], got {tuple(positions.shape)}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or cos_sin_cache.stride(-1) != 1:
+        raise ValueError("q, k and cos_sin_cache need a contiguous last dimension")
+
+
+def _heads(q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:
+    heads, kv_heads, half = q.shape[1], k.shape[1], q.shape[2] // 2
+    return {
+        "Q_HEADS": heads, "Q_HEADS_PAD": pow2(heads), "K_HEADS": kv_heads,
+        "K_HEADS_PAD": pow2(kv_heads), "HALF": half, "HALF_PAD": pow2(half),
+    }  # fmt: skip
 
 
 def apply_rope(
@@ -71,22 +127,48 @@ def apply_rope(
     positions: [tokens] absolute positions; cos_sin_cache: [max_position, d] with the cos
     half first (see ``reference.rope_cos_sin_cache``). q and k may be strided views.
     """
-    tokens, heads, head_dim = q.shape
-    if k.dim() != 3 or k.shape[0] != tokens or k.shape[2] != head_dim or head_dim % 2:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not match (even d)")
-    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
-        raise ValueError(f"cos_sin_cache must be [max_position, {head_dim}]")
-    if positions.shape != (tokens,):
-        raise ValueError(f"positions must be [{tokens}], got {tuple(positions.shape)}")
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or cos_sin_cache.stride(-1) != 1:
-        raise ValueError("q, k and cos_sin_cache need a contiguous last dimension")
-    if tokens == 0:
+    _check(q, k, positions, cos_sin_cache)
+    if q.shape[0] == 0:
         return q, k
-    half = head_dim // 2
-    _rope_kernel[(tokens,)](
-        q, k, positions, cos_sin_cache,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        Q_HEADS=heads, Q_HEADS_PAD=pow2(heads), K_HEADS=k.shape[1],
-        K_HEADS_PAD=pow2(k.shape[1]), HALF=half, HALF_PAD=pow2(half), num_warps=1,
+    _rope_kernel[(q.shape[0],)](
+        q, k, k, positions, cos_sin_cache, k, positions,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, cos_sin_cache.stride(0),
+        0, 0, 0, 0, 0, **_heads(q, k), BLOCK_SIZE=1, WRITE_KV=False, num_warps=1,
     )  # fmt: skip
     return q, k
+
+
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``apply_rope(q, k, ...)`` and ``write_kv(k, v, kv, layer, slot_mapping)`` in one pass.
+
+    q: [tokens, heads, d], k, v: [tokens, kv_heads, d] (strided views allowed); q and k are
+    rotated in place; kv: [blocks, layers, 2, block, kv_heads, d]; slot_mapping: [tokens]
+    int64, ``block_id * block_size + offset``, every slot valid.
+    """
+    _check(q, k, positions, cos_sin_cache)
+    view = kv_layer_view(kv, layer)
+    if v.shape != k.shape or k.shape[1:] != (view.num_kv_heads, view.head_dim):
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be "
+            f"[tokens, {view.num_kv_heads}, {view.head_dim}]"
+        )
+    if slot_mapping.shape != (k.shape[0],) or v.stride(-1) != 1:
+        raise ValueError("slot_mapping must be [tokens] and v needs a contiguous last dimension")
+    if q.shape[0] == 0:
+        return
+    _rope_kernel[(q.shape[0],)](
+        q, k, v, positions, cos_sin_cache, kv, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos_sin_cache.stride(0), view.layer_offset, view.v_offset, view.block_stride,
+        view.token_stride, view.head_stride,
+        **_heads(q, k), BLOCK_SIZE=view.block_size, WRITE_KV=True, num_warps=1,
+    )  # fmt: skip

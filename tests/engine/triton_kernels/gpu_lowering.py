@@ -25,6 +25,7 @@ from engine.triton_kernels import decode_attention, kv_write, norm, prefill_atte
 
 _FLOAT_ARGS = ("qk_scale", "eps")
 _INT_PTRS = {"bt_ptr": "*i32", "ctx_ptr": "*i32", "cu_q_ptr": "*i32", "slot_ptr": "*i64"}
+_INT_PTRS |= {"pos_ptr": "*i64"}
 _FP32_PTRS = ("part_out_ptr", "part_lse_ptr", "cache_ptr")
 
 
@@ -50,8 +51,11 @@ def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
     decode = {"BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 16, "HEAD_DIM": 64, "HEAD_PAD": 64}
     decode |= {"TILE_N": 64, "SINGLE": False, "PRECISION": "tf32"}
     decode_fp32 = decode | {"HEAD_DIM": 16, "HEAD_PAD": 16, "SINGLE": True, "PRECISION": "ieee"}
-    prefill = {"BLOCK_SIZE": 16, "GROUP": 3, "HEAD_DIM": 64, "HEAD_PAD": 64, "BLOCK_M": 64}
+    prefill = {"BLOCK_SIZE": 16, "GROUP": 3, "HEAD_DIM": 64, "HEAD_PAD": 64, "BLOCK_M": 128}
     prefill |= {"BLOCK_N": 64, "PRECISION": "tf32"}
+    rope_consts = {"Q_HEADS": 9, "Q_HEADS_PAD": 16, "K_HEADS": 3, "K_HEADS_PAD": 4}
+    rope_consts |= {"HALF": 32, "HALF_PAD": 32, "BLOCK_SIZE": 16}
+    prefill_fp32 = prefill | {"GROUP": 8, "HEAD_DIM": 16, "HEAD_PAD": 16, "PRECISION": "ieee"}
     return [
         (decode_attention._decode_split_kernel, "bf16", decode, 4),
         (decode_attention._decode_split_kernel, "fp32", decode_fp32, 4),
@@ -62,6 +66,7 @@ def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
             1,
         ),
         (prefill_attention._prefill_kernel, "bf16", prefill, 4),
+        (prefill_attention._prefill_kernel, "fp32", prefill_fp32, 4),
         (
             kv_write._write_kv_kernel,
             "bf16",
@@ -69,13 +74,8 @@ def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
             1,
         ),
         (norm._rms_norm_kernel, "bf16", {"HIDDEN": 576, "BLOCK": 1024, "HAS_RESIDUAL": True}, 4),
-        (
-            rope._rope_kernel,
-            "bf16",
-            {"Q_HEADS": 9, "Q_HEADS_PAD": 16, "K_HEADS": 3, "K_HEADS_PAD": 4}
-            | {"HALF": 32, "HALF_PAD": 32},
-            1,
-        ),
+        (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": False}, 1),
+        (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": True}, 1),
     ]
 
 

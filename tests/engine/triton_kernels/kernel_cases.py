@@ -1,7 +1,9 @@
 """Shared cases for the Triton kernel tests: device, dtypes, a paged cache with poisoned gaps.
 
 On a machine without CUDA the root conftest sets TRITON_INTERPRET=1, so the same tests run
-the kernels on CPU tensors (fp32 only); on a GPU they also run in bf16 and fp16.
+the kernels on CPU tensors in fp32 and fp16; on a GPU also in bf16. The interpreter (triton
+3.9) gets bf16 wrong: ``tl.dot`` of bf16 tiles returns garbage and its bf16 rounding differs
+from torch's, so bf16 is checked on a GPU only.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
-DTYPES = [torch.float32, torch.bfloat16, torch.float16] if CUDA else [torch.float32]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16] if CUDA else [torch.float32, torch.float16]
 NUM_LAYERS = 3
 LAYER = 1
 
@@ -53,3 +55,18 @@ def make_cache(
         taken += needed[b]
     ctx = torch.tensor(list(lengths), dtype=torch.int32)
     return PagedCache(kv.to(DEVICE), tables.to(DEVICE), ctx.to(DEVICE))
+
+
+def poison_keys_before(cache: PagedCache, first_seen: Sequence[int]) -> torch.Tensor:
+    """A copy of the cache with NaN at positions ``< first_seen[b]`` of each sequence ``b``.
+
+    Keys below every query's sliding window must be skipped by the loop bounds, not read and
+    masked: a NaN read there would reach the output (0 * NaN in the P @ V product).
+    """
+    kv = cache.kv.clone()
+    block_size = kv.shape[3]
+    for b, n in enumerate(first_seen):
+        pos = torch.arange(max(n, 0), device=kv.device)
+        blocks = cache.block_tables[b].long()[pos // block_size]
+        kv[blocks, LAYER, :, pos % block_size] = float("nan")
+    return kv

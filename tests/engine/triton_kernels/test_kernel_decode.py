@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, DTYPES, LAYER, make_cache, tolerance
+from kernel_cases import DEVICE, DTYPES, LAYER, make_cache, poison_keys_before, tolerance
 
 from engine.triton_kernels import paged_decode_attention, triton_available
 from engine.triton_kernels.reference import decode_attention_ref
@@ -73,3 +73,33 @@ def test_decode_with_a_context_hint_matches_reference() -> None:
     args = (q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25)
     out = paged_decode_attention(*args, num_splits=2, max_ctx_len=max(lengths))
     torch.testing.assert_close(out, decode_attention_ref(*args), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("window", [1, 6, 23, 100])
+def test_decode_sliding_window_matches_reference(
+    window: int, num_splits: int | None, dtype: torch.dtype
+) -> None:
+    """Only the last ``window`` keys count; the ones before are NaN and must not be read."""
+    lengths = [1, 5, 23, 41]
+    cache = make_cache(lengths, 4, KV_HEADS, HEAD_DIM, dtype)
+    q = torch.randn(len(lengths), KV_HEADS * 3, HEAD_DIM, device=DEVICE).to(dtype)
+    scale = HEAD_DIM**-0.5
+    poisoned = poison_keys_before(cache, [n - window for n in lengths])
+    out = paged_decode_attention(
+        q, poisoned, LAYER, cache.block_tables, cache.ctx_lens, scale, num_splits, window=window
+    )
+    expected = decode_attention_ref(
+        q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, scale, window=window
+    )
+    torch.testing.assert_close(out, expected, **tolerance(dtype))
+
+
+def test_decode_rejects_a_negative_window() -> None:
+    cache = make_cache([3], 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(1, KV_HEADS, HEAD_DIM, device=DEVICE)
+    with pytest.raises(ValueError, match="window"):
+        paged_decode_attention(
+            q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25, window=-2
+        )

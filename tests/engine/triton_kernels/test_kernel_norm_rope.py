@@ -1,13 +1,19 @@
-"""Fused add + RMSNorm and in-place RoPE (Triton) against the torch references."""
+"""Fused add + RMSNorm, in-place RoPE and RoPE + KV write (Triton) against the torch
+references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, DTYPES, tolerance
+from kernel_cases import DEVICE, DTYPES, LAYER, NUM_LAYERS, tolerance
 
-from engine.triton_kernels import apply_rope, rms_norm
-from engine.triton_kernels.reference import apply_rope_ref, rms_norm_ref, rope_cos_sin_cache
+from engine.triton_kernels import apply_rope, rms_norm, rope_write_kv
+from engine.triton_kernels.reference import (
+    apply_rope_ref,
+    rms_norm_ref,
+    rope_cos_sin_cache,
+    write_kv_ref,
+)
 
 pytest.importorskip("triton")
 
@@ -55,3 +61,35 @@ def test_rope_at_position_zero_is_identity() -> None:
     cache = rope_cos_sin_cache(16, 8, 10000.0, DEVICE)
     apply_rope(q, k, torch.zeros(1, dtype=torch.long, device=DEVICE), cache)
     assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [1, 3])
+def test_rope_write_kv_equals_rope_then_write(group: int, dtype: torch.dtype) -> None:
+    """Views of one fused QKV output, as the model passes them; the cache changes at the
+    given slots of the given layer only."""
+    tokens, kv_heads, head_dim, block_size = 5, 2, 16, 4
+    heads = kv_heads * group
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, device=DEVICE).to(dtype)
+    q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    kv = torch.randn(6, NUM_LAYERS, 2, block_size, kv_heads, head_dim, device=DEVICE).to(dtype)
+    positions = torch.tensor([3, 0, 9, 4, 17], device=DEVICE)
+    slots = torch.tensor([13, 2, 22, 7, 0], device=DEVICE)
+    cache = rope_cos_sin_cache(head_dim, 32, 10000.0, DEVICE)
+    expected_q, expected_k = apply_rope_ref(q, k, positions, cache)
+    expected_kv = kv.clone()
+    write_kv_ref(expected_k, v, expected_kv, LAYER, slots)
+    rope_write_kv(q, k, v, positions, cache, kv, LAYER, slots)
+    torch.testing.assert_close(q, expected_q, **tolerance(dtype))
+    torch.testing.assert_close(k, expected_k, **tolerance(dtype))
+    torch.testing.assert_close(kv, expected_kv, **tolerance(dtype))
+    assert torch.equal(kv[:, LAYER + 1], expected_kv[:, LAYER + 1])  # other layers untouched
+
+
+def test_rope_write_kv_rejects_a_cache_of_other_heads() -> None:
+    q, k = torch.randn(2, 4, 16, device=DEVICE), torch.randn(2, 2, 16, device=DEVICE)
+    kv = torch.randn(3, NUM_LAYERS, 2, 4, 1, 16, device=DEVICE)
+    cache = rope_cos_sin_cache(16, 8, 10000.0, DEVICE)
+    slots = torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match="must both be"):
+        rope_write_kv(q, k, k.clone(), torch.tensor([0, 1], device=DEVICE), cache, kv, 0, slots)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, DTYPES, LAYER, make_cache, tolerance
+from kernel_cases import DEVICE, DTYPES, LAYER, make_cache, poison_keys_before, tolerance
 
 from engine.triton_kernels import paged_decode_attention, paged_prefill_attention
 from engine.triton_kernels.reference import prefill_attention_ref
@@ -28,6 +28,10 @@ def _cases(block_size: int) -> dict[str, tuple[list[int], list[int]]]:
     }
 
 
+# Long enough for several query and key tiles (16 x 16 under the interpreter), odd lengths.
+WINDOW_Q_LENS, WINDOW_CTX_LENS = [37, 1, 9], [37, 30, 50]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["fresh", "cached_prefix"])
 @pytest.mark.parametrize("block_size", [4, 16])
@@ -46,6 +50,54 @@ def test_prefill_matches_reference(
     torch.testing.assert_close(out, prefill_attention_ref(*args), **tolerance(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [1, 7, 20, 64])
+@pytest.mark.parametrize("group", [1, 3])
+def test_prefill_sliding_window_matches_reference(
+    group: int, window: int, dtype: torch.dtype
+) -> None:
+    """Windows below a tile, across tiles, and past every context (then full attention);
+    keys below the first query's window are NaN in the cache and must never be read."""
+    cache = make_cache(WINDOW_CTX_LENS, 4, 2, HEAD_DIM, dtype)
+    q = torch.randn(sum(WINDOW_Q_LENS), 2 * group, HEAD_DIM, device=DEVICE).to(dtype)
+    cu_q = _cu(WINDOW_Q_LENS).to(DEVICE)
+    scale = HEAD_DIM**-0.5
+    first_query = [c - n for n, c in zip(WINDOW_Q_LENS, WINDOW_CTX_LENS, strict=True)]
+    poisoned = poison_keys_before(cache, [p - window + 1 for p in first_query])
+    out = paged_prefill_attention(
+        q, poisoned, LAYER, cu_q, cache.ctx_lens, cache.block_tables, scale, window=window
+    )
+    expected = prefill_attention_ref(
+        q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, scale, window=window
+    )
+    torch.testing.assert_close(out, expected, **tolerance(dtype))
+
+
+def test_prefill_window_past_the_context_is_full_attention() -> None:
+    cache = make_cache(WINDOW_CTX_LENS, 4, 2, HEAD_DIM, torch.float32)
+    q = torch.randn(sum(WINDOW_Q_LENS), 4, HEAD_DIM, device=DEVICE)
+    args = (q, cache.kv, LAYER, _cu(WINDOW_Q_LENS).to(DEVICE), cache.ctx_lens)
+    full = paged_prefill_attention(*args, cache.block_tables, 0.25)
+    wide = paged_prefill_attention(*args, cache.block_tables, 0.25, window=max(WINDOW_CTX_LENS))
+    torch.testing.assert_close(wide, full, atol=0, rtol=0)
+
+
+def test_prefill_window_of_one_returns_each_tokens_own_value() -> None:
+    q_lens, ctx_lens = [5, 3], [5, 9]
+    cache = make_cache(ctx_lens, 4, 1, HEAD_DIM, torch.float32)
+    q = torch.randn(8, 2, HEAD_DIM, device=DEVICE)
+    cu_q = _cu(q_lens).to(DEVICE)
+    out = paged_prefill_attention(
+        q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, 0.25, window=1
+    )
+    for b, (n, ctx) in enumerate(zip(q_lens, ctx_lens, strict=True)):
+        pos = torch.arange(ctx - n, ctx, device=DEVICE)
+        blocks = cache.block_tables[b].long()[pos // 4]
+        own_v = cache.kv[blocks, LAYER, 1, pos % 4]  # [n, 1, d]
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        torch.testing.assert_close(out[rows], own_v.expand(-1, 2, -1), atol=1e-6, rtol=0)
+
+
 def test_prefill_last_row_equals_decode_of_that_token() -> None:
     """A prompt's last token sees the same keys in both kernels, so the rows agree."""
     q_lens, ctx_lens = [7, 2], [7, 11]
@@ -53,14 +105,16 @@ def test_prefill_last_row_equals_decode_of_that_token() -> None:
     q = torch.randn(sum(q_lens), 6, HEAD_DIM, device=DEVICE)
     cu_q = _cu(q_lens).to(DEVICE)
     scale = HEAD_DIM**-0.5
-    prefill = paged_prefill_attention(
-        q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, scale, max_q_len=7
-    )
     last_rows = cu_q[1:].long() - 1
-    decode = paged_decode_attention(
-        q[last_rows], cache.kv, LAYER, cache.block_tables, cache.ctx_lens, scale
-    )
-    torch.testing.assert_close(prefill[last_rows], decode, atol=2e-5, rtol=1e-5)
+    for window in (0, 5):
+        prefill = paged_prefill_attention(
+            q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, scale, 7, window
+        )
+        decode = paged_decode_attention(
+            q[last_rows], cache.kv, LAYER, cache.block_tables, cache.ctx_lens, scale,
+            window=window,
+        )  # fmt: skip
+        torch.testing.assert_close(prefill[last_rows], decode, atol=2e-5, rtol=1e-5)
 
 
 def test_prefill_rejects_offsets_of_the_wrong_length() -> None:
@@ -69,3 +123,13 @@ def test_prefill_rejects_offsets_of_the_wrong_length() -> None:
     cu_q = _cu([4, 4])[:2].to(DEVICE)
     with pytest.raises(ValueError, match="cu_q"):
         paged_prefill_attention(q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, 0.25)
+
+
+def test_prefill_rejects_a_negative_window() -> None:
+    cache = make_cache([4], 4, 1, HEAD_DIM, torch.float32)
+    q = torch.randn(4, 1, HEAD_DIM, device=DEVICE)
+    with pytest.raises(ValueError, match="window"):
+        paged_prefill_attention(
+            q, cache.kv, LAYER, _cu([4]).to(DEVICE), cache.ctx_lens, cache.block_tables, 0.25,
+            window=-1,
+        )  # fmt: skip
