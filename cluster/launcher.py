@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import sys
@@ -30,7 +29,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -38,10 +36,11 @@ import httpx
 
 from cluster.auth import CLUSTER_TOKEN_ENV, new_token
 from cluster.process import Child, stop_all
-from cluster.redis_server import EmbeddedRedis, free_port
+from cluster.redis_server import EmbeddedRedis
 from cluster.redis_supervisor import RedisSupervisor
 from cluster.up_args import API_KEY_ENV, check_args
 from cluster.up_args import add_arguments as add_arguments
+from cluster.up_plan import NodePlan, node_argv, plan_nodes, router_argv, router_environment
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.25
@@ -49,18 +48,6 @@ POLL_S = 0.25
 
 class LaunchError(RuntimeError):
     """The cluster could not start; the message names the process and shows its log."""
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    name: str  # also the node id
-    command: str  # "prefill" or "decode"
-    role: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,11 +113,11 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
         else:
             redis = EmbeddedRedis(die_with_parent=True).start()
             redis_url = redis.url
-        nodes = _plan_nodes(args)
+        nodes = plan_nodes(args)
         router_env = router_environment(args, env)
-        children.append(_spawn(run_dir, "router", _router_argv(args, model, redis_url), router_env))
+        children.append(_spawn(run_dir, "router", router_argv(args, model, redis_url), router_env))
         for node in nodes:
-            argv = _node_argv(args, model, redis_url, node)
+            argv = node_argv(args, model, redis_url, node)
             children.append(_spawn(run_dir, node.name, argv, env))
         _write_cluster_file(run_dir, args, redis_url, nodes, children, redis)
         _wait_ready(args, children, nodes)
@@ -146,76 +133,6 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
             redis.stop()
         if children:
             print("stopped", flush=True)
-
-
-def router_environment(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
-    """The router's environment: the children's, with the API key of --api-key."""
-    return env if args.api_key is None else dict(env, **{API_KEY_ENV: args.api_key})
-
-
-def _plan_nodes(args: argparse.Namespace) -> list[NodePlan]:
-    nodes: list[NodePlan] = []
-    if args.colocated:
-        for i in range(args.decode):
-            nodes.append(NodePlan(f"colocated-{i}", "decode", "colocated", free_port()))
-        return nodes
-    for i in range(args.prefill):
-        nodes.append(NodePlan(f"prefill-{i}", "prefill", "prefill", free_port()))
-    for i in range(args.decode):
-        nodes.append(NodePlan(f"decode-{i}", "decode", "decode", free_port()))
-    return nodes
-
-
-def _cli() -> list[str]:
-    return [sys.executable, "-m", "cluster.cli"]
-
-
-def _router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[str]:
-    argv = [*_cli(), "router", "--host", args.host, "--port", str(args.port)]
-    argv += ["--redis-url", redis_url, "--model", str(model)]
-    if args.log_level:
-        argv += ["--log-level", args.log_level]
-    if args.policy:
-        argv += ["--policy", args.policy]
-    if args.served_model_name:
-        argv += ["--served-model-name", args.served_model_name]
-    if args.max_model_len is not None:
-        argv += ["--max-model-len", str(args.max_model_len)]
-    return argv
-
-
-def _node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodePlan) -> list[str]:
-    argv = [*_cli(), node.command, "--host", "127.0.0.1", "--port", str(node.port)]
-    argv += ["--redis-url", redis_url, "--model", str(model), "--node-id", node.name]
-    argv += ["--transfer", args.transfer]
-    if node.command == "decode":
-        argv += ["--role", node.role]
-        speculative = {
-            "--speculative-method": args.speculative_method,
-            "--num-speculative-tokens": args.num_speculative_tokens,
-            "--draft-model": args.draft_model,
-        }
-        argv += [str(x) for flag, v in speculative.items() if v is not None for x in (flag, v)]
-    optional = {
-        "--device": args.device,
-        "--dtype": args.dtype,
-        "--torch-threads": args.threads_per_node,
-        "--num-kv-blocks": args.num_kv_blocks,
-        "--max-num-seqs": args.max_num_seqs,
-        "--max-model-len": args.max_model_len,
-        "--gpu-memory-utilization": node_gpu_share(args),
-        "--log-level": args.log_level,
-    }
-    for flag, value in optional.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def node_gpu_share(args: argparse.Namespace) -> float:
-    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU."""
-    nodes = args.decode if args.colocated else args.prefill + args.decode
-    return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000
 
 
 def _spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> Child:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launcher
-from cluster.launcher import LaunchError, NodePlan
+from cluster import launcher, up_plan
+from cluster.launcher import LaunchError
 from cluster.process import Child, stop_all
+from cluster.up_plan import NodePlan
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 STUBBORN = [
@@ -57,14 +58,14 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
         "--threads-per-node", "2", "--num-kv-blocks", "64", "--transfer", "tcp",
         "--device", "cpu", "--dtype", "bfloat16",
     )  # fmt: skip
-    plans = launcher._plan_nodes(args)
+    plans = up_plan.plan_nodes(args)
     assert [(p.name, p.role) for p in plans] == [("prefill-0", "prefill"), ("decode-0", "decode")]
     for plan in plans:
-        parsed = _parse_child(launcher._node_argv(args, tmp_path, "redis://h:1/0", plan))
+        parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
         assert (parsed.port, parsed.node_id, parsed.model) == (plan.port, plan.name, str(tmp_path))
         assert (parsed.torch_threads, parsed.num_kv_blocks, parsed.transfer) == (2, 64, "tcp")
         assert (parsed.device, parsed.dtype) == ("cpu", "bfloat16")
-    router = _parse_child(launcher._router_argv(args, tmp_path, "redis://h:1/0"))
+    router = _parse_child(up_plan.router_argv(args, tmp_path, "redis://h:1/0"))
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
 
 
@@ -76,10 +77,10 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
 def test_nodes_split_the_gpu_fraction(tmp_path: Path, argv: list[str], share: float) -> None:
     """The nodes of `up` share one GPU: together they take no more than the fraction."""
     args = _args(*argv)
-    plans = launcher._plan_nodes(args)
+    plans = up_plan.plan_nodes(args)
     shares = [
         _parse_child(
-            launcher._node_argv(args, tmp_path, "redis://h:1/0", plan)
+            up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
         ).gpu_memory_utilization
         for plan in plans
     ]
@@ -89,12 +90,12 @@ def test_nodes_split_the_gpu_fraction(tmp_path: Path, argv: list[str], share: fl
 
 def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
     args = _args("--colocated", "--decode", "2")
-    plans = launcher._plan_nodes(args)
+    plans = up_plan.plan_nodes(args)
     assert [(p.name, p.command, p.role) for p in plans] == [
         ("colocated-0", "decode", "colocated"),
         ("colocated-1", "decode", "colocated"),
     ]
-    parsed = _parse_child(launcher._node_argv(args, tmp_path, "redis://h:1/0", plans[0]))
+    parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plans[0]))
     assert parsed.role == "colocated"
 
 
@@ -187,38 +188,36 @@ def test_sigint_stops_the_launcher_even_when_the_shell_ignored_it() -> None:
 
 def test_policy_reaches_the_router_command_line(tmp_path: Path) -> None:
     for policy in ("round_robin", "least_loaded", "kv_aware"):
-        argv = launcher._router_argv(_args("--policy", policy), tmp_path, "redis://h:1/0")
+        argv = up_plan.router_argv(_args("--policy", policy), tmp_path, "redis://h:1/0")
         assert _parse_child(argv).policy == policy
-    assert _parse_child(launcher._router_argv(_args(), tmp_path, "redis://h:1/0")).policy is None
+    assert _parse_child(up_plan.router_argv(_args(), tmp_path, "redis://h:1/0")).policy is None
 
 
 def test_up_passes_max_model_len_served_name_and_api_key_through(tmp_path: Path) -> None:
     args = _args(
         "--max-model-len", "96", "--served-model-name", "my-model", "--api-key", "k-123456789",
     )  # fmt: skip
-    router_argv = launcher._router_argv(args, tmp_path, "redis://h:1/0")
+    router_argv = up_plan.router_argv(args, tmp_path, "redis://h:1/0")
     router = _parse_child(router_argv)
     assert (router.max_model_len, router.served_model_name) == (96, "my-model")
     assert router.api_key is None and "k-123456789" not in router_argv  # not on a command line
-    assert launcher.router_environment(args, {"A": "1"}) == {
+    assert up_plan.router_environment(args, {"A": "1"}) == {
         "A": "1",
         "SPLITSERVE_API_KEY": "k-123456789",
     }
-    for plan in launcher._plan_nodes(args):
-        argv = launcher._node_argv(args, tmp_path, "redis://h:1/0", plan)
+    for plan in up_plan.plan_nodes(args):
+        argv = up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
         assert _parse_child(argv).max_model_len == 96 and "k-123456789" not in argv
     plain = _args()
-    assert (
-        _parse_child(launcher._router_argv(plain, tmp_path, "redis://h:1/0")).max_model_len is None
-    )
-    assert launcher.router_environment(plain, {"A": "1"}) == {"A": "1"}
+    assert _parse_child(up_plan.router_argv(plain, tmp_path, "redis://h:1/0")).max_model_len is None
+    assert up_plan.router_environment(plain, {"A": "1"}) == {"A": "1"}
 
 
 def test_run_dir_help_names_the_files_written_there(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = _args("--run-dir", str(tmp_path))
-    nodes = launcher._plan_nodes(args)
+    nodes = up_plan.plan_nodes(args)
     children = [launcher._spawn(tmp_path, "router", SLEEPER, dict(os.environ))]
     try:
         launcher._write_cluster_file(tmp_path, args, "redis://h:1/0", nodes, children, None)

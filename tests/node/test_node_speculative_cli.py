@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launcher
+from cluster import launcher, up_plan
 from cluster.settings import NodeSettings
 from engine.config import engine_config
 from node.cli import add_node_arguments, run_node, settings_from_args
@@ -73,8 +73,8 @@ def _parse_child(argv: list[str]) -> argparse.Namespace:
 def test_up_passes_the_flags_to_decode_nodes_only(tmp_path: Path) -> None:
     args = _launcher_args("--speculative-method", "ngram", "--num-speculative-tokens", "3")
     seen = {}
-    for plan in launcher._plan_nodes(args):
-        argv = launcher._node_argv(args, tmp_path, "redis://h:1/0", plan)
+    for plan in up_plan.plan_nodes(args):
+        argv = up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
         assert argv[:3] == [sys.executable, "-m", "cluster.cli"]
         parsed = _parse_child(argv)
         seen[plan.role] = (parsed.speculative_method, parsed.num_speculative_tokens)

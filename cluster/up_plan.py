@@ -1,0 +1,95 @@
+"""What `splitserve up` starts: the nodes it plans (name, role, port) and the command line
+and environment of each child (cluster.launcher starts them)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.redis_server import free_port
+from cluster.up_args import API_KEY_ENV
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str  # also the node id
+    command: str  # "prefill" or "decode"
+    role: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def router_environment(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
+    """The router's environment: the children's, with the API key of --api-key."""
+    return env if args.api_key is None else dict(env, **{API_KEY_ENV: args.api_key})
+
+
+def plan_nodes(args: argparse.Namespace) -> list[NodePlan]:
+    nodes: list[NodePlan] = []
+    if args.colocated:
+        for i in range(args.decode):
+            nodes.append(NodePlan(f"colocated-{i}", "decode", "colocated", free_port()))
+        return nodes
+    for i in range(args.prefill):
+        nodes.append(NodePlan(f"prefill-{i}", "prefill", "prefill", free_port()))
+    for i in range(args.decode):
+        nodes.append(NodePlan(f"decode-{i}", "decode", "decode", free_port()))
+    return nodes
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "cluster.cli"]
+
+
+def router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[str]:
+    argv = [*_cli(), "router", "--host", args.host, "--port", str(args.port)]
+    argv += ["--redis-url", redis_url, "--model", str(model)]
+    if args.log_level:
+        argv += ["--log-level", args.log_level]
+    if args.policy:
+        argv += ["--policy", args.policy]
+    if args.served_model_name:
+        argv += ["--served-model-name", args.served_model_name]
+    if args.max_model_len is not None:
+        argv += ["--max-model-len", str(args.max_model_len)]
+    return argv
+
+
+def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodePlan) -> list[str]:
+    argv = [*_cli(), node.command, "--host", "127.0.0.1", "--port", str(node.port)]
+    argv += ["--redis-url", redis_url, "--model", str(model), "--node-id", node.name]
+    argv += ["--transfer", args.transfer]
+    if node.command == "decode":
+        argv += ["--role", node.role]
+        speculative = {
+            "--speculative-method": args.speculative_method,
+            "--num-speculative-tokens": args.num_speculative_tokens,
+            "--draft-model": args.draft_model,
+        }
+        argv += [str(x) for flag, v in speculative.items() if v is not None for x in (flag, v)]
+    optional = {
+        "--device": args.device,
+        "--dtype": args.dtype,
+        "--torch-threads": args.threads_per_node,
+        "--num-kv-blocks": args.num_kv_blocks,
+        "--max-num-seqs": args.max_num_seqs,
+        "--max-model-len": args.max_model_len,
+        "--gpu-memory-utilization": node_gpu_share(args),
+        "--log-level": args.log_level,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def node_gpu_share(args: argparse.Namespace) -> float:
+    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU."""
+    nodes = args.decode if args.colocated else args.prefill + args.decode
+    return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000
