@@ -48,7 +48,7 @@ class RouterSettings(_Base):
     # kv_aware: the prefix index (nodes' KV events) against load; with one node per pool
     # every policy picks that node.
     policy: Literal["round_robin", "least_loaded", "kv_aware"] = "kv_aware"
-    # kv_aware cost (router/kv_policy.py): prefix * tokens to compute + a request's average
+    # kv_aware cost (router/routing/kv_cost.py): prefix * tokens to compute + a request's average
     # work * (load * queued requests + usage * KV usage)
     kv_prefix_weight: float = Field(default=1.0, ge=0)
     kv_load_weight: float = Field(default=0.5, ge=0)

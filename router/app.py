@@ -27,15 +27,15 @@ from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router import endpoints
 from router.admission import Admission
+from router.api.openapi import install_openapi
+from router.api.tokenize import tokens
 from router.errors import APIError, bad_request, internal_error
-from router.kv_policy import KVWeights
-from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
-from router.openapi import install_openapi
-from router.policy import NodePicker
+from router.routing.kv_cost import KVWeights
+from router.routing.kv_view import KVRouting
+from router.routing.policy import NodePicker
 from router.state import RouterState
-from router.tokenize import tokens
 
 log = logging.getLogger("splitserve.router")
 

@@ -18,28 +18,28 @@ from fastapi.responses import JSONResponse
 
 from cluster.auth import matches_any
 from models.tokenizer import Tokenizer
-from router.choices import Samples
-from router.disconnect import until_disconnect
-from router.errors import APIError, unavailable
-from router.flow.request import FlowRequest
-from router.flow.request_flow import RequestFlow
-from router.openai_responses import ModelCard, ModelList
-from router.openai_schema import (
+from router.api.choices import Samples
+from router.api.objects import ModelCard, ModelList
+from router.api.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
+from router.api.render import ChatFormatter, CompletionFormatter, Formatter
+from router.api.render_samples import serve_samples
+from router.api.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingRequest,
     parse_request,
 )
-from router.output import OutputProcessor
-from router.policy import Pools
-from router.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
-from router.responses import ChatFormatter, CompletionFormatter, Formatter
-from router.sample_responses import serve_samples
+from router.api.streaming import EventStreamResponse, collect, sse_events, usage_of
+from router.api.structured import response_format_grammar
+from router.api.text_deltas import OutputProcessor
+from router.api.tool_answers import ToolChatFormatter
+from router.api.tools import plan_tools
+from router.disconnect import until_disconnect
+from router.errors import APIError, unavailable
+from router.flow.request import FlowRequest
+from router.flow.request_flow import RequestFlow
+from router.routing.policy import Pools
 from router.state import RouterState
-from router.streaming import EventStreamResponse, collect, sse_events, usage_of
-from router.structured import response_format_grammar
-from router.tool_output import ToolChatFormatter
-from router.tools import plan_tools
 
 T = TypeVar("T")
 

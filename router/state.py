@@ -14,10 +14,10 @@ from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router.admission import Admission
-from router.kv_routing import KVRouting
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
-from router.policy import NodePicker
+from router.routing.kv_view import KVRouting
+from router.routing.policy import NodePicker
 
 log = logging.getLogger("splitserve.router")
 

@@ -12,9 +12,9 @@ from router.errors import APIError, overloaded, unavailable
 from router.flow.failures import node_failed, refused
 from router.flow.lease import KVLease
 from router.flow.request import Deadline, FlowRequest
-from router.kv_index import PrefixQuery
 from router.node_client import NodeCallError
-from router.policy import Pools
+from router.routing.policy import Pools
+from router.routing.prefix_index import PrefixQuery
 from router.state import RouterState
 
 log = logging.getLogger("splitserve.router")

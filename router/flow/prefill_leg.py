@@ -11,8 +11,8 @@ from router.errors import overloaded
 from router.flow.failures import node_failed, refused
 from router.flow.lease import KVLease
 from router.flow.request import Deadline, FlowRequest
-from router.kv_index import PrefixQuery
 from router.node_client import NodeCallError
+from router.routing.prefix_index import PrefixQuery
 from router.state import RouterState
 
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator
 
 from cluster.protocol import PrefillResponse, TokenEvent
 from router.admission import Ticket
+from router.api.text_deltas import TokenChunk
 from router.errors import APIError, overloaded, unavailable
 from router.flow.decode_leg import DecodeLeg
 from router.flow.failures import node_failed
@@ -27,10 +28,9 @@ from router.flow.prefill_leg import Prefilled, PrefillLeg
 from router.flow.request import Deadline, FlowRequest
 from router.flow.shared_prompt import SharedPrompt
 from router.flow.timing import TokenClock
-from router.kv_index import PrefixQuery
 from router.node_client import NodeCallError
-from router.output import TokenChunk
-from router.policy import Pools, saturated
+from router.routing.policy import Pools, saturated
+from router.routing.prefix_index import PrefixQuery
 from router.state import RouterState
 
 log = logging.getLogger("splitserve.router")

@@ -16,7 +16,7 @@ from cluster.kv_event_reader import KVEventReader
 from cluster.kv_events import stream_key
 from cluster.redis_server import EmbeddedRedis
 from prefill_node.app import create_app
-from router.kv_index import PrefixIndex, PrefixQuery
+from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 PROMPT = [5, 9, 17, 33, 4, 8, 12, 40, 41, 3]  # 2 full blocks of 4, then 2 tokens
 

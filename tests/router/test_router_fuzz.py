@@ -17,7 +17,7 @@ from router_fakes import FakeNode, fake_cluster
 from schema_strategies import bodies
 
 from models.tokenizer import Tokenizer
-from router.openai_schema import ChatCompletionRequest, CompletionRequest
+from router.api.requests import ChatCompletionRequest, CompletionRequest
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 ERROR_KEYS = {"message", "type", "param", "code"}

@@ -24,7 +24,7 @@ import sys
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
 from router.app import create_app, route_paths
-import router.cli, router.flow.request_flow, router.streaming
+import router.cli, router.flow.request_flow, router.api.streaming
 create_app(RouterSettings(), membership=StaticMembership())
 route_paths()
 bad = sorted(m for m in sys.modules if m.split(".")[0] in FORBIDDEN)

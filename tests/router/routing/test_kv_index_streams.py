@@ -15,7 +15,7 @@ from cluster.kv_event_reader import KVEventReader
 from cluster.kv_events import CacheChanges, KVEventPublisher, stream_key
 from cluster.redis_server import EmbeddedRedis
 from models.block_hash import prefix_block_hashes
-from router.kv_index import PrefixIndex, PrefixQuery
+from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 BS = 4
 PROMPT = list(range(100, 113))  # 3 full blocks

@@ -19,12 +19,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from router.api.requests import ChatMessage, ToolDefinition
+from router.api.tools import ToolPlan, template_messages
 from router.endpoints import get_state, read_body, require_api_key
 from router.errors import APIError, bad_request
-from router.openai_schema import ChatMessage, ToolDefinition
-from router.policy import Pools
+from router.routing.policy import Pools
 from router.state import RouterState
-from router.tools import ToolPlan, template_messages
 
 MAX_TOKEN_IDS = 1 << 17  # ids one /detokenize call may carry
 

@@ -12,10 +12,10 @@ import jsonschema
 import llguidance
 import pytest
 
-from router.openai_schema import ToolDefinition
-from router.structured import json_schema_grammar
-from router.tool_schema import MAX_ARRAY_ITEMS, MAX_STRING_CHARS, closed_schema
-from router.tools import call_schema
+from router.api.requests import ToolDefinition
+from router.api.structured import json_schema_grammar
+from router.api.tool_schema import MAX_ARRAY_ITEMS, MAX_STRING_CHARS, closed_schema
+from router.api.tools import call_schema
 
 OPEN = {
     "type": "object",

@@ -1,4 +1,4 @@
-"""OpenAI API request models (the subset the router serves; responses: router.openai_responses).
+"""OpenAI API request models (the subset the router serves; responses: router.api.objects).
 
 Requests validate strictly (a string is not a number) and ignore unknown fields, as OpenAI
 clients send extras. Features the router does not implement are refused with a 400 naming

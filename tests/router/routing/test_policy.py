@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
-from router.policy import NodePicker, Pools, saturated
+from router.routing.policy import NodePicker, Pools, saturated
 
 
 def _node(node_id: str, role: str = "decode", running: int = 0, waiting: int = 0,

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletion
 from router_fakes import FakeNode, fake_cluster, metric
 
 from models.tokenizer import Tokenizer
-from router.structured import JSON_OBJECT_INSTRUCTION
+from router.api.structured import JSON_OBJECT_INSTRUCTION
 
 pytestmark = pytest.mark.timeout(120)
 SCHEMA = {

@@ -10,9 +10,9 @@ from cluster.kv_events import KVEventMsg
 from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
 from models.block_hash import prefix_block_hashes
 from models.tokenizer import Tokenizer
-from router.kv_index import PrefixIndex, PrefixQuery
-from router.kv_policy import WORK_SMOOTHING, KVWeights, PoolWork, kv_aware_choice
-from router.policy import NodePicker
+from router.routing.kv_cost import WORK_SMOOTHING, KVWeights, PoolWork, kv_aware_choice
+from router.routing.policy import NodePicker
+from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 PROMPT = list(range(1000, 1040))  # 40 tokens: 2 full blocks of 16 and a partial one
 

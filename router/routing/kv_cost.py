@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cluster.protocol import NodeRecord
-from router.kv_index import PrefixIndex, PrefixQuery
+from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 WORK_SMOOTHING = 0.1  # weight of the latest request in the moving average
 INITIAL_WORK = 256.0  # tokens per request before any was routed

@@ -10,9 +10,9 @@ results go in as `tool` messages.
 `tool_choice`: "none" renders no tools; "auto" lets the model choose (calls are read from the
 output when it is one or more wrapped calls, or one bare call object); "required" and a
 named function constrain the output with a grammar built from the functions' parameter
-schemas, closed and bounded (router.tool_schema), so that it always parses: a bare
+schemas, closed and bounded (router.api.tool_schema), so that it always parses: a bare
 `{"name": ..., "arguments": {...}}` object. A forced call that `max_tokens` cuts short is no
-call: it ends with finish_reason "length" and the text so far as content (router.tool_output).
+call: it ends with finish_reason "length" and the text so far as content (router.api.tool_answers).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from router.api.requests import ChatCompletionRequest, ChatMessage, ToolDefinition
+from router.api.structured import json_schema_grammar
+from router.api.tool_schema import closed_schema
 from router.errors import bad_request
-from router.openai_schema import ChatCompletionRequest, ChatMessage, ToolDefinition
-from router.structured import json_schema_grammar
-from router.tool_schema import closed_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _WRAPPED = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)

@@ -18,8 +18,8 @@ from router_fakes import ANSWER, FakeNode, fake_cluster, metric
 
 from cluster.protocol import TokenLogprobMsg
 from models.tokenizer import Tokenizer
-from router.choices import Sample, best, sample_seed
-from router.output import TextDelta
+from router.api.choices import Sample, best, sample_seed
+from router.api.text_deltas import TextDelta
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
 TEXT = {"model": "smollm2", "prompt": "The capital of France is"}

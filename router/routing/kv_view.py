@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from cluster.kv_event_reader import KVEventReader
 from cluster.registry import Membership, StaticMembership
-from router.kv_index import PrefixIndex, PrefixQuery
 from router.metrics import KVMetrics
+from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 POOLS = ("prefill", "decode", "colocated")
 

@@ -30,12 +30,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
 from router.admission import Ticket
+from router.api.objects import Usage
+from router.api.render import make_usage
+from router.api.text_deltas import OutputProcessor, TextDelta
 from router.flow.request import FlowRequest
 from router.flow.request_flow import RequestFlow
 from router.flow.shared_prompt import SharedPrompt
-from router.openai_responses import Usage
-from router.output import OutputProcessor, TextDelta
-from router.responses import make_usage
 from router.state import RouterState
 
 _SEED_MASK = (1 << 63) - 1

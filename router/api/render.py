@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from cluster.protocol import TokenLogprobMsg
 from models.tokenizer import Tokenizer
-from router.openai_responses import (
+from router.api.objects import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -25,7 +25,7 @@ from router.openai_responses import (
     TopLogprob,
     Usage,
 )
-from router.output import TextDelta
+from router.api.text_deltas import TextDelta
 
 
 def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:

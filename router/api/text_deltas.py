@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from cluster.protocol import TokenLogprobMsg
 from models import IncrementalDetokenizer, Tokenizer
-from router.stops import StopMatcher
+from router.api.stop_strings import StopMatcher
 
 
 @dataclass(frozen=True)

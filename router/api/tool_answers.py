@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from router.openai_responses import (
+from router.api.objects import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -20,9 +20,9 @@ from router.openai_responses import (
     ToolCallOut,
     ToolCallsMessage,
 )
-from router.output import TextDelta
-from router.responses import ChatFormatter
-from router.tools import ParsedCall, ToolPlan, new_call_id, parse_tool_calls
+from router.api.render import ChatFormatter
+from router.api.text_deltas import TextDelta
+from router.api.tools import ParsedCall, ToolPlan, new_call_id, parse_tool_calls
 
 
 class ToolChatFormatter(ChatFormatter):

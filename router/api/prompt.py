@@ -11,10 +11,10 @@ from typing import TypeVar
 
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
+from router.api.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from router.api.structured import response_format_instruction
+from router.api.tools import ToolPlan, template_messages, with_system_text
 from router.errors import bad_request
-from router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from router.structured import response_format_instruction
-from router.tools import ToolPlan, template_messages, with_system_text
 
 T = TypeVar("T")
 _DEFAULT = SamplingParams()  # what a request leaves out: OpenAI's defaults

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from router.stops import StopMatcher
+from router.api.stop_strings import StopMatcher
 
 
 def _run(chunks: list[str], stops: list[str]) -> tuple[str, bool]:

@@ -10,11 +10,11 @@ from contextlib import aclosing
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from router.choices import Samples, best
+from router.api.choices import Samples, best
+from router.api.render import Formatter, chunks_of
+from router.api.streaming import DONE, EventStreamResponse, sse
 from router.disconnect import until_disconnect
 from router.errors import APIError, internal_error
-from router.responses import Formatter, chunks_of
-from router.streaming import DONE, EventStreamResponse, sse
 
 log = logging.getLogger("splitserve.router")
 

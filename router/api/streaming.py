@@ -14,11 +14,11 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from router.api.objects import Usage
+from router.api.render import Formatter, chunks_of, make_usage
+from router.api.text_deltas import OutputProcessor, TextDelta
 from router.errors import APIError, internal_error
 from router.flow.request_flow import RequestFlow
-from router.openai_responses import Usage
-from router.output import OutputProcessor, TextDelta
-from router.responses import Formatter, chunks_of, make_usage
 
 log = logging.getLogger("splitserve.router")
 

@@ -1,10 +1,10 @@
-"""Which node gets a request: round robin, least loaded, or kv_aware (router.kv_policy).
+"""Which node gets a request: round robin, least loaded, or kv_aware (router.routing.kv_cost).
 
 Least loaded scores a node by running + waiting requests from its last heartbeat plus the
 requests this router has in flight on it (heartbeats are up to a second old, so a burst
 would otherwise all land on one node); ties go to the lower KV usage, then rotate.
 kv_aware weighs load against the prompt tokens a node would not have to compute, as the
-prefix index says (router.kv_policy); without a prompt to match it is least loaded.
+prefix index says (router.routing.kv_cost); without a prompt to match it is least loaded.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cluster.protocol import NodeRecord
-from router.kv_index import PrefixIndex, PrefixQuery
-from router.kv_policy import KVWeights, PoolWork, kv_aware_choice
+from router.routing.kv_cost import KVWeights, PoolWork, kv_aware_choice
+from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 Policy = Literal["round_robin", "least_loaded", "kv_aware"]
 POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "kv_aware")

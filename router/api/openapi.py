@@ -16,9 +16,9 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from router.openai_responses import ChatCompletion, ChatCompletionChunk, Completion, ModelList
-from router.openai_schema import ChatCompletionRequest, CompletionRequest
-from router.tokenize import (
+from router.api.objects import ChatCompletion, ChatCompletionChunk, Completion, ModelList
+from router.api.requests import ChatCompletionRequest, CompletionRequest
+from router.api.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,
