@@ -40,7 +40,7 @@ def test_model_pull_init_container_parses() -> None:
     command, *argv = init["args"]
     assert command == "model"
     args = _parse("models.cli", argv)
-    assert (args.model_command, args.name, str(args.cache_dir)) == ("pull", "smollm2", "/models")
+    assert (args.model_command, args.name, str(args.model_cache)) == ("pull", "smollm2", "/models")
 
 
 @pytest.mark.parametrize("component", list(CLI_MODULES))
