@@ -11,6 +11,7 @@ from cluster.protocol import DecodeRequest, KVHandle, NodeInfo, NodeRecord, Toke
 from router.errors import APIError, overloaded, unavailable
 from router.flow.failures import node_failed, refused
 from router.flow.lease import KVLease
+from router.flow.leg import Leg
 from router.flow.request import Deadline, FlowRequest
 from router.node_client import NodeCallError
 from router.routing.policy import Pools
@@ -20,7 +21,7 @@ from router.state import RouterState
 log = logging.getLogger("splitserve.router")
 
 
-class DecodeLeg:
+class DecodeLeg(Leg):
     """At most one open /internal/generate stream at a time; every decode node it tried
     (up to `decode_attempts`) is tried once only."""
 
@@ -32,11 +33,7 @@ class DecodeLeg:
         deadline: Deadline,
         lease: KVLease,
     ) -> None:
-        self._s = state
-        self._request = request
-        self._query = query
-        self._deadline = deadline
-        self._lease = lease
+        super().__init__(state, request, query, deadline, lease)
         self._tried: set[str] = set()
         self._node: NodeInfo | None = None
         self._imported = False  # the stream opened last was given the prefill's KV handle

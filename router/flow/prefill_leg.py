@@ -9,11 +9,8 @@ from typing import NamedTuple
 from cluster.protocol import NodeInfo, NodeRecord, PrefillRequest, PrefillResponse
 from router.errors import overloaded
 from router.flow.failures import node_failed, refused
-from router.flow.lease import KVLease
-from router.flow.request import Deadline, FlowRequest
+from router.flow.leg import Leg
 from router.node_client import NodeCallError
-from router.routing.prefix_index import PrefixQuery
-from router.state import RouterState
 
 
 class Prefilled(NamedTuple):
@@ -23,22 +20,8 @@ class Prefilled(NamedTuple):
     answer: PrefillResponse
 
 
-class PrefillLeg:
+class PrefillLeg(Leg):
     """Prefill one request on the prefill pool, up to `prefill_attempts` nodes."""
-
-    def __init__(
-        self,
-        state: RouterState,
-        request: FlowRequest,
-        query: PrefixQuery,
-        deadline: Deadline,
-        lease: KVLease,
-    ) -> None:
-        self._s = state
-        self._request = request
-        self._query = query
-        self._deadline = deadline
-        self._lease = lease
 
     async def run(self, candidates: Sequence[NodeRecord]) -> Prefilled | None:
         """The first answer, or None when no node could prefill. Raises APIError: 429 when
