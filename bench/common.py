@@ -64,6 +64,7 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    mlp_params: int = 0  # active MLP weights per layer (mixture of experts: top-k experts)
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelShape:
@@ -77,6 +78,7 @@ class ModelShape:
             kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             vocab=cfg["vocab_size"],
+            mlp_params=_active_mlp_params(cfg),
         )
 
     @property
@@ -84,7 +86,7 @@ class ModelShape:
         """Weights of the linear layers of one decoder layer."""
         q_o = 2 * self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        return q_o + kv + 3 * self.hidden * self.intermediate
+        return q_o + kv + (self.mlp_params or 3 * self.hidden * self.intermediate)
 
     def sequence_flops(self, prompt_len: int, new_tokens: int) -> float:
         """FLOPs to prefill `prompt_len` tokens and decode `new_tokens` (the first from prefill).
@@ -98,6 +100,23 @@ class ModelShape:
         attention = 4 * self.layers * self.heads * self.head_dim * pairs
         lm_head = 2 * self.hidden * self.vocab * new_tokens
         return float(linear + attention + lm_head)
+
+
+def _active_mlp_params(cfg: dict[str, Any]) -> int:
+    """MLP weights one token reads per layer, averaged over the layers: the router and the
+    top-k experts (and a shared expert) on the sparse layers, the dense MLP on the others."""
+    hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    dense = 3 * hidden * cfg["intermediate_size"]
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if not experts:
+        return dense
+    expert_inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    sparse = hidden * experts + 3 * hidden * expert_inter * cfg["num_experts_per_tok"]
+    sparse += 3 * hidden * (cfg.get("shared_expert_intermediate_size") or 0)
+    step = cfg.get("decoder_sparse_step") or 1
+    dense_layers = set(cfg.get("mlp_only_layers") or [])
+    n_sparse = sum(1 for i in range(layers) if i not in dense_layers and (i + 1) % step == 0)
+    return (n_sparse * sparse + (layers - n_sparse) * dense) // layers
 
 
 def environment() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Offline throughput of the engine against the same-run matmul peak (and, optionally, HF).
 
     python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync]
-                            [--random-model smollm2|llama-1b|llama-8b] [--out PATH]
+                            [--random-model NAME (bench.random_model.SHAPES)] [--out PATH]
 
 On CUDA it also times decode steps of the whole batch against their same-run roofline
 (bench.decode_step).

@@ -46,6 +46,35 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_theta": 500000.0,
         "rope_scaling": _LLAMA3_ROPE | {"factor": 8.0, "original_max_position_embeddings": 8192},
     },
+    # Qwen3-8B
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+    },
+    # Qwen3-30B-A3B: 128 experts, 8 active per token
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "num_experts": 128,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [],
+    },
+    # Qwen3-30B-A3B's routing (8 of many experts, Qwen3 attention) scaled to fit a small
+    # CPU machine: 48 experts of 256 per layer, 8 layers, the default model's vocabulary
+    "qwen3-moe-cpu": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "vocab_size": 49152, "hidden_size": 768, "intermediate_size": 2048,
+        "num_hidden_layers": 8, "num_attention_heads": 12, "num_key_value_heads": 4,
+        "head_dim": 64, "max_position_embeddings": 8192, "tie_word_embeddings": True,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "num_experts": 48,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 256, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [],
+    },
     # the step-overhead benchmark's model: the arithmetic of a step is next to nothing
     "tiny": {
         "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,

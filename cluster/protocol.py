@@ -215,7 +215,10 @@ class NodeInfo(_Msg):
 
     url: base URL the router calls, e.g. "http://10.0.0.5:8101". capacity: KV blocks in
     total; kv_capacity_tokens and kv_cache_bytes: the same cache in tokens and bytes.
-    started_at: unix time the process started (a restart changes it).
+    started_at: unix time the process started (a restart changes it). architecture, layout:
+    the model's class and its KV layout in words (what differs between two nodes' layouts);
+    weight_bytes: the model's weights held by the node, expert_weight_bytes the experts'
+    share of them (mixture-of-experts models).
     """
 
     node_id: str
@@ -229,6 +232,10 @@ class NodeInfo(_Msg):
     started_at: float
     kv_capacity_tokens: int = Field(default=0, ge=0)
     kv_cache_bytes: int = Field(default=0, ge=0)
+    architecture: str = ""
+    layout: str = ""
+    weight_bytes: int = Field(default=0, ge=0)
+    expert_weight_bytes: int = Field(default=0, ge=0)
 
 
 class NodeLoad(_Msg):

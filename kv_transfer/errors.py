@@ -28,10 +28,27 @@ class LayoutMismatch(TransferError):
 
     def __init__(self, local: str, remote: str, peer: str) -> None:
         super().__init__(
-            f"KV layout mismatch with peer {peer}: this node has [{local}], the peer has [{remote}]"
+            f"KV layout mismatch with peer {peer}{layout_differences(local, remote)}: "
+            f"this node has [{local}], the peer has [{remote}]"
         )
         self.local = local
         self.remote = remote
+
+
+def layout_differences(local: str, remote: str) -> str:
+    """`` in model (a here, b there), layers (...)``: the ``key=value`` fields of two layout
+    descriptions that differ, or nothing when none can be told apart."""
+
+    def fields(text: str) -> dict[str, str]:
+        return dict(part.split("=", 1) for part in text.split() if "=" in part)
+
+    mine, theirs = fields(local), fields(remote)
+    keys = [k for k in mine if k in theirs and mine[k] != theirs[k]]
+    keys += [k for k in mine.keys() ^ theirs.keys()]
+    if not keys:
+        return ""
+    named = (f"{k} ({mine.get(k, 'unset')} here, {theirs.get(k, 'unset')} there)" for k in keys)
+    return " in " + ", ".join(named)
 
 
 class TransferRefused(TransferError):

@@ -30,9 +30,15 @@ class KVLayout:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    layer_windows: tuple[int, ...] = ()  # per layer, 0: full attention; () : all full
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)  # ValueError for an unsupported dtype
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(
+                f"KVLayout.layer_windows has {len(self.layer_windows)} entries for "
+                f"{self.num_layers} layers"
+            )
         for field in ("block_size", "num_layers", "num_kv_heads", "head_dim"):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
@@ -47,6 +53,7 @@ class KVLayout:
             num_layers=model.num_hidden_layers,
             num_kv_heads=model.num_key_value_heads,
             head_dim=model.head_dim,
+            layer_windows=model.layer_windows if any(model.layer_windows) else (),
         )
 
     @property
@@ -78,15 +85,30 @@ class KVLayout:
                 str(self.num_kv_heads),
                 str(self.head_dim),
             ]
+            # windows only where some layer has one: full-attention layouts keep their hash
+            + ([self.windows_text()] if self.layer_windows else [])
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def windows_text(self) -> str:
+        """Per-layer windows, run-length coded: ``full``, or e.g. ``7*1,0*1,7*1``."""
+        if not any(self.layer_windows):
+            return "full"
+        runs: list[list[int]] = []
+        for window in self.layer_windows:
+            if runs and runs[-1][0] == window:
+                runs[-1][1] += 1
+            else:
+                runs.append([window, 1])
+        return ",".join(f"{w}*{n}" for w, n in runs)
 
     def describe(self) -> str:
         """One readable line, for logs and mismatch errors."""
         return (
             f"model={self.model} dtype={self.dtype} block_size={self.block_size} "
             f"layers={self.num_layers} kv_heads={self.num_kv_heads} head_dim={self.head_dim} "
-            f"({LAYOUT_ORDER}, {self.block_bytes} bytes/block, fingerprint {self.fingerprint()})"
+            f"windows={self.windows_text()} ({LAYOUT_ORDER}, {self.block_bytes} bytes/block, "
+            f"fingerprint {self.fingerprint()})"
         )
 
 

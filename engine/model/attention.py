@@ -114,6 +114,16 @@ class AttentionMetadata:
         return masks
 
 
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How one layer attends: score scale, sliding window (0: full causal; else a query at
+    position p sees keys in (p - window, p]) and soft-cap of the scores (0: off)."""
+
+    scale: float
+    window: int = 0
+    softcap: float = 0.0
+
+
 class AttentionBackend(Protocol):
     """Attention of a step's queries over the paged cache, after its new K/V are written."""
 
@@ -125,6 +135,7 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,
         layer: int,
         meta: AttentionMetadata,
+        spec: AttentionSpec | None = None,
     ) -> torch.Tensor:
         """q: [tokens, heads, d]; k, v: [tokens, kv_heads, d] (this step's, already in the
         cache). Returns [tokens, heads, d]."""
@@ -176,6 +187,7 @@ class TorchAttention:
         kv_cache: torch.Tensor,
         layer: int,
         meta: AttentionMetadata,
+        spec: AttentionSpec | None = None,
     ) -> torch.Tensor:
         d = meta.num_decodes
         if d == meta.num_tokens:
@@ -218,6 +230,7 @@ class TritonAttention:
         kv_cache: torch.Tensor,
         layer: int,
         meta: AttentionMetadata,
+        spec: AttentionSpec | None = None,
     ) -> torch.Tensor:
         from engine.triton_kernels import paged_decode_attention, paged_prefill_attention
 

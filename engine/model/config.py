@@ -1,34 +1,31 @@
 """Model shape and hyper-parameters, parsed from a Hugging Face ``config.json``.
 
-Only architectures whose math is exactly Llama's are accepted: no biases, SiLU MLP, RoPE
-(plain or llama3-scaled), full attention. Anything else is refused with one clear line.
+The families in ``engine.model.families`` are accepted (Llama, Mistral, Mixtral, Qwen2,
+Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3); an option one of them sets that is
+not built is refused with one clear line naming the file and the field.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
-_ROPE_TYPES = ("default", "llama3")
+from engine.model.config_fields import Fields, eos_ids, read_json
+from engine.model.families import (
+    SUPPORTED_ARCHITECTURES,
+    MoeSpec,
+    find_family,
+    parse_ropes,
+)
+from engine.model.rope import Rope
 
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """llama3 frequency scaling (Llama 3.1+). Plain RoPE has no RopeScaling at all."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "MoeSpec", "Rope"]
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """What the engine needs to know about a Llama-family checkpoint."""
+    """What the engine needs to know about a checkpoint of one of the families."""
 
     name: str  # the model directory's name; part of the KV layout fingerprint
     architecture: str
@@ -40,14 +37,28 @@ class ModelConfig:
     head_dim: int
     vocab_size: int
     rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: RopeScaling | None
+    rope: Rope
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: frozenset[int]
+    family: str = "llama"
+    local_rope: Rope | None = None  # the windowed layers' rotary when it differs (Gemma 3)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm of q and k before the rotary (Qwen3, Gemma 3)
+    activation: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"
+    norm_offset: float = 0.0  # Gemma's norms scale by (1 + w): the loader adds 1 to w
+    sandwich_norms: bool = False  # norms after attention and MLP too (Gemma 2 and 3)
+    embed_scale: float = 1.0  # embeddings multiplied by it (Gemma: sqrt(hidden))
+    attention_scale: float = 0.0  # 0: head_dim ** -0.5
+    attn_softcap: float = 0.0  # attention scores soft-capped at it (Gemma 2); 0: off
+    final_softcap: float = 0.0  # logits soft-capped at it (Gemma 2); 0: off
+    layer_windows: tuple[int, ...] = field(default=())  # per layer; 0: full attention
+    moe: MoeSpec | None = None
+    naming: str = "hf"  # checkpoint tensor names: "hf" (separate q/k/v) or "phi3" (fused)
 
     def __post_init__(self) -> None:
-        for field in (
+        for name in (
             "hidden_size",
             "intermediate_size",
             "num_hidden_layers",
@@ -57,9 +68,9 @@ class ModelConfig:
             "vocab_size",
             "max_position_embeddings",
         ):
-            value = getattr(self, field)
+            value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig.{field} must be an integer >= 1, got {value!r}")
+                raise ValueError(f"ModelConfig.{name} must be an integer >= 1, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -67,6 +78,15 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (0,) * self.num_hidden_layers)
+        if len(self.layer_windows) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_windows has {len(self.layer_windows)} entries for "
+                f"{self.num_hidden_layers} layers"
+            )
+        if not self.attention_scale:
+            object.__setattr__(self, "attention_scale", self.head_dim**-0.5)
 
     @property
     def q_size(self) -> int:
@@ -76,6 +96,15 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def sliding_window(self) -> int:
+        """The window every layer shares, or 0 when some layer attends to its whole context:
+        only then can blocks behind the window be given back."""
+        return min(self.layer_windows)
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index in self.moe.layers
+
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         """Parse ``config.json`` (and ``generation_config.json`` when present) of a HF dir."""
@@ -83,9 +112,9 @@ class ModelConfig:
         path = model_dir / "config.json"
         if not path.is_file():
             raise ValueError(f"{path}: no config.json in the model directory")
-        raw = _read_json(path)
+        raw = read_json(path)
         gen_path = model_dir / "generation_config.json"
-        generation = _read_json(gen_path) if gen_path.is_file() else {}
+        generation = read_json(gen_path) if gen_path.is_file() else {}
         return cls.from_dict(raw, source=str(path), name=model_dir.name, generation=generation)
 
     @classmethod
@@ -97,150 +126,41 @@ class ModelConfig:
         generation: dict[str, Any] | None = None,
     ) -> ModelConfig:
         """Parse a config dict; ``source`` names the file in error messages."""
-        fields = _Fields(raw, source)
-        _check_llama_math(fields)
-        eos = _eos_ids(raw.get("eos_token_id"), source)
+        fields = Fields(raw, source)
+        family, architecture = find_family(fields)
+        eos = eos_ids(raw.get("eos_token_id"), source)
         if generation:
-            eos |= _eos_ids(generation.get("eos_token_id"), f"{source} (generation_config)")
-        values = _values(fields)
+            eos |= eos_ids(generation.get("eos_token_id"), f"{source} (generation_config)")
+        values = _shape(fields)
+        values |= family.parse(fields, values["num_hidden_layers"])
+        rope, local_rope = parse_ropes(fields, family)
         try:
-            return cls(name=name, eos_token_ids=frozenset(eos), **values)
+            return cls(
+                name=name,
+                architecture=architecture,
+                family=family.name,
+                rope=rope,
+                local_rope=local_rope,
+                eos_token_ids=frozenset(eos),
+                **values,
+            )
         except ValueError as exc:
             raise fields.error(str(exc)) from None
 
 
-class _Fields:
-    """Typed access to a config dict; a missing or mistyped field names the file."""
-
-    def __init__(self, raw: dict[str, Any], source: str) -> None:
-        self.raw = raw
-        self.source = source
-
-    def integer(self, key: str, raw: dict[str, Any] | None = None) -> int:
-        value = self._value(key, raw)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(f"{key!r} must be an integer, got {value!r}")
-        return value
-
-    def number(self, key: str, raw: dict[str, Any] | None = None) -> float:
-        value = self._value(key, raw)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.error(f"{key!r} must be a number, got {value!r}")
-        return float(value)
-
-    def error(self, message: str) -> ValueError:
-        return ValueError(f"{self.source}: {message}")
-
-    def _value(self, key: str, raw: dict[str, Any] | None) -> Any:
-        value = (self.raw if raw is None else raw).get(key)
-        if value is None:
-            raise self.error(f"required field {key!r} is missing")
-        return value
-
-
-def _values(fields: _Fields) -> dict[str, Any]:
-    """The shape and hyper-parameter fields of ModelConfig, typed and defaulted."""
-    raw = fields.raw
+def _shape(fields: Fields) -> dict[str, Any]:
+    """The shape fields every family has, typed and defaulted."""
     num_heads = fields.integer("num_attention_heads")
     hidden = fields.integer("hidden_size")
-    theta, scaling = _parse_rope(fields)
     return {
-        "architecture": _architecture(fields),
         "hidden_size": hidden,
         "intermediate_size": fields.integer("intermediate_size"),
         "num_hidden_layers": fields.integer("num_hidden_layers"),
         "num_attention_heads": num_heads,
-        "num_key_value_heads": (
-            fields.integer("num_key_value_heads") if _has(raw, "num_key_value_heads") else num_heads
-        ),
-        "head_dim": fields.integer("head_dim") if _has(raw, "head_dim") else hidden // num_heads,
+        "num_key_value_heads": fields.optional_integer("num_key_value_heads", num_heads),
+        "head_dim": fields.optional_integer("head_dim", hidden // num_heads),
         "vocab_size": fields.integer("vocab_size"),
         "rms_norm_eps": fields.number("rms_norm_eps"),
-        "rope_theta": theta,
-        "rope_scaling": scaling,
         "max_position_embeddings": fields.integer("max_position_embeddings"),
-        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        "tie_word_embeddings": bool(fields.raw.get("tie_word_embeddings", False)),
     }
-
-
-def _has(raw: dict[str, Any], key: str) -> bool:
-    return raw.get(key) is not None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data
-
-
-def _architecture(fields: _Fields) -> str:
-    archs = fields.raw.get("architectures")
-    if archs:
-        if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
-            raise fields.error(
-                f"architectures={archs!r} is not supported (supported: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
-        return str(archs[0])
-    model_type = fields.raw.get("model_type")
-    if model_type not in _MODEL_TYPES:
-        raise fields.error(
-            f"model_type={model_type!r} is not supported (no 'architectures' given; "
-            f"supported model types: {', '.join(_MODEL_TYPES)})"
-        )
-    return _MODEL_TYPES[model_type]
-
-
-def _check_llama_math(fields: _Fields) -> None:
-    raw = fields.raw
-    for flag in ("attention_bias", "mlp_bias"):
-        if raw.get(flag):
-            raise fields.error(f"{flag}={raw[flag]!r} is not supported (no biases)")
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise fields.error(f"hidden_act={act!r} is not supported (silu only)")
-    if raw.get("sliding_window") is not None:
-        raise fields.error(
-            f"sliding_window={raw['sliding_window']!r} is not supported (full attention only)"
-        )
-
-
-def _parse_rope(fields: _Fields) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`."""
-    params = fields.raw.get("rope_parameters")
-    if params:
-        theta = fields.number("rope_theta", params)
-        scaling: dict[str, Any] | None = params
-    else:
-        theta = fields.number("rope_theta") if _has(fields.raw, "rope_theta") else 10000.0
-        scaling = fields.raw.get("rope_scaling")
-    if not scaling:
-        return theta, None
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in _ROPE_TYPES:
-        raise fields.error(
-            f"rope_type={rope_type!r} is not supported (supported: {', '.join(_ROPE_TYPES)})"
-        )
-    if rope_type == "default":
-        return theta, None
-    return theta, RopeScaling(
-        factor=fields.number("factor", scaling),
-        low_freq_factor=fields.number("low_freq_factor", scaling),
-        high_freq_factor=fields.number("high_freq_factor", scaling),
-        original_max_position_embeddings=fields.integer(
-            "original_max_position_embeddings", scaling
-        ),
-    )
-
-
-def _eos_ids(value: Any, source: str) -> set[int]:
-    if value is None:
-        return set()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"{source}: eos_token_id must be an integer or a list, got {value!r}")
-    return set(values)

@@ -48,8 +48,14 @@ class LayerOps(Protocol):
         store K and V of ``layer`` at ``meta.slot_mapping``."""
         ...
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up for gate_up [tokens, 2 * inter] -> [tokens, inter]."""
+    def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        """act(gate) * up for gate_up [tokens, 2 * inter] -> [tokens, inter]; ``activation``
+        is ``silu`` or ``gelu_tanh`` (GELU, tanh approximation)."""
+        ...
+
+    @property
+    def backend(self) -> str:
+        """``torch``, ``c`` or ``triton``: where the layer's other kernels (MoE) run too."""
         ...
 
 
@@ -66,6 +72,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def act_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up in torch, over the gate_up buffer in place (no temporaries)."""
+    gate, up = gate_up.chunk(2, dim=-1)  # each [tokens, inter]
+    if activation == "silu":
+        return F.silu(gate, inplace=True).mul_(up)
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh").mul_(up)
+    raise ValueError(f"activation must be silu or gelu_tanh, got {activation!r}")
+
+
+def head_norm_(x: torch.Tensor, heads: int, weight: torch.Tensor, eps: float) -> None:
+    """RMSNorm of each head of x [tokens, heads * d] (any row stride) over its d values, in
+    place, scaled by weight [d]: Qwen3's and Gemma 3's q and k norms, before the rotary."""
+    v = x.unflatten(1, (heads, -1))  # [tokens, heads, d], a view
+    scale = v.float().pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    v.copy_((v.float() * scale).to(v.dtype) * weight)
+
+
 def _split(qkv: torch.Tensor, heads: int, kv_heads: int) -> QKV:
     qkv = qkv.view(qkv.shape[0], heads + 2 * kv_heads, -1)  # [tokens, heads + 2 kv_heads, d]
     return QKV(qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :])
@@ -73,6 +97,8 @@ def _split(qkv: torch.Tensor, heads: int, kv_heads: int) -> QKV:
 
 class TorchOps:
     """Plain torch ops; ``cos`` and ``sin`` are this step's rows, each [tokens, 1, d / 2]."""
+
+    backend = "torch"
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self.cos, self.sin = cos, sin
@@ -95,13 +121,14 @@ class TorchOps:
         write_kv(kv_cache, layer, k, v, meta.slot_mapping)
         return QKV(q, k, v)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)  # each [tokens, inter]
-        return F.silu(gate, inplace=True).mul_(up)  # in place: no [tokens, inter] temporaries
+    def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        return act_mul(gate_up, activation)
 
 
 class CpuKernelOps:
     """The fused C kernels (CPU fp32); ``cos``, ``sin``: the model's [max_len, d / 2] tables."""
+
+    backend = "c"
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self.cos, self.sin = cos, sin
@@ -124,8 +151,10 @@ class CpuKernelOps:
         )  # fmt: skip
         return _split(qkv, heads, kv_heads)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.silu_mul(gate_up)
+    def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        if activation == "silu":
+            return cpu_kernels.silu_mul(gate_up)
+        return act_mul(gate_up, activation)
 
 
 class TritonOps(TorchOps):
@@ -134,6 +163,8 @@ class TritonOps(TorchOps):
     ``cos``, ``sin``: the model's [max_len, d / 2] tables, kept as one fp32 [max_len, d]
     table (cos half | sin half) for ``engine.triton_kernels.apply_rope``.
     """
+
+    backend = "triton"
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         super().__init__(cos, sin)

@@ -1,8 +1,10 @@
-"""Load Hugging Face safetensors checkpoints into ``LlamaModel``.
+"""Load Hugging Face safetensors checkpoints into ``DecoderModel``.
 
 Each checkpoint tensor is copied straight into its slice of the engine weight (q/k/v into the
-fused ``qkv`` rows, gate/up into ``gate_up``), converting dtype and device on the way; no fused
-copy is ever built on the side. Missing, unexpected or misshapen tensors raise ValueError.
+fused ``qkv`` rows, gate/up into ``gate_up``, each expert into its slot of the fused expert
+weights), converting dtype and device on the way; no fused copy is ever built on the side.
+The layer objects name the tensors they take (``weight_targets``). Missing, unexpected or
+misshapen tensors raise ValueError naming the file and the tensor.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.model.llama import LlamaModel
+from engine.model.decoder import DecoderModel
 
 _INDEX = "model.safetensors.index.json"
 # Present in some checkpoints, never needed: RoPE is recomputed, a tied head is the embedding.
@@ -35,33 +37,17 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def weight_targets(model: LlamaModel) -> dict[str, torch.Tensor]:
+def weight_targets(model: DecoderModel) -> dict[str, torch.Tensor]:
     """HF tensor name -> the engine weight (or fused slice) it fills."""
-    cfg = model.config
-    q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    targets = {"model.embed_tokens.weight": model.embed.data, "model.norm.weight": model.norm.data}
-    if not cfg.tie_word_embeddings:
-        targets["lm_head.weight"] = model.lm_head.data
-    for i, layer in enumerate(model.decoder_layers()):
-        p = f"model.layers.{i}."
-        targets |= {
-            p + "input_layernorm.weight": layer.input_norm.data,
-            p + "self_attn.q_proj.weight": layer.qkv.data[:q],
-            p + "self_attn.k_proj.weight": layer.qkv.data[q : q + kv],
-            p + "self_attn.v_proj.weight": layer.qkv.data[q + kv :],
-            p + "self_attn.o_proj.weight": layer.o_proj.data,
-            p + "post_attention_layernorm.weight": layer.post_norm.data,
-            p + "mlp.gate_proj.weight": layer.gate_up.data[:inter],
-            p + "mlp.up_proj.weight": layer.gate_up.data[inter:],
-            p + "mlp.down_proj.weight": layer.down.data,
-        }
-    return targets
+    return model.weight_targets()
 
 
-def load_weights(model: LlamaModel, model_dir: str | Path) -> None:
+def load_weights(model: DecoderModel, model_dir: str | Path) -> None:
     """Fill every weight of ``model`` from the checkpoint in ``model_dir``."""
     model_dir = Path(model_dir)
     targets = weight_targets(model)
+    offset = model.config.norm_offset
+    offset_norms = {t.data_ptr() for t in model.norm_weights()} if offset else set()
     filled: set[str] = set()
     with torch.no_grad():
         for path, name, tensor in _tensors(checkpoint_files(model_dir)):
@@ -75,6 +61,8 @@ def load_weights(model: LlamaModel, model_dir: str | Path) -> None:
                     f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                     f"expected {tuple(target.shape)}"
                 )
+            if target.data_ptr() in offset_norms:  # Gemma's (1 + w), summed in fp32 once
+                tensor = tensor.float() + offset
             target.copy_(tensor)
             filled.add(name)
     missing = sorted(set(targets) - filled)
@@ -92,13 +80,13 @@ def _tensors(files: list[Path]) -> Iterator[tuple[Path, str, torch.Tensor]]:
                 yield path, name, f.get_tensor(name)
 
 
-def _ignored(name: str, model: LlamaModel) -> bool:
+def _ignored(name: str, model: DecoderModel) -> bool:
     if name.endswith(_IGNORED_SUFFIXES):
         return True
     return name == "lm_head.weight" and model.config.tie_word_embeddings
 
 
-def init_random_weights(model: LlamaModel, seed: int = 0) -> None:
+def init_random_weights(model: DecoderModel, seed: int = 0) -> None:
     """Seeded random weights of the right scale, made on the model's device (no checkpoint).
 
     Matrices ~ N(0, 1 / fan_in), norm weights ~ 1 + N(0, 0.04): activations stay in range

@@ -13,7 +13,7 @@ import torch
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory
 from engine.model.attention import AttentionMetadata
-from engine.model.llama import LlamaModel
+from engine.model.decoder import DecoderModel
 
 
 def profile_lengths(max_tokens: int, max_seqs: int, max_model_len: int) -> list[int]:
@@ -27,7 +27,7 @@ def profile_lengths(max_tokens: int, max_seqs: int, max_model_len: int) -> list[
 
 @torch.inference_mode()
 def profile_forward(
-    model: LlamaModel, layout: KVLayout, lengths: list[int], device: torch.device
+    model: DecoderModel, layout: KVLayout, lengths: list[int], device: torch.device
 ) -> torch.Tensor:
     """One forward of prompts of `lengths` (token 0 repeated) over a scratch cache; returns
     the logits [prompts, vocab] of each prompt's last token."""
@@ -46,7 +46,7 @@ def profile_forward(
 
 
 def measure_device_memory(
-    model: LlamaModel, layout: KVLayout, lengths: list[int], device: torch.device
+    model: DecoderModel, layout: KVLayout, lengths: list[int], device: torch.device
 ) -> DeviceMemory:
     """CUDA only: the device's memory around one profiling forward of `lengths`."""
     torch.cuda.synchronize(device)

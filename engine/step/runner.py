@@ -18,7 +18,7 @@ from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
 from engine.model.attention import AttentionBackend, AttentionMetadata, select_attention
 from engine.model.config import ModelConfig
-from engine.model.llama import LlamaModel
+from engine.model.decoder import DecoderModel
 from engine.model.loader import init_random_weights, load_weights
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
@@ -33,7 +33,7 @@ class LoadedModel:
     apart from ModelRunner where another cache must be planned after it (the draft model)."""
 
     model_config: ModelConfig
-    model: LlamaModel
+    model: DecoderModel
     max_model_len: int
     layout: KVLayout
     packed_weights: bool
@@ -51,7 +51,7 @@ def load_model(
         config.max_model_len or model_config.max_position_embeddings,
         model_config.max_position_embeddings,
     )
-    model = LlamaModel(
+    model = DecoderModel(
         model_config,
         attention or select_attention(config.attention_backend, device, config.cpu_kernels),
         max_model_len,

@@ -145,6 +145,17 @@ async def test_stats_and_metrics_carry_the_kv_capacity(node: httpx.AsyncClient) 
     assert metric(samples, "splitserve_kv_cache_bytes", **labels) == info.kv_cache_bytes
 
 
+async def test_stats_name_the_model_its_layout_and_weights(node: httpx.AsyncClient) -> None:
+    info = (await stats(node)).info
+    hidden, inter, vocab = TINY["hidden_size"], TINY["intermediate_size"], TINY["vocab_size"]
+    layers, kv = TINY["num_hidden_layers"], TINY["num_key_value_heads"] * hidden // 4
+    per_layer = 2 * hidden + hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter
+    assert info.weight_bytes == 4 * (vocab * hidden + hidden + layers * per_layer)  # tied head
+    assert info.expert_weight_bytes == 0  # a dense model
+    assert info.architecture == "LlamaForCausalLM"
+    assert f"layers={layers}" in info.layout and "windows=full" in info.layout
+
+
 async def test_create_app_loads_nothing_and_serves_the_probe_paths(model_dir: Path) -> None:
     settings = node_settings(model_dir, "redis://127.0.0.1:1/0", "prefill")
     app = create_app(settings)

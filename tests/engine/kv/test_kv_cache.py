@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from pathlib import Path
 
 import pytest
 import torch
 
 from engine.kv.cache import KVLayout, allocate_kv_cache, write_kv
 from engine.model.config import ModelConfig
+from kv_transfer.errors import LayoutMismatch
+from tests.engine.model.tiny_families import save_family
 
 LAYOUT = KVLayout(
     model="smollm2", dtype="float32", block_size=16, num_layers=30, num_kv_heads=3, head_dim=64
@@ -41,6 +45,7 @@ def test_fingerprint_is_stable_and_differs_in_every_field() -> None:
         "num_layers": 31,
         "num_kv_heads": 4,
         "head_dim": 128,
+        "layer_windows": (4096,) * 30,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KVLayout)}
     prints = {dataclasses.replace(LAYOUT, **{k: v}).fingerprint() for k, v in changes.items()}
@@ -49,7 +54,15 @@ def test_fingerprint_is_stable_and_differs_in_every_field() -> None:
 
 def test_describe_names_every_field() -> None:
     text = LAYOUT.describe()
-    for word in ("smollm2", "float32", "block_size=16", "layers=30", "kv_heads=3", "head_dim=64"):
+    for word in (
+        "smollm2",
+        "float32",
+        "block_size=16",
+        "layers=30",
+        "kv_heads=3",
+        "head_dim=64",
+        "windows=full",
+    ):
         assert word in text
     assert LAYOUT.fingerprint() in text
 
@@ -91,3 +104,35 @@ def test_write_lands_at_slots() -> None:
         assert torch.equal(kv[block, 1, 1, offset], v[i])
     assert kv[:, 0].abs().sum() == 0  # the other layer is untouched
     assert int((kv != 0).sum()) == 2 * k.numel()
+
+
+def test_layouts_of_two_families_refuse_each_other_by_name(tmp_path: Path) -> None:
+    """A Gemma-style windowed model and a full-attention one never share KV: the
+    fingerprints differ and the mismatch error names each field that differs."""
+    full = dataclasses.replace(LAYOUT, num_layers=3)
+    windowed = dataclasses.replace(
+        LAYOUT, model="gemma", num_layers=3, head_dim=128, layer_windows=(512, 0, 512)
+    )
+    assert full.fingerprint() != windowed.fingerprint()
+    assert windowed.windows_text() == "512*1,0*1,512*1" and full.windows_text() == "full"
+    message = str(LayoutMismatch(full.describe(), windowed.describe(), "peer-1"))
+    for named in ("model (smollm2 here, gemma there)", "head_dim (64 here, 128 there)"):
+        assert named in message
+    assert "windows (full here, 512*1,0*1,512*1 there)" in message
+    assert "dtype (" not in message  # what agrees is not named
+
+
+def test_full_attention_layout_keeps_its_fingerprint() -> None:
+    """Windows enter the hash only where some layer has one: nodes of an older release
+    serving the same full-attention model still exchange KV with this one."""
+    legacy = "|".join(["block-major", "smollm2", "float32", "16", "30", "3", "64"])
+    assert LAYOUT.fingerprint() == hashlib.sha256(legacy.encode()).hexdigest()[:16]
+    with pytest.raises(ValueError, match="layer_windows has 2 entries for 30 layers"):
+        dataclasses.replace(LAYOUT, layer_windows=(4, 0))
+
+
+def test_layout_for_windowed_model_names_its_windows(tmp_path: Path) -> None:
+    save_family("gemma3", tmp_path)
+    layout = KVLayout.for_model(ModelConfig.from_dir(tmp_path), torch.float32, 4)
+    assert layout.layer_windows == (7, 0, 7)
+    assert "windows=7*1,0*1,7*1" in layout.describe()

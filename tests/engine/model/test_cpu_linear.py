@@ -68,9 +68,11 @@ def test_runner_packs_on_cpu_fp32_only_when_asked(tmp_path: Path) -> None:
     save_tiny_llama(tmp_path)
     packed = make_runner(tmp_path)
     assert packed.packed_weights
-    assert set(packed.model.decoder_layers()[0].packed) == {"qkv", "o_proj", "gate_up", "down"}
+    layer = packed.model.decoder_layers()[0]
+    assert layer.mlp is not None
+    assert set(layer.attn.packed) | set(layer.mlp.packed) == {"qkv", "o_proj", "gate_up", "down"}
     plain = make_runner(tmp_path, pack_cpu_weights=False, cpu_kernels=False)
-    assert not plain.packed_weights and not plain.model.decoder_layers()[0].packed
+    assert not plain.packed_weights and not plain.model.decoder_layers()[0].attn.packed
     assert not plain.model.cpu_kernels
     assert not make_runner(tmp_path, dtype="bfloat16").packed_weights  # fp32 only
 

@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.model.attention import AttentionMetadata
 from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
-from engine.model.llama import rope_inv_freq
+from engine.model.rope import Rope, rope_inv_freq
 from models.sampling_params import SamplingParams
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 16, 4
@@ -30,7 +30,7 @@ def needs_triton() -> None:
 
 def _ops(name: str, device: torch.device, meta: AttentionMetadata) -> LayerOps:
     """Ops over the same [64, d / 2] rotary tables (positions below 64)."""
-    freqs = torch.outer(torch.arange(64.0), rope_inv_freq(HEAD_DIM, 10000.0, None))
+    freqs = torch.outer(torch.arange(64.0), rope_inv_freq(HEAD_DIM, Rope(10000.0)))
     cos, sin = freqs.cos().to(device), freqs.sin().to(device)
     if name == "triton":
         return TritonOps(cos, sin)
@@ -64,7 +64,9 @@ def test_layer_ops_equal_the_torch_ops(name: str) -> None:
     torch.testing.assert_close(kv, ref_kv, atol=1e-5, rtol=1e-5)
     assert kv[:, 1].abs().sum() > 0 and kv[:, 0].abs().sum() == 0  # layer 1 only
     torch.testing.assert_close(ops.norm(x, weight, 1e-5), ref.norm(x, weight, 1e-5))
-    torch.testing.assert_close(ops.silu_mul(gate_up.clone()), ref.silu_mul(gate_up.clone()))
+    for act in ("silu", "gelu_tanh"):
+        got, want = ops.act_mul(gate_up.clone(), act), ref.act_mul(gate_up.clone(), act)
+        torch.testing.assert_close(got, want)
 
 
 def test_triton_fused_ops_greedy_equals_the_torch_path(

@@ -12,15 +12,15 @@ from transformers import LlamaForCausalLM
 
 from engine.model.attention import TorchAttention
 from engine.model.config import ModelConfig
-from engine.model.llama import LlamaModel
+from engine.model.decoder import DecoderModel
 from engine.model.loader import load_weights
 
 
-def engine_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> LlamaModel:
-    return LlamaModel(ModelConfig.from_dir(model_dir), TorchAttention(), 64, dtype, "cpu")
+def engine_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> DecoderModel:
+    return DecoderModel(ModelConfig.from_dir(model_dir), TorchAttention(), 64, dtype, "cpu")
 
 
-def loaded(model_dir: Path, dtype: torch.dtype = torch.float32) -> LlamaModel:
+def loaded(model_dir: Path, dtype: torch.dtype = torch.float32) -> DecoderModel:
     model = engine_model(model_dir, dtype)
     load_weights(model, model_dir)
     return model
@@ -38,8 +38,9 @@ def test_projections_are_fused(hf_dir: tuple[LlamaForCausalLM, Path]) -> None:
     attn, mlp = hf.model.layers[1].self_attn, hf.model.layers[1].mlp
     layer = model.decoder_layers()[1]
     qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-    assert torch.equal(layer.qkv, qkv)
-    assert torch.equal(layer.gate_up, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    assert torch.equal(layer.attn.qkv, qkv)
+    assert layer.mlp is not None
+    assert torch.equal(layer.mlp.gate_up, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
     assert torch.equal(model.lm_head, hf.lm_head.weight)
     assert not torch.equal(model.lm_head, model.embed)
 

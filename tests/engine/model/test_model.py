@@ -18,8 +18,8 @@ from tiny_llama import (
 from transformers import LlamaForCausalLM
 
 from engine.model.attention import AttentionMetadata, TritonAttention
-from engine.model.config import ModelConfig, RopeScaling
-from engine.model.llama import rope_inv_freq
+from engine.model.config import ModelConfig
+from engine.model.rope import Rope, rope_inv_freq
 from engine.step.runner import ModelRunner
 
 ATOL = 1e-4
@@ -101,9 +101,8 @@ def test_decodes_mixed_with_prefill_chunks(tiny: tuple[LlamaForCausalLM, ModelRu
 
 
 def test_llama3_scaling_changes_frequencies() -> None:
-    scaling = RopeScaling(8.0, 1.0, 4.0, 64)
-    plain = rope_inv_freq(16, 10000.0, None)
-    scaled = rope_inv_freq(16, 10000.0, scaling)
+    plain = rope_inv_freq(16, Rope(10000.0))
+    scaled = rope_inv_freq(16, Rope(10000.0, "llama3", 8.0, 64, 1.0, 4.0))
     assert scaled[0] == plain[0]  # short wavelength kept
     assert torch.allclose(scaled[-1], plain[-1] / 8.0)  # long wavelength slowed
     kept_or_slowed = (scaled == plain) | torch.isclose(scaled, plain / 8.0)
@@ -128,7 +127,7 @@ def test_model_config_reads_the_saved_tiny_model(tmp_path: Path) -> None:
     cfg = ModelConfig.from_dir(tmp_path)
     assert cfg.architecture == "LlamaForCausalLM"
     assert cfg.head_dim == 16 and cfg.num_key_value_heads == 2
-    assert cfg.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 64)
+    assert cfg.rope == Rope(10000.0, "llama3", 8.0, 64, 1.0, 4.0)
 
 
 def test_triton_backend_through_the_runner(tmp_path: Path) -> None:

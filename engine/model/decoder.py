@@ -1,0 +1,252 @@
+"""The decoder every family composes, in plain torch over the paged KV cache.
+
+A forward takes the flattened tokens of a whole step (prefill chunks and decode tokens mixed)
+and returns logits only for the rows that are sampled. A layer is a norm, self-attention
+(``engine.model.layers.SelfAttention``), a norm and an MLP: the gated one, or mixture of
+experts (``engine.model.moe.SparseMoe``) on a family's sparse layers; Gemma's families add
+a norm after each (sandwich norms). The residual adds stay in the matmuls where no norm
+comes between (``h.addmm_``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import cpu_kernels
+from engine.model import linear as cpu_linear
+from engine.model.attention import AttentionBackend, AttentionMetadata, TritonAttention
+from engine.model.config import ModelConfig
+from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
+from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
+from engine.model.rope import Rotary
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        hidden, sandwich = config.hidden_size, config.sandwich_norms
+        self.index = index
+        self.eps = config.rms_norm_eps
+        self.input_norm = weight(hidden, dtype=dtype, device=device)
+        self.attn = SelfAttention(config, index, dtype, device)
+        self.attn_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
+        self.mlp_norm = weight(hidden, dtype=dtype, device=device)
+        self.mlp_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
+        self.mlp: GatedMlp | None = None
+        self.moe: Any = None
+        if config.moe is not None and config.is_moe_layer(index):
+            from engine.model.moe import SparseMoe  # type: ignore[import-not-found]
+
+            spec = config.moe
+            self.moe = SparseMoe(
+                hidden, spec.intermediate_size, spec.num_experts, spec.top_k, spec.normalize,
+                config.activation, spec.shared_intermediate_size, dtype, device,
+            )  # fmt: skip
+            self.moe_naming = spec.naming
+        else:
+            self.mlp = GatedMlp(
+                hidden, config.intermediate_size, config.activation, config.naming, dtype, device
+            )
+
+    def pack_cpu_weights(self) -> None:
+        self.attn.pack_cpu_weights()
+        if self.mlp is not None:
+            self.mlp.pack_cpu_weights()
+        if self.moe is not None:
+            self.moe.pack_cpu_weights()
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        ops_by_rope: list[LayerOps],
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attention: AttentionBackend,
+    ) -> torch.Tensor:
+        """h: [tokens, hidden] -> [tokens, hidden], the residual stream, updated in place."""
+        ops = ops_by_rope[self.attn.rope_index]
+        x = ops.norm(h, self.input_norm, self.eps)
+        o = self.attn.attend(x, ops, kv_cache, meta, attention)
+        h = self._add(h, o, self.attn, "o_proj", self.attn.o_bias, self.attn_out_norm, ops)
+        x = ops.norm(h, self.mlp_norm, self.eps)
+        if self.moe is not None:
+            y = self.moe(x, ops.backend)
+            if self.mlp_out_norm is not None:
+                y = ops.norm(y, self.mlp_out_norm, self.eps)
+            return h.add_(y)
+        assert self.mlp is not None
+        a = self.mlp.hidden_act(x, ops)
+        return self._add(h, a, self.mlp, "down", None, self.mlp_out_norm, ops)
+
+    def _add(
+        self,
+        h: torch.Tensor,
+        x: torch.Tensor,
+        module: Packed,
+        name: str,
+        bias: torch.Tensor | None,
+        out_norm: torch.Tensor | None,
+        ops: LayerOps,
+    ) -> torch.Tensor:
+        """h += W x (+ bias), normed first when the family norms the branch's output."""
+        if out_norm is None:
+            return module.add_project_(h, x, name, bias)
+        return h.add_(ops.norm(module.project(x, name, bias), out_norm, self.eps))
+
+    def norm_weights(self) -> list[torch.Tensor]:
+        """Every RMSNorm weight of the layer (Gemma's (1 + w) offset applies to all)."""
+        norms = (
+            self.input_norm, self.attn_out_norm, self.mlp_norm, self.mlp_out_norm,
+            self.attn.q_norm, self.attn.k_norm,
+        )  # fmt: skip
+        return [n.data for n in norms if n is not None]
+
+    def weight_targets(self, prefix: str) -> dict[str, torch.Tensor]:
+        """HF tensor name -> the weight (or fused slice) it fills."""
+        targets = {prefix + "input_layernorm.weight": self.input_norm.data}
+        if self.attn_out_norm is not None and self.mlp_out_norm is not None:
+            targets[prefix + "post_attention_layernorm.weight"] = self.attn_out_norm.data
+            targets[prefix + "pre_feedforward_layernorm.weight"] = self.mlp_norm.data
+            targets[prefix + "post_feedforward_layernorm.weight"] = self.mlp_out_norm.data
+        else:
+            targets[prefix + "post_attention_layernorm.weight"] = self.mlp_norm.data
+        targets |= self.attn.weight_targets(prefix)
+        if self.moe is not None:
+            from engine.model.moe import weight_targets as moe_targets
+
+            return targets | moe_targets(self.moe, prefix, self.moe_naming)
+        assert self.mlp is not None
+        return targets | self.mlp.weight_targets(prefix)
+
+
+class DecoderModel(nn.Module):
+    """A causal LM of any family. Weights are empty until ``engine.model.loader``'s
+    ``load_weights`` (or ``init_random_weights``) fills them."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        attention: AttentionBackend,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.attention = attention
+        vocab, hidden = config.vocab_size, config.hidden_size
+        self.embed = weight(vocab, hidden, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers)
+        )
+        self.norm = weight(hidden, dtype=dtype, device=device)
+        self.lm_head = (
+            self.embed
+            if config.tie_word_embeddings
+            else weight(vocab, hidden, dtype=dtype, device=device)
+        )
+        ropes = [config.rope] + ([config.local_rope] if config.local_rope is not None else [])
+        self.rotaries = nn.ModuleList(
+            Rotary(config.head_dim, rope, max_len, dtype, device) for rope in ropes
+        )
+        self.packed_lm_head: torch.Tensor | None = None
+        self.cpu_kernels = False  # see use_cpu_kernels
+        tables = [(cast(Rotary, r).cos, cast(Rotary, r).sin) for r in self.rotaries]
+        self.cpu_ops: list[LayerOps] = [CpuKernelOps(cos, sin) for cos, sin in tables]
+        # The Triton attention backend runs where the Triton kernels do: the fused ops too.
+        self.triton_ops: list[LayerOps] | None = (
+            [TritonOps(cos, sin) for cos, sin in tables]
+            if isinstance(attention, TritonAttention)
+            else None
+        )
+
+    def _on_cpu_fp32(self) -> bool:
+        return self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+
+    def use_cpu_kernels(self, enable: bool = True) -> bool:
+        """Run RMSNorm, rotary + KV write and SiLU * up as C kernels where a step allows it
+        (CPU fp32 with the kernels built); returns whether they are on."""
+        self.cpu_kernels = enable and self._on_cpu_fp32() and cpu_kernels.available()
+        return self.cpu_kernels
+
+    def pack_cpu_weights(self) -> bool:
+        """Pack the linear weights for the CPU kernel (after loading); False where this
+        model cannot (not CPU fp32, or no kernels built here)."""
+        if not self._on_cpu_fp32() or not cpu_kernels.available():
+            return False
+        for layer in self.decoder_layers():
+            layer.pack_cpu_weights()
+        self.packed_lm_head = cpu_linear.pack(self.lm_head)
+        return True
+
+    def step_ops(
+        self, h: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> list[LayerOps]:
+        """The layers' element-wise ops for a step, one per rotary table: Triton with the
+        Triton backend, the C kernels where they are on and take the tensors, else torch."""
+        if self.triton_ops is not None:
+            return self.triton_ops
+        if self.cpu_kernels and cpu_kernels.fused_ops_supported(h, kv_cache):
+            return self.cpu_ops
+        return [TorchOps(*cast(Rotary, r).tables(meta.positions)) for r in self.rotaries]
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def weight_targets(self) -> dict[str, torch.Tensor]:
+        """HF tensor name -> the engine weight (or fused slice) it fills."""
+        targets = {
+            "model.embed_tokens.weight": self.embed.data,
+            "model.norm.weight": self.norm.data,
+        }
+        if not self.config.tie_word_embeddings:
+            targets["lm_head.weight"] = self.lm_head.data
+        for i, layer in enumerate(self.decoder_layers()):
+            targets |= layer.weight_targets(f"model.layers.{i}.")
+        return targets
+
+    def weight_bytes(self) -> tuple[int, int]:
+        """(bytes of all weights, a tied head counted once; the experts' share of them)."""
+        total = sum(p.numel() * p.element_size() for p in self.parameters())
+        experts = sum(
+            p.numel() * p.element_size()
+            for layer in self.decoder_layers()
+            if layer.moe is not None
+            for p in layer.moe.parameters()
+        )
+        return total, experts
+
+    def norm_weights(self) -> list[torch.Tensor]:
+        layers = self.decoder_layers()
+        return [self.norm.data] + [w for layer in layers for w in layer.norm_weights()]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """input_ids: [tokens]; logits_indices: [sampled] rows of the step to score.
+
+        Writes the step's K/V into ``kv_cache``; returns logits [sampled, vocab] in the
+        model dtype.
+        """
+        cfg = self.config
+        h = F.embedding(input_ids, self.embed)  # [tokens, hidden]
+        if cfg.embed_scale != 1.0:  # Gemma: the scale rounded to the model dtype, as trained
+            h.mul_(torch.tensor(cfg.embed_scale, dtype=h.dtype))
+        ops = self.step_ops(h, kv_cache, meta)
+        for layer in self.layers:
+            h = layer(h, ops, kv_cache, meta, self.attention)
+        last = ops[0].norm(h[logits_indices], self.norm, cfg.rms_norm_eps)
+        logits = cpu_linear.linear(last, self.lm_head, self.packed_lm_head)  # [sampled, vocab]
+        if cfg.final_softcap:
+            logits = torch.tanh(logits.div_(cfg.final_softcap)).mul_(cfg.final_softcap)
+        return logits

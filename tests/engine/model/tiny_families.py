@@ -1,0 +1,156 @@
+"""Tiny random-weight models of every family, built with transformers' own classes.
+
+Weights are scaled so that every layer, norm and expert moves the tokens (matrices
+~ N(0, 1 / fan_in), norms around their trained value); windows are shorter than the prompts
+and not multiples of the block size; soft-caps low enough to bite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+BASE: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+WINDOW = 7
+# family -> (transformers config class, model class, config overrides)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+    "qwen2_window": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+    ),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {
+            "num_experts": 6,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+        },
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW},
+    ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {"sliding_window": WINDOW, "head_dim": None, "pad_token_id": 0},
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "sliding_window": WINDOW,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 4.0,
+            "final_logit_softcapping": 3.0,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "query_pre_attn_scalar": 24,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
+    ),
+    "llama_yarn": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1e4,
+                "factor": 8.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    "llama_linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+    ),
+    "llama_dynamic": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+    ),
+}
+DENSE = [f for f in FAMILIES if "moe" not in f and f != "mixtral"]
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral"]
+
+
+def save_family(name: str, path: Path, seed: int = 0, **changes: Any) -> Any:
+    """Save the tiny ``name`` model (with ``changes`` to its config) as a HF directory in
+    ``path``; return it (eval, fp32)."""
+    config_cls, model_cls, overrides = FAMILIES[name]
+    values = {k: v for k, v in (BASE | overrides | changes).items() if v is not None}
+    config = getattr(transformers, config_cls)(**values)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    gemma = name.startswith("gemma")
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in pname:  # Gemma stores w of (1 + w)
+                p.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn_like(p))
+            elif p.dim() == 1:  # biases
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    model.save_pretrained(path)
+    return model
+
+
+def hf_greedy(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy continuation with transformers' model, recomputing the whole sequence each
+    token (no cache: the oracle is the plain forward)."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
