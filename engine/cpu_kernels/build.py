@@ -18,9 +18,9 @@ log = logging.getLogger("engine.cpu_kernels")
 
 SOURCES = tuple(
     Path(__file__).with_name(n)
-    for n in ("paged_attention.c", "fused_ops.c", "linear.c", "sampling.c")
+    for n in ("paged_attention.c", "fused_ops.c", "linear.c", "sampling.c", "moe.c")
 )
-HEADERS = (Path(__file__).with_name("vec8.h"),)
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "linear.h"))
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 _BASE_FLAGS = (
     "-O3",

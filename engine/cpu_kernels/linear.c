@@ -18,9 +18,9 @@
  */
 #include <stdint.h>
 
+#include "linear.h"
 #include "vec8.h"
 
-#define PANEL 16
 #define TILE_ROWS 6
 #define ROW_BLOCK 512
 #define K_CHUNK 64        /* 4 KB of a panel */
@@ -84,7 +84,7 @@ static void chunk_rows(const float *a, int64_t lda, const float *panel, int rows
    idle during the others.) The partial sums wait between chunks in `buf`, rows PANEL floats
    apart (C's rows are often a multiple of 4 KB apart and would share a cache set); fp32
    stores are exact, so every element is summed in the same order as in one pass. */
-static void panel_rows(const float *a, int64_t lda, const float *panel, int rows, int K,
+void splitserve_panel_rows(const float *a, int64_t lda, const float *panel, int rows, int K,
                        float *c, int64_t ldc, int accumulate)
 {
     if (rows <= TILE_ROWS || rows >= CHUNK_MAX_ROWS) {
@@ -115,7 +115,7 @@ void splitserve_linear_f32(
         const int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;
 #pragma omp for schedule(static)
         for (int p = 0; p < panels; p++)
-            panel_rows(a + m0 * lda, lda, packed + (int64_t)p * K * PANEL, rows, K,
+            splitserve_panel_rows(a + m0 * lda, lda, packed + (int64_t)p * K * PANEL, rows, K,
                        c + m0 * ldc + p * PANEL, ldc, accumulate);
     }
 }

@@ -1,0 +1,224 @@
+"""The mixture-of-experts block (Mixtral, Qwen3-MoE, Qwen2-MoE with its shared expert).
+
+A router scores every expert per token, the top k are kept (``route``) and the token's output
+is the weighted sum of those experts' gated MLPs. The experts run as grouped work over the
+tokens routed to each, never a loop over tokens: torch (the reference, one matmul pair per
+chosen expert over its rows, any device), the C kernel (CPU fp32, ``engine.cpu_kernels.moe``)
+or the Triton fused-MoE kernels (``engine.triton_kernels.fused_moe``). The caller picks the
+backend per step; the block holds its weights fused at load (gate and up rows in one
+``w13`` per expert) and says which checkpoint tensors fill them (``weight_targets``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.cpu_kernels import moe as cpu_moe
+from engine.model import linear as cpu_linear
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+BACKENDS = ("torch", "c", "triton")
+NAMINGS = ("mixtral", "qwen_moe", "fused")
+
+
+class Routing(NamedTuple):
+    weights: torch.Tensor  # [T, k] fp32
+    ids: torch.Tensor  # [T, k] int64 expert ids, best first
+
+
+def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> Routing:
+    """Softmax over all experts in fp32, the top ``top_k``, renormalised to sum to 1 when
+    ``normalize`` (Mixtral always; Qwen-MoE per ``norm_topk_prob``). router_logits: [T, E].
+    The order of operations is transformers', so the same experts win on the same weights."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    return Routing(weights, ids)
+
+
+def act_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up for gate_up [rows, 2 * inter] -> [rows, inter]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation == "silu":
+        return F.silu(gate) * up
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def experts_torch(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    routing: Routing,
+    activation: str,
+) -> torch.Tensor:
+    """sum_i weights[t, i] * expert_{ids[t, i]}(x[t]) -> [T, H]: the (token, slot) pairs
+    sorted by expert, one gate/up and one down matmul per chosen expert over its contiguous
+    rows, the weighted rows added back per token. x: [T, H]; w13: [E, 2 I, H]; w2: [E, H, I]."""
+    top_k = routing.ids.shape[1]
+    out = torch.zeros_like(x)
+    flat = routing.ids.reshape(-1)
+    order = flat.argsort(stable=True)  # slots, expert by expert, tokens in order
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    token_of = order // top_k
+    xs = x[token_of]  # [T * k, H]
+    ys = torch.empty_like(xs)
+    start = 0
+    for expert, n in enumerate(counts):
+        if n:
+            rows = slice(start, start + n)
+            h = act_mul(F.linear(xs[rows], w13[expert]), activation)  # [n, I]
+            ys[rows] = F.linear(h, w2[expert])
+        start += n
+    ys *= routing.weights.reshape(-1)[order].unsqueeze(1)
+    return out.index_add_(0, token_of, ys)
+
+
+def _weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    """Uninitialised frozen weight; the loader fills it."""
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class SparseMoe(nn.Module):
+    """Router, ``num_experts`` gated MLPs of width ``moe_intermediate`` and, with
+    ``shared_intermediate`` > 0, Qwen2-MoE's shared expert (every token, gated by a sigmoid).
+
+    Weights: ``gate`` [E, H] (the router), ``w13`` [E, 2 I, H] (gate rows, then up rows),
+    ``w2`` [E, H, I]; with a shared expert ``shared_gate_up`` [2 Is, H], ``shared_down``
+    [H, Is] and ``shared_expert_gate`` [1, H].
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        moe_intermediate: int,
+        num_experts: int,
+        top_k: int,
+        normalize: bool,
+        activation: str,
+        shared_intermediate: int = 0,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MoE activation {activation!r} is not one of {ACTIVATIONS}")
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"MoE top_k={top_k} must be in [1, num_experts={num_experts}]")
+        self.num_experts, self.top_k, self.normalize = num_experts, top_k, normalize
+        self.activation = activation
+        self.intermediate, self.shared_intermediate = moe_intermediate, shared_intermediate
+        self.gate = _weight(num_experts, hidden, dtype=dtype, device=device)
+        self.w13 = _weight(num_experts, 2 * moe_intermediate, hidden, dtype=dtype, device=device)
+        self.w2 = _weight(num_experts, hidden, moe_intermediate, dtype=dtype, device=device)
+        if shared_intermediate:
+            si = shared_intermediate
+            self.shared_gate_up = _weight(2 * si, hidden, dtype=dtype, device=device)
+            self.shared_down = _weight(hidden, si, dtype=dtype, device=device)
+            self.shared_expert_gate = _weight(1, hidden, dtype=dtype, device=device)
+        # CPU fp32 packed copies (see pack_cpu_weights); empty / None when off
+        self.packed: dict[str, torch.Tensor] = {}
+        self.packed_experts: cpu_moe.PackedExperts | None = None
+
+    def pack_cpu_weights(self) -> None:
+        """Pack the router, the experts and the shared expert for the C kernels (after
+        loading); leaves them unpacked where the kernels do not take them."""
+        names = ("gate", "shared_gate_up", "shared_down") if self.shared_intermediate else ("gate",)
+        packed = {n: cpu_linear.pack(getattr(self, n)) for n in names}
+        self.packed = {n: p for n, p in packed.items() if p is not None}
+        self.packed_experts = cpu_moe.pack_experts(self.w13, self.w2)
+
+    def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+        """x: [T, H] -> [T, H]; ``backend`` one of ``BACKENDS`` ("c" falls back to torch where
+        the experts could not be packed)."""
+        packed = self.packed
+        logits = cpu_linear.linear(x, self.gate, packed.get("gate"))  # [T, E]
+        routing = route(logits, self.top_k, self.normalize)
+        if backend == "c" and self.packed_experts is not None:
+            out = cpu_moe.fused_experts(x, *routing, self.packed_experts, self.activation)
+        elif backend == "triton":
+            from engine.triton_kernels.fused_moe import fused_moe
+
+            out = fused_moe(x, self.w13, self.w2, *routing, self.activation)
+        elif backend in BACKENDS:
+            out = experts_torch(x, self.w13, self.w2, routing, self.activation)
+        else:
+            raise ValueError(f"MoE backend {backend!r} is not one of {BACKENDS}")
+        if self.shared_intermediate:
+            gate_up = cpu_linear.linear(x, self.shared_gate_up, packed.get("shared_gate_up"))
+            h = act_mul(gate_up, self.activation)
+            shared = cpu_linear.linear(h, self.shared_down, packed.get("shared_down"))
+            out += torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+        return out
+
+
+def weight_targets(block: SparseMoe, prefix: str, naming: str) -> dict[str, torch.Tensor]:
+    """Checkpoint tensor name -> the tensor (or view) of ``block`` it fills, same shape.
+
+    ``prefix`` is the layer's, e.g. ``"model.layers.3."``. Namings:
+    - ``"mixtral"``: the hub layout of Mixtral, ``block_sparse_moe.gate`` and per-expert
+      ``block_sparse_moe.experts.{e}.w1 / w3 / w2`` (gate / up / down);
+    - ``"qwen_moe"``: the hub layout of Qwen2-MoE and Qwen3-MoE, ``mlp.gate`` and per-expert
+      ``mlp.experts.{e}.gate_proj / up_proj / down_proj``, plus ``mlp.shared_expert.*`` and
+      ``mlp.shared_expert_gate`` with a shared expert. transformers 5 ``save_pretrained``
+      writes these two by default;
+    - ``"fused"``: transformers 5's own layout (its modules' state dicts, and
+      ``save_pretrained(save_original_format=False)``) for all three families: ``mlp.gate``,
+      ``mlp.experts.gate_up_proj`` [E, 2 I, H] and ``mlp.experts.down_proj`` [E, H, I] (the
+      shapes of ``w13`` and ``w2``), the shared expert named as in ``"qwen_moe"``.
+    ``checkpoint_naming`` tells the layouts apart from a checkpoint's tensor names.
+    """
+    if naming not in NAMINGS:
+        raise ValueError(f"MoE weight naming {naming!r} is not one of {NAMINGS}")
+    inter, w13, w2 = block.intermediate, block.w13.data, block.w2.data
+    if naming == "fused":
+        out = {
+            f"{prefix}mlp.gate.weight": block.gate.data,
+            f"{prefix}mlp.experts.gate_up_proj": w13,
+            f"{prefix}mlp.experts.down_proj": w2,
+        }
+    else:
+        mlp, (g, u, d) = (
+            ("block_sparse_moe", ("w1", "w3", "w2"))
+            if naming == "mixtral"
+            else ("mlp", ("gate_proj", "up_proj", "down_proj"))
+        )
+        out = {f"{prefix}{mlp}.gate.weight": block.gate.data}
+        for e in range(block.num_experts):
+            base = f"{prefix}{mlp}.experts.{e}."
+            out[f"{base}{g}.weight"] = w13[e, :inter]
+            out[f"{base}{u}.weight"] = w13[e, inter:]
+            out[f"{base}{d}.weight"] = w2[e]
+    if block.shared_intermediate:
+        if naming == "mixtral":
+            raise ValueError("Mixtral checkpoints have no shared expert")
+        si, base = block.shared_intermediate, f"{prefix}mlp.shared_expert."
+        out[f"{base}gate_proj.weight"] = block.shared_gate_up.data[:si]
+        out[f"{base}up_proj.weight"] = block.shared_gate_up.data[si:]
+        out[f"{base}down_proj.weight"] = block.shared_down.data
+        out[f"{prefix}mlp.shared_expert_gate.weight"] = block.shared_expert_gate.data
+    return out
+
+
+def checkpoint_naming(names: Collection[str], prefix: str, family_naming: str) -> str:
+    """``"fused"`` when the checkpoint's tensor ``names`` hold the layer at ``prefix`` in
+    transformers 5's fused layout, else ``family_naming`` (``"mixtral"`` or ``"qwen_moe"``)."""
+    return "fused" if f"{prefix}mlp.experts.gate_up_proj" in names else family_naming
+
+
+def expert_weight_bytes(block: SparseMoe, include_packed: bool = False) -> int:
+    """Bytes of the block's expert weights (routed and shared; the router excluded), and of
+    their CPU packed copies too with ``include_packed``."""
+    tensors: list[torch.Tensor] = [block.w13, block.w2]
+    if block.shared_intermediate:
+        tensors += [block.shared_gate_up, block.shared_down, block.shared_expert_gate]
+    if include_packed:
+        tensors += [p for n, p in block.packed.items() if n != "gate"]
+        tensors += list(block.packed_experts) if block.packed_experts is not None else []
+    return sum(t.numel() * t.element_size() for t in tensors)
