@@ -10,7 +10,8 @@ comes between (``h.addmm_``).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Collection
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,8 @@ from engine.model.attention import AttentionBackend, AttentionMetadata, TritonAt
 from engine.model.config import ModelConfig
 from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
 from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
+from engine.model.moe import SparseMoe, checkpoint_naming, expert_weight_bytes
+from engine.model.moe import weight_targets as moe_weight_targets
 from engine.model.rope import Rotary
 
 
@@ -39,14 +42,12 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = weight(hidden, dtype=dtype, device=device)
         self.mlp_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
         self.mlp: GatedMlp | None = None
-        self.moe: Any = None
+        self.moe: SparseMoe | None = None
         if config.moe is not None and config.is_moe_layer(index):
-            from engine.model.moe import SparseMoe  # type: ignore[import-not-found]
-
             spec = config.moe
             self.moe = SparseMoe(
                 hidden, spec.intermediate_size, spec.num_experts, spec.top_k, spec.normalize,
-                config.activation, spec.shared_intermediate_size, dtype, device,
+                config.activation, spec.shared_intermediate_size, dtype=dtype, device=device,
             )  # fmt: skip
             self.moe_naming = spec.naming
         else:
@@ -107,8 +108,11 @@ class DecoderLayer(nn.Module):
         )  # fmt: skip
         return [n.data for n in norms if n is not None]
 
-    def weight_targets(self, prefix: str) -> dict[str, torch.Tensor]:
-        """HF tensor name -> the weight (or fused slice) it fills."""
+    def weight_targets(
+        self, prefix: str, names: Collection[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """HF tensor name -> the weight (or fused slice) it fills; ``names``, the
+        checkpoint's tensor names, tell an expert layout from another where one can differ."""
         targets = {prefix + "input_layernorm.weight": self.input_norm.data}
         if self.attn_out_norm is not None and self.mlp_out_norm is not None:
             targets[prefix + "post_attention_layernorm.weight"] = self.attn_out_norm.data
@@ -118,9 +122,8 @@ class DecoderLayer(nn.Module):
             targets[prefix + "post_attention_layernorm.weight"] = self.mlp_norm.data
         targets |= self.attn.weight_targets(prefix)
         if self.moe is not None:
-            from engine.model.moe import weight_targets as moe_targets
-
-            return targets | moe_targets(self.moe, prefix, self.moe_naming)
+            naming = checkpoint_naming(names or (), prefix, self.moe_naming)
+            return targets | moe_weight_targets(self.moe, prefix, naming)
         assert self.mlp is not None
         return targets | self.mlp.weight_targets(prefix)
 
@@ -199,8 +202,9 @@ class DecoderModel(nn.Module):
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]
 
-    def weight_targets(self) -> dict[str, torch.Tensor]:
-        """HF tensor name -> the engine weight (or fused slice) it fills."""
+    def weight_targets(self, names: Collection[str] | None = None) -> dict[str, torch.Tensor]:
+        """HF tensor name -> the engine weight (or fused slice) it fills (``names``: the
+        checkpoint's, where a layer's layout depends on them)."""
         targets = {
             "model.embed_tokens.weight": self.embed.data,
             "model.norm.weight": self.norm.data,
@@ -208,18 +212,15 @@ class DecoderModel(nn.Module):
         if not self.config.tie_word_embeddings:
             targets["lm_head.weight"] = self.lm_head.data
         for i, layer in enumerate(self.decoder_layers()):
-            targets |= layer.weight_targets(f"model.layers.{i}.")
+            targets |= layer.weight_targets(f"model.layers.{i}.", names)
         return targets
 
     def weight_bytes(self) -> tuple[int, int]:
-        """(bytes of all weights, a tied head counted once; the experts' share of them)."""
+        """(bytes of all weights, a tied head counted once; the experts' share of them, the
+        routers excluded)."""
         total = sum(p.numel() * p.element_size() for p in self.parameters())
-        experts = sum(
-            p.numel() * p.element_size()
-            for layer in self.decoder_layers()
-            if layer.moe is not None
-            for p in layer.moe.parameters()
-        )
+        layers = self.decoder_layers()
+        experts = sum(expert_weight_bytes(x.moe) for x in layers if x.moe is not None)
         return total, experts
 
     def norm_weights(self) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ misshapen tensors raise ValueError naming the file and the tensor.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
@@ -37,20 +37,35 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def weight_targets(model: DecoderModel) -> dict[str, torch.Tensor]:
-    """HF tensor name -> the engine weight (or fused slice) it fills."""
-    return model.weight_targets()
+def weight_targets(
+    model: DecoderModel, names: Collection[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """HF tensor name -> the engine weight (or fused slice) it fills; ``names``, the
+    checkpoint's tensor names, pick between layouts where a family has two (experts)."""
+    return model.weight_targets(names)
+
+
+def tensor_names(files: list[Path]) -> set[str]:
+    """Every tensor name in the checkpoint files (their headers only)."""
+    names: set[str] = set()
+    for path in files:
+        if not path.is_file():
+            raise ValueError(f"{path}: safetensors file named by the index is missing")
+        with safe_open(str(path), framework="pt") as f:
+            names.update(f.keys())
+    return names
 
 
 def load_weights(model: DecoderModel, model_dir: str | Path) -> None:
     """Fill every weight of ``model`` from the checkpoint in ``model_dir``."""
     model_dir = Path(model_dir)
-    targets = weight_targets(model)
+    files = checkpoint_files(model_dir)
+    targets = weight_targets(model, tensor_names(files))
     offset = model.config.norm_offset
     offset_norms = {t.data_ptr() for t in model.norm_weights()} if offset else set()
     filled: set[str] = set()
     with torch.no_grad():
-        for path, name, tensor in _tensors(checkpoint_files(model_dir)):
+        for path, name, tensor in _tensors(files):
             if _ignored(name, model):
                 continue
             target = targets.get(name)

@@ -20,6 +20,8 @@ from torch import nn
 
 from engine.cpu_kernels import moe as cpu_moe
 from engine.model import linear as cpu_linear
+from engine.model.layer_ops import act_mul
+from engine.model.layers import weight
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 BACKENDS = ("torch", "c", "triton")
@@ -40,14 +42,6 @@ def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> Routing:
     if normalize:
         weights /= weights.sum(dim=-1, keepdim=True)
     return Routing(weights, ids)
-
-
-def act_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """act(gate) * up for gate_up [rows, 2 * inter] -> [rows, inter]."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    if activation == "silu":
-        return F.silu(gate) * up
-    return F.gelu(gate, approximate="tanh") * up
 
 
 def experts_torch(
@@ -77,11 +71,6 @@ def experts_torch(
         start += n
     ys *= routing.weights.reshape(-1)[order].unsqueeze(1)
     return out.index_add_(0, token_of, ys)
-
-
-def _weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
-    """Uninitialised frozen weight; the loader fills it."""
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
 class SparseMoe(nn.Module):
@@ -114,14 +103,14 @@ class SparseMoe(nn.Module):
         self.num_experts, self.top_k, self.normalize = num_experts, top_k, normalize
         self.activation = activation
         self.intermediate, self.shared_intermediate = moe_intermediate, shared_intermediate
-        self.gate = _weight(num_experts, hidden, dtype=dtype, device=device)
-        self.w13 = _weight(num_experts, 2 * moe_intermediate, hidden, dtype=dtype, device=device)
-        self.w2 = _weight(num_experts, hidden, moe_intermediate, dtype=dtype, device=device)
+        self.gate = weight(num_experts, hidden, dtype=dtype, device=device)
+        self.w13 = weight(num_experts, 2 * moe_intermediate, hidden, dtype=dtype, device=device)
+        self.w2 = weight(num_experts, hidden, moe_intermediate, dtype=dtype, device=device)
         if shared_intermediate:
             si = shared_intermediate
-            self.shared_gate_up = _weight(2 * si, hidden, dtype=dtype, device=device)
-            self.shared_down = _weight(hidden, si, dtype=dtype, device=device)
-            self.shared_expert_gate = _weight(1, hidden, dtype=dtype, device=device)
+            self.shared_gate_up = weight(2 * si, hidden, dtype=dtype, device=device)
+            self.shared_down = weight(hidden, si, dtype=dtype, device=device)
+            self.shared_expert_gate = weight(1, hidden, dtype=dtype, device=device)
         # CPU fp32 packed copies (see pack_cpu_weights); empty / None when off
         self.packed: dict[str, torch.Tensor] = {}
         self.packed_experts: cpu_moe.PackedExperts | None = None

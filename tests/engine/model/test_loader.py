@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from engine.model.attention import TorchAttention
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
 from engine.model.loader import load_weights
+from tests.engine.model.tiny_families import save_family
 
 
 def engine_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> DecoderModel:
@@ -122,3 +124,52 @@ def test_no_weights(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ValueError, match=r"no \*\.safetensors"):
         load_weights(engine_model(tmp_path), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("qwen3-moe")
+    save_family("qwen3_moe", path)
+    return path
+
+
+def _rewrite(src: Path, dst: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of the checkpoint in ``src`` with its tensors edited."""
+    for name in ("config.json", "generation_config.json"):
+        if (src / name).is_file():
+            (dst / name).write_bytes((src / name).read_bytes())
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def test_missing_expert_is_named(moe_dir: Path, tmp_path: Path) -> None:
+    gone = "model.layers.2.mlp.experts.5.up_proj.weight"
+    bad = _rewrite(moe_dir, tmp_path, lambda t: t.pop(gone))
+    with pytest.raises(ValueError, match=f"{tmp_path}: checkpoint lacks tensor '{gone}'"):
+        loaded(bad)
+
+
+def test_misshapen_expert_is_named(moe_dir: Path, tmp_path: Path) -> None:
+    name = "model.layers.0.mlp.experts.1.down_proj.weight"
+
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        t[name] = t[name][:, :-1].contiguous()
+
+    bad = _rewrite(moe_dir, tmp_path, edit)
+    with pytest.raises(ValueError, match=rf"model\.safetensors: tensor '{name}' has shape"):
+        loaded(bad)
+
+
+def test_experts_fill_their_slots(moe_dir: Path) -> None:
+    """Each hub-layout expert lands in its slot of the fused expert weights."""
+    model = loaded(moe_dir)
+    tensors = load_file(moe_dir / "model.safetensors")
+    moe = model.decoder_layers()[2].moe
+    assert moe is not None and model.decoder_layers()[1].moe is None  # mlp_only layer 1
+    p = "model.layers.2.mlp.experts.3."
+    gate_up = torch.cat([tensors[p + "gate_proj.weight"], tensors[p + "up_proj.weight"]])
+    assert torch.equal(moe.w13[3], gate_up)
+    assert torch.equal(moe.w2[3], tensors[p + "down_proj.weight"])
+    assert torch.equal(moe.gate, tensors["model.layers.2.mlp.gate.weight"])

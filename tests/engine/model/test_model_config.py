@@ -197,6 +197,6 @@ def test_moe_families_read_their_experts(family_configs: dict[str, ModelConfig])
 )
 def test_family_options_not_built_are_refused_by_name(change: dict[str, Any], words: str) -> None:
     raw = {k: v for k, v in V5.items() if k != "architectures"} | change
-    with pytest.raises(ValueError, match="config.json") as err:
+    with pytest.raises(ValueError, match=r"config\.json") as err:
         ModelConfig.from_dict(raw | {"sliding_window": raw.get("sliding_window", 4)})
     assert words in str(err.value)
