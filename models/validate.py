@@ -1,16 +1,16 @@
-"""Validation of a model directory: a Hugging Face Llama-family directory the engine loads."""
+"""Validation of a model directory: a Hugging Face directory of a family the engine loads."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+from models.architectures import SUPPORTED_ARCHITECTURES, declared_architecture
 
 
 def validate_model_dir(path: Path | str) -> None:
-    """Check that `path` is a HF Llama-family directory the engine can load.
+    """Check that `path` is a HF directory of an architecture the engine can load (the
+    engine checks the rest of the config when it loads).
 
     Raises ValueError with one line naming the path and the problem.
     """
@@ -43,21 +43,11 @@ def _read_config(path: Path) -> dict[str, object]:
 
 
 def _check_architecture(path: Path, config: dict[str, object]) -> None:
-    archs = config.get("architectures")
-    if not archs:  # older exports leave it empty; fall back on model_type
-        fallback = _ARCH_BY_MODEL_TYPE.get(str(config.get("model_type")))
-        archs = [fallback] if fallback else None
-    if not isinstance(archs, list) or not archs:
+    arch, said = declared_architecture(config)
+    if arch is None and not config.get("architectures") and not config.get("model_type"):
         raise ValueError(f"model dir {path}: config.json names no architecture")
-    arch = archs[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch is None:
         raise ValueError(
-            f"model dir {path}: architecture {arch!r} is not supported "
-            f"(Llama family only: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    window = config.get("sliding_window")
-    if arch == "MistralForCausalLM" and window is not None:
-        raise ValueError(
-            f"model dir {path}: {arch} with sliding_window={window} is not supported "
-            "(no sliding-window attention)"
+            f"model dir {path}: {said} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )

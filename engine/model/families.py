@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.model.config_fields import Fields
 from engine.model.rope import Rope, parse_rope
+from models.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, declared_architecture
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -36,9 +37,7 @@ class MoeSpec:
 
 @dataclass(frozen=True)
 class Family:
-    name: str
-    architectures: tuple[str, ...]
-    model_types: tuple[str, ...]
+    name: str  # as models.architectures names it
     parse: Callable[[Fields, int], dict[str, Any]]  # (fields, layers) -> ModelConfig values
 
 
@@ -209,42 +208,33 @@ def _head_dim(fields: Fields) -> int:
     return fields.integer("hidden_size") // fields.integer("num_attention_heads")
 
 
-FAMILIES = (
-    Family("llama", ("LlamaForCausalLM",), ("llama",), _llama),
-    Family("mistral", ("MistralForCausalLM",), ("mistral",), _mistral),
-    Family("mixtral", ("MixtralForCausalLM",), ("mixtral",), _mixtral),
-    Family("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), _qwen2),
-    Family("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), _qwen2_moe),
-    Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _qwen3),
-    Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), _qwen3_moe),
-    Family("phi3", ("Phi3ForCausalLM",), ("phi3",), _phi3),
-    Family("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), _gemma2),
-    Family("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",), _gemma3),
-)
-SUPPORTED_ARCHITECTURES = tuple(a for f in FAMILIES for a in f.architectures)
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("llama", _llama),
+        Family("mistral", _mistral),
+        Family("mixtral", _mixtral),
+        Family("qwen2", _qwen2),
+        Family("qwen2_moe", _qwen2_moe),
+        Family("qwen3", _qwen3),
+        Family("qwen3_moe", _qwen3_moe),
+        Family("phi3", _phi3),
+        Family("gemma2", _gemma2),
+        Family("gemma3", _gemma3),
+    )
+}
 
 
 def find_family(fields: Fields) -> tuple[Family, str]:
     """The family and architecture name a config declares (``architectures``, else
     ``model_type``); an unknown one is refused with the supported list."""
-    archs = fields.raw.get("architectures")
-    if archs:
-        for family in FAMILIES:
-            if len(archs) == 1 and archs[0] in family.architectures:
-                return family, str(archs[0])
+    arch, said = declared_architecture(fields.raw)
+    if arch is None:
+        how = "" if fields.raw.get("architectures") else " (no 'architectures' given)"
         raise fields.error(
-            f"architectures={archs!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)})"
+            f"{said} is not supported{how}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    model_type = fields.raw.get("model_type")
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            return family, family.architectures[0]
-    types = ", ".join(t for f in FAMILIES for t in f.model_types)
-    raise fields.error(
-        f"model_type={model_type!r} is not supported (no 'architectures' given; "
-        f"supported model types: {types})"
-    )
+    return FAMILIES[ARCHITECTURES[arch][0]], arch
 
 
 def parse_ropes(fields: Fields, family: Family) -> tuple[Rope, Rope | None]:

@@ -73,13 +73,15 @@ def test_config_not_json(tmp_path: Path) -> None:
 def test_unsupported_architecture(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m", arch="GPT2LMHeadModel")
     message = _error_line(path)
-    assert "architecture 'GPT2LMHeadModel' is not supported (Llama family only" in message
+    assert "architecture 'GPT2LMHeadModel' is not supported (supported: Llama" in message
+    assert "Qwen3MoeForCausalLM" in message and "Gemma2ForCausalLM" in message
 
 
-def test_mistral_with_sliding_window_refused(tmp_path: Path) -> None:
-    path = _write_hf_dir(tmp_path / "m", arch="MistralForCausalLM", sliding_window=4096)
-    assert "sliding_window=4096 is not supported" in _error_line(path)
-    ok = _write_hf_dir(tmp_path / "ok", "MistralForCausalLM", sliding_window=None)
+@pytest.mark.parametrize(
+    "arch", ["MistralForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"]
+)
+def test_families_directories_are_accepted(tmp_path: Path, arch: str) -> None:
+    ok = _write_hf_dir(tmp_path / "ok", arch, sliding_window=4096)
     assert models.resolve_model(str(ok)) == ok
 
 
@@ -87,7 +89,11 @@ def test_missing_architectures_falls_back_on_model_type(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "config.json").write_text(json.dumps({"architectures": None, "model_type": "llama"}))
     assert models.resolve_model(str(path)) == path
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+    assert models.resolve_model(str(path)) == path
     (path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert "model_type 'gpt2' is not supported" in _error_line(path)
+    (path / "config.json").write_text(json.dumps({"vocab_size": 3}))
     assert "names no architecture" in _error_line(path)
 
 

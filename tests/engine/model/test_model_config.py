@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 
 from engine.model.config import ModelConfig
+from engine.model.families import FAMILIES as FAMILY_PARSERS
 from engine.model.rope import Rope
+from models.architectures import ARCHITECTURES
 from tests.engine.model.tiny_families import FAMILIES, WINDOW, save_family
+from tests.engine.model.tiny_families import FAMILIES as TINY_FAMILIES
 
 # transformers-5 style, as the default model's converted config.json
 V5: dict[str, Any] = {
@@ -200,3 +203,9 @@ def test_family_options_not_built_are_refused_by_name(change: dict[str, Any], wo
     with pytest.raises(ValueError, match=r"config\.json") as err:
         ModelConfig.from_dict(raw | {"sliding_window": raw.get("sliding_window", 4)})
     assert words in str(err.value)
+
+
+def test_every_architecture_the_cluster_accepts_has_a_family() -> None:
+    """The router's and CLI's directory check and the engine read one table."""
+    assert {family for family, _ in ARCHITECTURES.values()} == set(FAMILY_PARSERS)
+    assert {c for c, _, _ in TINY_FAMILIES.values()} >= {"Qwen3MoeConfig", "Gemma3TextConfig"}
