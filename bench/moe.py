@@ -7,8 +7,9 @@ The layer is Qwen3-30B-A3B's MoE block (hidden 2048, 128 experts of width 768, t
 hidden and expert width halved by default, so its fp32 experts (604 MB, and as much again
 packed for the C kernel) fit beside other work; the routing (8 of 128) is the real one.
 Each token count is timed on both paths (engine.model.moe.SparseMoe, random weights, router
-logits spread over a few units), each call on a new batch so the experts read change as
-between layers. Limits measured in the same run:
+logits spread over a few units), the calls cycling through batches so that the experts read
+change as between layers; the fastest call counts (the median is written too: on a shared
+machine the slow calls are the ones another process interrupted). Limits measured in the same run:
 - compute: the FLOPs of the active parameters (top-k experts and the router, per token)
   against a dense ``F.linear`` of the same active-parameter size on the same tokens, and
   against the square-matmul peak (``bench.common.matmul_peak_gflops``);
@@ -19,7 +20,10 @@ between layers. Limits measured in the same run:
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,18 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import RESULTS_DIR, environment, matmul_peak_gflops, memcpy_gbps, write_json
-from bench.cpu_kernels import best_seconds
+
+
+def call_seconds(fn: Callable[[int], object], calls: int) -> list[float]:
+    """Seconds of each of fn(0) .. fn(calls - 1), after one warm-up call. On a shared machine
+    the fastest calls are the ones no other process interrupted."""
+    fn(0)
+    out = []
+    for i in range(calls):
+        start = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - start)
+    return out
 
 
 def make_layer(args: argparse.Namespace) -> Any:
@@ -52,7 +67,7 @@ def bench_tokens(block: Any, tokens: int, args: argparse.Namespace) -> dict[str,
     h, i, k, e = args.hidden, args.inter, args.top_k, args.experts
     # a new batch per call, so the experts read change and do not stay in the CPU caches
     gen = torch.Generator().manual_seed(tokens)
-    xs = [torch.randn(tokens, h, generator=gen) for _ in range(args.calls)]
+    xs = [torch.randn(tokens, h, generator=gen) for _ in range(args.batches)]
     active_params = k * 3 * i * h + e * h
     flops = 2 * tokens * active_params
     hit = sum(route(F.linear(x, block.gate), k, True).ids.unique().numel() for x in xs)
@@ -61,15 +76,21 @@ def bench_tokens(block: Any, tokens: int, args: argparse.Namespace) -> dict[str,
     dense = torch.randn(active_params // h, h)
     row: dict[str, Any] = {"experts_hit": hit, "expert_bytes_read": read_bytes}
     runs = {
-        "dense_linear": lambda n: F.linear(xs[n], dense),
-        "torch": lambda n: block(xs[n], "torch"),
+        "dense_linear": lambda n: F.linear(xs[n % len(xs)], dense),
+        "torch": lambda n: block(xs[n % len(xs)], "torch"),
     }
     if block.packed_experts is not None:
-        runs["c_kernel"] = lambda n: block(xs[n], "c")
+        runs["c_kernel"] = lambda n: block(xs[n % len(xs)], "c")
     for name, fn in runs.items():
-        secs = best_seconds(fn, args.calls, repeats=args.repeats)
+        times = call_seconds(fn, args.calls)
+        secs = min(times)
         gflops, gbps = flops / secs / 1e9, read_bytes / secs / 1e9
-        row[name] = {"ms": secs * 1e3, "gflop_s": gflops, "gb_s": gbps}
+        row[name] = {
+            "ms": secs * 1e3,
+            "median_ms": statistics.median(times) * 1e3,
+            "gflop_s": gflops,
+            "gb_s": gbps,
+        }
     dense_gflops = row["dense_linear"]["gflop_s"]
     for name in runs.keys() - {"dense_linear"}:
         r = row[name]
@@ -86,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--calls", type=int, default=4, help="calls (batches) per timed repeat")
-    ap.add_argument("--repeats", type=int, default=5, help="the best repeat counts")
+    ap.add_argument("--calls", type=int, default=16, help="timed calls per path; the best counts")
+    ap.add_argument("--batches", type=int, default=8, help="different batches, cycled")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "moe.json")
     args = ap.parse_args(argv)
-    for name in ("hidden", "inter", "experts", "top_k", "calls", "repeats"):
+    for name in ("hidden", "inter", "experts", "top_k", "calls", "batches"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.top_k > args.experts:
@@ -117,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             if name in row:
                 r = row[name]
                 print(
-                    f"    {name:>8}: {r['ms']:7.2f} ms  {r['gflop_s']:6.1f} GFLOP/s active  "
+                    f"    {name:>8}: {r['ms']:7.2f} ms (median {r['median_ms']:7.2f})  "
+                    f"{r['gflop_s']:6.1f} GFLOP/s active  "
                     f"ratio to dense {r['ratio_to_dense']:.2f}, to peak {r['ratio_to_peak']:.2f}"
                     f"  {r['gb_s']:5.1f} GB/s of experts, ratio to memcpy "
                     f"{r['ratio_to_memcpy']:.2f}"

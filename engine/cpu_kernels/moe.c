@@ -11,7 +11,9 @@
  * share out (expert, panel) work items: gate/up + activation into `act` [slots, I], then down
  * into `ys` [slots, H]. Each expert's weights are read once per call, however many of the
  * step's tokens chose it. A last pass adds each token's k rows, weighted, into its output row
- * in ascending expert order (the order transformers' reference adds them in).
+ * in ascending expert order (the order transformers' reference adds them in). A token's
+ * result does not depend on the other tokens of the step, bit for bit: the panel kernel sums
+ * in the same order for any row count, and the work split changes no sum.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -135,13 +137,13 @@ int32_t splitserve_moe_f32(
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < slots; p++) gather_rows(x, ldx, slot_at, k, p, p + 1, H, xs);
         }
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, 4)
         for (int it = 0; it < n_active * gu_panels; it++) {
             const int e = active[it / gu_panels];
             gate_up_item(xs, w13, act, offsets[e], offsets[e + 1] - offsets[e], e,
                          it % gu_panels, H, I, activation);
         }
-#pragma omp for schedule(guided)
+#pragma omp for schedule(dynamic, 4)
         for (int it = 0; it < n_active * down_panels; it++) {
             const int e = active[it / down_panels], j = it % down_panels;
             splitserve_panel_rows(act + (int64_t)offsets[e] * I, I,
