@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import RESULTS_DIR, environment, matmul_peak_gflops, memcpy_gbps, write_json
+from engine.model.moe import SparseMoe, expert_weight_bytes, route
 
 
 def call_seconds(fn: Callable[[int], object], calls: int) -> list[float]:
@@ -45,9 +46,7 @@ def call_seconds(fn: Callable[[int], object], calls: int) -> list[float]:
     return out
 
 
-def make_layer(args: argparse.Namespace) -> Any:
-    from engine.model.moe import SparseMoe
-
+def make_layer(args: argparse.Namespace) -> SparseMoe:
     block = SparseMoe(
         args.hidden, args.inter, args.experts, args.top_k, normalize=True, activation="silu",
         dtype=torch.float32, device="cpu",
@@ -61,9 +60,7 @@ def make_layer(args: argparse.Namespace) -> Any:
     return block
 
 
-def bench_tokens(block: Any, tokens: int, args: argparse.Namespace) -> dict[str, Any]:
-    from engine.model.moe import route
-
+def bench_tokens(block: SparseMoe, tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     h, i, k, e = args.hidden, args.inter, args.top_k, args.experts
     # a new batch per call, so the experts read change and do not stay in the CPU caches
     gen = torch.Generator().manual_seed(tokens)
@@ -121,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if block.packed_experts is None:
         print("C kernels unavailable here: only the torch path is measured", file=sys.stderr)
     args.peak = matmul_peak_gflops(torch.float32)
-    args.memcpy = memcpy_gbps(256 << 20)
+    args.memcpy = memcpy_gbps(min(max(expert_weight_bytes(block), 16 << 20), 256 << 20))
     print(
         f"MoE layer H={args.hidden} I={args.inter} E={args.experts} top-{args.top_k}, fp32, "
         f"{torch.get_num_threads()} threads; matmul peak {args.peak:.1f} GFLOP/s, memcpy "
