@@ -11,7 +11,9 @@
  * share out (expert, panel) work items: gate/up + activation into `act` [slots, I], then down
  * into `ys` [slots, H]. Each expert's weights are read once per call, however many of the
  * step's tokens chose it. A last pass adds each token's k rows, weighted, into its output row
- * in ascending expert order (the order transformers' reference adds them in).
+ * in ascending expert order (the order transformers' reference adds them in). A token's
+ * result does not depend on the other tokens of the step, bit for bit: the panel kernel sums
+ * in the same order for any row count, and the work split changes no sum.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,6 +55,14 @@ static void gate_up_item(const float *xs, const float *w13, float *act, int64_t 
             store8(o + 8, act8(load8(g + r * PANEL + 8), activation) * load8(u + r * PANEL + 8));
         }
     }
+}
+
+/* Rows [p0, p1) of the sorted order: the rows of x of their slots' tokens. */
+static void gather_rows(const float *x, int64_t ldx, const int32_t *slot_at, int k, int64_t p0,
+                        int64_t p1, int H, float *xs)
+{
+    for (int64_t p = p0; p < p1; p++)
+        memcpy(xs + p * H, x + (slot_at[p] / k) * ldx, sizeof(float) * H);
 }
 
 /* out[t] (+)= sum_i weights[t, i] * ys[sorted position of slot (t, i)], experts ascending. */
@@ -117,18 +127,23 @@ int32_t splitserve_moe_f32(
     }
     const int gu_panels = I / PANEL, down_panels = H / PANEL;
     const int parallel = slots * 3 * (int64_t)H * I >= PARALLEL_MIN;
+    /* the gather and the sum share out threads only when large: each costs a barrier, and a
+       barrier costs most when another process holds a core */
+    const int wide = parallel && slots * (int64_t)H >= PARALLEL_MIN;
+    if (!wide) gather_rows(x, ldx, slot_at, k, 0, slots, H, xs);
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel)
     {
+        if (wide) {
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < slots; p++)
-            memcpy(xs + p * H, x + (slot_at[p] / k) * ldx, sizeof(float) * H);
-#pragma omp for schedule(static)
+            for (int64_t p = 0; p < slots; p++) gather_rows(x, ldx, slot_at, k, p, p + 1, H, xs);
+        }
+#pragma omp for schedule(dynamic, 4)
         for (int it = 0; it < n_active * gu_panels; it++) {
             const int e = active[it / gu_panels];
             gate_up_item(xs, w13, act, offsets[e], offsets[e + 1] - offsets[e], e,
                          it % gu_panels, H, I, activation);
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 4)
         for (int it = 0; it < n_active * down_panels; it++) {
             const int e = active[it / down_panels], j = it % down_panels;
             splitserve_panel_rows(act + (int64_t)offsets[e] * I, I,
@@ -136,10 +151,15 @@ int32_t splitserve_moe_f32(
                                   offsets[e + 1] - offsets[e], I,
                                   ys + (int64_t)offsets[e] * H + j * PANEL, H, 0);
         }
+        if (wide) {
 #pragma omp for schedule(static)
+            for (int t = 0; t < T; t++)
+                reduce_token(ys, ids, weights, pos_of, t, k, H, out + t * ldo, accumulate);
+        }
+    }
+    if (!wide)
         for (int t = 0; t < T; t++)
             reduce_token(ys, ids, weights, pos_of, t, k, H, out + t * ldo, accumulate);
-    }
     free(counts), free(index), free(scratch);
     return 0;
 }

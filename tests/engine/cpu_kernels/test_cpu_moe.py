@@ -35,6 +35,18 @@ def test_fused_experts_equal_the_torch_path(case: str, activation: str) -> None:
     torch.testing.assert_close(into, residual + want, atol=1e-5, rtol=1e-5)
 
 
+def test_a_large_step_equals_the_torch_path() -> None:
+    """Enough rows that the gather and the weighted sum are shared out between threads too."""
+    w13, w2 = random_experts(3, 512, 16, seed=13)
+    packed = pack_experts(w13, w2)
+    assert packed is not None
+    routing = random_routing(300, 2, list(range(3)), seed=14)
+    x = torch.randn(300, 512, generator=torch.Generator().manual_seed(15))
+    want = experts_torch(x, w13, w2, routing, "gelu_tanh")
+    got = fused_experts(x, *routing, packed, "gelu_tanh")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_tokens_result_does_not_depend_on_the_tokens_beside_it() -> None:
     """Bit for bit: one token alone or in a batch whose experts get many rows."""
     w13, w2 = random_experts(6, 32, 48, seed=5)
