@@ -4,8 +4,9 @@
   into a padded buffer and runs SDPA over it: two extra passes over the whole KV of the
   batch, plus the padding to the longest context. This reads the blocks where they lie
   (``paged_attention.c``); on the CPU it is the decode half of the default backend.
-- ``rope_write_kv``, ``silu_mul`` and ``rms_norm`` (``fused_ops.c``): one pass each where
-  torch runs several element-wise ops and allocations per layer.
+- ``rope_write_kv``, ``silu_mul``, ``rms_norm`` and ``head_norm_`` (``fused_ops.c``; the
+  norms' wrappers in ``norms.py``): one pass each where torch runs several element-wise ops
+  and allocations per layer.
 - ``linear`` (``linear.c``) over weights packed once by ``pack_linear_weight``: faster than
   ``F.linear`` (which re-packs the weight on every call) from 1 to 2048 rows as measured.
 - ``sample`` (``sampling.c``): the batched sampler's argmax or temperature / top-k / top-p /
@@ -183,19 +184,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of x [tokens, hidden] fp32 (unit last stride) scaled by weight [hidden]."""
-    lib = _require()
-    if x.stride(-1) != 1 or not weight.is_contiguous():
-        raise ValueError("rms_norm: x needs a unit last stride and weight to be contiguous")
-    out = torch.empty(x.shape, dtype=x.dtype)
-    lib.splitserve_rms_norm_f32(
-        x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), out.stride(0),
-        x.shape[0], x.shape[1], eps, _threads(),
-    )  # fmt: skip
-    return out
-
-
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` [N, K] as panels [N / 16, K, 16] for ``linear``; None where the kernel does
     not take it (not fp32 on the CPU, N not a multiple of 16, or no kernels here)."""
@@ -311,12 +299,12 @@ def _library() -> ctypes.CDLL | None:
     lib.splitserve_silu_mul_f32.argtypes = [_P, _I64, _P, _I64, _I32, _I32, _I32]
     lib.splitserve_linear_f32.restype = None
     lib.splitserve_linear_f32.argtypes = [_P, _I64, _P, _I32, _I32, _I32, _P, _I64, _I32, _I32]
-    lib.splitserve_rms_norm_f32.restype = None
-    lib.splitserve_rms_norm_f32.argtypes = [_P, _I64, _P, _P, _I64, _I32, _I32, _F32, _I32]
     lib.splitserve_sample_f32.restype = ctypes.c_int
     lib.splitserve_sample_f32.argtypes = [_P, _I64, _I32, _I32, *([_P] * 7), _P, _I32]
     return lib
 
+
+from engine.cpu_kernels.norms import head_norm_, rms_norm  # noqa: E402 (they use the above)
 
 __all__ = [
     "CACHE_ENV",
@@ -329,6 +317,7 @@ __all__ = [
     "build",
     "default_cache_dir",
     "fused_ops_supported",
+    "head_norm_",
     "linear",
     "pack_linear_weight",
     "paged_decode_attention",

@@ -67,6 +67,22 @@ void splitserve_silu_mul_f32(
     }
 }
 
+/* o = x / sqrt(mean(x^2) + eps) * weight over n values (o may be x), accumulated in fp32 */
+static inline void norm_row(const float *x, float *o, const float *weight, int n, float eps)
+{
+    v8 acc = splat8(0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const v8 v = load8(x + i);
+        acc += v * v;
+    }
+    float sq = hsum8(acc);
+    for (; i < n; i++) sq += x[i] * x[i];
+    const float inv = 1.0f / __builtin_sqrtf(sq / (float)n + eps);
+    for (i = 0; i + 8 <= n; i += 8) store8(o + i, load8(x + i) * inv * load8(weight + i));
+    for (; i < n; i++) o[i] = x[i] * inv * weight[i];
+}
+
 /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, accumulated in fp32 */
 void splitserve_rms_norm_f32(
     const float *x, int64_t x_stride, const float *weight, float *out, int64_t out_stride,
@@ -74,19 +90,21 @@ void splitserve_rms_norm_f32(
 {
     const int parallel = (int64_t)tokens * hidden >= PARALLEL_MIN;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
-    for (int t = 0; t < tokens; t++) {
-        const float *xr = x + t * x_stride;
-        float *o = out + t * out_stride;
-        v8 acc = splat8(0.0f);
-        int i = 0;
-        for (; i + 8 <= hidden; i += 8) {
-            const v8 v = load8(xr + i);
-            acc += v * v;
-        }
-        float sq = hsum8(acc);
-        for (; i < hidden; i++) sq += xr[i] * xr[i];
-        const float inv = 1.0f / __builtin_sqrtf(sq / (float)hidden + eps);
-        for (i = 0; i + 8 <= hidden; i += 8) store8(o + i, load8(xr + i) * inv * load8(weight + i));
-        for (; i < hidden; i++) o[i] = xr[i] * inv * weight[i];
+    for (int t = 0; t < tokens; t++)
+        norm_row(x + t * x_stride, out + t * out_stride, weight, hidden, eps);
+}
+
+/* Each head of each token row normalised in place over its head_dim values (Qwen3's and
+   Gemma 3's q and k norms): row t, head h at x + t * row_stride + h * head_dim. */
+void splitserve_head_norm_f32(
+    float *x, int64_t row_stride, int32_t tokens, int32_t heads, int32_t head_dim,
+    const float *weight, float eps, int32_t threads)
+{
+    const int64_t rows = (int64_t)tokens * heads;
+    const int parallel = rows * head_dim >= PARALLEL_MIN;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + (r / heads) * row_stride + (r % heads) * head_dim;
+        norm_row(row, row, weight, head_dim, eps);
     }
 }

@@ -53,6 +53,11 @@ class LayerOps(Protocol):
         is ``silu`` or ``gelu_tanh`` (GELU, tanh approximation)."""
         ...
 
+    def head_norm_(self, x: torch.Tensor, heads: int, weight: torch.Tensor, eps: float) -> None:
+        """RMSNorm of each head of x [tokens, heads * d] (a view of the fused projection)
+        over its d values, in place, scaled by weight [d]: q and k norms."""
+        ...
+
     @property
     def backend(self) -> str:
         """``torch``, ``c`` or ``triton``: where the layer's other kernels (MoE) run too."""
@@ -124,6 +129,9 @@ class TorchOps:
     def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         return act_mul(gate_up, activation)
 
+    def head_norm_(self, x: torch.Tensor, heads: int, weight: torch.Tensor, eps: float) -> None:
+        head_norm_(x, heads, weight, eps)
+
 
 class CpuKernelOps:
     """The fused C kernels (CPU fp32); ``cos``, ``sin``: the model's [max_len, d / 2] tables."""
@@ -155,6 +163,9 @@ class CpuKernelOps:
         if activation == "silu":
             return cpu_kernels.silu_mul(gate_up)
         return act_mul(gate_up, activation)
+
+    def head_norm_(self, x: torch.Tensor, heads: int, weight: torch.Tensor, eps: float) -> None:
+        cpu_kernels.head_norm_(x, heads, weight, eps)
 
 
 class TritonOps(TorchOps):

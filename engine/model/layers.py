@@ -15,7 +15,7 @@ from torch import nn
 from engine.model import linear as cpu_linear
 from engine.model.attention import AttentionBackend, AttentionMetadata, AttentionSpec
 from engine.model.config import ModelConfig
-from engine.model.layer_ops import LayerOps, head_norm_
+from engine.model.layer_ops import LayerOps
 
 
 def weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -98,8 +98,8 @@ class SelfAttention(Packed):
         qkv = self.project(x, "qkv", self.qkv_bias)  # [tokens, (h + 2 kvh) * d]
         if self.q_norm is not None and self.k_norm is not None:
             q_end, k_end = self.q_size, self.q_size + self.kv_size
-            head_norm_(qkv[:, :q_end], self.num_heads, self.q_norm, self.eps)
-            head_norm_(qkv[:, q_end:k_end], self.num_kv_heads, self.k_norm, self.eps)
+            ops.head_norm_(qkv[:, :q_end], self.num_heads, self.q_norm, self.eps)
+            ops.head_norm_(qkv[:, q_end:k_end], self.num_kv_heads, self.k_norm, self.eps)
         q, k, v = ops.rope_write_kv(
             qkv, self.num_heads, self.num_kv_heads, kv_cache, self.index, meta
         )

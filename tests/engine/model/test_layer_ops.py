@@ -67,6 +67,16 @@ def test_layer_ops_equal_the_torch_ops(name: str) -> None:
     for act in ("silu", "gelu_tanh"):
         got, want = ops.act_mul(gate_up.clone(), act), ref.act_mul(gate_up.clone(), act)
         torch.testing.assert_close(got, want)
+    # per-head q norm over a strided view of the fused projection, in place; k untouched
+    head_w = torch.randn(HEAD_DIM, generator=gen).to(device)
+    mine, theirs = qkv.clone(), qkv.clone()
+    ops.head_norm_(mine[:, : HEADS * HEAD_DIM], HEADS, head_w, 1e-6)
+    ref.head_norm_(theirs[:, : HEADS * HEAD_DIM], HEADS, head_w, 1e-6)
+    torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    assert torch.equal(mine[:, HEADS * HEAD_DIM :], qkv[:, HEADS * HEAD_DIM :])
+    head = qkv[2, HEAD_DIM : 2 * HEAD_DIM]  # token 2, head 1, by hand
+    want_head = head / head.pow(2).mean().add(1e-6).sqrt() * head_w
+    torch.testing.assert_close(mine[2, HEAD_DIM : 2 * HEAD_DIM], want_head, atol=1e-5, rtol=1e-5)
 
 
 def test_triton_fused_ops_greedy_equals_the_torch_path(
