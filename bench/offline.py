@@ -73,6 +73,9 @@ def run_engine(
     params = SamplingParams(
         max_tokens=new_tokens, temperature=0.0, ignore_eos=True, grammar=grammar
     )
+    from bench.moe_layers import MoeLayerTimer
+
+    moe = MoeLayerTimer.attach(engine.runner.model)
     for i, p in enumerate(prompts):
         engine.add_request(f"bench-{i}", p, params)
     bar = tqdm(
@@ -92,7 +95,10 @@ def run_engine(
     elapsed = time.perf_counter() - start
     bar.close()
     c = engine.counters
+    if moe is not None:
+        moe.detach()
     return {
+        **(moe.summary(elapsed) if moe is not None else {}),
         "seconds": elapsed,
         "generated_tokens": generated,
         "steps": c.steps,
@@ -281,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         name: summarize(name, run, prompts, args.new_tokens, shape, peak)
         for name, run in runs.items()
     }
+    if "moe_seconds" in runs["splitserve"]:
+        from bench.moe_layers import describe as describe_moe
+
+        print(describe_moe(runs["splitserve"], peak))
+        results["splitserve"]["moe_ratio_to_peak"] = runs["splitserve"]["moe_gflop_s"] / peak
     if args.compare_hf:
         ratio = results["transformers"]["seconds"] / results["splitserve"]["seconds"]
         print(f"engine speed-up over transformers: {ratio:.2f}x")
