@@ -40,7 +40,7 @@ def best_seconds(fn: Callable[[int], object], calls: int, repeats: int = 5) -> f
 
 def bench_attention(args: argparse.Namespace) -> dict[str, Any]:
     from engine import cpu_kernels
-    from engine.model.attention import GatherBuffers, decode_attention
+    from engine.model.torch_attention import GatherBuffers, decode_attention
 
     gen = torch.Generator().manual_seed(0)
     bs, width = args.block_size, -(-args.max_ctx // args.block_size)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from bench.common import RESULTS_DIR, environment, write_json
-from engine.model.attention import GatherBuffers, decode_attention, gather_blocks
+from engine.model.torch_attention import GatherBuffers, decode_attention, gather_blocks
 
 KEEP_BLOCK_MAJOR_UNLESS = 1.2  # switch only if layer-major is this much faster
 

@@ -77,8 +77,12 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """One query per sequence over its paged context, K/V read in place.
+    """One query per sequence over its paged context, K/V read in place; with ``window`` > 0
+    only the last ``window`` keys (the blocks before them are never read), with ``softcap``
+    > 0 each score soft-capped at it.
 
     q: [seqs, heads, d] fp32 (any strides with the last one 1); kv_cache: the contiguous
     cache [num_blocks, layers, 2, block_size, kv_heads, d]; block_tables: [seqs, >= blocks
@@ -108,7 +112,7 @@ def paged_decode_attention(
         q.data_ptr(), q.stride(0), q.stride(1), out.data_ptr(),
         kv_cache.data_ptr(), kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
         tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-        seqs, heads, kv_heads, head_dim, block_size, scale, _threads(),
+        seqs, heads, kv_heads, head_dim, block_size, scale, window, softcap, _threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(
@@ -286,7 +290,8 @@ def _library() -> ctypes.CDLL | None:
         _P, _I64, _I64, _P,  # q, its strides, out
         _P, _I64, _I64, _I64,  # cache, block stride, K and V offsets
         _P, _I64, _P,  # tables, table stride, context lengths
-        _I32, _I32, _I32, _I32, _I32, _F32, _I32,  # sizes, scale, threads
+        _I32, _I32, _I32, _I32, _I32, _F32,  # sizes, scale
+        _I32, _F32, _I32,  # window, soft-cap, threads
     ]  # fmt: skip
     lib.splitserve_rope_write_kv_f32.restype = None
     lib.splitserve_rope_write_kv_f32.argtypes = [

@@ -10,6 +10,10 @@
  * blocks once: scores of the block's tokens, an online-softmax rescale, then the weighted
  * sum of V. Softmax statistics and accumulators are fp32. head_dim is a compile-time
  * constant in each instantiation so the accumulators stay in registers.
+ *
+ * With a sliding window W > 0 the query (at position n - 1) sees only the last W keys: the
+ * walk starts at the block holding key n - W and never reads the blocks before it (they may
+ * be back in the pool). With a soft-cap C > 0 each score s becomes C * tanh(s / C) (Gemma 2).
  */
 #include <stdint.h>
 
@@ -32,7 +36,15 @@ struct job {
     const int32_t *ctx_lens;
     int heads, kv_heads, group, block_size;
     float scale;
+    int window;    /* 0: the whole context */
+    float softcap; /* 0: off */
 };
+
+/* C * tanh(s / C) for the n scores at p, with tanh(x) = 1 - 2 / (e^2x + 1) */
+static inline void soft_cap(float *p, int n, float cap)
+{
+    for (int t = 0; t < n; t++) p[t] = cap * (1.0f - 2.0f / (exp1(2.0f * p[t] / cap) + 1.0f));
+}
 
 /* One (sequence, kv head) pair; ND = head_dim / 8. */
 static inline __attribute__((always_inline)) void decode_pair(
@@ -56,8 +68,10 @@ static inline __attribute__((always_inline)) void decode_pair(
     const int n = jb->ctx_lens[s], bs = jb->block_size;
     const int64_t ts = jb->token_stride;
     const int32_t *table = jb->tables + s * jb->table_stride;
-    for (int start = 0; start < n; start += bs) {
+    const int lo = jb->window > 0 && n > jb->window ? n - jb->window : 0; /* first key seen */
+    for (int start = lo - lo % bs; start < n; start += bs) {
         const int len = n - start < bs ? n - start : bs;
+        const int skip = lo > start ? lo - start : 0; /* tokens of this block behind the window */
         const float *base = jb->cache + (int64_t)table[start / bs] * jb->block_stride;
         const float *kb = base + jb->k_offset + (int64_t)h * 8 * ND;
         const float *vb = base + jb->v_offset + (int64_t)h * 8 * ND;
@@ -95,8 +109,10 @@ static inline __attribute__((always_inline)) void decode_pair(
             for (int g = 0; g < group; g++) store8(&p[g][t0], hsum8x8(part[g]));
         }
         for (int g = 0; g < group; g++) {
-            float block_max = p[g][0];
-            for (int t = 1; t < len; t++) block_max = p[g][t] > block_max ? p[g][t] : block_max;
+            if (jb->softcap > 0.0f) soft_cap(p[g], len, jb->softcap);
+            for (int t = 0; t < skip; t++) p[g][t] = -3.0e38f;
+            float block_max = p[g][skip];
+            for (int t = skip + 1; t < len; t++) block_max = p[g][t] > block_max ? p[g][t] : block_max;
             const float new_m = block_max > m[g] ? block_max : m[g];
             const float correction = exp1(m[g] - new_m);
             /* p[g] is padded to a whole number of vectors; lanes past len get weight 0 */
@@ -104,6 +120,7 @@ static inline __attribute__((always_inline)) void decode_pair(
             for (int t = 0; t < len; t += 8) {
                 v8 e = exp8(load8(&p[g][t]) - new_m);
                 for (int i = len - t; i < 8; i++) e[i] = 0.0f;
+                for (int i = 0; i < 8 && t + i < skip; i++) e[i] = 0.0f;
                 store8(&p[g][t], e);
                 sum += e;
             }
@@ -148,14 +165,14 @@ int splitserve_paged_decode_f32(
     const int32_t *tables, int64_t table_stride,
     const int32_t *ctx_lens,
     int32_t seqs, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t block_size,
-    float scale, int32_t threads)
+    float scale, int32_t window, float softcap, int32_t threads)
 {
     if (kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -1;
     if (block_size <= 0 || block_size > MAX_BLOCK_SIZE) return -1;
     struct job jb = {
         q, q_seq_stride, q_head_stride, out, cache, block_stride, k_offset, v_offset,
         (int64_t)kv_heads * head_dim, tables, table_stride, ctx_lens,
-        heads, kv_heads, heads / kv_heads, block_size, scale,
+        heads, kv_heads, heads / kv_heads, block_size, scale, window, softcap,
     };
     const int64_t items = (int64_t)seqs * kv_heads;
     threads = threads > 0 ? threads : 1;

@@ -1,8 +1,9 @@
-"""Attention over the paged KV cache: per-step metadata and the torch backend.
+"""Attention over the paged KV cache: per-step metadata, each layer's spec, the backends.
 
-The torch backend runs on the CPU and is the oracle for the Triton kernels. A step's tokens
-are flattened; its sequences are either decodes (one query token, batched into one SDPA call)
-or prefill chunks (several query tokens, causal with an offset when a prefix is cached).
+A step's tokens are flattened; its sequences are either decodes (one query token) or prefill
+chunks (several query tokens, causal with an offset when a prefix is cached). Backends: the
+torch one (``engine.model.torch_attention``: SDPA, and the C decode kernel on the CPU; the
+oracle) and the Triton kernels (the GPU).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from functools import cached_property
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
-from engine import cpu_kernels
+from engine.model.torch_attention import TorchAttention
 
 
 @dataclass(frozen=True)
@@ -88,30 +88,10 @@ class AttentionMetadata:
         return self.block_tables[:d, :width]
 
     @cached_property
-    def decode_mask(self) -> torch.Tensor:
-        """[decodes, 1, 1, keys] bool: key slots inside each decode's context."""
-        d = self.num_decodes
-        num_keys = self.decode_block_tables.shape[1] * self.block_size
-        keys = torch.arange(num_keys, device=self.block_tables.device)
-        return (keys[None, :] < self.context_lens[:d, None])[:, None, None, :]
-
-    @cached_property
     def prefill_query_start_loc(self) -> torch.Tensor:
         """[prefills + 1] int32: query offsets of the prefill chunks, from 0."""
         qsl = self.query_start_loc[self.num_decodes :]
         return qsl - qsl[0]
-
-    @cached_property
-    def prefill_masks(self) -> dict[int, torch.Tensor]:
-        """Sequence index -> [queries, context] bool causal mask, for chunks after a prefix."""
-        device = self.block_tables.device
-        masks = {}
-        for i in range(self.num_decodes, len(self.query_lens)):
-            n, ctx = self.query_lens[i], self.context_lens_host[i]
-            if ctx > n:
-                query_pos = torch.arange(ctx - n, ctx, device=device)
-                masks[i] = torch.arange(ctx, device=device)[None, :] <= query_pos[:, None]
-        return masks
 
 
 @dataclass(frozen=True)
@@ -142,83 +122,6 @@ class AttentionBackend(Protocol):
         ...
 
 
-class GatherBuffers:
-    """K and V gather buffers reused across layers and steps.
-
-    A fresh multi-megabyte tensor per layer costs page faults on the CPU that were measured
-    to take longer than the gather itself; these grow to the largest step seen and stay.
-    """
-
-    def __init__(self) -> None:
-        self._buf: torch.Tensor | None = None
-
-    def take(self, blocks: int, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two [blocks, block_size, kv_heads, d] buffers shaped like ``kv_cache``'s blocks."""
-        shape = (blocks, *kv_cache.shape[3:])
-        n = blocks * kv_cache[0, 0, 0].numel()
-        buf = self._buf
-        if (
-            buf is None
-            or buf.numel() < 2 * n
-            or buf.dtype != kv_cache.dtype
-            or (buf.device != kv_cache.device)
-        ):
-            buf = self._buf = torch.empty(2 * n, dtype=kv_cache.dtype, device=kv_cache.device)
-        return buf[:n].view(shape), buf[n : 2 * n].view(shape)
-
-
-class TorchAttention:
-    """SDPA over gathered blocks: one batched call for all decodes, one call per prefill chunk.
-
-    On the CPU the decodes go to the C kernel of ``engine.cpu_kernels`` when it is built and
-    takes the shapes (fp32): it reads the blocks in place instead of gathering and padding
-    them, and was measured at 4-5x the gather + SDPA path. ``cpu_kernel=False`` keeps torch.
-    """
-
-    def __init__(self, cpu_kernel: bool = True) -> None:
-        self.buffers = GatherBuffers()
-        self.cpu_kernel = cpu_kernel
-
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: torch.Tensor,
-        layer: int,
-        meta: AttentionMetadata,
-        spec: AttentionSpec | None = None,
-    ) -> torch.Tensor:
-        d = meta.num_decodes
-        if d == meta.num_tokens:
-            return self._decodes(q, kv_cache, layer, meta)
-        out = torch.empty_like(q)  # [tokens, heads, d]
-        if d:
-            out[:d] = self._decodes(q[:d], kv_cache, layer, meta)
-        start = d
-        for i in range(d, len(meta.query_lens)):
-            end = start + meta.query_lens[i]
-            mask = meta.prefill_masks.get(i)
-            if mask is None:  # no cached prefix: this step's K/V are the whole context
-                out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end], None)
-            else:
-                table = meta.block_tables[i, : -(-mask.shape[1] // meta.block_size)]
-                kc, vc = gather_blocks(kv_cache, layer, table, self.buffers)
-                out[start:end] = _sdpa(q[start:end], kc[: mask.shape[1]], vc[: mask.shape[1]], mask)
-            start = end
-        return out
-
-    def _decodes(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, layer: int, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        tables = meta.decode_block_tables
-        if self.cpu_kernel and cpu_kernels.supports(q, kv_cache):
-            lens = meta.context_lens[: meta.num_decodes]
-            scale = q.shape[-1] ** -0.5
-            return cpu_kernels.paged_decode_attention(q, kv_cache, layer, tables, lens, scale)
-        return decode_attention(q, kv_cache, layer, tables, meta.decode_mask, self.buffers)
-
-
 class TritonAttention:
     """The Triton kernels (engine.triton_kernels) behind the same interface: the GPU backend."""
 
@@ -234,21 +137,23 @@ class TritonAttention:
     ) -> torch.Tensor:
         from engine.triton_kernels import paged_decode_attention, paged_prefill_attention
 
-        d, scale = meta.num_decodes, q.shape[-1] ** -0.5
+        spec = spec or AttentionSpec(q.shape[-1] ** -0.5)
+        d, scale, window, cap = meta.num_decodes, spec.scale, spec.window, spec.softcap
         if d == meta.num_tokens:
             return paged_decode_attention(
                 q, kv_cache, layer, meta.decode_block_tables, meta.context_lens, scale,
-                max_ctx_len=max(meta.context_lens_host),
+                max_ctx_len=max(meta.context_lens_host), window=window, softcap=cap,
             )  # fmt: skip
         out = torch.empty_like(q)  # [tokens, heads, d]
         if d:
             out[:d] = paged_decode_attention(
                 q[:d], kv_cache, layer, meta.decode_block_tables, meta.context_lens[:d], scale,
-                max_ctx_len=max(meta.context_lens_host[:d]),
+                max_ctx_len=max(meta.context_lens_host[:d]), window=window, softcap=cap,
             )  # fmt: skip
         out[d:] = paged_prefill_attention(
             q[d:], kv_cache, layer, meta.prefill_query_start_loc, meta.context_lens[d:],
-            meta.block_tables[d:], scale, max_q_len=max(meta.query_lens[d:]),
+            meta.block_tables[d:], scale, max_q_len=max(meta.query_lens[d:]), window=window,
+            softcap=cap,
         )  # fmt: skip
         return out
 
@@ -268,66 +173,6 @@ def select_attention(name: str, device: torch.device, cpu_kernel: bool = True) -
             "attention_backend 'triton' needs triton and a CUDA device (or TRITON_INTERPRET=1)"
         )
     return TorchAttention(cpu_kernel)
-
-
-def decode_attention(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    layer: int,
-    block_tables: torch.Tensor,
-    mask: torch.Tensor,
-    buffers: GatherBuffers | None = None,
-) -> torch.Tensor:
-    """One query per sequence over its paged context, all sequences in one SDPA call.
-
-    q: [seqs, heads, d]; block_tables: [seqs, max_blocks]; mask: [seqs, 1, 1, max_blocks *
-    block_size] bool. Returns [seqs, heads, d].
-    """
-    seqs, _, head_dim = q.shape
-    kv_heads = kv_cache.shape[4]
-    k, v = gather_blocks(kv_cache, layer, block_tables.flatten(), buffers)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [seqs, heads, 1, d]
-        k.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),  # [seqs, kv_heads, keys, d]
-        v.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),
-        attn_mask=mask,
-        enable_gqa=True,
-    )
-    return out.squeeze(2)
-
-
-def gather_blocks(
-    kv_cache: torch.Tensor,
-    layer: int,
-    table: torch.Tensor,
-    buffers: GatherBuffers | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of ``layer`` in the blocks of ``table`` [n], in order: each [n * block_size,
-    kv_heads, d]. Views into ``buffers`` when given (valid until their next use)."""
-    if buffers is None:
-        k = kv_cache[:, layer, 0].index_select(0, table)
-        v = kv_cache[:, layer, 1].index_select(0, table)
-    else:
-        k, v = buffers.take(table.shape[0], kv_cache)
-        torch.index_select(kv_cache[:, layer, 0], 0, table, out=k)
-        torch.index_select(kv_cache[:, layer, 1], 0, table, out=v)
-    return k.flatten(0, 1), v.flatten(0, 1)
-
-
-def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """Causal attention of one sequence. q: [n, heads, d]; k, v: [ctx, kv_heads, d];
-    mask: [n, ctx] bool, or None for plain causal with n == ctx. Returns [n, heads, d]."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),  # [1, heads, n, d]
-        k.transpose(0, 1).unsqueeze(0),  # [1, kv_heads, ctx, d]
-        v.transpose(0, 1).unsqueeze(0),
-        attn_mask=mask,
-        is_causal=mask is None,
-        enable_gqa=True,
-    )
-    return out[0].transpose(0, 1)
 
 
 def _padded_tables(

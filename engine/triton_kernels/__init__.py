@@ -45,11 +45,14 @@ def paged_decode_attention(
     num_splits: int | None = None,
     max_ctx_len: int | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Decode attention, one query per sequence; see ``decode_attention``."""
     from engine.triton_kernels.decode_attention import paged_decode_attention as impl
 
-    return impl(q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len, window)
+    return impl(
+        q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len, window, softcap
+    )
 
 
 def paged_prefill_attention(
@@ -62,11 +65,12 @@ def paged_prefill_attention(
     scale: float,
     max_q_len: int | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Prefill attention over cached prefix + new tokens; see ``prefill_attention``."""
     from engine.triton_kernels.prefill_attention import paged_prefill_attention as impl
 
-    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len, window)
+    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len, window, softcap)
 
 
 def write_kv(

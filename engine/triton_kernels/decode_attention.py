@@ -22,6 +22,7 @@ from engine.triton_kernels.layout import (
     interpreted,
     kv_layer_view,
     pow2,
+    soft_cap,
 )
 
 _LOG2E = 1.4426950408889634
@@ -39,6 +40,7 @@ def _decode_split_kernel(
     part_lse_ptr,  # [batch, heads, splits] fp32, log2 domain
     qk_scale,  # softmax scale * log2(e)
     window,  # 0: whole context; else its last `window` tokens
+    cap,  # soft-cap of the scores * log2(e), used when SOFTCAP
     stride_qb,
     stride_qh,
     stride_ob,
@@ -59,6 +61,7 @@ def _decode_split_kernel(
     TILE_N: tl.constexpr,
     SINGLE: tl.constexpr,  # one split: write the output, skip the partials
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -91,6 +94,8 @@ def _decode_split_kernel(
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(kv_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GROUP_PAD, TILE_N]
+        if SOFTCAP:
+            s = soft_cap(s, cap)
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -165,6 +170,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     max_ctx_len: int | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context (itself included).
 
@@ -173,7 +179,8 @@ def paged_decode_attention(
     Returns [batch, heads, d] in q's dtype. No host sync: the split plan uses ``max_ctx_len``
     (the batch's longest context, known to the scheduler) or else the block table's width,
     so pass one of them tight. ``num_splits`` overrides the plan (tests, benchmarks).
-    ``window`` > 0 limits each query to the last ``window`` tokens of its context.
+    ``window`` > 0 limits each query to the last ``window`` tokens of its context;
+    ``softcap`` > 0 soft-caps each score at it (``softcap * tanh(score / softcap)``).
     """
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: full attention), got {window}")
@@ -194,13 +201,13 @@ def paged_decode_attention(
     part_lse = torch.empty((batch, heads, splits), device=q.device, dtype=torch.float32)
     _decode_split_kernel[(batch, view.num_kv_heads, splits)](
         q, kv, block_tables, ctx_lens, out, part_out, part_lse,
-        scale * _LOG2E, window,
+        scale * _LOG2E, window, softcap * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
         view.head_stride, partition, splits,
         BLOCK_SIZE=view.block_size, GROUP=group, GROUP_PAD=pow2(group, 16),
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, TILE_N=tile_n, SINGLE=splits == 1,
-        PRECISION=dot_precision(q.dtype),
+        PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if splits > 1:

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 
 
 class KVLayerView(NamedTuple):
@@ -85,3 +86,10 @@ def check_attention_inputs(
     for name, t in tensors.items():
         if t.stride(-1) != 1:
             raise ValueError(f"{name} needs a contiguous last dimension")
+
+
+@triton.jit
+def soft_cap(s, cap):
+    """``cap * tanh(s / cap)`` of scores ``s``; in the log2 domain the kernels work in, pass
+    ``cap`` times log2(e). tanh(y) = 1 - 2 / (e^2y + 1): exact at both ends, no overflow."""
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))

@@ -25,6 +25,7 @@ from engine.triton_kernels.layout import (
     interpreted,
     kv_layer_view,
     pow2,
+    soft_cap,
 )
 
 _LOG2E = 1.4426950408889634
@@ -47,12 +48,14 @@ def _key_tile(
     stride_kb,
     stride_kt,
     qk_scale,
+    cap,  # soft-cap * log2(e), used when SOFTCAP
     d,
     d_mask,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,  # False: every query of the tile sees every key of this tile
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     tok = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
     t_mask = tok < kv_end
@@ -61,6 +64,8 @@ def _key_tile(
     kv_mask = t_mask[:, None] & d_mask[None, :]
     k = tl.load(kv_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if SOFTCAP:
+        s = soft_cap(s, cap)
     if MASKED:
         seen = t_mask[None, :] & (tok[None, :] <= q_pos[:, None])
         seen = seen & ((window == 0) | (tok[None, :] > q_pos[:, None] - window))
@@ -84,6 +89,7 @@ def _prefill_kernel(
     out_ptr,  # [tokens, heads, d]
     qk_scale,  # softmax scale * log2(e)
     window,  # 0: full causal; else a query at p sees keys in (p - window, p]
+    cap,  # soft-cap of the scores * log2(e), used when SOFTCAP
     stride_qt,
     stride_qh,
     stride_ot,
@@ -101,6 +107,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     tile_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest tiles start first
     seq = tl.program_id(1)
@@ -140,20 +147,20 @@ def _prefill_kernel(
     for start in range(kv_lo, lead_end, BLOCK_N):
         acc, m_i, l_i = _key_tile(
             acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
-            v_offset, stride_kb, stride_kt, qk_scale, d, d_mask,
-            BLOCK_SIZE, BLOCK_N, True, PRECISION,
+            v_offset, stride_kb, stride_kt, qk_scale, cap, d, d_mask,
+            BLOCK_SIZE, BLOCK_N, True, PRECISION, SOFTCAP,
         )  # fmt: skip
     for start in range(lead_end, mid_end, BLOCK_N):
         acc, m_i, l_i = _key_tile(
             acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
-            v_offset, stride_kb, stride_kt, qk_scale, d, d_mask,
-            BLOCK_SIZE, BLOCK_N, False, PRECISION,
+            v_offset, stride_kb, stride_kt, qk_scale, cap, d, d_mask,
+            BLOCK_SIZE, BLOCK_N, False, PRECISION, SOFTCAP,
         )  # fmt: skip
     for start in range(mid_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _key_tile(
             acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
-            v_offset, stride_kb, stride_kt, qk_scale, d, d_mask,
-            BLOCK_SIZE, BLOCK_N, True, PRECISION,
+            v_offset, stride_kb, stride_kt, qk_scale, cap, d, d_mask,
+            BLOCK_SIZE, BLOCK_N, True, PRECISION, SOFTCAP,
         )  # fmt: skip
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -172,6 +179,7 @@ def paged_prefill_attention(
     scale: float,
     max_q_len: int | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of new tokens over their sequence's cached prefix and themselves.
 
@@ -179,6 +187,7 @@ def paged_prefill_attention(
     int32 query offsets; ctx_lens: [batch] cached + new tokens; block_tables: [batch,
     max_blocks] int32. ``max_q_len`` (the longest query run) avoids a host sync when given.
     ``window`` > 0 is a sliding window: a query at position p sees keys in (p - window, p].
+    ``softcap`` > 0 soft-caps each score at it (``softcap * tanh(score / softcap)``).
     Returns [tokens, heads, d] in q's dtype.
     """
     view = kv_layer_view(kv, layer)
@@ -201,12 +210,13 @@ def paged_prefill_attention(
     grid = (triton.cdiv(max_q_len * group, block_m), batch, view.num_kv_heads)
     _prefill_kernel[grid](
         q, kv, cu_q, ctx_lens, block_tables, out,
-        scale * _LOG2E, window,
+        scale * _LOG2E, window, softcap * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
         view.head_stride,
         BLOCK_SIZE=view.block_size, GROUP=group, HEAD_DIM=head_dim,
         HEAD_PAD=pow2(head_dim, 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION=dot_precision(q.dtype), num_warps=4 if head_dim <= 64 else 8, num_stages=3,
+        PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0,
+        num_warps=4 if head_dim <= 64 else 8, num_stages=3,
     )  # fmt: skip
     return out

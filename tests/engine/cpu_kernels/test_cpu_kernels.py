@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from engine import cpu_kernels
 from engine.kv.cache import write_kv
-from engine.model.attention import decode_attention
 from engine.model.layer_ops import apply_rope
+from engine.model.torch_attention import decode_attention
 
 pytestmark = pytest.mark.skipif(
     not cpu_kernels.available(), reason="the CPU kernels need a C compiler (cc or $CC)"

@@ -6,10 +6,12 @@ import pytest
 import torch
 from tiny_llama import TRITON_DEVICE
 
+from engine import cpu_kernels
 from engine.kv.cache import write_kv
 from engine.model.attention import (
     AttentionBackend,
     AttentionMetadata,
+    AttentionSpec,
     TorchAttention,
     TritonAttention,
     select_attention,
@@ -21,14 +23,22 @@ HEAD_DIM = 16
 NUM_BLOCKS = 48
 
 
-def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q: [len, heads, d]; k, v: [len, kv_heads, d] -> [len, heads, d], in float64."""
+def dense_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec | None = None
+) -> torch.Tensor:
+    """q: [len, heads, d]; k, v: [len, kv_heads, d] -> [len, heads, d], in float64; with
+    ``spec``'s scale, window (query p sees keys in (p - window, p]) and soft-cap."""
+    spec = spec or AttentionSpec(q.shape[-1] ** -0.5)
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), k) / q.shape[-1] ** 0.5
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * spec.scale
+    if spec.softcap:
+        scores = spec.softcap * torch.tanh(scores / spec.softcap)
     n = q.shape[0]
     causal = torch.ones(n, n, dtype=torch.bool).tril()
+    if spec.window:
+        causal &= torch.ones(n, n, dtype=torch.bool).triu(1 - spec.window)
     probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     return torch.einsum("hqk,khd->qhd", probs, v)
 
@@ -39,6 +49,7 @@ def run_step(
     seed: int = 0,
     backend: AttentionBackend | None = None,
     device: torch.device | str = "cpu",
+    spec: AttentionSpec | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Sequences given as (total length, start): positions before ``start`` are already in the
     cache, the rest are this step's queries. The step runs on `device`; returns (paged output,
@@ -60,13 +71,14 @@ def run_step(
         qs.append(q[start:])
         ks.append(k[start:])
         vs.append(v[start:])
-        expected.append(dense_causal(q, k, v)[start:])
+        expected.append(dense_causal(q, k, v, spec)[start:])
     meta = AttentionMetadata.build(
         [length - start for length, start in seqs], [s for _, s in seqs], tables, BLOCK, device
     )
     k_step, v_step = torch.cat(ks).to(device), torch.cat(vs).to(device)
     write_kv(kv, 1, k_step, v_step, meta.slot_mapping)
-    out = (backend or TorchAttention())(torch.cat(qs).to(device), k_step, v_step, kv, 1, meta)
+    q_step = torch.cat(qs).to(device)
+    out = (backend or TorchAttention())(q_step, k_step, v_step, kv, 1, meta, spec)
     return out.cpu(), torch.cat(expected).float(), meta
 
 
@@ -140,3 +152,69 @@ def test_backend_selection() -> None:
     assert isinstance(select_attention("auto", cpu), TorchAttention)
     with pytest.raises(ValueError):
         select_attention("bogus", cpu)
+
+
+SPECS = {
+    "window": AttentionSpec(scale=0.3, window=5),
+    "softcap": AttentionSpec(scale=0.5, softcap=2.0),
+    "both": AttentionSpec(scale=0.25, window=7, softcap=1.5),
+}
+# decodes and chunks whose contexts run past the windows, windows not multiples of the block
+LONG = [(23, 22), (9, 8), (30, 29), (17, 0), (26, 11), (13, 12)]
+
+
+@pytest.mark.parametrize("spec_name", list(SPECS))
+@pytest.mark.parametrize("path", ["torch", "c", "triton"])
+def test_windows_softcap_and_scale_on_every_path(path: str, spec_name: str) -> None:
+    """Each path against explicit scores over the whole context with the window's mask and
+    the soft-cap: decodes and chunks over cached prefixes, grouped heads."""
+    device: torch.device | str = "cpu"
+    backend: AttentionBackend
+    if path == "triton":
+        needs_triton()
+        backend, device = TritonAttention(), TRITON_DEVICE
+    elif path == "c":
+        if not cpu_kernels.available():
+            pytest.skip("no C compiler here")
+        backend = TorchAttention(cpu_kernel=True)
+    else:
+        backend = TorchAttention(cpu_kernel=False)
+    out, expected, meta = run_step(LONG, 2, backend=backend, device=device, spec=SPECS[spec_name])
+    assert meta.num_decodes == 3
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    plain, _, _ = run_step(LONG, 2, backend=backend, device=device)
+    assert not torch.allclose(plain, expected, atol=1e-3)  # the spec changes the answer
+
+
+@pytest.mark.parametrize("path", ["c", "triton"])
+def test_window_never_reads_blocks_behind_it(path: str) -> None:
+    """Blocks wholly behind a decode's window may be back in the pool: the C and Triton
+    decode kernels never read them (NaN there leaves the answer untouched)."""
+    if path == "triton":
+        needs_triton()
+    elif not cpu_kernels.available():
+        pytest.skip("no C compiler here")
+    device = TRITON_DEVICE if path == "triton" else torch.device("cpu")
+    gen = torch.Generator().manual_seed(5)
+    ctx, window, heads = 22, 6, 4  # keys 16..21 seen: blocks 0-3 wholly behind
+    kv = torch.randn(8, 1, 2, BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
+    q = torch.randn(1, heads, HEAD_DIM, generator=gen)
+    table = torch.tensor([[7, 1, 2, 3, 4, 5]], dtype=torch.int32)
+    lens = torch.tensor([ctx], dtype=torch.int32)
+    k = kv[table[0].long(), 0, 0].reshape(-1, KV_HEADS, HEAD_DIM)[:ctx]
+    v = kv[table[0].long(), 0, 1].reshape(-1, KV_HEADS, HEAD_DIM)[:ctx]
+    spec = AttentionSpec(scale=HEAD_DIM**-0.5, window=window)
+    full_q = torch.zeros(ctx, heads, HEAD_DIM)
+    full_q[-1] = q[0]
+    want = dense_causal(full_q, k, v, spec)[-1:].float()
+    kv[[7, 1, 2, 3]] = float("nan")
+    if path == "c":
+        got = cpu_kernels.paged_decode_attention(q, kv, 0, table, lens, spec.scale, window)
+    else:
+        from engine.triton_kernels import paged_decode_attention
+
+        got = paged_decode_attention(
+            q.to(device), kv.to(device), 0, table.to(device), lens.to(device), spec.scale,
+            max_ctx_len=ctx, window=window,
+        ).cpu()  # fmt: skip
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

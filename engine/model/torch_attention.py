@@ -1,0 +1,221 @@
+"""The torch attention backend: SDPA over gathered blocks, the CPU's C decode kernel.
+
+It runs on the CPU and is the oracle for the Triton kernels. A step's sequences are either
+decodes (one query token, batched into one SDPA call, or the C kernel) or prefill chunks
+(several query tokens, causal with an offset when a prefix is cached). Every path takes the
+layer's ``AttentionSpec``: its score scale, sliding window (a query at position p sees the
+keys in (p - window, p]) and soft-cap; soft-capped scores are computed explicitly (SDPA has
+no cap), the rest stays in SDPA.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine import cpu_kernels
+
+if TYPE_CHECKING:
+    from engine.model.attention import AttentionMetadata, AttentionSpec
+
+
+class GatherBuffers:
+    """K and V gather buffers reused across layers and steps.
+
+    A fresh multi-megabyte tensor per layer costs page faults on the CPU that were measured
+    to take longer than the gather itself; these grow to the largest step seen and stay.
+    """
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+
+    def take(self, blocks: int, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two [blocks, block_size, kv_heads, d] buffers shaped like ``kv_cache``'s blocks."""
+        shape = (blocks, *kv_cache.shape[3:])
+        n = blocks * kv_cache[0, 0, 0].numel()
+        buf = self._buf
+        if (
+            buf is None
+            or buf.numel() < 2 * n
+            or buf.dtype != kv_cache.dtype
+            or (buf.device != kv_cache.device)
+        ):
+            buf = self._buf = torch.empty(2 * n, dtype=kv_cache.dtype, device=kv_cache.device)
+        return buf[:n].view(shape), buf[n : 2 * n].view(shape)
+
+
+class TorchAttention:
+    """SDPA over gathered blocks: one batched call for all decodes, one call per prefill chunk.
+
+    On the CPU the decodes go to the C kernel of ``engine.cpu_kernels`` when it is built and
+    takes the shapes (fp32): it reads the blocks in place instead of gathering and padding
+    them, and was measured at 4-5x the gather + SDPA path. ``cpu_kernel=False`` keeps torch.
+    """
+
+    def __init__(self, cpu_kernel: bool = True) -> None:
+        self.buffers = GatherBuffers()
+        self.cpu_kernel = cpu_kernel
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+        spec: AttentionSpec | None = None,
+    ) -> torch.Tensor:
+        scale = spec.scale if spec is not None else q.shape[-1] ** -0.5
+        window = spec.window if spec is not None else 0
+        cap = spec.softcap if spec is not None else 0.0
+        d = meta.num_decodes
+        if d == meta.num_tokens:
+            return self._decodes(q, kv_cache, layer, meta, scale, window, cap)
+        out = torch.empty_like(q)  # [tokens, heads, d]
+        if d:
+            out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap)
+        start = d
+        for i in range(d, len(meta.query_lens)):
+            n, ctx = meta.query_lens[i], meta.context_lens_host[i]
+            end = start + n
+            if ctx == n and not window:  # no cached prefix: this step's K/V are the context
+                out[start:end] = attend(q[start:end], k[start:end], v[start:end], None, scale, cap)
+            else:
+                mask = chunk_mask(n, ctx, window, q.device)  # [n, ctx]
+                if ctx == n:
+                    kc, vc = k[start:end], v[start:end]
+                else:
+                    table = meta.block_tables[i, : -(-ctx // meta.block_size)]
+                    kc, vc = gather_blocks(kv_cache, layer, table, self.buffers)
+                out[start:end] = attend(q[start:end], kc[:ctx], vc[:ctx], mask, scale, cap)
+            start = end
+        return out
+
+    def _decodes(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int,
+        cap: float,
+    ) -> torch.Tensor:
+        tables = meta.decode_block_tables
+        lens = meta.context_lens[: meta.num_decodes]
+        if self.cpu_kernel and cpu_kernels.supports(q, kv_cache):
+            return cpu_kernels.paged_decode_attention(
+                q, kv_cache, layer, tables, lens, scale, window, cap
+            )
+        keys = torch.arange(tables.shape[1] * meta.block_size, device=q.device)
+        mask = keys[None, :] < lens[:, None]  # [decodes, keys]
+        if window:
+            mask &= keys[None, :] >= lens[:, None] - window
+        return decode_attention(
+            q, kv_cache, layer, tables, mask[:, None, None, :], self.buffers, scale, cap
+        )
+
+
+def chunk_mask(n: int, ctx: int, window: int, device: torch.device) -> torch.Tensor:
+    """[n, ctx] bool: the keys each of a chunk's n queries (the last n of ctx) sees."""
+    query_pos = torch.arange(ctx - n, ctx, device=device)[:, None]
+    keys = torch.arange(ctx, device=device)[None, :]
+    mask = keys <= query_pos
+    return mask & (keys > query_pos - window) if window else mask
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer: int,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+    buffers: GatherBuffers | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """One query per sequence over its paged context, all sequences in one SDPA call.
+
+    q: [seqs, heads, d]; block_tables: [seqs, max_blocks]; mask: [seqs, 1, 1, max_blocks *
+    block_size] bool. Returns [seqs, heads, d].
+    """
+    seqs, _, head_dim = q.shape
+    kv_heads = kv_cache.shape[4]
+    k, v = gather_blocks(kv_cache, layer, block_tables.flatten(), buffers)
+    out = _attend4(
+        q.unsqueeze(2),  # [seqs, heads, 1, d]
+        k.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),  # [seqs, kv_heads, keys, d]
+        v.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),
+        mask,
+        scale if scale is not None else head_dim**-0.5,
+        softcap,
+    )
+    return out.squeeze(2)
+
+
+def gather_blocks(
+    kv_cache: torch.Tensor,
+    layer: int,
+    table: torch.Tensor,
+    buffers: GatherBuffers | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of ``layer`` in the blocks of ``table`` [n], in order: each [n * block_size,
+    kv_heads, d]. Views into ``buffers`` when given (valid until their next use)."""
+    if buffers is None:
+        k = kv_cache[:, layer, 0].index_select(0, table)
+        v = kv_cache[:, layer, 1].index_select(0, table)
+    else:
+        k, v = buffers.take(table.shape[0], kv_cache)
+        torch.index_select(kv_cache[:, layer, 0], 0, table, out=k)
+        torch.index_select(kv_cache[:, layer, 1], 0, table, out=v)
+    return k.flatten(0, 1), v.flatten(0, 1)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """Attention of one sequence. q: [n, heads, d]; k, v: [ctx, kv_heads, d]; mask: [n, ctx]
+    bool, or None for plain causal with n == ctx. Returns [n, heads, d]."""
+    out = _attend4(
+        q.transpose(0, 1).unsqueeze(0),  # [1, heads, n, d]
+        k.transpose(0, 1).unsqueeze(0),  # [1, kv_heads, ctx, d]
+        v.transpose(0, 1).unsqueeze(0),
+        mask,
+        scale,
+        softcap,
+    )
+    return out[0].transpose(0, 1)
+
+
+def _attend4(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """q: [b, heads, n, d]; k, v: [b, kv_heads, ctx, d]; mask broadcast to [b, heads, n, ctx]
+    (None: causal, n == ctx). SDPA, or explicit soft-capped scores with ``softcap``."""
+    if not softcap:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        )
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).float()
+    v = v.repeat_interleave(group, dim=1).float()
+    scores = q.float() @ k.transpose(-1, -2) * scale  # [b, heads, n, ctx]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        n = q.shape[2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
