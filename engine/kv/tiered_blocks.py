@@ -69,17 +69,28 @@ class TieredBlockManager(BlockManager):
         return True
 
     def swap_in(self, request: Request, num_tokens: int) -> bool:
+        """Its leading full blocks still cached on the device are shared again; the other
+        swapped blocks are copied back into fresh ones."""
         slots = request.swapped_slots
         if not slots or request.block_ids:
             raise RuntimeError(f"request {request.request_id} is not swapped out")
-        needed = max(self.blocks_for(num_tokens), len(slots))
-        if needed > self.num_free_blocks:
+        full = min(request.num_computed_tokens // self._block_size, len(slots))
+        hits = [self._blocks[b] for b in self.match_prefix(request.all_token_ids)[:full]]
+        num_new = max(self.blocks_for(num_tokens), len(slots)) - len(hits)
+        if num_new + sum(1 for b in hits if b.ref_count == 0) > self.num_free_blocks:
             return False
-        request.block_ids = [self._take() for _ in range(needed)]
-        self.tiers.swap_in(slots, request.block_ids)
+        for block in hits:
+            if block.ref_count == 0:
+                del self._evictable[block.block_id]
+            block.ref_count += 1
+        new = [self._take() for _ in range(num_new)]
+        request.block_ids = [b.block_id for b in hits] + new
+        self.tiers.release(slots[: len(hits)])
+        self.tiers.swap_in(slots[len(hits) :], new)
         request.swapped_slots = []
-        if self._caching:  # its full blocks are cached again (or twins of cached ones)
-            self._chains[request.request_id] = _Chain()
+        if self._caching:  # its full blocks are cached again
+            chain = _Chain([b.hash for b in hits if b.hash is not None], [b.serial for b in hits])
+            self._chains[request.request_id] = chain
             self.commit_full_blocks(request)
         return True
 
