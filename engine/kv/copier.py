@@ -28,6 +28,15 @@ log = logging.getLogger("splitserve.engine.kv.copier")
 WAIT_S = 120.0  # a forward waits this long for its copies at most, then fails
 
 
+class KVLoadError(RuntimeError):
+    """A load into the device cache failed (a block file went bad after the start): the
+    block named by `order` holds garbage and must not be served."""
+
+    def __init__(self, order: CopyOrder, cause: BaseException) -> None:
+        super().__init__(f"a KV tier load ({order.kind.value}) failed: {cause}")
+        self.order = order
+
+
 class TierCopier:
     """The host tier's tensor, the disk store, and the thread that copies between them and
     the device cache `kv_cache`."""
@@ -50,7 +59,7 @@ class TierCopier:
         self._queue = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._submitted = self._done = self._barrier = 0
-        self._failed: BaseException | None = None
+        self._failed: KVLoadError | None = None
         self._last_save: dict[int, int] = {}  # device block -> seq of its latest copy out
         self.copy_bytes_per_s = self._measure()
         self._thread = threading.Thread(target=self._run, name="kv-tier-copier", daemon=True)
@@ -103,7 +112,7 @@ class TierCopier:
             )
         if self._failed is not None:
             failed, self._failed = self._failed, None
-            raise RuntimeError(f"a KV tier load failed: {failed}") from failed
+            raise failed
         if not ok:
             raise TimeoutError(f"KV tier copies not done after {timeout_s} s")
 
@@ -114,7 +123,7 @@ class TierCopier:
                 self._execute(order, event)
             except Exception as exc:  # reported to the step that needs it
                 if order.blocking:
-                    self._failed = exc
+                    self._failed = KVLoadError(order, exc)
                 else:
                     self.errors += 1
                     log.warning("kv_tier_copy_failed kind=%s error=%s", order.kind.value, exc)

@@ -14,10 +14,10 @@ import torch
 from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVLayout
-from engine.kv.copier import TierCopier
+from engine.kv.copier import KVLoadError, TierCopier
 from engine.kv.disk_store import DiskStore
 from engine.kv.sizing import GIB
-from engine.kv.tier_book import TierBook
+from engine.kv.tier_book import CopyKind, CopyOrder, TierBook
 from engine.kv.tiered_blocks import TieredBlockManager
 
 log = logging.getLogger("splitserve.engine.kv.offload")
@@ -29,13 +29,29 @@ class KVTiers:
 
     book: TierBook
     copier: TierCopier
-    disk_files_dropped: Counter[str]  # bad files found at start, by reason
+    disk_files_dropped: Counter[str]  # bad files found at start, or at a load, by reason
+    blocks: TieredBlockManager
 
     def submit(self) -> None:
         """Hand the orders written since the last call to the copier (after scheduling)."""
         orders, evicted = self.book.take_orders()
         self.copier.submit(orders, evicted)
         self.book.backlog = self.copier.backlog
+
+    def wait(self) -> None:
+        """Before a forward: until its copies are done. A failed load (a file gone bad since
+        the start) drops the file from the disk tier and the block from the device cache,
+        then raises: the step fails, nothing wrong is served."""
+        try:
+            self.copier.wait()
+        except KVLoadError as exc:
+            entry = exc.order.entry
+            if entry is not None and self.book.disk is not None:
+                self.book.disk.remove(entry.block_hash)
+                self.book.orders.append(CopyOrder(CopyKind.DELETE_FILE, entry=entry))
+                self.disk_files_dropped["bad at load"] += 1
+            self.blocks.forget(exc.order.block_id)
+            raise
 
     def stats(self) -> dict[str, float]:
         """Flat numbers per tier: capacity, used, hits, loads, stores, evictions, dropped
@@ -91,4 +107,4 @@ def build_tiers(
         host_blocks, disk_blocks, len(entries), sum(dropped.values()),
         copier.copy_bytes_per_s / 1e9,
     )  # fmt: skip
-    return manager, KVTiers(book, copier, dropped)
+    return manager, KVTiers(book, copier, dropped, manager)

@@ -101,6 +101,10 @@ class TieredBlockManager(BlockManager):
             self.tiers.release(request.swapped_slots)
             request.swapped_slots = []
 
+    def forget(self, block_id: int) -> None:
+        """The block's content is not what its hash says (a failed load): out of the cache."""
+        self._unregister(self._blocks[block_id])
+
     def audit(self, block_tables: Iterable[Sequence[int]]) -> None:
         super().audit(block_tables)
         self.tiers.audit()

@@ -120,7 +120,7 @@ class StepPipeline:
         for hook in hooks:
             hook.before_forward(requests, self.runner.device)
         if tiers is not None:
-            tiers.copier.wait()  # its loads, swaps, and copies out of the blocks it reuses
+            tiers.wait()  # its loads, swaps, and copies out of the blocks it reuses
         logits = self.runner.forward(inputs)  # [num_sampled (+ guesses' rows), vocab]
         timer.lap("forward")
         step = inputs.sampling

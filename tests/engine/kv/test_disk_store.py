@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tier_driver import BS, back_to_start, conversation, disk_gib, engine, gib, prompt, run
+from tier_driver import BS, GREEDY, back_to_start, conversation, disk_gib, engine, gib, prompt, run
 from tiny_llama import save_tiny_llama
 
 from engine.engine import LLMEngine
+from engine.kv.copier import KVLoadError
+from engine.kv.disk_store import DiskStore
 from models.block_hash import prefix_block_hashes
 
 FIRST = prompt(1, 30)  # the known conversation's first turn: 7 full blocks
@@ -85,3 +87,31 @@ def test_bad_files_are_dropped_counted_and_never_served(tiny_dir: Path, tmp_path
     assert stats["disk_hits"] == 0  # its first block is gone: the chain starts with a miss
     back_to_start(node)
     node.close()
+
+
+def test_a_file_gone_bad_after_the_start_fails_its_step_and_is_never_served(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    expected = run(engine(tiny_dir), NEXT)
+    first_life(tiny_dir, tmp_path)
+    node = with_disk(tiny_dir, tmp_path)  # indexed every file as good
+    bad = tmp_path / f"{prefix_block_hashes(FIRST, BS)[3]:016x}.kvb"
+    data = bytearray(bad.read_bytes())
+    data[-1] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    rid, tokens = NEXT[0]
+    node.add_request(rid, tokens, GREEDY)
+    with pytest.raises(KVLoadError, match="checksum"):
+        while node.has_unfinished():
+            node.step()
+    assert node.abort(rid)  # what the engine loop does with a failed step's requests
+    assert node.kv_tiers is not None
+    assert node.kv_tiers.disk_files_dropped == {"bad at load": 1}
+    assert run(node, [("retry", tokens)]) == {"retry": expected[rid]}
+    # the retry finds the 3 blocks before the bad one on the device, none on disk past it
+    assert node.counters.kv_tiers["disk_loads"] == 7
+    assert node.counters.prefix_hit_tokens == 7 * BS + 3 * BS
+    node.close()
+    # the bad file was deleted; the retry's recomputed block was written back, good
+    assert not DiskStore(tmp_path, node.runner.layout).scan().dropped
+    back_to_start(node)
