@@ -53,6 +53,9 @@ class RouterSettings(_Base):
     kv_prefix_weight: float = Field(default=1.0, ge=0)
     kv_load_weight: float = Field(default=0.5, ge=0)
     kv_usage_weight: float = Field(default=0.5, ge=0)
+    # a prompt token a node holds in host memory / on disk (KV tiers), in tokens to compute
+    kv_host_weight: float = Field(default=0.1, ge=0, le=1)
+    kv_disk_weight: float = Field(default=0.3, ge=0, le=1)
     # Prompts with fewer tokens than this skip the prefill pool: the decode node prefills
     # locally (a 32-token prompt costs about as much as a KV transfer round trip). 0 = never.
     local_prefill_max_tokens: int = Field(default=32, ge=0)

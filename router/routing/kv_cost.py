@@ -13,7 +13,8 @@ request costs a node of the pool: a moving average of the tokens the requests ro
 had to compute, so a queued request weighs as much as the traffic makes it weigh (a chat
 turn on a warm cache: tens of tokens; a long document: thousands). With the defaults a node
 that saves a request more than its average work wins over a node one request less busy.
-The weights are router settings (kv_prefix_weight, kv_load_weight, kv_usage_weight).
+The weights are router settings (kv_prefix_weight, kv_load_weight, kv_usage_weight,
+kv_host_weight, kv_disk_weight).
 """
 
 from __future__ import annotations
