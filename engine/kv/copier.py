@@ -59,6 +59,7 @@ class TierCopier:
         self._queue = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._submitted = self._done = self._barrier = 0
+        self._writes_submitted = self._writes_done = 0
         self._failed: KVLoadError | None = None
         self._last_save: dict[int, int] = {}  # device block -> seq of its latest copy out
         self.copy_bytes_per_s = self._measure()
@@ -69,6 +70,11 @@ class TierCopier:
     def backlog(self) -> int:
         """Orders submitted and not done yet."""
         return self._submitted - self._done
+
+    @property
+    def disk_backlog(self) -> int:
+        """File writes submitted and not done yet."""
+        return self._writes_submitted - self._writes_done
 
     def submit(self, orders: list[CopyOrder], evicted: list[int]) -> None:
         """Queue a step's orders; `evicted`: device blocks it reuses (their copies out must
@@ -86,6 +92,7 @@ class TierCopier:
                 self._last_save[order.block_id] = self._submitted
             if order.blocking:
                 barrier = self._submitted
+            self._writes_submitted += order.kind is CopyKind.HOST_TO_DISK
             self._queue.put((self._submitted, order, event))
         self._barrier = barrier
         if len(self._last_save) > 4 * self.kv_cache.shape[0]:
@@ -129,6 +136,7 @@ class TierCopier:
                     log.warning("kv_tier_copy_failed kind=%s error=%s", order.kind.value, exc)
             with self._cond:
                 self._done = seq
+                self._writes_done += order.kind is CopyKind.HOST_TO_DISK
                 self._cond.notify_all()
 
     def _execute(self, order: CopyOrder, event: torch.cuda.Event | None) -> None:

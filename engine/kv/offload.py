@@ -37,6 +37,7 @@ class KVTiers:
         orders, evicted = self.book.take_orders()
         self.copier.submit(orders, evicted)
         self.book.backlog = self.copier.backlog
+        self.book.disk_backlog = self.copier.disk_backlog
 
     def wait(self) -> None:
         """Before a forward: until its copies are done. A failed load (a file gone bad since

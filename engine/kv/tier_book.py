@@ -27,6 +27,9 @@ from engine.kv.tier_index import TierCounters, TierEntry, TierIndex
 
 HOST, DISK = "host", "disk"
 MAX_BACKLOG = 256  # queued copy orders past which write-behind copies are dropped
+# queued file writes past which the disk's write-through is skipped: a step's loads wait
+# behind at most this many file writes (and MAX_BACKLOG memory copies)
+MAX_DISK_BACKLOG = 32
 
 
 class CopyKind(Enum):
@@ -70,6 +73,7 @@ class TierBook:
         self.disk = TierIndex(DISK, disk_blocks) if disk_blocks > 0 else None
         self.max_backlog = max_backlog
         self.backlog = 0  # orders queued and not done, as the copier last said
+        self.disk_backlog = 0  # of those, file writes
         self.orders: list[CopyOrder] = []
         self.evicted: list[int] = []  # device blocks reclaimed since the last drain
         # called with (hash, parent hash) when a block left a lower tier (events)
@@ -127,6 +131,9 @@ class TierBook:
             return
         self.orders.append(CopyOrder(CopyKind.DEVICE_TO_HOST, block_id, entry.slot))
         if self.disk is not None and block_hash not in self.disk:
+            if self.disk_backlog + self._queued_writes() >= MAX_DISK_BACKLOG:
+                self.disk.counters.dropped += 1
+                return
             on_disk, dropped = self.disk.insert(block_hash, parent_hash, tokens)
             self._forget_files(dropped)
             if on_disk is not None:
@@ -183,6 +190,9 @@ class TierBook:
     def audit(self) -> None:
         for tier in self.tiers:
             tier.audit()
+
+    def _queued_writes(self) -> int:
+        return sum(1 for o in self.orders if o.kind is CopyKind.HOST_TO_DISK)
 
     # ---- internals --------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 def run(eng: LLMEngine, work: list[tuple[str, list[int]]]) -> dict[str, list[int]]:
-    """Each request to its end, one after the other."""
+    """Each request to its end, one after the other, its copies done before the next."""
     out: dict[str, list[int]] = {}
     for rid, tokens in work:
         eng.add_request(rid, tokens, GREEDY)
@@ -47,6 +47,9 @@ def run(eng: LLMEngine, work: list[tuple[str, list[int]]]) -> dict[str, list[int
             for o in eng.step():
                 out.setdefault(o.request_id, []).extend(o.new_token_ids)
         eng.scheduler.audit()
+        if eng.kv_tiers is not None:  # its copies done: no write is skipped for the backlog
+            eng.kv_tiers.submit()
+            eng.kv_tiers.copier.flush()
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.kv.events import KVEventLog
-from engine.kv.tier_book import CopyKind, TierBook
+from engine.kv.tier_book import MAX_DISK_BACKLOG, CopyKind, TierBook
 from engine.kv.tier_index import TierIndex
 from engine.kv.tiered_blocks import TieredBlockManager
 from engine.scheduler.request import Request
@@ -47,6 +47,16 @@ def test_write_behind_goes_to_host_then_disk_in_order_and_drops_past_the_backlog
     book.save(10, 103, None, (7, 8))
     assert book.host.counters.dropped == 1 and book.take_orders() == ([], [])
     book.audit()
+
+
+def test_a_long_file_write_queue_skips_the_disk_not_the_host() -> None:
+    book = TierBook(host_blocks=4, disk_blocks=4)
+    book.disk_backlog = MAX_DISK_BACKLOG  # the copier is that many file writes behind
+    book.save(7, 100, None, (1, 2))
+    orders, _ = book.take_orders()
+    assert [o.kind for o in orders] == [CopyKind.DEVICE_TO_HOST]
+    assert book.disk is not None and book.disk.counters.dropped == 1
+    assert book.where(100) == "host"
 
 
 def _request(rid: str, tokens: list[int]) -> Request:
