@@ -135,7 +135,7 @@ class BlockManager:
 
     def match_lower(self, token_ids: Sequence[int], device_hits: Sequence[int]) -> list[TierHit]:
         """The leading full blocks of token_ids found below the device, after `device_hits`
-        (match_prefix's result). None without lower tiers. No side effects."""
+        (match_prefix's result), moved up their tier's LRU; none without lower tiers."""
         return []
 
     def allocate(
