@@ -23,6 +23,7 @@ _FORWARDED: dict[str, tuple[str, str]] = {
         "prefill attention vs a same-run matmul of equal FLOPs",
     ),
     "cpu-kernels": ("bench.cpu_kernels", "CPU decode attention and linear layers vs limits"),
+    "kv-tiers": ("bench.kv_tiers", "multiturn prompt tokens and TTFT with KV tiers vs without"),
 }
 
 

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,9 +38,11 @@ def snapshot_key(node_id: str, namespace: str = DEFAULT_NAMESPACE) -> str:
 
 
 class KVEventMsg(BaseModel):
-    """One stream entry. `snapshot`: `stored` is the whole cache, replacing what a reader
-    knew of this node. `stored` holds (block hash, parent hash or None); `removed` the hashes
-    evicted. `sent_at`: the node's unix time, for the readers' lag metric."""
+    """One stream entry. `snapshot`: `stored` and `lower` are the whole cache, replacing what
+    a reader knew of this node. `stored` holds (block hash, parent hash or None) of blocks on
+    the device; `lower` (block hash, parent hash or None, tier) of blocks held only in a tier
+    below it ("host", "disk": a hit costs a load, not a prefill); `removed` the hashes gone
+    from every tier. `sent_at`: the node's unix time, for the readers' lag metric."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -51,6 +53,7 @@ class KVEventMsg(BaseModel):
     block_size: int = Field(ge=1)
     stored: list[tuple[int, int | None]] = Field(default_factory=list)
     removed: list[int] = Field(default_factory=list)
+    lower: list[tuple[int, int | None, str]] = Field(default_factory=list)
     sent_at: float = 0.0
 
 
@@ -61,9 +64,11 @@ class CacheChanges:
     stored: list[tuple[int, int | None]]
     removed: list[int]
     overflowed: bool = False
+    lower: list[tuple[int, int | None, str]] = field(default_factory=list)
 
 
-Snapshot = Callable[[], Awaitable[list[tuple[int, int | None]]]]
+# the whole cache: the device's blocks, or (with tiers below it) both lists of CacheChanges
+Snapshot = Callable[[], Awaitable[list[tuple[int, int | None]] | CacheChanges]]
 Drain = Callable[[], Awaitable[CacheChanges]]
 
 
@@ -92,9 +97,13 @@ class KVEventPublisher:
         self._since_snapshot = 0
         self.need_snapshot = True
 
-    async def publish_snapshot(self, blocks: list[tuple[int, int | None]]) -> None:
+    async def publish_snapshot(
+        self,
+        blocks: list[tuple[int, int | None]],
+        lower: list[tuple[int, int | None, str]] | None = None,
+    ) -> None:
         """Append a snapshot and point the snapshot key at it. Raises on Redis errors."""
-        entry = await self._append(self._msg(blocks, [], snapshot=True))
+        entry = await self._append(self._msg(blocks, [], snapshot=True, lower=lower))
         await self._redis.set(self._pointer, entry)
         self.need_snapshot, self._since_snapshot = False, 0
 
@@ -105,8 +114,9 @@ class KVEventPublisher:
         if changes.overflowed:
             self.need_snapshot = True
             return
-        if changes.stored or changes.removed:
-            await self._append(self._msg(changes.stored, changes.removed, snapshot=False))
+        if changes.stored or changes.removed or changes.lower:
+            msg = self._msg(changes.stored, changes.removed, snapshot=False, lower=changes.lower)
+            await self._append(msg)
             self._since_snapshot += 1
         if not await self._redis.exists(self._pointer) or self._since_snapshot >= self.maxlen // 2:
             self.need_snapshot = True
@@ -119,7 +129,11 @@ class KVEventPublisher:
         while not stop.is_set():
             try:
                 if self.need_snapshot:
-                    await self.publish_snapshot(await snapshot())
+                    whole = await snapshot()
+                    if isinstance(whole, CacheChanges):
+                        await self.publish_snapshot(whole.stored, whole.lower)
+                    else:
+                        await self.publish_snapshot(whole)
                 else:
                     await self.publish(await drain())
                 if down:
@@ -140,13 +154,18 @@ class KVEventPublisher:
         await self._redis.aclose()
 
     def _msg(
-        self, stored: list[tuple[int, int | None]], removed: list[int], *, snapshot: bool
+        self,
+        stored: list[tuple[int, int | None]],
+        removed: list[int],
+        *,
+        snapshot: bool,
+        lower: list[tuple[int, int | None, str]] | None = None,
     ) -> KVEventMsg:
         self._seq += 1
         return KVEventMsg(
             node_id=self.node_id, incarnation=self.incarnation, seq=self._seq,
             snapshot=snapshot, block_size=self.block_size, stored=stored, removed=removed,
-            sent_at=time.time(),
+            lower=lower or [], sent_at=time.time(),
         )  # fmt: skip
 
     async def _append(self, msg: KVEventMsg) -> bytes:

@@ -53,6 +53,9 @@ class RouterSettings(_Base):
     kv_prefix_weight: float = Field(default=1.0, ge=0)
     kv_load_weight: float = Field(default=0.5, ge=0)
     kv_usage_weight: float = Field(default=0.5, ge=0)
+    # a prompt token a node holds in host memory / on disk (KV tiers), in tokens to compute
+    kv_host_weight: float = Field(default=0.1, ge=0, le=1)
+    kv_disk_weight: float = Field(default=0.3, ge=0, le=1)
     # Prompts with fewer tokens than this skip the prefill pool: the decode node prefills
     # locally (a 32-token prompt costs about as much as a KV transfer round trip). 0 = never.
     local_prefill_max_tokens: int = Field(default=32, ge=0)
@@ -111,6 +114,11 @@ class NodeSettings(_Base):
     num_kv_blocks: int | None = Field(default=None, ge=1)
     kv_cache_memory_gb: float | None = Field(default=None, gt=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    # KV tiers below the device (engine.kv.offload): host GiB, and a directory with its GiB
+    # for block files that survive a restart (needs the host tier)
+    kv_offload_cpu_gb: float | None = Field(default=None, gt=0)
+    kv_offload_disk_path: Path | None = None
+    kv_offload_disk_gb: float | None = Field(default=None, gt=0)
     max_num_seqs: int | None = Field(default=None, ge=1)  # default: 256 on CUDA, 64 on CPU
     max_num_batched_tokens: int = Field(default=2048, ge=1)
     max_model_len: int | None = Field(default=None, ge=1)  # default: the model's
@@ -148,6 +156,10 @@ class NodeSettings(_Base):
         if self.num_kv_blocks is not None and self.kv_cache_memory_gb is not None:
             raise ValueError("set num_kv_blocks or kv_cache_memory_gb, not both")
         _check_token(self.cluster_token)
+        if (self.kv_offload_disk_path is None) != (self.kv_offload_disk_gb is None):
+            raise ValueError("kv_offload_disk_path and kv_offload_disk_gb go together")
+        if self.kv_offload_disk_path is not None and self.kv_offload_cpu_gb is None:
+            raise ValueError("kv_offload_disk_path needs kv_offload_cpu_gb")
         if self.speculative_method == "draft" and self.draft_model is None:
             raise ValueError("speculative_method draft needs draft_model")
         if self.draft_model is not None and self.speculative_method != "draft":

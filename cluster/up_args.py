@@ -41,6 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
     parser.add_argument(
+        "--kv-offload-cpu-gb", type=float, default=None,
+        help="GiB of host memory per node for a KV tier below the device",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-offload-disk-path", default=None,
+        help="directory for the nodes' KV block files (each node its own subdirectory)",
+    )  # fmt: skip
+    parser.add_argument("--kv-offload-disk-gb", type=float, default=None, help="GiB per node")
+    parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9,
         help="CUDA: share of the GPU for all nodes together; each node gets an equal part",
     )  # fmt: skip

@@ -73,12 +73,16 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
             "--draft-model": args.draft_model,
         }
         argv += [str(x) for flag, v in speculative.items() if v is not None for x in (flag, v)]
+    disk = args.kv_offload_disk_path
     optional = {
         "--device": args.device,
         "--dtype": args.dtype,
         "--torch-threads": args.threads_per_node,
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,
+        "--kv-offload-cpu-gb": args.kv_offload_cpu_gb,
+        "--kv-offload-disk-gb": args.kv_offload_disk_gb,
+        "--kv-offload-disk-path": Path(disk) / node.name if disk else None,  # one per node
         "--max-model-len": args.max_model_len,
         "--gpu-memory-utilization": node_gpu_share(args),
         "--log-level": args.log_level,

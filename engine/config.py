@@ -85,6 +85,12 @@ class EngineConfig:
     draft_model: Path | None = None
     ngram_min: int = 1  # shortest suffix the ngram proposer matches
     ngram_max: int = 4  # longest
+    # KV tiers below the device (engine.kv.offload): GiB of host memory (pinned on CUDA)
+    # for evicted prefix blocks and swapped-out requests, and a directory with its GiB for
+    # block files that outlive a restart (written through the host tier, so it needs it).
+    kv_offload_cpu_gb: float | None = None
+    kv_offload_disk_path: Path | None = None
+    kv_offload_disk_gb: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -115,6 +121,7 @@ class EngineConfig:
                 f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
             )
         check_speculative(self)
+        check_offload(self)
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -158,6 +165,27 @@ def check_speculative(config: EngineConfig) -> None:
         raise ValueError(
             f"EngineConfig.draft_model is set but speculative_method is {method!r} (use 'draft')"
         )
+
+
+def check_offload(config: EngineConfig) -> None:
+    """ValueError naming the bad KV tier setting."""
+    for name in ("kv_offload_cpu_gb", "kv_offload_disk_gb"):
+        value = getattr(config, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"EngineConfig.{name} must be > 0, got {value!r}")
+    path, disk_gb = config.kv_offload_disk_path, config.kv_offload_disk_gb
+    if (path is None) != (disk_gb is None):
+        raise ValueError(
+            "EngineConfig.kv_offload_disk_path and kv_offload_disk_gb go together, got "
+            f"{path!r} and {disk_gb!r}"
+        )
+    if path is not None:
+        object.__setattr__(config, "kv_offload_disk_path", Path(path))
+        if config.kv_offload_cpu_gb is None:
+            raise ValueError(
+                "EngineConfig.kv_offload_disk_path needs kv_offload_cpu_gb (the disk tier is "
+                "written through the host tier)"
+            )
 
 
 def engine_config(

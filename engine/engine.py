@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.config import EngineConfig, Role
-from engine.kv.block_manager import BlockManager
+from engine.kv.offload import build_tiers
 from engine.model.config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
 from engine.sampling.grammar import Grammars
@@ -18,6 +18,7 @@ from engine.sampling.grammar_hook import GrammarHook
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
+from engine.scheduler.swap import SwapRule
 from engine.speculative import SpeculativeStats, Speculator
 from engine.speculative.draft import draft_kv_cache, load_draft
 from engine.speculative.planning import GuessLookahead
@@ -70,11 +71,15 @@ class LLMEngine:
             shared_caches=draft_kv_cache(draft),
             chunk_rows=GuessRowLayout() if speculates else None,
         )
-        self.block_manager = BlockManager(
-            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+        runner = self.runner
+        self.block_manager, self.kv_tiers = build_tiers(
+            config, runner.layout, runner.kv_cache, runner.num_blocks
         )
+        swap = None
+        if self.kv_tiers is not None:
+            swap = SwapRule(runner.layout.block_bytes, self.kv_tiers.copier.copy_bytes_per_s)
         self.scheduler = Scheduler(
-            config, self.block_manager, GuessLookahead() if speculates else None
+            config, self.block_manager, GuessLookahead() if speculates else None, swap
         )
         self.grammars = Grammars(
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
@@ -97,6 +102,8 @@ class LLMEngine:
             overlap=overlap,
             kernel=config.cpu_kernels,
             hooks=hooks,
+            tiers=self.kv_tiers,
+            swap=swap,
         )
 
     # ---- requests -------------------------------------------------------------------------
@@ -176,6 +183,12 @@ class LLMEngine:
     def has_step_in_flight(self) -> bool:
         """An overlapped step was launched and its tokens not handed out yet."""
         return self.pipeline.in_flight is not None
+
+    def close(self) -> None:
+        """Finish the KV tiers' pending copies (disk files written) and stop their thread."""
+        if self.kv_tiers is not None:
+            self.kv_tiers.submit()
+            self.kv_tiers.copier.close()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work or self.pipeline.in_flight is not None

@@ -40,6 +40,10 @@ class LLM:
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Finish the KV tiers' copies (their disk files written) and stop their thread."""
+        self.engine.close()
+
     def generate(
         self,
         prompts: Sequence[Prompt] | Prompt,

@@ -37,6 +37,11 @@ _HELP: dict[str, str] = {
     "gpu_memory_utilization": "CUDA: share of the GPU's memory for weights, activations and "
     "KV cache together, when neither --num-kv-blocks nor --kv-cache-memory-gb is set "
     "(default 0.9)",
+    "kv_offload_cpu_gb": "GiB of host memory (pinned on CUDA) for KV blocks evicted from the "
+    "device and for preempted requests swapped out (default: no host tier)",
+    "kv_offload_disk_path": "directory for KV block files that outlive a restart (an emptyDir or "
+    "a volume; needs --kv-offload-cpu-gb and --kv-offload-disk-gb)",
+    "kv_offload_disk_gb": "GiB of KV block files under --kv-offload-disk-path",
     "max_num_seqs": "requests batched together at most (default 256 on CUDA, 64 on CPU)",
     "max_num_batched_tokens": "tokens computed per engine step at most",
     "max_model_len": "context length (default: the model's)",

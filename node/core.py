@@ -131,6 +131,8 @@ class NodeCore:
         out: dict[str, float] = dict(self.counts)
         engine_counters = asdict(self.loop.snapshot.counters)
         buckets = engine_counters.pop("spec_acceptance_buckets", ())
+        tiers = engine_counters.pop("kv_tiers", {})
+        out.update({f"kv_tier_{k}": v for k, v in tiers.items()})
         out.update(engine_counters)
         out.update({f"spec_acceptance_bucket_{i}": n for i, n in enumerate(buckets)})
         out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
@@ -197,6 +199,9 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "num_kv_blocks": settings.num_kv_blocks,
         "kv_cache_memory_gb": settings.kv_cache_memory_gb,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "kv_offload_cpu_gb": settings.kv_offload_cpu_gb,
+        "kv_offload_disk_path": settings.kv_offload_disk_path,
+        "kv_offload_disk_gb": settings.kv_offload_disk_gb,
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "max_model_len": settings.max_model_len,

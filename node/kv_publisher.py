@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from cluster.kv_events import CacheChanges, KVEventPublisher
 from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
+from engine.kv.tiered_blocks import TieredBlockManager
 from engine.loop.engine_loop import EngineLoop
 
 log = logging.getLogger("splitserve.node")
@@ -24,7 +25,7 @@ def _drain(engine: LLMEngine) -> CacheChanges:
     if events is None:  # not recording yet: only a snapshot can say what is cached
         return CacheChanges([], [], overflowed=True)
     changes = events.drain()
-    return CacheChanges(changes.stored, changes.removed, changes.overflowed)
+    return CacheChanges(changes.stored, changes.removed, changes.overflowed, changes.lower)
 
 
 @asynccontextmanager
@@ -38,14 +39,18 @@ async def kv_events(settings: NodeSettings, loop: EngineLoop) -> AsyncIterator[N
         settings.redis_url, settings.resolved_node_id(), uuid.uuid4().hex[:12],
         loop.engine.config.block_size, maxlen=settings.kv_events_maxlen,
     )  # fmt: skip
-    capacity = loop.engine.block_manager.num_total_blocks * 2
+    blocks = loop.engine.block_manager
+    capacity = blocks.num_total_blocks * 2
+    if isinstance(blocks, TieredBlockManager):  # a block per hash in any tier
+        capacity += 2 * sum(tier.capacity for tier in blocks.tiers.tiers)
 
-    def cached(engine: LLMEngine) -> list[tuple[int, int | None]]:
+    def cached(engine: LLMEngine) -> CacheChanges:
         blocks = engine.block_manager
         blocks.record_events(capacity).drain()  # the snapshot covers what the log held
-        return blocks.cached_blocks()
+        lower = blocks.lower_blocks() if isinstance(blocks, TieredBlockManager) else []
+        return CacheChanges(blocks.cached_blocks(), [], lower=lower)
 
-    async def snapshot() -> list[tuple[int, int | None]]:
+    async def snapshot() -> CacheChanges:
         return await loop.call(cached)
 
     async def drain() -> CacheChanges:

@@ -20,7 +20,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.protocol import NodeLoad
@@ -88,7 +88,7 @@ class _Totals(Collector):
             self._last = dict(self.source())  # the final values outlive the runtime
         self.source = source
 
-    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         if self.source is not None:
             self._last = dict(self.source())
         for name, (key, doc) in TOTALS.items():
@@ -96,6 +96,7 @@ class _Totals(Collector):
             family.add_metric(self._labels, float(self._last.get(key, 0)))
             yield family
         yield self._acceptance()
+        yield from kv_tier_families(self._labels, self._last)
 
     def _acceptance(self) -> HistogramMetricFamily:
         """Acceptance rate (accepted / guessed) of each verified speculative chunk."""
@@ -112,6 +113,59 @@ class _Totals(Collector):
         buckets.append(("+Inf", float(last.get("spec_chunks", 0))))
         family.add_metric(self._labels, buckets, float(last.get("spec_acceptance_sum", 0.0)))
         return family
+
+
+# metric name -> (key after kv_tier_<tier>_, help); counters end in _total, gauges do not
+_TIER_SERIES: dict[str, tuple[str, str]] = {
+    "splitserve_kv_tier_capacity_blocks": ("capacity_blocks", "KV blocks a lower tier holds"),
+    "splitserve_kv_tier_used_blocks": ("used_blocks", "KV blocks held in a lower tier"),
+    "splitserve_kv_tier_hits": ("hits", "Prefix blocks found in a lower tier"),
+    "splitserve_kv_tier_loads": ("loads", "Blocks copied from a lower tier to the device"),
+    "splitserve_kv_tier_stores": ("stores", "Blocks written into a lower tier"),
+    "splitserve_kv_tier_evictions": ("evictions", "Blocks evicted from a lower tier for room"),
+    "splitserve_kv_tier_dropped": ("dropped", "Writes to a lower tier skipped (queue full)"),
+}
+
+
+def kv_tier_families(
+    labels: list[str], last: Mapping[str, float]
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Per tier (host, disk): capacity, usage, hits, loads, stores, evictions, drops, bytes;
+    preemptions by kind (swap, recompute); bad disk files dropped at start, by reason."""
+    tiers = [t for t in ("host", "disk") if f"kv_tier_{t}_capacity_blocks" in last]
+    for name, (key, doc) in _TIER_SERIES.items():
+        gauge = key.endswith("_blocks")
+        kind = GaugeMetricFamily if gauge else CounterMetricFamily
+        family = kind(name, doc, labels=[*_LABELS, "tier"])
+        for tier in tiers:
+            family.add_metric([*labels, tier], float(last.get(f"kv_tier_{tier}_{key}", 0)))
+        yield family
+    moved = CounterMetricFamily(
+        "splitserve_kv_tier_bytes", "Bytes copied into (in) and out of a lower tier",
+        labels=[*_LABELS, "tier", "direction"],
+    )  # fmt: skip
+    for tier in tiers:
+        for way in ("in", "out"):
+            moved.add_metric(
+                [*labels, tier, way], float(last.get(f"kv_tier_{tier}_bytes_{way}", 0))
+            )
+    yield moved
+    kinds = CounterMetricFamily(
+        "splitserve_preemptions_by_kind", "Preemptions, swapped out or to be recomputed",
+        labels=[*_LABELS, "kind"],
+    )  # fmt: skip
+    for kind_name in ("swap", "recompute"):
+        kinds.add_metric([*labels, kind_name], float(last.get(f"preemptions_{kind_name}", 0)))
+    yield kinds
+    files = CounterMetricFamily(
+        "splitserve_kv_disk_files_dropped", "Bad KV block files dropped at start, by reason",
+        labels=[*_LABELS, "reason"],
+    )  # fmt: skip
+    prefix = "kv_tier_disk_files_dropped_"
+    for key, value in last.items():
+        if key.startswith(prefix):
+            files.add_metric([*labels, key.removeprefix(prefix)], float(value))
+    yield files
 
 
 class NodeMetrics:

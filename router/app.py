@@ -53,8 +53,9 @@ def create_app(
     members = membership or Membership(settings.redis_url, settings.membership_poll_s)
     kv = KVRouting(settings.policy, metrics.kv, members)
     weights = KVWeights(
-        settings.kv_prefix_weight, settings.kv_load_weight, settings.kv_usage_weight
-    )
+        settings.kv_prefix_weight, settings.kv_load_weight, settings.kv_usage_weight,
+        settings.kv_host_weight, settings.kv_disk_weight,
+    )  # fmt: skip
     state = RouterState(
         settings=settings,
         membership=members,

@@ -12,6 +12,9 @@ A block is in exactly one of three places:
 - evictable: ref count 0, still registered in the prefix cache, reclaimed in LRU order.
 
 Requests release their blocks tail first, so a shared prefix outlives the suffixes built on it.
+
+Tiers below the device (host memory, disk) plug into the hooks by subclassing
+(engine.kv.tiered_blocks); without them the hooks do nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine.kv.events import KVEventLog
+from engine.kv.tier_book import TierHit
 from engine.scheduler.request import Request
 from models.block_hash import block_hash
 
@@ -129,26 +133,48 @@ class BlockManager:
             parent_hash, parent_serial = digest, block.serial
         return hits
 
+    def match_lower(self, token_ids: Sequence[int], device_hits: Sequence[int]) -> list[TierHit]:
+        """The leading full blocks of token_ids found below the device, after `device_hits`
+        (match_prefix's result), moved up their tier's LRU; none without lower tiers."""
+        return []
+
     def allocate(
-        self, request: Request, num_tokens: int, prefix_block_ids: Sequence[int] = ()
+        self,
+        request: Request,
+        num_tokens: int,
+        prefix_block_ids: Sequence[int] = (),
+        lower: Sequence[TierHit] = (),
     ) -> bool:
         """Grow request.block_ids to hold num_tokens tokens; False (nothing changed) if short.
 
         First admission (the request holds no blocks) may pass prefix_block_ids, the result of
         match_prefix just before: those blocks are shared, and request.num_cached_tokens and
-        request.num_computed_tokens are set to the tokens they hold.
+        request.num_computed_tokens are set to the tokens they hold; `lower` (match_lower's
+        result) is loaded into fresh blocks before the next step, counted cached too.
         """
         first = not request.block_ids
         hits = [self._blocks[b] for b in prefix_block_ids]
-        self._check_prefix(request, num_tokens, hits, first)
+        self._check_prefix(request, num_tokens, len(hits) + len(lower), first)
+        if any(b.hash is None for b in hits):
+            raise ValueError(f"request {request.request_id}: prefix blocks are not cached")
         num_new = max(0, self.blocks_for(num_tokens) - len(request.block_ids) - len(hits))
         num_revived = sum(1 for b in hits if b.ref_count == 0)
         if num_new + num_revived > self.num_free_blocks:
             return False
         if first:
-            self._admit(request, hits)
-        request.block_ids.extend(self._take() for _ in range(num_new))
+            self._admit(request, hits, lower)
+        request.block_ids.extend(self._take() for _ in range(num_new - len(lower)))
         return True
+
+    def swap_out(self, request: Request) -> bool:
+        """Preemption: keep the request's KV in a lower tier, free its blocks; False (nothing
+        changed) when it cannot (always, without tiers)."""
+        return False
+
+    def swap_in(self, request: Request, num_tokens: int) -> bool:
+        """Readmit a swapped-out request (blocks for num_tokens, its KV copied back); False
+        (nothing changed) when short of blocks."""
+        raise RuntimeError(f"request {request.request_id} was not swapped out")
 
     def commit_full_blocks(self, request: Request) -> None:
         """Register the request's blocks that are now full and computed in the prefix cache."""
@@ -204,37 +230,53 @@ class BlockManager:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _check_prefix(
-        self, request: Request, num_tokens: int, hits: list[_Block], first: bool
-    ) -> None:
-        if not hits:
+    def _check_prefix(self, request: Request, num_tokens: int, num_hits: int, first: bool) -> None:
+        if not num_hits:
             return
         if not first:
             raise ValueError(f"request {request.request_id}: prefix blocks only at admission")
-        if any(b.hash is None for b in hits):
-            raise ValueError(f"request {request.request_id}: prefix blocks are not cached")
-        if num_tokens <= len(hits) * self._block_size:
+        if num_tokens <= num_hits * self._block_size:
             raise ValueError(
                 f"request {request.request_id}: num_tokens {num_tokens} must exceed the "
-                f"{len(hits) * self._block_size} cached tokens"
+                f"{num_hits * self._block_size} cached tokens"
             )
 
-    def _admit(self, request: Request, hits: list[_Block]) -> None:
+    def _admit(self, request: Request, hits: list[_Block], lower: Sequence[TierHit]) -> None:
         for block in hits:
             if block.ref_count == 0:
                 del self._evictable[block.block_id]
             block.ref_count += 1
             request.block_ids.append(block.block_id)
-        cached = len(hits) * self._block_size
+        chain = _Chain(
+            hashes=[b.hash for b in hits if b.hash is not None], serials=[b.serial for b in hits]
+        )
+        for hit in lower:  # fresh blocks, filled from below, cached like computed ones
+            block = self._blocks[self._take()]
+            request.block_ids.append(block.block_id)
+            self._fill(block.block_id, hit)
+            if not chain.broken and not self._register(chain, block, hit.entry.token_ids):
+                chain.broken = True
+        cached = (len(hits) + len(lower)) * self._block_size
         request.num_cached_tokens = cached
         request.num_computed_tokens = cached
         if self._caching:
-            self._chains[request.request_id] = _Chain(
-                hashes=[b.hash for b in hits if b.hash is not None],
-                serials=[b.serial for b in hits],
-            )
+            self._chains[request.request_id] = chain
             self.num_prefix_hit_tokens += cached
             self.num_prefix_query_tokens += request.num_tokens
+
+    def _fill(self, block_id: int, hit: TierHit) -> None:  # tiers: load a lower-tier hit
+        raise RuntimeError(f"no tier below the device to load {hit.tier} block from")
+
+    def _cacheable(self, block: _Block) -> None:  # tiers: a cached block lost its last owner
+        pass
+
+    def _reclaimed(self, block: _Block) -> None:  # tiers: a cached block is to be reused
+        pass
+
+    def _gone(self, block_hash: int, parent_hash: int | None) -> None:
+        """A block left the device cache (tiers: it may live on below)."""
+        if self.events is not None:
+            self.events.removed(block_hash)
 
     def _release(self, block_id: int) -> None:
         block = self._blocks[block_id]
@@ -244,12 +286,14 @@ class BlockManager:
                 self._free.append(block_id)
             else:
                 self._evictable[block_id] = None
+                self._cacheable(block)
 
     def _take(self) -> int:
         if self._free:
             block_id = self._free.popleft()
         else:
             block_id, _ = self._evictable.popitem(last=False)
+            self._reclaimed(self._blocks[block_id])
             self._unregister(self._blocks[block_id])
         self._blocks[block_id].ref_count = 1
         return block_id
@@ -288,8 +332,7 @@ class BlockManager:
     def _unregister(self, block: _Block) -> None:
         if block.hash is not None and self._cached.get(block.hash) == block.block_id:
             del self._cached[block.hash]
-            if self.events is not None:
-                self.events.removed(block.hash)
+            self._gone(block.hash, block.parent_hash)
         block.hash, block.token_ids, block.parent_hash = None, (), None
         block.serial = block.parent_serial = _ROOT_SERIAL
 

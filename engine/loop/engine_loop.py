@@ -271,3 +271,4 @@ class EngineLoop:
             if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(EngineFailed("the engine loop stopped"))
         self._fail_all("the engine loop stopped")
+        self.engine.close()  # the KV tiers' copies finish: disk files written

@@ -43,7 +43,8 @@ class HeldImports:
         num_tokens = request.num_tokens + len(output_token_ids)
         all_tokens = request.prompt_token_ids + list(output_token_ids)
         hits = self._blocks.match_prefix(all_tokens)
-        if not self._blocks.allocate(request, num_tokens, hits):
+        lower = self._blocks.match_lower(all_tokens, hits)  # loaded before its first step
+        if not self._blocks.allocate(request, num_tokens, hits, lower):
             return None
         self._held[request.request_id] = HeldImport(request, list(output_token_ids))
         return ImportPlan(

@@ -51,6 +51,7 @@ class SchedulerOutput:
     decode_starts: tuple[int, ...] = ()  # position each decode computes (its last token)
     prefill_requests: tuple[Request, ...] = ()  # the request of each prefill chunk
     grown: tuple[Request, ...] = ()  # decodes whose block table grew in this step
+    swapped: tuple[str, ...] = ()  # of preempted, those swapped out (the rest: recomputed)
 
     @property
     def sampled_requests(self) -> list[Request]:

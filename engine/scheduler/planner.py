@@ -17,6 +17,7 @@ from engine.scheduler.lookahead import Lookahead
 from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
 from engine.scheduler.queues import RunningRequests, WaitingQueue
 from engine.scheduler.request import Request, RequestStatus
+from engine.scheduler.swap import SwapRule
 
 
 @dataclass
@@ -25,6 +26,7 @@ class _Step:
     scheduled: dict[str, int] = field(default_factory=dict)  # request id -> tokens
     prefills: list[Request] = field(default_factory=list)  # chunks other than decodes, in order
     preempted: list[str] = field(default_factory=list)
+    swapped: list[str] = field(default_factory=list)  # of preempted, those swapped out
     grown: list[Request] = field(default_factory=list)  # decodes given a block
     ahead: dict[str, tuple[int, ...]] = field(default_factory=dict)  # tokens ahead of a decode
 
@@ -48,8 +50,10 @@ class StepPlanner:
         running: RunningRequests,
         imports: HeldImports,
         lookahead: Lookahead | None,
+        swap: SwapRule | None = None,
     ) -> None:
         self._config = config
+        self._swap = swap
         self._blocks = blocks
         self._waiting = waiting
         self._running = running
@@ -85,8 +89,9 @@ class StepPlanner:
             request.num_pending += chunk.sample
         grown = tuple(r for r in step.grown if r.request_id in step.scheduled)
         return SchedulerOutput(
-            chunks, tuple(step.preempted), tuple(decodes), tuple(starts), tuple(requests), grown
-        )
+            chunks, tuple(step.preempted), tuple(decodes), tuple(starts), tuple(requests), grown,
+            tuple(step.swapped),
+        )  # fmt: skip
 
     def _schedule_decodes(self, step: _Step) -> tuple[list[Request], list[int]]:
         """Running requests with one token left to compute: the step's decodes (a pass over
@@ -170,11 +175,20 @@ class StepPlanner:
         return True
 
     def _preempt(self, request: Request, step: _Step) -> None:
-        """Back to the waiting queue without blocks, to be recomputed from its tokens so far."""
+        """Back to the waiting queue without blocks: swapped out when the swap rule says so
+        and the host tier has room, else to be recomputed from its tokens so far."""
         self._running.remove(request)
-        self._blocks.free(request)
-        request.num_computed_tokens = 0
-        request.num_cached_tokens = 0
+        swap = self._swap
+        if (
+            swap is not None
+            and swap.prefers_swap(len(request.block_ids), request.num_computed_tokens)
+            and self._blocks.swap_out(request)
+        ):
+            step.swapped.append(request.request_id)
+        else:
+            self._blocks.free(request)
+            request.num_computed_tokens = 0
+            request.num_cached_tokens = 0
         request.num_preemptions += 1
         if self._lookahead is not None:
             self._lookahead.drop(request)
@@ -190,15 +204,31 @@ class StepPlanner:
             request = waiting.head
             if request.num_pending:
                 return  # preempted while its token was pending: readmitted once it arrives
-            hits = self._blocks.match_prefix(request.all_token_ids)
-            cached = len(hits) * self._blocks.block_size
-            num_tokens = self._chunk_len(request.num_tokens - cached, step.budget)
-            if not num_tokens or not self._blocks.allocate(request, cached + num_tokens, hits):
+            num_tokens = self._admit(request, step.budget)
+            if not num_tokens:
                 return  # in order: the head waits, nobody overtakes it
             waiting.pop_head()
             running.start(request)
             step.add(request, num_tokens)
             step.prefills.append(request)
+
+    def _admit(self, request: Request, budget: int) -> int:
+        """Blocks for a waiting request's first chunk (its prefix found in any tier, or its
+        swapped blocks back): the chunk's tokens, 0 (nothing changed) when short."""
+        blocks = self._blocks
+        if request.swapped_slots:
+            cached = request.num_computed_tokens
+            num_tokens = self._chunk_len(request.num_tokens - cached, budget)
+            if not num_tokens or not blocks.swap_in(request, cached + num_tokens):
+                return 0
+        else:
+            hits = blocks.match_prefix(request.all_token_ids)
+            lower = blocks.match_lower(request.all_token_ids, hits)
+            cached = (len(hits) + len(lower)) * blocks.block_size
+            num_tokens = self._chunk_len(request.num_tokens - cached, budget)
+            if not num_tokens or not blocks.allocate(request, cached + num_tokens, hits, lower):
+                return 0
+        return num_tokens
 
     def _chunk_len(self, remaining: int, budget: int) -> int:
         """Tokens to compute now out of remaining; 0 when it must wait for a later step."""

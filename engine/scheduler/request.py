@@ -46,6 +46,9 @@ class Request:
     # speculative decoding: tokens guessed for the positions after the last one, to be
     # verified by the next step (engine.speculative); empty when not speculating
     draft_token_ids: list[int] = field(default_factory=list)
+    # preempted by swapping: the host-tier slots holding its blocks' KV, in block order
+    # (engine.kv.tiered_blocks); empty otherwise
+    swapped_slots: list[int] = field(default_factory=list)
     # set from params at construction: tokens that end the request, and its longest length
     stop_ids: frozenset[int] = field(init=False)
     token_limit: int = field(init=False)

@@ -6,7 +6,9 @@ prefills (chunked when longer than the budget left), then waiting requests in (p
 arrival) order (lower priority first; FIFO among equals), while blocks last. A running
 request that needs a block when none is free preempts the last running request in that
 order, the lowest priority and newest (itself, if it is that one): its blocks are freed and
-it goes back to the waiting queue at its place, to be recomputed from prompt + tokens so far.
+it goes back to the waiting queue at its place, to be recomputed from prompt + tokens so far,
+or (with a host KV tier, when the swap rule of engine.scheduler.swap finds it cheaper) with
+its KV swapped out, to be copied back at readmission.
 
 Protocol: `schedule()`, run the chunks, `update(out, sampled)`. `schedule()` advances the
 requests as if the step ran, their sampled tokens pending: with overlapped scheduling the
@@ -36,6 +38,7 @@ from engine.scheduler.plan import ImportPlan, RequestTooLargeError, SchedulerOut
 from engine.scheduler.planner import StepPlanner
 from engine.scheduler.queues import LiveRequests, RunningRequests, WaitingQueue
 from engine.scheduler.request import FinishReason, Request, RequestStatus
+from engine.scheduler.swap import SwapRule
 from engine.scheduler.updater import StepUpdater
 
 
@@ -48,10 +51,15 @@ class Scheduler:
     planner (engine.scheduler.planner) and the step updater (engine.scheduler.updater).
     `lookahead`: tokens computed ahead of decodes (speculative decoding's guesses,
     engine.scheduler.lookahead); None plans plain decodes.
+    `swap`: preemption's cost rule (engine.scheduler.swap); None always recomputes.
     """
 
     def __init__(
-        self, config: EngineConfig, block_manager: BlockManager, lookahead: Lookahead | None = None
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        lookahead: Lookahead | None = None,
+        swap: SwapRule | None = None,
     ) -> None:
         if block_manager.block_size != config.block_size:
             raise ValueError(
@@ -67,7 +75,7 @@ class Scheduler:
         self._pinned: dict[str, Request] = {}  # prefill role: first token out, blocks held
         self._imports = HeldImports(block_manager)
         self._planner = StepPlanner(
-            config, block_manager, self._waiting, self._running, self._imports, lookahead
+            config, block_manager, self._waiting, self._running, self._imports, lookahead, swap
         )
         self._updater = StepUpdater(config, block_manager, self._live, lookahead, self._after_token)
         self._capacity = block_manager.num_total_blocks * block_manager.block_size  # tokens

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -14,6 +14,8 @@ class EngineCounters:
     generated_tokens: int = 0
     prefix_hit_tokens: int = 0
     preemptions: int = 0
+    preemptions_swap: int = 0  # of preemptions, those swapped to the host KV tier
+    preemptions_recompute: int = 0  # of preemptions, those to be recomputed
     finished_requests: int = 0
     constrained_requests: int = 0  # requests admitted with a grammar (engine.sampling.grammar)
     grammar_mask_seconds: float = 0.0  # time computing token masks (worker thread)
@@ -26,3 +28,6 @@ class EngineCounters:
     spec_chunks: int = 0
     spec_acceptance_sum: float = 0.0
     spec_acceptance_buckets: tuple[int, ...] = ()
+    # KV tiers below the device (engine.kv.offload.KVTiers.stats): flat numbers per tier,
+    # replaced (never changed in place) after every step; empty without tiers
+    kv_tiers: dict[str, float] = field(default_factory=dict)

@@ -6,19 +6,24 @@ call hands out the one launched before (planned while it ran): one host sync per
 hook (engine.step.hooks) that needs every token so far (a grammar's mask needs the previous
 token, guesses the tokens so far) makes the step run alone. `release` is the one place a
 request's state outside the scheduler is freed: its batch row and every hook's record.
+With KV tiers below the device (engine.kv.offload) the step's copy orders go to the copier
+after scheduling, and the forward waits only for those it depends on.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
 from engine.kv.block_manager import BlockManager
+from engine.kv.offload import KVTiers
 from engine.sampling import sampler as batch_sampler
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import RequestStatus
 from engine.scheduler.scheduler import Scheduler
+from engine.scheduler.swap import SwapRule
 from engine.step.counters import EngineCounters
 from engine.step.hooks import StepHook
 from engine.step.result import EMPTY_STEP, DeferredLogprobs, LaunchedStep, StepResult
@@ -39,6 +44,8 @@ class StepPipeline:
         overlap: bool,
         kernel: bool,
         hooks: Sequence[StepHook] = (),
+        tiers: KVTiers | None = None,
+        swap: SwapRule | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -50,6 +57,9 @@ class StepPipeline:
         self.timer = StepTimer()
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan
         self.in_flight: LaunchedStep | None = None
+        self.tiers = tiers
+        self.swap = swap  # learns the prefill rate from the steps' wall time
+        self._started = 0.0  # when the current run() began
 
     def release(self, request_id: str) -> None:
         """Free the request's state outside the scheduler (its row, every hook's record)."""
@@ -66,6 +76,7 @@ class StepPipeline:
     def run(self) -> StepResult:
         """Run one step; hands out the tokens of the step it finishes (see the module)."""
         self.timer.start()
+        self._started = time.perf_counter()
         waiting = [h for h in self.hooks if h.needs_tokens()]
         if waiting and self.in_flight is not None:
             # hand out the step in flight before launching one that needs its tokens
@@ -94,9 +105,12 @@ class StepPipeline:
         out = self.last_schedule = self.scheduler.schedule()
         for hook in hooks:
             hook.after_schedule(out)
-        self.counters.preemptions += len(out.preempted)
+        self._count_preemptions(out)
         for request_id in out.preempted:
             self.runner.batch.release(request_id)
+        tiers = self.tiers
+        if tiers is not None:
+            tiers.submit()
         if out.is_empty:
             return None
         timer.lap("schedule")
@@ -105,6 +119,8 @@ class StepPipeline:
         timer.lap("prepare")
         for hook in hooks:
             hook.before_forward(requests, self.runner.device)
+        if tiers is not None:
+            tiers.wait()  # its loads, swaps, and copies out of the blocks it reuses
         logits = self.runner.forward(inputs)  # [num_sampled (+ guesses' rows), vocab]
         timer.lap("forward")
         step = inputs.sampling
@@ -133,6 +149,12 @@ class StepPipeline:
         timer.lap("sample")
         return launched
 
+    def _count_preemptions(self, out: SchedulerOutput) -> None:
+        counters = self.counters
+        counters.preemptions += len(out.preempted)
+        counters.preemptions_swap += len(out.swapped)
+        counters.preemptions_recompute += len(out.preempted) - len(out.swapped)
+
     def _finish(self, launched: LaunchedStep) -> StepResult:
         """Wait for a launched step's tokens (the step's one sync) and apply them."""
         token_ids, logprobs = launched.fetch()
@@ -150,6 +172,10 @@ class StepPipeline:
             counters.generated_tokens += hook.applied(launched, update)
             hook.count(counters)
         counters.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
+        if self.tiers is not None:
+            counters.kv_tiers = self.tiers.stats()
+        if self.swap is not None:
+            self.swap.observe(out.num_tokens, time.perf_counter() - self._started)
         counters.steps += 1
         result = StepResult(launched.requests, token_ids, logprobs, update.more)
         if len(update.advanced) != len(token_ids):  # aborted while in flight

@@ -3,13 +3,18 @@
     cost = prefix * (prompt tokens the node must compute, given what it caches)
            + work * (load * queued requests + kv_usage * KV usage)
 
+A cached token counts as computed in part when the node holds it below the device: a host
+memory hit costs `host` of a miss (a copy), a disk hit `disk` (a read and a copy), a device
+hit nothing; so a lower-tier hit is priced between a device hit and a miss.
+
 `queued` is the larger of the node's running + waiting (its last heartbeat) and this
 router's requests in flight there (heartbeats are up to a second old). `work` is what one
 request costs a node of the pool: a moving average of the tokens the requests routed there
 had to compute, so a queued request weighs as much as the traffic makes it weigh (a chat
 turn on a warm cache: tens of tokens; a long document: thousands). With the defaults a node
 that saves a request more than its average work wins over a node one request less busy.
-The weights are router settings (kv_prefix_weight, kv_load_weight, kv_usage_weight).
+The weights are router settings (kv_prefix_weight, kv_load_weight, kv_usage_weight,
+kv_host_weight, kv_disk_weight).
 """
 
 from __future__ import annotations
@@ -29,12 +34,24 @@ class KVWeights:
     prefix: float = 1.0
     load: float = 0.5
     kv_usage: float = 0.5
+    host: float = 0.1  # a token loaded from host memory, in tokens computed
+    disk: float = 0.3  # a token loaded from disk
 
     def __post_init__(self) -> None:
         for name in ("prefix", "load", "kv_usage"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"KVWeights.{name} must be >= 0, got {value!r}")
+        for name in ("host", "disk"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ValueError(f"KVWeights.{name} must be in [0, 1], got {value!r}")
+
+    def compute(self, total: int, matched: dict[str, int]) -> float:
+        """Tokens of prefill work left of `total` with `matched` tokens cached, by tier."""
+        device = matched.get("device", 0)
+        host, disk = matched.get("host", 0), matched.get("disk", 0)
+        return total - device - (1 - self.host) * host - (1 - self.disk) * disk
 
 
 @dataclass
@@ -61,14 +78,14 @@ def kv_aware_choice(
 ) -> NodeRecord:
     """The cheapest of `nodes` (non-empty, in rotation order: the first cheapest wins ties);
     the average work of `pool` learns the chosen node's tokens to compute."""
-    matched = index.matched_tokens(query, [n.info.node_id for n in nodes])
+    matched = index.matched_tiers(query, [n.info.node_id for n in nodes])
     total, per_request = len(query.token_ids), work.of(pool)
 
     def cost(node: NodeRecord) -> float:
-        compute = total - matched[node.info.node_id]
+        compute = weights.compute(total, matched[node.info.node_id])
         busy = weights.load * queued(node) + weights.kv_usage * node.load.kv_usage
         return weights.prefix * compute + per_request * busy
 
     best = min(nodes, key=cost)
-    work.add(pool, total - matched[best.info.node_id])
+    work.add(pool, total - sum(matched[best.info.node_id].values()))
     return best

@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 from cluster.kv_events import KVEventMsg
 from models.block_hash import prefix_block_hashes
 
+DEVICE = "device"
+
 
 @dataclass
 class _NodeCache:
     incarnation: str
     block_size: int
-    hashes: set[int] = field(default_factory=set)
+    hashes: set[int] = field(default_factory=set)  # in any tier
+    lower: dict[int, str] = field(default_factory=dict)  # of those, held only below the device
 
 
 class PrefixQuery:
@@ -58,8 +61,9 @@ class PrefixIndex:
         for block_hash in msg.removed:
             self._discard(msg.node_id, node, block_hash)
         for block_hash, _parent in msg.stored:
-            node.hashes.add(block_hash)
-            self._holders.setdefault(block_hash, set()).add(msg.node_id)
+            self._add(msg.node_id, node, block_hash, DEVICE)
+        for block_hash, _parent, tier in msg.lower:
+            self._add(msg.node_id, node, block_hash, tier)
 
     def drop(self, node_id: str) -> None:
         node = self._nodes.pop(node_id, None)
@@ -92,9 +96,36 @@ class PrefixIndex:
                 out[node_id] = query.reusable_tokens(len(query.hashes(size)), size)
         return out
 
+    def matched_tiers(
+        self, query: PrefixQuery, node_ids: Iterable[str]
+    ) -> dict[str, dict[str, int]]:
+        """Per node, the prompt tokens of its leading matched blocks by the tier holding them
+        ("device", "host", "disk"); nodes the index does not know get {}."""
+        out: dict[str, dict[str, int]] = {}
+        for node_id in node_ids:
+            node, counts = self._nodes.get(node_id), out.setdefault(node_id, {})
+            if node is None:
+                continue
+            usable = query.reusable_tokens(len(query.token_ids), node.block_size)
+            for block_hash in query.hashes(node.block_size)[: usable // node.block_size]:
+                if block_hash not in node.hashes:
+                    break
+                tier = node.lower.get(block_hash, DEVICE)
+                counts[tier] = counts.get(tier, 0) + node.block_size
+        return out
+
+    def _add(self, node_id: str, node: _NodeCache, block_hash: int, tier: str) -> None:
+        node.hashes.add(block_hash)
+        if tier == DEVICE:
+            node.lower.pop(block_hash, None)
+        else:
+            node.lower[block_hash] = tier
+        self._holders.setdefault(block_hash, set()).add(node_id)
+
     def _discard(self, node_id: str, node: _NodeCache | None, block_hash: int) -> None:
         if node is not None:
             node.hashes.discard(block_hash)
+            node.lower.pop(block_hash, None)
         holders = self._holders.get(block_hash)
         if holders is not None:
             holders.discard(node_id)

@@ -69,6 +69,24 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
 
 
+def test_kv_tier_flags_reach_every_node_with_a_disk_directory_each(tmp_path: Path) -> None:
+    args = _args(
+        "--kv-offload-cpu-gb", "2", "--kv-offload-disk-path", str(tmp_path / "kv"),
+        "--kv-offload-disk-gb", "8",
+    )  # fmt: skip
+    paths = set()
+    for plan in up_plan.plan_nodes(args):
+        parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
+        assert (parsed.kv_offload_cpu_gb, parsed.kv_offload_disk_gb) == (2.0, 8.0)
+        assert parsed.kv_offload_disk_path == str(tmp_path / "kv" / plan.name)
+        paths.add(parsed.kv_offload_disk_path)
+    assert len(paths) == 2  # a node's files are its own
+    plain = _parse_child(
+        up_plan.node_argv(_args(), tmp_path, "redis://h:1/0", up_plan.plan_nodes(_args())[0])
+    )
+    assert plain.kv_offload_cpu_gb is None and plain.kv_offload_disk_path is None
+
+
 @pytest.mark.parametrize(
     ("argv", "share"),
     [([], 0.45), (["--gpu-memory-utilization", "0.8", "--decode", "3"], 0.2),

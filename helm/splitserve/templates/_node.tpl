@@ -108,6 +108,20 @@ spec:
             - {{ . | quote }}
             {{- end }}
             {{- end }}
+            {{- $kv := $pool.kvOffload | default dict }}
+            {{- $disk := $kv.disk | default dict }}
+            {{- if gt (float64 ($kv.cpuGb | default 0)) 0.0 }}
+            - --kv-offload-cpu-gb
+            - {{ $kv.cpuGb | quote }}
+            {{- if $disk.enabled }}
+            - --kv-offload-disk-path
+            - {{ $disk.mountPath | quote }}
+            - --kv-offload-disk-gb
+            - {{ $disk.sizeGb | quote }}
+            {{- end }}
+            {{- else if $disk.enabled }}
+            {{- fail (printf "%s.kvOffload.disk needs %s.kvOffload.cpuGb > 0" .role .role) }}
+            {{- end }}
             {{- with $pool.extraArgs }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -153,12 +167,27 @@ spec:
             {{- include "splitserve.commonMounts" $root | nindent 12 }}
             - name: dshm
               mountPath: /dev/shm
+            {{- if $disk.enabled }}
+            - name: kv-offload
+              mountPath: {{ $disk.mountPath }}
+            {{- end }}
       volumes:
         {{- include "splitserve.commonVolumes" $root | nindent 8 }}
         - name: dshm
           emptyDir:
             medium: Memory
             sizeLimit: {{ $pool.shmSize }}
+        {{- if $disk.enabled }}
+        - name: kv-offload
+          {{- if $disk.claimName }}
+          persistentVolumeClaim:
+            claimName: {{ $disk.claimName }}
+          {{- else }}
+          emptyDir:
+            {{- /* room for the files plus their headers and a file being renamed */}}
+            sizeLimit: {{ printf "%dMi" (add (int (mulf $disk.sizeGb 1024)) 64) }}
+          {{- end }}
+        {{- end }}
 {{- end }}
 
 {{/* Service in front of a pool: names its ports for the ServiceMonitor; the router finds

@@ -4,6 +4,7 @@ prefix; the router's flow sends the prefill there and counts predicted and actua
 from __future__ import annotations
 
 import httpx
+import pytest
 from router_fakes import FakeNode, fake_cluster, metric
 
 from cluster.kv_events import KVEventMsg
@@ -122,3 +123,43 @@ async def test_round_robin_is_counted_when_it_misses_the_longest_prefix(
     assert metric(text, routed, pool="prefill", policy="round_robin", match="longest") == 2
     assert metric(text, routed, pool="prefill", policy="round_robin", match="shorter") == 2
     assert metric(text, routed, pool="decode", match="none") == 4  # d0 published nothing
+
+
+def _event(node_id: str, seq: int, **changes: object) -> KVEventMsg:
+    return KVEventMsg(node_id=node_id, incarnation="i", seq=seq, block_size=16, **changes)  # type: ignore[arg-type]
+
+
+def test_a_lower_tier_hit_is_priced_between_a_device_hit_and_a_miss() -> None:
+    index = PrefixIndex()
+    hashes = prefix_block_hashes(PROMPT, 16)
+    chain = list(zip(hashes, [None, *hashes[:-1]], strict=True))
+    index.apply(_event("device", 1, snapshot=True, stored=chain))
+    index.apply(_event("host", 1, snapshot=True, lower=[(h, p, "host") for h, p in chain]))
+    index.apply(_event("disk", 1, snapshot=True, lower=[(h, p, "disk") for h, p in chain]))
+    query = PrefixQuery(PROMPT)
+    names = ["miss", "disk", "host", "device"]
+    assert index.matched_tokens(query, names) == {"miss": 0, "disk": 32, "host": 32, "device": 32}
+    tiers = index.matched_tiers(query, names)
+    assert tiers == {
+        "miss": {},
+        "disk": {"disk": 32},
+        "host": {"host": 32},
+        "device": {"device": 32},
+    }
+    weights = KVWeights(load=0.0, kv_usage=0.0)
+    costs = [weights.compute(len(PROMPT), tiers[n]) for n in names]
+    assert costs == sorted(costs, reverse=True) and len(set(costs)) == 4  # miss > disk > ...
+    choice = kv_aware_choice(
+        "prefill", [_node(n) for n in names], index, query, weights, PoolWork(), lambda _: 0
+    )
+    assert choice.info.node_id == "device"
+    # the host node loads the first block back onto its device; then loses the second
+    index.apply(_event("host", 2, stored=[chain[0]]))
+    index.apply(_event("host", 3, removed=[hashes[1]]))
+    assert index.matched_tiers(query, ["host"]) == {"host": {"device": 16}}
+
+
+@pytest.mark.parametrize("bad", [{"host": -0.1}, {"disk": 1.5}])
+def test_lower_tier_prices_must_lie_between_a_hit_and_a_miss(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        KVWeights(**bad)
