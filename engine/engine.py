@@ -79,7 +79,11 @@ class LLMEngine:
         if self.kv_tiers is not None:
             swap = SwapRule(runner.layout.block_bytes, self.kv_tiers.copier.copy_bytes_per_s)
         self.scheduler = Scheduler(
-            config, self.block_manager, GuessLookahead() if speculates else None, swap
+            config,
+            self.block_manager,
+            GuessLookahead() if speculates else None,
+            swap,
+            window=release_window(config, self.model_config),
         )
         self.grammars = Grammars(
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
@@ -275,3 +279,12 @@ def _output(request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | N
 
 
 __all__ = ["EngineCounters", "EngineStats", "LLMEngine", "Role", "StepResult"]
+
+
+def release_window(config: EngineConfig, model: ModelConfig) -> int:
+    """The window behind which a decoding request's blocks go back to the pool: the one
+    every layer shares, except on a prefill node (its blocks are shipped whole) and with a
+    draft model (its cache shares the block tables and may attend to everything)."""
+    if config.role is Role.PREFILL or config.speculative_method == "draft":
+        return 0
+    return model.sliding_window

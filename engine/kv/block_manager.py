@@ -20,10 +20,11 @@ Tiers below the device (host memory, disk) plug into the hooks by subclassing
 from __future__ import annotations
 
 import itertools
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from engine.kv.block_audit import audit_blocks
 from engine.kv.events import KVEventLog
 from engine.kv.tier_book import TierHit
 from engine.scheduler.request import Request
@@ -195,12 +196,24 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references, last block first; request.block_ids becomes empty."""
-        for block_id in reversed(request.block_ids):
+        for block_id in reversed(request.block_ids[request.num_released_blocks :]):
             if self._blocks[block_id].ref_count < 1:
                 raise RuntimeError(f"block {block_id} freed by {request.request_id} is not owned")
             self._release(block_id)
         request.block_ids = []
+        request.num_released_blocks = 0
         self._chains.pop(request.request_id, None)
+
+    def release_behind(self, request: Request, first_needed: int) -> None:
+        """Give back the request's leading blocks holding only positions before
+        ``first_needed``: no query of a model whose every layer has a sliding window reads
+        them again. Their table entries stay, as placeholders no kernel reads; a cached block
+        stays in the prefix cache (evictable), with the content its hash names."""
+        done = request.num_released_blocks
+        behind = min(first_needed // self._block_size, len(request.block_ids) - 1)
+        for i in range(done, behind):
+            self._release(request.block_ids[i])
+        request.num_released_blocks = max(done, behind)
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back the request's blocks past those holding num_tokens tokens, last first
@@ -210,23 +223,10 @@ class BlockManager:
             self._release(request.block_ids.pop())
 
     def audit(self, block_tables: Iterable[Sequence[int]]) -> None:
-        """Check every invariant against the block tables of all live requests.
-
-        Raises RuntimeError naming the first violation. Meant for tests and debugging.
-        """
-        owners: Counter[int] = Counter()
-        for table in block_tables:
-            if len(set(table)) != len(table):
-                raise RuntimeError(f"a block table lists a block twice: {list(table)}")
-            owners.update(table)
-        free = set(self._free)
-        if len(free) != len(self._free):
-            raise RuntimeError("the free list holds a block twice")
-        for block in self._blocks:
-            self._audit_block(block, owners[block.block_id], block.block_id in free)
-        for digest, block_id in self._cached.items():
-            if self._blocks[block_id].hash != digest:
-                raise RuntimeError(f"cache entry {digest:#x} points at block {block_id} wrongly")
+        """Check every invariant against the block tables (the owned blocks) of all live
+        requests. Raises RuntimeError naming the first violation. Meant for tests and
+        debugging (engine.kv.block_audit)."""
+        audit_blocks(self._blocks, self._free, self._evictable, self._cached, block_tables)
 
     # ---- internals ----------------------------------------------------------------------
 
@@ -335,17 +335,3 @@ class BlockManager:
             self._gone(block.hash, block.parent_hash)
         block.hash, block.token_ids, block.parent_hash = None, (), None
         block.serial = block.parent_serial = _ROOT_SERIAL
-
-    def _audit_block(self, block: _Block, owners: int, in_free: bool) -> None:
-        in_evictable = block.block_id in self._evictable
-        where = f"block {block.block_id}"
-        if block.ref_count != owners:
-            raise RuntimeError(f"{where}: ref count {block.ref_count}, {owners} owners")
-        if owners and (in_free or in_evictable):
-            raise RuntimeError(f"{where}: owned yet listed as free or evictable")
-        if not owners and in_free == in_evictable:
-            raise RuntimeError(f"{where}: unowned, must be exactly one of free or evictable")
-        if in_free and block.hash is not None:
-            raise RuntimeError(f"{where}: free yet still registered in the cache")
-        if in_evictable and block.hash is None:
-            raise RuntimeError(f"{where}: evictable yet not registered in the cache")

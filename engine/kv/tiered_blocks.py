@@ -57,6 +57,8 @@ class TieredBlockManager(BlockManager):
         return hits
 
     def swap_out(self, request: Request) -> bool:
+        if request.num_released_blocks:  # placeholders hold other requests' KV: recompute
+            return False
         slots = self.tiers.swap_out(list(request.block_ids)) if request.block_ids else None
         if slots is None:
             return False

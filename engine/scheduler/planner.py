@@ -51,6 +51,7 @@ class StepPlanner:
         imports: HeldImports,
         lookahead: Lookahead | None,
         swap: SwapRule | None = None,
+        capacity: int | None = None,
     ) -> None:
         self._config = config
         self._swap = swap
@@ -59,7 +60,8 @@ class StepPlanner:
         self._running = running
         self._imports = imports
         self._lookahead = lookahead
-        self._capacity = blocks.num_total_blocks * blocks.block_size  # tokens the cache holds
+        # tokens a request may grow to (the cache's, unless a window bounds what it holds)
+        self._capacity = capacity or blocks.num_total_blocks * blocks.block_size
 
     def plan(self) -> SchedulerOutput:
         """One step, with the requests advanced as if it ran."""

@@ -49,6 +49,9 @@ class Request:
     # preempted by swapping: the host-tier slots holding its blocks' KV, in block order
     # (engine.kv.tiered_blocks); empty otherwise
     swapped_slots: list[int] = field(default_factory=list)
+    # leading blocks given back behind a sliding window (every layer windowed): their
+    # entries in block_ids are placeholders no kernel reads (engine.kv.block_manager)
+    num_released_blocks: int = 0
     # set from params at construction: tokens that end the request, and its longest length
     stop_ids: frozenset[int] = field(init=False)
     token_limit: int = field(init=False)
@@ -60,6 +63,11 @@ class Request:
         self.stop_ids = eos | frozenset(self.params.stop_token_ids)
         prompt = len(self.prompt_token_ids)
         self.token_limit = min(prompt + self.params.max_tokens, self.max_model_len)
+
+    @property
+    def owned_block_ids(self) -> list[int]:
+        """The blocks the request holds: its table without the released placeholders."""
+        return self.block_ids[self.num_released_blocks :]
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -27,6 +27,7 @@ cache's capacity finishes with FinishReason.LENGTH, like one reaching the contex
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -52,6 +53,8 @@ class Scheduler:
     `lookahead`: tokens computed ahead of decodes (speculative decoding's guesses,
     engine.scheduler.lookahead); None plans plain decodes.
     `swap`: preemption's cost rule (engine.scheduler.swap); None always recomputes.
+    `window`: the sliding window every layer of the model has (0: some layer attends to its
+    whole context); a decoding request gives back its blocks behind it.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class Scheduler:
         block_manager: BlockManager,
         lookahead: Lookahead | None = None,
         swap: SwapRule | None = None,
+        window: int = 0,
     ) -> None:
         if block_manager.block_size != config.block_size:
             raise ValueError(
@@ -74,11 +78,17 @@ class Scheduler:
         self._running = RunningRequests(self._live)
         self._pinned: dict[str, Request] = {}  # prefill role: first token out, blocks held
         self._imports = HeldImports(block_manager)
+        # tokens the cache holds: a prompt's limit; also how long a request may grow, unless
+        # a window bounds the blocks it holds (then only the context length does)
+        self._cache_tokens = block_manager.num_total_blocks * block_manager.block_size
+        self._capacity = sys.maxsize if window else self._cache_tokens
         self._planner = StepPlanner(
-            config, block_manager, self._waiting, self._running, self._imports, lookahead, swap
+            config, block_manager, self._waiting, self._running, self._imports, lookahead, swap,
+            self._capacity,
+        )  # fmt: skip
+        self._updater = StepUpdater(
+            config, block_manager, self._live, lookahead, self._after_token, window, self._capacity
         )
-        self._updater = StepUpdater(config, block_manager, self._live, lookahead, self._after_token)
-        self._capacity = block_manager.num_total_blocks * block_manager.block_size  # tokens
         self._in_flight: deque[SchedulerOutput] = deque()  # scheduled, not yet updated
 
     # ---- introspection ------------------------------------------------------------------
@@ -115,7 +125,7 @@ class Scheduler:
 
     def audit(self) -> None:
         """Check block accounting against every live request; RuntimeError on a violation."""
-        self._blocks.audit(r.block_ids for r in self._live.values())
+        self._blocks.audit(r.owned_block_ids for r in self._live.values())
 
     # ---- entering and leaving -----------------------------------------------------------
 
@@ -256,9 +266,9 @@ class Scheduler:
             raise ValueError(f"request id {rid!r} is already in use")
         if request.status is not RequestStatus.WAITING or request.block_ids:
             raise ValueError(f"request {rid} is not new (status {request.status.value})")
-        if num_tokens > self._capacity:
+        if num_tokens > self._cache_tokens:
             raise RequestTooLargeError(
                 f"request {rid} has {num_tokens} tokens; the KV cache holds at most "
-                f"{self._capacity} ({self._blocks.num_total_blocks} blocks of "
+                f"{self._cache_tokens} ({self._blocks.num_total_blocks} blocks of "
                 f"{self._blocks.block_size})"
             )

@@ -24,14 +24,19 @@ class StepUpdater:
         live: LiveRequests,
         lookahead: Lookahead | None,
         after_token: Callable[[Request], None],
+        window: int = 0,
+        capacity: int | None = None,
     ) -> None:
         self._blocks = blocks
+        # every layer windowed: a decoding request's blocks behind the window go back
+        self._window = window
         self._live = live
         self._lookahead = lookahead
         self._after_token = after_token
         # a decode's token that neither stops it nor is its last calls nothing (after_token)
         self._quiet = config.role is not Role.PREFILL
-        self._capacity = blocks.num_total_blocks * blocks.block_size  # tokens the cache holds
+        # tokens a request may grow to (the cache's, unless a window bounds what it holds)
+        self._capacity = capacity or blocks.num_total_blocks * blocks.block_size
 
     def apply(
         self, out: SchedulerOutput, tokens: list[int], more: Mapping[str, Sequence[int]] | None
@@ -69,6 +74,8 @@ class StepUpdater:
             computed = request.num_computed_tokens
             if (computed if computed < known else known) % size == 0:
                 self._blocks.commit_full_blocks(request)  # a block just filled up
+                if self._window:
+                    self._slide(request)
             advanced.append(request)
             if not (
                 quiet
@@ -99,6 +106,8 @@ class StepUpdater:
                 continue  # aborted in between
             if token is None:  # part of a prompt: no token yet
                 self._blocks.commit_full_blocks(request)
+                if self._window:
+                    self._slide(request)
                 continue
             request.num_pending -= 1
             if chunk.num_draft:
@@ -110,10 +119,22 @@ class StepUpdater:
                 request.output_token_ids.append(token)
                 self._blocks.commit_full_blocks(request)
                 self._after_token(request)
+            if self._window:
+                self._slide(request)
             advanced.append(request)
             if request.status is not RequestStatus.RUNNING:
                 finished.append(request)
         return appended
+
+    def _slide(self, request: Request) -> None:
+        """A request's blocks wholly behind the window of its next query (at position
+        num_computed_tokens) go back to the pool, between prompt chunks too: a long prompt
+        or a recomputed preempted request holds a window's worth of blocks, not its length.
+        Speculative tokens never count here: only accepted ones are computed, so no later
+        step looks further back."""
+        if request.status is RequestStatus.RUNNING:
+            first_needed = request.num_computed_tokens - self._window + 1
+            self._blocks.release_behind(request, first_needed)
 
     def _ahead(self, request: Request, emitted: Sequence[int]) -> int:
         """A chunk with tokens ahead: the lookahead appends the emitted tokens that stand;
