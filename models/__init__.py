@@ -23,7 +23,8 @@ from models.registry import (
     resolve_model,
 )
 from models.tokenizer import Tokenizer
-from models.validate import SUPPORTED_ARCHITECTURES, validate_model_dir
+from models.families import SUPPORTED_ARCHITECTURES, family_of
+from models.validate import validate_model_dir
 
 __all__ = [
     "CACHE_ENV",
@@ -39,6 +40,7 @@ __all__ = [
     "cache_path",
     "default_cache_dir",
     "ensure_model",
+    "family_of",
     "get_spec",
     "is_pulled",
     "marker_for",
