@@ -6,6 +6,7 @@ of them. Only a pull's GGUF conversion (models.convert) loads torch and transfor
 """
 
 from models.detokenizer import IncrementalDetokenizer
+from models.families import SUPPORTED_ARCHITECTURES, family_of
 from models.pull import PullError, ensure_model, pull
 from models.registry import (
     CACHE_ENV,
@@ -23,7 +24,6 @@ from models.registry import (
     resolve_model,
 )
 from models.tokenizer import Tokenizer
-from models.families import SUPPORTED_ARCHITECTURES, family_of
 from models.validate import validate_model_dir
 
 __all__ = [

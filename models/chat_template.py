@@ -150,7 +150,7 @@ def _content_text(content: object, index: int) -> str:
 class _SafeNamespace(jinja2.utils.Namespace):
     """Jinja's namespace() that refuses underscore attributes (no reaching into internals)."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 (`self` may be a kwarg)
+    def __init__(*args: Any, **kwargs: Any) -> None:  # `self` may be a keyword: namespace(self=1)
         self, rest = args[0], args[1:]
         attrs = dict(*rest, **kwargs)
         for name in attrs:

@@ -50,9 +50,18 @@ FAMILIES = {
         Family("qwen3", _TEMPLATES_DIR + "Qwen-Qwen3-0.6B.jinja", None, "<|im_end|>"),
         Family("gemma2", _TEMPLATES_DIR + "google-gemma-2-2b-it.jinja", "<bos>", "<eos>"),
         Family("gemma3", "npm", "<bos>", "<end_of_turn>"),
-        Family("phi3", _TEMPLATES_DIR + "microsoft-Phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>"),  # noqa: E501
-        Family("mistral", _TEMPLATES_DIR + "mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", "</s>"),  # noqa: E501
-        Family("mixtral", "llama_cpp/llama_chat_format.py:MIXTRAL_INSTRUCT_CHAT_TEMPLATE", "<s>", "</s>"),  # noqa: E501
+        Family(
+            "phi3", _TEMPLATES_DIR + "microsoft-Phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>"
+        ),
+        Family(
+            "mistral", _TEMPLATES_DIR + "mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", "</s>"
+        ),
+        Family(
+            "mixtral",
+            "llama_cpp/llama_chat_format.py:MIXTRAL_INSTRUCT_CHAT_TEMPLATE",
+            "<s>",
+            "</s>",
+        ),
     )
 }
 

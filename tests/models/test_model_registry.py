@@ -73,14 +73,39 @@ def test_config_not_json(tmp_path: Path) -> None:
 def test_unsupported_architecture(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m", arch="GPT2LMHeadModel")
     message = _error_line(path)
-    assert "architecture 'GPT2LMHeadModel' is not supported (Llama family only" in message
+    assert "architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM" in message
 
 
-def test_mistral_with_sliding_window_refused(tmp_path: Path) -> None:
-    path = _write_hf_dir(tmp_path / "m", arch="MistralForCausalLM", sliding_window=4096)
-    assert "sliding_window=4096 is not supported" in _error_line(path)
-    ok = _write_hf_dir(tmp_path / "ok", "MistralForCausalLM", sliding_window=None)
-    assert models.resolve_model(str(ok)) == ok
+@pytest.mark.parametrize(
+    ("arch", "family"),
+    [("Qwen2ForCausalLM", "qwen2"), ("Qwen3ForCausalLM", "qwen3"),
+     ("Qwen3MoeForCausalLM", "qwen3_moe"), ("MixtralForCausalLM", "mixtral"),
+     ("MistralForCausalLM", "mistral"), ("Gemma2ForCausalLM", "gemma2"),
+     ("Gemma3ForCausalLM", "gemma3"), ("Phi3ForCausalLM", "phi3")],
+)  # fmt: skip
+def test_the_deployed_families_are_accepted(tmp_path: Path, arch: str, family: str) -> None:
+    """What a family's config asks of the engine (a window, experts) the engine checks."""
+    path = _write_hf_dir(tmp_path / "m", arch=arch, sliding_window=4096)
+    assert models.resolve_model(str(path)) == path
+    assert models.family_of({"architectures": [arch]}) == family
+    model_type = {"gemma3": "gemma3_text"}.get(family, family)
+    assert models.family_of({"model_type": model_type}) == family
+
+
+def test_sharded_weights_need_every_shard_of_the_index(tmp_path: Path) -> None:
+    path = _write_hf_dir(tmp_path / "m")
+    (path / "model.safetensors").rename(path / "model-00001-of-00002.safetensors")
+    shards = {"a.weight": "model-00001-of-00002.safetensors"}
+    shards["b.weight"] = "model-00002-of-00002.safetensors"
+    index = path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": shards}))
+    assert "names shard 'model-00002-of-00002.safetensors', which is missing" in _error_line(path)
+    (path / "model-00002-of-00002.safetensors").write_bytes(b"weights")
+    assert models.resolve_model(str(path)) == path
+    index.write_text("{not json")
+    assert "model.safetensors.index.json is unreadable" in _error_line(path)
+    index.write_text(json.dumps({"weight_map": {}}))
+    assert "model.safetensors.index.json has no weight_map" in _error_line(path)
 
 
 def test_missing_architectures_falls_back_on_model_type(tmp_path: Path) -> None:
