@@ -22,15 +22,21 @@ from models.tokenizer import Tokenizer
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(600)  # the first run downloads the templates
 
-WEATHER = {
+WEATHER = {  # nested, non-ASCII: what the templates' tojson writes
     "type": "function",
     "function": {
         "name": "get_weather",
-        "description": "The weather in a city",
+        "description": "Le temps qu'il fait à une ville",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
-            "required": ["city"],
+            "properties": {
+                "place": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "lat": {"type": "number"}},
+                },
+                "days": {"type": "integer", "minimum": 1},
+            },
+            "required": ["place"],
         },
     },
 }

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from router_fakes import FakeNode, fake_cluster
+from test_tool_calls import stopped_content
 
 from cluster.settings import RouterSettings, SettingsError, load
 from models.tokenizer import Tokenizer
@@ -190,16 +191,7 @@ async def test_qwen_calls_stream_as_content_then_calls(qwen_like: Tokenizer) -> 
 async def test_a_malformed_qwen_call_stays_content(qwen_like: Tokenizer, stream: bool) -> None:
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>'
     resp, _ = await _serve(qwen_like, text, _chat(tools=[WEATHER], stream=stream))
-    assert resp.status_code == 200, resp.text
-    if stream:
-        chunks = _chunks(resp)
-        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    else:
-        (choice,) = resp.json()["choices"]
-        content = choice["message"]["content"]
-        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
-    assert content == text
+    assert stopped_content(resp, stream) == text
 
 
 async def test_the_setting_overrides_the_templates_parser(qwen_like: Tokenizer) -> None:
