@@ -74,6 +74,8 @@ class RouterSettings(_Base):
     max_model_len: int | None = Field(default=None, ge=1)  # default: smallest of the nodes'
     drain_timeout_s: float = Field(default=30.0, gt=0)  # after SIGTERM, for running streams
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # how tool calls are read from the output (vLLM's names); auto: by the chat template
+    tool_call_parser: Literal["auto", "json", "hermes", "mistral"] = "auto"
 
     @model_validator(mode="after")
     def _check_keys(self) -> RouterSettings:

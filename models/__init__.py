@@ -5,6 +5,7 @@ Torch-free: engine/, cluster/, router/ and the CLI import this package, and it i
 of them. Only a pull's GGUF conversion (models.convert) loads torch and transformers, lazily.
 """
 
+from models.architectures import SUPPORTED_ARCHITECTURES, family_of
 from models.detokenizer import IncrementalDetokenizer
 from models.pull import PullError, ensure_model, pull
 from models.registry import (
@@ -23,7 +24,7 @@ from models.registry import (
     resolve_model,
 )
 from models.tokenizer import Tokenizer
-from models.validate import SUPPORTED_ARCHITECTURES, validate_model_dir
+from models.validate import validate_model_dir
 
 __all__ = [
     "CACHE_ENV",
@@ -39,6 +40,7 @@ __all__ = [
     "cache_path",
     "default_cache_dir",
     "ensure_model",
+    "family_of",
     "get_spec",
     "is_pulled",
     "marker_for",

@@ -35,3 +35,14 @@ def declared_architecture(config: dict[str, Any]) -> tuple[str | None, str]:
         return (archs[0] if single and archs[0] in ARCHITECTURES else None), said
     model_type = config.get("model_type")
     return MODEL_TYPES.get(str(model_type)), f"model_type {model_type!r}"
+
+
+def family_of(config: dict[str, Any]) -> str:
+    """The engine family of a config.json ("qwen3", "gemma2", ...); ValueError naming what
+    it declared and the supported architectures when none is supported."""
+    arch, said = declared_architecture(config)
+    if arch is None and not config.get("architectures") and not config.get("model_type"):
+        raise ValueError("config.json names no architecture")
+    if arch is None:
+        raise ValueError(f"{said} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[arch][0]

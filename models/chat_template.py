@@ -1,8 +1,11 @@
 """Chat templates of HF model directories, rendered without torch or transformers.
 
 The template is rendered in a jinja2 sandbox configured like transformers' (trim_blocks,
-lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, a non-escaping `tojson`,
-the `{% generation %}` tag), so the router makes the same prompt text as transformers does.
+lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, `dict`, a non-escaping
+`tojson` with its keyword arguments, `namespace`, the `{% generation %}` tag), and messages
+reach it as transformers passes them (None fields dropped, a message's reasoning under
+`reasoning_content` and `thinking` both), so the router makes the same prompt text as
+transformers does. Extra template variables (Qwen3's `enable_thinking`) come as `variables`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is standard
+# What a template may raise on input it does not expect (a number where text goes, a
+# missing index): the conversation is refused, not the server.
+_RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError)
 
 
 class ChatTemplate:
@@ -37,19 +45,27 @@ class ChatTemplate:
         add_generation_prompt: bool,
         special_tokens: Mapping[str, str],
         tools: Sequence[Mapping[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text of `messages` (OpenAI-style dicts); ValueError on bad messages.
-        `tools`: OpenAI tool definitions, for a template that renders them."""
+        `tools`: OpenAI tool definitions, for a template that renders them. `variables`:
+        more template variables (e.g. enable_thinking); they override special tokens, as
+        transformers' keyword arguments do, but never the names in RESERVED."""
         chat = _check_messages(messages)
+        extra = dict(variables or {})
+        clash = sorted(RESERVED.intersection(extra))
+        if clash:
+            raise ValueError(f"template variable {clash[0]!r} is set by the server")
+        template = self._template()
         try:
-            return self._template().render(
+            return template.render(
                 messages=chat,
                 tools=list(tools) if tools else None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
-                **special_tokens,
+                **{**special_tokens, **extra},
             )
-        except jinja2.TemplateError as exc:
+        except _RENDER_ERRORS as exc:
             raise ValueError(f"chat template rejected the messages: {exc}") from None
 
     @property
@@ -97,13 +113,22 @@ def _check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
         if role not in ROLES:
             shown = repr(role)[:40]  # the value is client input: keep it short
             raise ValueError(f"messages[{i}].role must be one of {sorted(ROLES)}, got {shown}")
-        clean = {k: v for k, v in message.items() if v is not None}
+        clean = _alias_reasoning({k: v for k, v in message.items() if v is not None})
         if "content" in clean:
             clean["content"] = _content_text(clean["content"], i)
         elif not clean.get("tool_calls"):
             raise ValueError(f"messages[{i}].content is missing")
         chat.append(clean)
     return chat
+
+
+def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """The reasoning of a message under both names templates read (Qwen3: reasoning_content;
+    others: thinking), whichever name the client used, as transformers does."""
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def _content_text(content: object, index: int) -> str:
@@ -125,10 +150,31 @@ def _content_text(content: object, index: int) -> str:
 class _SafeNamespace(jinja2.utils.Namespace):
     """Jinja's namespace() that refuses underscore attributes (no reaching into internals)."""
 
+    def __init__(*args: Any, **kwargs: Any) -> None:  # `self` may be a keyword: namespace(self=1)
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _check_attribute(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
     def __setitem__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is not allowed")
+        _check_attribute(name)
         super().__setitem__(name, value)
+
+
+def _check_attribute(name: object) -> None:
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is not allowed")
+
+
+class _TemplateDict:
+    """`dict(...)` in a template: builds plain dicts, exposes nothing else of the type."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args)
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -176,4 +222,5 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _SafeNamespace
+    env.globals["dict"] = _TemplateDict()
     return env

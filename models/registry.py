@@ -2,8 +2,8 @@
 
 A registry name (`smollm2`) maps to a directory under the cache
 (`~/.cache/splitserve/models`, or `$SPLITSERVE_MODEL_CACHE`, or an explicit `cache_dir`);
-anything else is taken as a path to a Hugging Face Llama-family directory. models.pull
-fills the cache.
+anything else is taken as a path to a Hugging Face model directory (models.architectures).
+models.pull fills the cache.
 """
 
 from __future__ import annotations

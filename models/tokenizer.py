@@ -93,15 +93,17 @@ class Tokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text the chat template makes of `messages` (OpenAI-style dicts)."""
+        """The prompt text the chat template makes of `messages` (OpenAI-style dicts);
+        `variables`: more template variables (a request's chat_template_kwargs)."""
         if self._template is None:
             raise ValueError(
                 "this model has no chat template (chat_template.jinja or "
                 "tokenizer_config.json chat_template); use a completion"
             )
         return self._template.render(
-            messages, add_generation_prompt, self.special_tokens, tools=tools
+            messages, add_generation_prompt, self.special_tokens, tools=tools, variables=variables
         )
 
     def apply_chat_template(
@@ -109,11 +111,11 @@ class Tokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat (the template carries its own special tokens)."""
-        return self.encode(
-            self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False
-        )
+        text = self.render_chat(messages, add_generation_prompt, tools, variables)
+        return self.encode(text, add_special_tokens=False)
 
 
 def _read_json(path: Path, required: bool = False) -> dict[str, Any]:

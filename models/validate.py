@@ -1,16 +1,17 @@
-"""Validation of a model directory: a Hugging Face directory of a family the engine loads."""
+"""Validation of a model directory: a Hugging Face directory of a family the engine loads
+(models.architectures): config.json, *.safetensors (sharded with an index, or not), tokenizer.json.
+What a family's config asks of the engine (windows, scaling, experts) the engine checks."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from models.architectures import SUPPORTED_ARCHITECTURES, declared_architecture
+from models.architectures import family_of
 
 
 def validate_model_dir(path: Path | str) -> None:
-    """Check that `path` is a HF directory of an architecture the engine can load (the
-    engine checks the rest of the config when it loads).
+    """Check that `path` is a HF directory of a family the engine can load.
 
     Raises ValueError with one line naming the path and the problem.
     """
@@ -21,8 +22,7 @@ def validate_model_dir(path: Path | str) -> None:
         raise ValueError(f"model dir {path}: not a directory")
     config = _read_config(path)
     _check_architecture(path, config)
-    if not any(path.glob("*.safetensors")):
-        raise ValueError(f"model dir {path}: no *.safetensors weights found")
+    _check_weights(path)
     if not (path / "tokenizer.json").is_file():
         raise ValueError(f"model dir {path}: tokenizer.json not found")
 
@@ -43,11 +43,31 @@ def _read_config(path: Path) -> dict[str, object]:
 
 
 def _check_architecture(path: Path, config: dict[str, object]) -> None:
-    arch, said = declared_architecture(config)
-    if arch is None and not config.get("architectures") and not config.get("model_type"):
-        raise ValueError(f"model dir {path}: config.json names no architecture")
-    if arch is None:
-        raise ValueError(
-            f"model dir {path}: {said} is not supported "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
+    try:
+        family_of(config)
+    except ValueError as exc:
+        raise ValueError(f"model dir {path}: {exc}") from None
+
+
+def _check_weights(path: Path) -> None:
+    """Weights: *.safetensors; with an index, every shard it names."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"model dir {path}: {index.name} is unreadable ({exc})") from None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"model dir {path}: {index.name} has no weight_map")
+        missing = sorted({str(f) for f in weight_map.values()} - _files(path))
+        if missing:
+            raise ValueError(
+                f"model dir {path}: {index.name} names shard {missing[0]!r}, which is missing"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
+    elif not any(path.glob("*.safetensors")):
+        raise ValueError(f"model dir {path}: no *.safetensors weights found")
+
+
+def _files(path: Path) -> set[str]:
+    return {p.name for p in path.iterdir() if p.is_file()}

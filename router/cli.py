@@ -12,6 +12,7 @@ import sys
 
 from cluster.settings import RouterSettings, SettingsError, load
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
+from router.api.tool_parsers import PARSER_NAMES
 
 _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--host", str, "address to listen on (default 127.0.0.1)"),
@@ -37,11 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_cache_flag(parser, alias_only=True)
     parser.add_argument("--policy", choices=["round_robin", "least_loaded", "kv_aware"])
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_NAMES,
+        help="the format tool calls are read in (default auto: the chat template's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = {flag.lstrip("-").replace("-", "_"): None for flag, _, _ in _FLAGS}
-    overrides.update(policy=None, log_level=None)
+    overrides.update(policy=None, log_level=None, tool_call_parser=None)
     try:
         settings = load(RouterSettings, **{k: getattr(args, k, None) for k in overrides})
     except SettingsError as exc:

@@ -33,6 +33,7 @@ from router.api.streaming import EventStreamResponse, collect, sse_events, usage
 from router.api.structured import response_format_grammar
 from router.api.text_deltas import OutputProcessor
 from router.api.tool_answers import ToolChatFormatter
+from router.api.tool_parsers import parser_for
 from router.api.tools import plan_tools
 from router.disconnect import until_disconnect
 from router.errors import APIError, unavailable
@@ -203,7 +204,8 @@ async def _prepare(
             echo = (await _prompt_text(tokenizer, req, prompt.token_ids), prompt.token_ids)
         fmt = CompletionFormatter(request_id, req.model, tokenizer, logprobs, echo)
     elif plan is not None:
-        fmt = ToolChatFormatter(plan, request_id, req.model, tokenizer, logprobs)
+        parser = parser_for(state.settings.tool_call_parser, tokenizer.chat_template)
+        fmt = ToolChatFormatter(plan, parser, request_id, req.model, tokenizer, logprobs)
     else:
         fmt = ChatFormatter(request_id, req.model, tokenizer, logprobs)
     return flow_req, output, fmt

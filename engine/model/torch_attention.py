@@ -10,15 +10,11 @@ no cap), the rest stays in SDPA.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
-
-if TYPE_CHECKING:
-    from engine.model.attention import AttentionMetadata, AttentionSpec
+from engine.model.attention import AttentionMetadata, AttentionSpec
 
 
 class GatherBuffers:

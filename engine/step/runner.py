@@ -16,7 +16,8 @@ import torch
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
-from engine.model.attention import AttentionBackend, AttentionMetadata, select_attention
+from engine.model.attention import AttentionBackend, AttentionMetadata
+from engine.model.backends import select_attention
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
 from engine.model.loader import init_random_weights, load_weights

@@ -52,7 +52,7 @@ class ToolCallOut(BaseModel):
 
 
 class ToolCallsMessage(ChatResponseMessage):
-    """An answer made of tool calls (content null)."""
+    """An answer made of tool calls (content: the text before them, or null)."""
 
     tool_calls: list[ToolCallOut]
 

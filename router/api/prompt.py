@@ -9,6 +9,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TypeVar
 
+from models.chat_template import RESERVED
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
 from router.api.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -47,8 +48,16 @@ async def chat_prompt(
     instruction = response_format_instruction(req.response_format)
     if instruction is not None:
         messages = with_system_text(messages, instruction)
+    variables = req.chat_template_kwargs or {}
+    reserved = sorted(RESERVED.intersection(variables))
+    if reserved:
+        raise bad_request(
+            f"chat_template_kwargs may not set '{reserved[0]}': the server sets it",
+            param=f"chat_template_kwargs.{reserved[0]}",
+        )
+    render = tokenizer.apply_chat_template
     try:
-        ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages, True, tools)
+        ids = await asyncio.to_thread(render, messages, True, tools, variables)
     except ValueError as exc:  # the template refused the conversation
         raise bad_request(str(exc), param="messages", code="invalid_messages") from None
     if not ids:

@@ -191,6 +191,8 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant messages
     tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)  # tool messages
+    reasoning_content: str | None = None  # an assistant's thinking (vLLM's name; also `reasoning`)
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _tool_fields_fit_the_role(self) -> ChatMessage:
@@ -210,8 +212,9 @@ class ChatMessage(_Request):
     def template_dict(self) -> dict[str, Any]:
         """The message as the chat template wants it (text parts joined)."""
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
-        if self.name is not None:
-            message["name"] = self.name
+        for key in ("name", "reasoning_content", "reasoning"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
         return message
 
 
@@ -265,6 +268,8 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # more chat template variables, e.g. {"enable_thinking": false} for Qwen3 (as vLLM takes)
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, max_length=32)
 
     @field_validator("top_logprobs")
     @classmethod

@@ -1,10 +1,11 @@
 """Chat answers of a request that offers tools: `tool_calls` when the output is a call.
 
 Whether the output is a call is known only once it is complete, so the text is held back and
-sent when the generation ends, in the chunks OpenAI streams for a call: one chunk with the
-role and each call's index, id, type and function name (arguments ""), one chunk per call
-with its arguments, then an empty delta with finish_reason "tool_calls". Output that is no
-call is sent as content, with the finish reason it had.
+sent when the generation ends, in the chunks OpenAI streams for a call: the text before the
+calls as content (when there is any), one chunk with each call's index, id, type and function
+name (arguments ""), one chunk per call with its arguments, then an empty delta with
+finish_reason "tool_calls". Output that is no call is sent as content, with the finish reason
+it had.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from router.api.objects import (
 )
 from router.api.render import ChatFormatter
 from router.api.text_deltas import TextDelta
-from router.api.tools import ParsedCall, ToolPlan, new_call_id, parse_tool_calls
+from router.api.tool_parsers import ParsedOutput, ToolParser
+from router.api.tools import ToolPlan, parse_tool_calls
 
 
 class ToolChatFormatter(ChatFormatter):
     """ChatFormatter that turns a complete output into tool calls when it is one."""
 
-    def __init__(self, plan: ToolPlan, *args: Any) -> None:
+    def __init__(self, plan: ToolPlan, parser: ToolParser, *args: Any) -> None:
         super().__init__(*args)
         self._plan = plan
+        self._parser = parser
         self._held: dict[int, list[TextDelta]] = {}  # by choice index
 
     def chunk(  # type: ignore[override]
@@ -40,8 +43,8 @@ class ToolChatFormatter(ChatFormatter):
         held.append(delta)
         if delta.finish_reason is None:
             return None
-        calls = self._calls(held, delta.finish_reason)
-        if calls is None:
+        parsed = self._parsed(held, delta.finish_reason)
+        if parsed is None:
             whole = TextDelta(
                 "".join(d.text for d in held),
                 [t for d in held for t in d.token_ids],
@@ -51,14 +54,17 @@ class ToolChatFormatter(ChatFormatter):
             )
             piece = super().chunk(whole, True, index)
             return [piece] if piece is not None else None
-        ids = [new_call_id() for _ in calls]
+        calls = parsed.calls
         heads = [
-            {"index": i, "id": ids[i], "type": "function",
+            {"index": i, "id": self._parser.new_call_id(), "type": "function",
              "function": {"name": c.name, "arguments": ""}}
             for i, c in enumerate(calls)
         ]  # fmt: skip
+        said = [{"role": "assistant", "content": parsed.content}] if parsed.content else []
+        opening: dict[str, Any] = {} if said else {"role": "assistant", "content": None}
         deltas: list[dict[str, Any]] = [
-            {"role": "assistant", "content": None, "tool_calls": heads},
+            *said,
+            {**opening, "tool_calls": heads},
             *(
                 {"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]}
                 for i, c in enumerate(calls)
@@ -70,16 +76,17 @@ class ToolChatFormatter(ChatFormatter):
 
     def _choice(self, deltas: Sequence[TextDelta], index: int) -> ChatChoice:
         finish = deltas[-1].finish_reason if deltas else None
-        calls = self._calls(deltas, finish)
-        if calls is None:
+        parsed = self._parsed(deltas, finish)
+        if parsed is None:
             return super()._choice(deltas, index)
         message = ToolCallsMessage(
-            content=None,
+            content=parsed.content,
             tool_calls=[
                 ToolCallOut(
-                    id=new_call_id(), function=ToolCallFunction(name=c.name, arguments=c.arguments)
+                    id=self._parser.new_call_id(),
+                    function=ToolCallFunction(name=c.name, arguments=c.arguments),
                 )
-                for c in calls
+                for c in parsed.calls
             ],
         )
         return ChatChoice(
@@ -89,10 +96,10 @@ class ToolChatFormatter(ChatFormatter):
             finish_reason="tool_calls",
         )
 
-    def _calls(self, deltas: Sequence[TextDelta], finish: str | None) -> list[ParsedCall] | None:
+    def _parsed(self, deltas: Sequence[TextDelta], finish: str | None) -> ParsedOutput | None:
         if finish != "stop":  # cut short (length, error): not a complete call
             return None
-        return parse_tool_calls("".join(d.text for d in deltas), self._plan)
+        return parse_tool_calls("".join(d.text for d in deltas), self._plan, self._parser)
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, index: int) -> ChatCompletionChunk:
         choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish)

@@ -8,7 +8,7 @@ the conversation (assistant `tool_calls`) are written back in that same wrapper,
 results go in as `tool` messages.
 
 `tool_choice`: "none" renders no tools; "auto" lets the model choose (calls are read from the
-output when it is one or more wrapped calls, or one bare call object); "required" and a
+output in the format of the model's template: router.api.tool_parsers); "required" and a
 named function constrain the output with a grammar built from the functions' parameter
 schemas, closed and bounded (router.api.tool_schema), so that it always parses: a bare
 `{"name": ..., "arguments": {...}}` object. A forced call that `max_tokens` cuts short is no
@@ -18,19 +18,23 @@ call: it ends with finish_reason "length" and the text so far as content (router
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from router.api.requests import ChatCompletionRequest, ChatMessage, ToolDefinition
 from router.api.structured import json_schema_grammar
+from router.api.tool_parsers import (
+    CLOSE,
+    OPEN,
+    ParsedOutput,
+    ToolParser,
+    parse_bare_call,
+)
+from router.api.tool_parsers import dumps as _dumps
 from router.api.tool_schema import closed_schema
 from router.errors import bad_request
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_WRAPPED = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 Mode = Literal["auto", "required", "named"]
@@ -47,12 +51,6 @@ class ToolPlan:
     @property
     def names(self) -> frozenset[str]:
         return frozenset(t.function.name for t in self.tools)
-
-
-@dataclass(frozen=True)
-class ParsedCall:
-    name: str
-    arguments: str  # compact JSON text
 
 
 def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
@@ -194,37 +192,13 @@ def _tools_prompt(plan: ToolPlan) -> str:
 # ---------------------------------------------------------------- reading calls back
 
 
-def parse_tool_calls(text: str, plan: ToolPlan) -> list[ParsedCall] | None:
-    """The calls in a model's output, or None when it is no call (then it is content)."""
-    bodies = _WRAPPED.findall(text)
-    if not bodies:
-        stripped = text.strip()
-        if not stripped.startswith("{"):
-            return None
-        bodies = [stripped]
-    calls = [_call(body, plan.names) for body in bodies]
-    if any(c is None for c in calls):
-        return None
-    return [c for c in calls if c is not None]
-
-
-def _call(body: str, names: frozenset[str]) -> ParsedCall | None:
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or value.get("name") not in names:
-        return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):
-        arguments = _loads(arguments)
-    if not isinstance(arguments, dict):
-        return None
-    return ParsedCall(value["name"], _dumps(arguments))
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+def parse_tool_calls(text: str, plan: ToolPlan, parser: ToolParser) -> ParsedOutput | None:
+    """The calls in a model's output, or None when it is no call (then it is content).
+    A forced call is the bare object its grammar made; "auto" reads `parser`'s format."""
+    if plan.mode != "auto":
+        call = parse_bare_call(text, plan.names)
+        return ParsedOutput(None, [call]) if call is not None else None
+    return parser.parse(text, plan.names)
 
 
 def _loads(text: str) -> Any:
@@ -233,7 +207,3 @@ def _loads(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))

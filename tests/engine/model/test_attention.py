@@ -12,10 +12,10 @@ from engine.model.attention import (
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
-    TorchAttention,
     TritonAttention,
-    select_attention,
 )
+from engine.model.backends import select_attention
+from engine.model.torch_attention import TorchAttention
 
 BLOCK = 4
 KV_HEADS = 2

@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 from tiny_llama import save_tiny_llama
 from transformers import LlamaForCausalLM
 
-from engine.model.attention import TorchAttention
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
 from engine.model.loader import load_weights
+from engine.model.torch_attention import TorchAttention
 from tests.engine.model.tiny_families import save_family
 
 

@@ -110,20 +110,24 @@ async def test_a_streamed_call_has_openais_chunk_shape(tokenizer: Tokenizer) -> 
     assert reasons == [None] * (len(chunks) - 1) + ["tool_calls"]
 
 
+def stopped_content(resp: httpx.Response, stream: bool) -> str:
+    """The content of an answer that is no call: it stopped, with no tool_calls."""
+    assert resp.status_code == 200, resp.text
+    if stream:
+        chunks = _chunks(resp)
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        assert not any("tool_calls" in c["choices"][0]["delta"] for c in chunks if c["choices"])
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    (choice,) = resp.json()["choices"]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    return str(choice["message"]["content"])
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_plain_text_under_auto_stays_content(tokenizer: Tokenizer, stream: bool) -> None:
     text = "It is sunny in Paris."
     resp, _ = await _serve(tokenizer, text, _chat(tools=[WEATHER], stream=stream))
-    assert resp.status_code == 200, resp.text
-    if stream:
-        chunks = _chunks(resp)
-        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    else:
-        (choice,) = resp.json()["choices"]
-        content = choice["message"]["content"]
-        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
-    assert content == text
+    assert stopped_content(resp, stream) == text
 
 
 async def test_tool_choice_none_renders_no_tools(tokenizer: Tokenizer) -> None:
