@@ -10,28 +10,20 @@ from pathlib import Path
 import pytest
 
 from cluster import launcher, up_plan
-from cluster.settings import NodeSettings
 from engine.config import engine_config
-from node.cli import add_node_arguments, run_node, settings_from_args
+from node.cli import run_node, settings_from_args
 from node.core import engine_options
-
-
-def _parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_node_arguments(parser, ("decode", "colocated"))
-    return parser.parse_args(list(argv))
-
-
-def _never(settings: NodeSettings) -> object:
-    raise AssertionError("the app must not be built")
+from tests.node.node_args import never_build, parse_decode_args
 
 
 def test_flags_reach_the_engine_config(tmp_path: Path) -> None:
-    args = _parse("--speculative-method", "ngram", "--num-speculative-tokens", "6")
+    args = parse_decode_args("--speculative-method", "ngram", "--num-speculative-tokens", "6")
     settings = settings_from_args(args, "decode")
     config = engine_config(tmp_path, **(engine_options(settings) | {"device": "cpu"}))
     assert (config.speculative_method, config.num_speculative_tokens) == ("ngram", 6)
-    default = engine_config(tmp_path, **engine_options(settings_from_args(_parse(), "decode")))
+    default = engine_config(
+        tmp_path, **engine_options(settings_from_args(parse_decode_args(), "decode"))
+    )
     assert default.speculative_method == "none"
 
 
@@ -47,13 +39,13 @@ def test_flags_reach_the_engine_config(tmp_path: Path) -> None:
 def test_bad_values_exit_2_naming_them(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_node(_parse(*argv), "decode", _never) == 2
+    assert run_node(parse_decode_args(*argv), "decode", never_build) == 2
     assert message in capsys.readouterr().err
 
 
 def test_unknown_method_is_refused_by_the_parser() -> None:
     with pytest.raises(argparse.ArgumentError):
-        _parse("--speculative-method", "medusa")
+        parse_decode_args("--speculative-method", "medusa")
 
 
 def _launcher_args(*argv: str) -> argparse.Namespace:

@@ -3,31 +3,20 @@ and /metrics shows each tier's numbers, preemptions by kind and dropped disk fil
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.settings import NodeSettings
 from engine.config import engine_config
-from node.cli import add_node_arguments, run_node, settings_from_args
+from node.cli import run_node, settings_from_args
 from node.core import engine_options
 from node.metrics import NodeMetrics
-
-
-def _parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_node_arguments(parser, ("decode", "colocated"))
-    return parser.parse_args(list(argv))
-
-
-def _never(settings: NodeSettings) -> object:
-    raise AssertionError("the app must not be built")
+from tests.node.node_args import never_build, parse_decode_args
 
 
 def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
-    args = _parse(
+    args = parse_decode_args(
         "--kv-offload-cpu-gb", "2", "--kv-offload-disk-path", str(tmp_path / "kv"),
         "--kv-offload-disk-gb", "10",
     )  # fmt: skip
@@ -47,7 +36,7 @@ def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
 def test_bad_tier_settings_exit_2(
     argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_node(_parse(*argv), "decode", _never) == 2
+    assert run_node(parse_decode_args(*argv), "decode", never_build) == 2
     assert message in capsys.readouterr().err
 
 
