@@ -51,7 +51,6 @@ class StepPlanner:
         imports: HeldImports,
         lookahead: Lookahead | None,
         swap: SwapRule | None = None,
-        capacity: int | None = None,
     ) -> None:
         self._config = config
         self._swap = swap
@@ -60,8 +59,7 @@ class StepPlanner:
         self._running = running
         self._imports = imports
         self._lookahead = lookahead
-        # tokens a request may grow to (the cache's, unless a window bounds what it holds)
-        self._capacity = capacity or blocks.num_total_blocks * blocks.block_size
+        self._capacity = blocks.num_total_blocks * blocks.block_size  # tokens the cache holds
 
     def plan(self) -> SchedulerOutput:
         """One step, with the requests advanced as if it ran."""

@@ -27,7 +27,6 @@ cache's capacity finishes with FinishReason.LENGTH, like one reaching the contex
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -78,17 +77,15 @@ class Scheduler:
         self._running = RunningRequests(self._live)
         self._pinned: dict[str, Request] = {}  # prefill role: first token out, blocks held
         self._imports = HeldImports(block_manager)
-        # tokens the cache holds: a prompt's limit; also how long a request may grow, unless
-        # a window bounds the blocks it holds (then only the context length does)
-        self._cache_tokens = block_manager.num_total_blocks * block_manager.block_size
-        self._capacity = sys.maxsize if window else self._cache_tokens
         self._planner = StepPlanner(
-            config, block_manager, self._waiting, self._running, self._imports, lookahead, swap,
-            self._capacity,
-        )  # fmt: skip
-        self._updater = StepUpdater(
-            config, block_manager, self._live, lookahead, self._after_token, window, self._capacity
+            config, block_manager, self._waiting, self._running, self._imports, lookahead, swap
         )
+        self._updater = StepUpdater(
+            config, block_manager, self._live, lookahead, self._after_token, window
+        )
+        # tokens the cache holds: no request grows past them, windowed or not (a preempted
+        # request is recomputed whole: it must fit)
+        self._capacity = block_manager.num_total_blocks * block_manager.block_size
         self._in_flight: deque[SchedulerOutput] = deque()  # scheduled, not yet updated
 
     # ---- introspection ------------------------------------------------------------------
@@ -266,9 +263,9 @@ class Scheduler:
             raise ValueError(f"request id {rid!r} is already in use")
         if request.status is not RequestStatus.WAITING or request.block_ids:
             raise ValueError(f"request {rid} is not new (status {request.status.value})")
-        if num_tokens > self._cache_tokens:
+        if num_tokens > self._capacity:
             raise RequestTooLargeError(
                 f"request {rid} has {num_tokens} tokens; the KV cache holds at most "
-                f"{self._cache_tokens} ({self._blocks.num_total_blocks} blocks of "
+                f"{self._capacity} ({self._blocks.num_total_blocks} blocks of "
                 f"{self._blocks.block_size})"
             )

@@ -25,7 +25,6 @@ class StepUpdater:
         lookahead: Lookahead | None,
         after_token: Callable[[Request], None],
         window: int = 0,
-        capacity: int | None = None,
     ) -> None:
         self._blocks = blocks
         # every layer windowed: a decoding request's blocks behind the window go back
@@ -35,8 +34,7 @@ class StepUpdater:
         self._after_token = after_token
         # a decode's token that neither stops it nor is its last calls nothing (after_token)
         self._quiet = config.role is not Role.PREFILL
-        # tokens a request may grow to (the cache's, unless a window bounds what it holds)
-        self._capacity = capacity or blocks.num_total_blocks * blocks.block_size
+        self._capacity = blocks.num_total_blocks * blocks.block_size  # tokens the cache holds
 
     def apply(
         self, out: SchedulerOutput, tokens: list[int], more: Mapping[str, Sequence[int]] | None
@@ -106,8 +104,6 @@ class StepUpdater:
                 continue  # aborted in between
             if token is None:  # part of a prompt: no token yet
                 self._blocks.commit_full_blocks(request)
-                if self._window:
-                    self._slide(request)
                 continue
             request.num_pending -= 1
             if chunk.num_draft:
@@ -127,13 +123,14 @@ class StepUpdater:
         return appended
 
     def _slide(self, request: Request) -> None:
-        """A request's blocks wholly behind the window of its next query (at position
-        num_computed_tokens) go back to the pool, between prompt chunks too: a long prompt
-        or a recomputed preempted request holds a window's worth of blocks, not its length.
-        Speculative tokens never count here: only accepted ones are computed, so no later
-        step looks further back."""
+        """A decoding request's blocks wholly behind the window of the earliest query any
+        step still to come (or still running, with overlapped scheduling) can hold go back
+        to the pool: that query sits at the last known token, or earlier by the tokens
+        sampled and not yet appended. Not between prompt chunks: an overlapped step may
+        already hold the next chunk, whose queries start further back."""
         if request.status is RequestStatus.RUNNING:
-            first_needed = request.num_computed_tokens - self._window + 1
+            earliest = min(request.num_computed_tokens, request.num_known_tokens - 1)
+            first_needed = earliest - request.num_pending - self._window + 1
             self._blocks.release_behind(request, first_needed)
 
     def _ahead(self, request: Request, emitted: Sequence[int]) -> int:

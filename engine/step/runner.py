@@ -99,11 +99,7 @@ class ModelRunner:
         self.num_blocks = self.kv_capacity.num_blocks
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
-        # a table is as long as a request's context; past the cache's blocks only when every
-        # layer is windowed (the leading entries are then placeholders, engine.kv)
-        max_blocks = -(-self.max_model_len // config.block_size)
-        if not model_config.sliding_window:
-            max_blocks = min(max_blocks, self.num_blocks)
+        max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
         self.batch = PersistentBatch(
             config.max_num_seqs,
             max_blocks,

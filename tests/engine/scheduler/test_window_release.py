@@ -50,10 +50,10 @@ def test_blocks_behind_the_window_go_back(mistral: tuple[Any, Path]) -> None:
 def test_pool_smaller_than_the_requests_without_the_window_suffices(
     mistral: tuple[Any, Path],
 ) -> None:
-    """10 blocks hold 40 tokens: two requests of 54 and 50 tokens each run to the end
-    without a preemption, because each holds only its window's blocks."""
+    """16 blocks: two requests of 54 and 50 tokens (14 and 13 blocks) run side by side to
+    the end without a preemption, because each holds only its window's blocks."""
     hf, path = mistral
-    engine = LLMEngine(EngineConfig(model_dir=path, block_size=BLOCK, num_kv_blocks=10))
+    engine = LLMEngine(EngineConfig(model_dir=path, block_size=BLOCK, num_kv_blocks=16))
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(str(i), prompt, params)
