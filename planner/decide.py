@@ -99,8 +99,9 @@ class PoolDecider:
             self.hold_until = now + cfg.down_cooldown_s
         self.down_ready_at = now + cfg.down_cooldown_s
         self.streak = 0
+        changed = desired != self.last
         self.last = desired
-        return PoolDecision(desired, reason, direction)
+        return PoolDecision(desired, reason, direction if changed else None)
 
     def _keep(self, desired: int, reason: str) -> PoolDecision:
         self.last = desired

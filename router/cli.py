@@ -7,9 +7,9 @@ prefer SPLITSERVE_API_KEY over --api-key, which other users can see in the proce
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from cluster.log_format import configure_logging
 from cluster.settings import RouterSettings, SettingsError, load
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 
@@ -63,12 +63,3 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
     return 0
-
-
-def configure_logging(level: str) -> None:
-    """key=value lines on stderr."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-        stream=sys.stderr,
-    )
