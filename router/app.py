@@ -36,6 +36,7 @@ from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
 from router.state import RouterState
+from router.usage import UsageLedger
 
 log = logging.getLogger("splitserve.router")
 
@@ -64,7 +65,9 @@ def create_app(
             settings.max_inflight, settings.max_queued, settings.retry_after_s, metrics
         ),
         kv=kv,
+        usage=UsageLedger(metrics.registry, metrics.base, settings.limits_by_key()),
         api_keys=settings.api_keys(),
+        usage_admins=frozenset(settings.admin_key_names()),
         tokenizer=tokenizer,
     )
     app = FastAPI(
