@@ -29,6 +29,7 @@ from router import endpoints
 from router.admission import Admission
 from router.api.openapi import install_openapi
 from router.api.tokenize import tokens
+from router.dashboard import dashboard
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
@@ -83,7 +84,7 @@ def create_app(
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes, tokens)
+_ROUTERS = (endpoints.v1, endpoints.probes, tokens, dashboard)
 
 
 def route_paths() -> set[str]:
