@@ -8,6 +8,7 @@ GET /metrics (`splitserve_planner_desired_replicas{pool}`) and GET /status.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from cluster.log_format import configure_logging
@@ -15,10 +16,14 @@ from cluster.settings import DEFAULT_REDIS_URL
 from planner.config import PlannerConfig, PoolLimits
 
 DEFAULT_PORT = 9400
+REDIS_URL_ENV = "SPLITSERVE_REDIS_URL"  # as the router and nodes read it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL, help="the cluster's registry")
+    parser.add_argument(
+        "--redis-url", default=os.environ.get(REDIS_URL_ENV, DEFAULT_REDIS_URL),
+        help=f"the cluster's registry (default: {REDIS_URL_ENV}, else {DEFAULT_REDIS_URL})",
+    )  # fmt: skip
     parser.add_argument(
         "--router-url", action="append", default=[],
         help="a router whose /metrics to read (repeat for several); nodes come from the registry",
