@@ -1,8 +1,8 @@
 """Each pool's capacity per node, learned from what the nodes did.
 
 Prefill: prompt tokens per second one node gets through. An interval in which the pool kept
-a queue (or missed the TTFT target) shows the node's limit: tokens processed (accepted, less
-what the queue grew by) per node. Decode: sequences one node runs at the ITL target. An
+a queue shows the node's limit: tokens processed (accepted, less what the queue grew by) per
+node. Decode: sequences one node runs at the ITL target. An
 interval that missed the target with R sequences per node shows R * target / ITL (a decode
 step costs about in proportion to its batch, as far as the planner needs).
 
@@ -51,21 +51,22 @@ class Capacity:
 
 def learn_prefill(cap: Capacity, obs: Observation, ttft_slo_s: float) -> None:
     pool = obs.pools["prefill"]
-    if pool.replicas == 0:
+    if pool.replicas == 0 or not pool.same_nodes:  # a node came or went: rates are partial
         return
     backlog_growth = (pool.waiting - pool.waiting_before) * pool.tokens_per_request / obs.dt
     per_node = max(0.0, pool.tokens_per_s - backlog_growth) / pool.replicas
     queued = pool.waiting > 0 and pool.waiting_before > 0
     missed = obs.ttft_s is not None and obs.ttft_s > ttft_slo_s
-    if (queued or missed) and pool.tokens_per_s > 0:
+    if queued and pool.tokens_per_s > 0:
         cap.saturated(per_node)
-    elif obs.ttft_s is not None:
+    elif obs.ttft_s is not None and not missed:
         cap.within_target(per_node)
+    # a target missed without a queue says the prompts are slow, not how many a node takes
 
 
 def learn_decode(cap: Capacity, obs: Observation, itl_slo_s: float) -> None:
     pool = obs.pools["decode"]
-    if pool.replicas == 0 or pool.running == 0 or obs.itl_s is None:
+    if pool.replicas == 0 or pool.running == 0 or obs.itl_s is None or not pool.same_nodes:
         return
     per_node = pool.running / pool.replicas
     if obs.itl_s > itl_slo_s:

@@ -70,6 +70,7 @@ class PoolObservation:
     tokens_per_s: float = 0.0
     tokens_per_request: float = 0.0  # 0 when no request came
     waiting_before: int = 0
+    same_nodes: bool = True  # the pool had these nodes at the previous tick too
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def _pool(
         tokens_per_s=tokens / dt,
         tokens_per_request=tokens / requests if requests > 0 else 0.0,
         waiting_before=sum(n.waiting for n in before.pool(role)),
+        same_nodes=ids == {n.node_id for n in before.pool(role)},
     )
 
 
