@@ -111,6 +111,9 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
 
 
 def node_gpu_share(args: argparse.Namespace) -> float:
-    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU."""
+    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU (with
+    --planner, as many as the planner may start)."""
     nodes = args.decode if args.colocated else args.prefill + args.decode
+    if getattr(args, "planner", False):
+        nodes = args.max_prefill + args.max_decode
     return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
@@ -109,7 +108,3 @@ async def _planner(state: RouterState) -> PlannerStatus | None:
             return PlannerStatus.model_validate_json(raw)
     return None
 
-
-def registry_names(registry: CollectorRegistry) -> set[str]:
-    """Every sample name `registry` exports (tests compare dashboards against them)."""
-    return {s.name for f in registry.collect() for s in f.samples}
