@@ -72,6 +72,7 @@ class Browser:
 
     def __init__(self, binary: str, profile: Path) -> None:
         profile.mkdir(parents=True, exist_ok=True)
+        (profile / "DevToolsActivePort").unlink(missing_ok=True)  # a previous run's port
         argv = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
         argv += ["--window-size=1280,1100", "--remote-debugging-port=0"]
         argv += [f"--user-data-dir={profile}", "about:blank"]
