@@ -23,6 +23,9 @@ class PoolInputs:
     proven: float  # per node, handled within target
     slo_ratio: float | None  # the latency quantile over its target; None without requests
     floor: int  # nodes the running requests need
+    # requests wait for a node or share one: more nodes would shorten the latency (a missed
+    # target without it means the requests are slow on any node; more nodes would not help)
+    contended: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ class PoolDecider:
         wanted, why = 0, "load"
         if x.capacity is not None and x.capacity > 0:
             wanted = math.ceil(x.predicted / (x.capacity * self.config.scale_up_utilization))
-        if x.slo_ratio is not None and x.slo_ratio > 1 and x.load > 0 and x.replicas + 1 > wanted:
+        missed = x.slo_ratio is not None and x.slo_ratio > 1 and x.load > 0 and x.contended
+        if missed and x.replicas + 1 > wanted:
             wanted, why = x.replicas + 1, f"{self.slo_name}_over_target"
         return min(wanted, self.limits.max_replicas), why
 

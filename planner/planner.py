@@ -62,6 +62,7 @@ class Planner:
             proven=cap.proven,
             slo_ratio=None if latency is None else latency / self.config.slo_s(pool),
             floor=math.ceil(seen.running / self.busiest[pool]),
+            contended=_contended(pool, seen),
         )
 
     def _hold(self, scrape: Scrape, obs: Observation | None, reason: str) -> PlannerStatus:
@@ -110,3 +111,10 @@ def _load(pool: str, seen: PoolObservation, dt: float) -> float:
     if pool == "prefill":
         return seen.tokens_per_s + seen.waiting * seen.tokens_per_request / dt
     return float(seen.running + seen.waiting)
+
+
+def _contended(pool: str, seen: PoolObservation) -> bool:
+    """Prefill: prompts waited for a node. Decode: a node shares its steps among sequences."""
+    if pool == "prefill":
+        return seen.waiting > 0 or seen.waiting_before > 0
+    return seen.busiest > 1 or seen.waiting > 0

@@ -33,6 +33,12 @@ def test_a_missed_target_adds_one_node_then_waits_for_the_cooldown() -> None:
     assert d.decide(replace(slow, replicas=2), now=31.0).desired == 3
 
 
+def test_a_missed_target_without_contention_adds_nothing() -> None:
+    d = _decider()
+    slow = replace(IDLE, load=50.0, predicted=50.0, slo_ratio=3.0, contended=False)
+    assert {d.decide(slow, now=float(t)).desired for t in range(0, 100, 5)} == {1}
+
+
 def test_a_learned_capacity_sizes_the_pool_to_the_predicted_load() -> None:
     d = _decider()
     busy = replace(IDLE, load=1000.0, predicted=2000.0, capacity=1000.0, slo_ratio=0.5)
