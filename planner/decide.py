@@ -19,6 +19,7 @@ class PoolInputs:
     replicas: int  # nodes of the pool in the registry now
     load: float  # in the pool's unit: prompt tokens/s (prefill), sequences (decode)
     predicted: float
+    peak: float  # the highest load of the recent intervals
     capacity: float | None  # per node at the target; None until learned
     proven: float  # per node, handled within target
     slo_ratio: float | None  # the latency quantile over its target; None without requests
@@ -90,7 +91,7 @@ class PoolDecider:
         room = (x.replicas - 1) * self.config.scale_down_utilization
         per_node = x.capacity if x.capacity is not None else 0.0
         per_node = max(per_node, x.proven)
-        fits = max(x.load, x.predicted) <= room * per_node
+        fits = max(x.load, x.predicted, x.peak) <= room * per_node
         calm = x.slo_ratio is None or x.slo_ratio < self.config.scale_down_slo_ratio
         return fits and calm
 

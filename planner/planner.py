@@ -58,6 +58,7 @@ class Planner:
             replicas=seen.replicas,
             load=load,
             predicted=predictor.predict(),
+            peak=predictor.peak(),
             capacity=cap.at_target(),
             proven=cap.proven,
             slo_ratio=None if latency is None else latency / self.config.slo_s(pool),
@@ -70,7 +71,8 @@ class Planner:
         for pool in POOLS:
             replicas = len(scrape.pool(pool))
             decision = self.deciders[pool].hold(replicas, reason)
-            inputs = PoolInputs(replicas, 0.0, 0.0, self.capacity[pool].at_target(), 0.0, None, 0)
+            cap = self.capacity[pool].at_target()
+            inputs = PoolInputs(replicas, 0.0, 0.0, 0.0, cap, 0.0, None, 0)
             pools[pool] = self._pool_status(scrape, pool, inputs, decision)
         return self._status(scrape, obs, pools)
 

@@ -17,6 +17,11 @@ class TrendPredictor:
     def add(self, load: float) -> None:
         self._loads.append(max(0.0, load))
 
+    def peak(self) -> float:
+        """The highest load of the history: a pool shrinks only below it (sparse traffic
+        has empty intervals that are no fall in load)."""
+        return max(self._loads, default=0.0)
+
     def predict(self) -> float:
         """The line's value `horizon` intervals after the last one (never below 0); the last
         load itself while fewer than two are known."""

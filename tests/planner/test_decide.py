@@ -14,7 +14,14 @@ CONFIG = PlannerConfig(
     prefill=PoolLimits(1, 4), scale_down_intervals=3, up_cooldown_s=30, down_cooldown_s=60
 )
 IDLE = PoolInputs(
-    replicas=1, load=0.0, predicted=0.0, capacity=None, proven=0.0, slo_ratio=None, floor=0
+    replicas=1,
+    load=0.0,
+    predicted=0.0,
+    peak=0.0,
+    capacity=None,
+    proven=0.0,
+    slo_ratio=None,
+    floor=0,
 )
 
 
@@ -67,15 +74,22 @@ def test_shrinking_needs_a_streak_and_goes_one_node_at_a_time() -> None:
 def test_hysteresis_keeps_a_pool_that_would_be_too_full_when_smaller() -> None:
     d = _decider()
     # 2 nodes of 1000 tokens/s, 600 tokens/s of load: one node would be at 60% > 50%
-    steady = PoolInputs(2, 600.0, 600.0, 1000.0, 1000.0, 0.3, 0)
+    steady = PoolInputs(2, 600.0, 600.0, 600.0, 1000.0, 1000.0, 0.3, 0)
     assert {d.decide(steady, now=float(t)).desired for t in range(0, 100, 5)} == {2}
-    lighter = replace(steady, load=400.0, predicted=400.0)
+    lighter = replace(steady, load=400.0, predicted=400.0, peak=400.0)
     assert [d.decide(lighter, now=100.0 + t).desired for t in (0, 5, 10)] == [2, 2, 1]
+
+
+def test_an_empty_interval_of_sparse_traffic_is_no_fall_in_load() -> None:
+    d = _decider()
+    # 2 nodes of 1000 tokens/s; intervals alternate 0 and 800 tokens/s: the peak is 800
+    sparse = PoolInputs(2, 0.0, 0.0, 800.0, 1000.0, 1000.0, None, 0)
+    assert {d.decide(sparse, now=float(t)).desired for t in range(0, 200, 5)} == {2}
 
 
 def test_latency_near_target_blocks_shrinking() -> None:
     d = _decider()
-    near = PoolInputs(2, 10.0, 10.0, 1000.0, 1000.0, 0.8, 0)
+    near = PoolInputs(2, 10.0, 10.0, 10.0, 1000.0, 1000.0, 0.8, 0)
     assert {d.decide(near, now=float(t)).desired for t in range(0, 100, 5)} == {2}
 
 

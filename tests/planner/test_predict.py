@@ -22,6 +22,7 @@ def test_a_falling_load_stops_at_zero_and_short_histories_repeat_the_last() -> N
     for load in (40, 20, 0):
         p.add(load)
     assert p.predict() == 0.0
+    assert p.peak() == 40  # the last 3
 
 
 def test_bad_settings_are_refused() -> None:
