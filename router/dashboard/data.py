@@ -107,4 +107,3 @@ async def _planner(state: RouterState) -> PlannerStatus | None:
         if raw is not None:
             return PlannerStatus.model_validate_json(raw)
     return None
-
