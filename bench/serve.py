@@ -43,6 +43,7 @@ from bench.multiturn import (
     prefix_summary,
     run_conversations,
 )
+from bench.schedule import Phase, parse_schedule, phase_records, schedule_arrivals
 from bench.serve_client import (
     LoadOptions,
     Target,
@@ -78,6 +79,7 @@ class ServeConfig:
     warmup: int
     label: str | None
     multiturn: Multiturn | None = None  # the shape of --workload multiturn
+    schedule: tuple[Phase, ...] | None = None  # --rate-schedule: one run of changing rate
 
     def __post_init__(self) -> None:
         if self.workload != MULTITURN:
@@ -92,6 +94,8 @@ class ServeConfig:
             raise ValueError("duration_s must be > 0 and needs finite rates")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.schedule is not None and self.multiturn is not None:
+            raise ValueError("--rate-schedule sends single requests: not with multiturn")
 
     def to_json(self, model: str) -> dict[str, Any]:
         return {**asdict(self), "model": model, "rates": list(self.rates)}
@@ -120,6 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rate = parser.add_mutually_exclusive_group()
     rate.add_argument("--rate", type=parse_rate, default=1.0, help="req/s, or inf (default 1)")
     rate.add_argument("--rates", type=parse_rates, help="a sweep, e.g. 0.5,1,2,4")
+    rate.add_argument(
+        "--rate-schedule", type=parse_schedule,
+        help="one run whose rate changes: RATE:SECONDS,... e.g. 0.5:30,2:60,0.5:60",
+    )  # fmt: skip
     a("--num-requests", type=int, default=32, help="requests per sweep point")
     a("--duration", type=float, help="instead of --num-requests: seconds of arrivals per point")
     a("--max-prompt", type=int, help="scale prompt lengths down to at most this many tokens")
@@ -171,6 +179,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         seed=args.seed, slo=_slo(args, DEFAULT_SLO),
         load=LoadOptions(args.timeout, args.max_concurrency, progress=not args.no_progress),
         warmup=args.warmup, label=args.label, multiturn=_multiturn(args),
+        schedule=args.rate_schedule,
     )  # fmt: skip
 
 
@@ -193,7 +202,27 @@ async def _warm_up(target: Target, config: ServeConfig, opts: LoadOptions) -> No
         raise Unreachable(f"every warmup request failed: {errors[0]}")
 
 
+async def _scheduled(target: Target, config: ServeConfig) -> dict[str, Any]:
+    """One run over the rate schedule, summarized per phase."""
+    assert config.schedule is not None
+    workload = get_workload(config.workload).capped(config.max_prompt, config.max_output)
+    arrivals = schedule_arrivals(config.schedule, config.seed)
+    specs = workload.sample(len(arrivals), config.seed, config.vocab_size)
+    run = await run_point(target, specs, [t for t, _ in arrivals], config.load, "schedule")
+    records = [r.to_dict() for r in run.records]
+    phases = []
+    for phase, mine in phase_records(records, arrivals, config.schedule):
+        summary = summarize(mine, phase.seconds, phase.rate, config.slo)
+        print(point_report(summary), flush=True)
+        phases.append({"rate": phase.rate, "seconds": phase.seconds, "summary": summary})
+    whole = summarize(records, run.duration_s, None, config.slo)
+    return {"rate": None, "duration_s": run.duration_s, "summary": whole, "phases": phases,
+            "records": records}  # fmt: skip
+
+
 async def _point(target: Target, config: ServeConfig, rate: float | None) -> dict[str, Any]:
+    if config.schedule is not None:
+        return await _scheduled(target, config)
     if config.multiturn is not None:
         return await _multiturn_point(target, config, config.multiturn, rate)
     workload = get_workload(config.workload).capped(config.max_prompt, config.max_output)

@@ -18,6 +18,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "router": ("router.cli", "run the OpenAI-compatible router"),
     "prefill": ("prefill_node.cli", "run a prefill node"),
     "decode": ("decode_node.cli", "run a decode node"),
+    "planner": ("planner.cli", "size the prefill and decode pools from TTFT / ITL targets"),
     "bench": ("bench.cli", "benchmarks"),
 }
 

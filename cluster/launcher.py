@@ -16,6 +16,8 @@ keeps dying, the launcher stops everything and exits 1. Every run gets its own c
 (SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set). `--api-key`
 reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line;
 `--max-model-len` goes to the router and every node, `--served-model-name` to the router.
+With --planner a `splitserve planner` child sizes the two pools from TTFT / ITL targets, and
+the launcher starts and drains nodes to follow it (cluster.scaler); cluster.json follows.
 """
 
 from __future__ import annotations
@@ -36,11 +38,21 @@ import httpx
 
 from cluster.auth import CLUSTER_TOKEN_ENV, new_token
 from cluster.process import Child, stop_all
-from cluster.redis_server import EmbeddedRedis
+from cluster.redis_server import EmbeddedRedis, free_port
 from cluster.redis_supervisor import RedisSupervisor
+from cluster.scaler import LocalScaler
 from cluster.up_args import API_KEY_ENV, check_args
 from cluster.up_args import add_arguments as add_arguments
-from cluster.up_plan import NodePlan, node_argv, plan_nodes, router_argv, router_environment
+from cluster.up_layout import UpLayout, note_pid
+from cluster.up_plan import (
+    NodePlan,
+    local_host,
+    node_argv,
+    plan_nodes,
+    planner_argv,
+    router_argv,
+    router_environment,
+)
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.25
@@ -103,6 +115,7 @@ def _stop_on_sigterm() -> Iterator[None]:
 def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
     redis = None
     children: list[Child] = []
+    scaler: LocalScaler | None = None
     # One cluster token per run (unless the environment brings one): nodes take /internal/*
     # calls and KV handshakes only from this cluster's processes. It travels in env only.
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -119,11 +132,25 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
         for node in nodes:
             argv = node_argv(args, model, redis_url, node)
             children.append(_spawn(run_dir, node.name, argv, env))
-        _write_cluster_file(run_dir, args, redis_url, nodes, children, redis)
+        planner_url = None
+        if args.planner:
+            port = free_port()
+            children.append(_spawn(run_dir, "planner", planner_argv(args, redis_url, port), env))
+            planner_url = f"http://127.0.0.1:{port}"
+        layout = UpLayout(run_dir, args, redis_url, nodes, children, redis, planner_url)
+        layout.write()
         _wait_ready(args, children, nodes)
         _announce(args, model, nodes, keyed=API_KEY_ENV in router_env)
-        return _supervise(children, redis, run_dir)
+        if planner_url is not None:
+
+            def start(plan: NodePlan) -> Child:
+                return _spawn(run_dir, plan.name, node_argv(args, model, redis_url, plan), env)
+
+            scaler = LocalScaler(planner_url, start, nodes, children, layout.write)
+        return _supervise(children, redis, run_dir, scaler)
     finally:
+        if scaler is not None:
+            scaler.close()
         if children or redis is not None:
             print("stopping...", flush=True)
         killed = stop_all(children, STOP_GRACE_S)
@@ -137,44 +164,6 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
 
 def _spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> Child:
     return Child(name, argv, run_dir / f"{name}.log", env)
-
-
-def _write_cluster_file(
-    run_dir: Path,
-    args: argparse.Namespace,
-    redis_url: str,
-    nodes: list[NodePlan],
-    children: list[Child],
-    redis: EmbeddedRedis | None,
-) -> None:
-    pids = {c.name: c.pid for c in children}
-    if redis is not None and redis.pid is not None:
-        pids["redis"] = redis.pid
-    pids["launcher"] = os.getpid()
-    layout = {
-        "router": f"http://127.0.0.1:{args.port}",
-        "redis": redis_url,
-        "nodes": {n.name: {"url": n.url, "role": n.role} for n in nodes},
-        "pids": pids,
-    }
-    _write_json(run_dir / "cluster.json", layout)
-    for child in children:
-        print(f"started {child.name} pid={child.pid}", flush=True)
-
-
-def _note_pid(run_dir: Path, name: str, pid: int) -> None:
-    """Record a restarted process's new pid in cluster.json."""
-    path = run_dir / "cluster.json"
-    layout = json.loads(path.read_text())
-    layout["pids"][name] = pid
-    _write_json(path, layout)
-
-
-def _write_json(path: Path, data: object) -> None:
-    """Replace `path` at once: a reader never sees it half written."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _wait_ready(args: argparse.Namespace, children: list[Child], nodes: list[NodePlan]) -> None:
@@ -226,8 +215,7 @@ def _router_ready(http: httpx.Client, url: str, nodes: list[NodePlan]) -> bool:
 
 
 def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan], keyed: bool) -> None:
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    base = f"http://{host}:{args.port}"
+    base = f"http://{local_host(args.host)}:{args.port}"
     pools = ", ".join(f"{n.name} {n.url}" for n in nodes)
     name = args.served_model_name or model.name
     auth = f'-H "Authorization: Bearer ${API_KEY_ENV}" ' if keyed else ""
@@ -248,14 +236,19 @@ def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan], keye
     )
 
 
-def _supervise(children: list[Child], redis: EmbeddedRedis | None, run_dir: Path) -> int:
+def _supervise(
+    children: list[Child],
+    redis: EmbeddedRedis | None,
+    run_dir: Path,
+    scaler: LocalScaler | None = None,
+) -> int:
     """Run until interrupted; 1 when the router exits or Redis stays down (an embedded
     Redis that dies is restarted on its port, within RestartPolicy's budget); nodes may
     come and go."""
     reported: set[str] = set()
     keeper = None
     if redis is not None:
-        keeper = RedisSupervisor(redis, on_restart=lambda pid: _note_pid(run_dir, "redis", pid))
+        keeper = RedisSupervisor(redis, on_restart=lambda pid: note_pid(run_dir, "redis", pid))
     while True:
         time.sleep(POLL_S)
         if keeper is not None:
@@ -263,11 +256,16 @@ def _supervise(children: list[Child], redis: EmbeddedRedis | None, run_dir: Path
             if keeper.gave_up:
                 print("redis-server keeps dying; stopping the cluster", file=sys.stderr)
                 return 1
+        if scaler is not None:
+            scaler.step()
         for child in children:
             code = child.exit_code()
             if code is None or child.name in reported:
                 continue
             reported.add(child.name)
+            if scaler is not None and child.name in scaler.draining:
+                print(f"{child.name} drained (exit code {code})", flush=True)
+                continue
             print(
                 f"{child.name} exited with code {code}; last lines of {child.log_path}:\n"
                 f"{child.log_tail(10)}",

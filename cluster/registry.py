@@ -200,6 +200,11 @@ class Membership(StaticMembership):
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
+    @property
+    def redis(self) -> aioredis.Redis | None:
+        """The client it polls with (None before start): other cluster keys go through it."""
+        return self._redis
+
     async def start(self) -> None:
         """One immediate poll (a failure is tolerated), then poll in the background."""
         self._redis = connect(self._redis_url)

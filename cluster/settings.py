@@ -15,7 +15,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cluster.auth import read_key_file, split_keys
+from cluster.auth import ApiKey, named_keys, read_key_file, split_keys
+from cluster.key_limits import EVERY_KEY, KeyLimit, parse_key_limits
 
 ENV_PREFIX = "SPLITSERVE_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -42,8 +43,13 @@ class RouterSettings(_Base):
     served_model_name: str | None = None  # the `model` clients send; default: model's name
     # When set, /v1/* needs `Authorization: Bearer <key>`: one key, or several separated by
     # commas; api_key_file adds one key per line.
+    # Either may name its keys, `name:key`: usage is counted by key name.
     api_key: SecretStr | None = None
     api_key_file: Path | None = None
+    # Key names that may read GET /v1/usage (comma-separated).
+    usage_admin_keys: str | None = None
+    # Requests / tokens per minute by key name (cluster.key_limits): `alice:rpm=60,tpm=20000`
+    key_limits: str | None = None
     cluster_token: SecretStr | None = None  # sent to the nodes on every /internal/* call
     # kv_aware: the prefix index (nodes' KV events) against load; with one node per pool
     # every policy picks that node.
@@ -79,18 +85,34 @@ class RouterSettings(_Base):
 
     @model_validator(mode="after")
     def _check_keys(self) -> RouterSettings:
-        self.api_keys()  # an unreadable or empty key file fails at start
+        names = {k.name for k in self.api_keys()}  # an unreadable key file fails at start
+        unknown = (set(self.limits_by_key()) - {EVERY_KEY}) | self.admin_key_names()
+        if unknown - names:
+            raise ValueError(f"no API key is named {', '.join(sorted(unknown - names))}")
         _check_token(self.cluster_token)
         return self
 
-    def api_keys(self) -> tuple[bytes, ...]:
-        """Every accepted API key (empty: no key is needed)."""
-        keys = split_keys(self.api_key.get_secret_value()) if self.api_key else []
-        if self.api_key is not None and not keys:
+    def api_keys(self) -> tuple[ApiKey, ...]:
+        """Every accepted API key with its name (empty: no key is needed)."""
+        given = split_keys(self.api_key.get_secret_value()) if self.api_key else []
+        if self.api_key is not None and not given:
             raise ValueError("api_key is set but holds no key")
+        keys = named_keys(given, "api_key")
         if self.api_key_file is not None:
-            keys += read_key_file(self.api_key_file)
-        return tuple(k.encode() for k in keys)
+            lines = read_key_file(self.api_key_file)
+            keys += named_keys(lines, f"the API key file {self.api_key_file}", len(keys) + 1)
+        seen: set[str] = set()
+        for key in keys:
+            if key.name in seen:
+                raise ValueError(f"two API keys are named {key.name!r}")
+            seen.add(key.name)
+        return tuple(keys)
+
+    def limits_by_key(self) -> dict[str, KeyLimit]:
+        return parse_key_limits(self.key_limits) if self.key_limits else {}
+
+    def admin_key_names(self) -> set[str]:
+        return set(split_keys(self.usage_admin_keys)) if self.usage_admin_keys else set()
 
     def model_name(self) -> str:
         """The name clients put in `model` and that /v1/models lists."""

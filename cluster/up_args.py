@@ -70,6 +70,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy", choices=["kv_aware", "least_loaded", "round_robin"], default=None,
         help="the router's routing policy (default kv_aware)",
     )  # fmt: skip
+    add_planner_arguments(parser)
+
+
+def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+    """--planner: a `splitserve planner` child sizes the pools; the launcher starts and
+    drains nodes (between --prefill / --decode and --max-prefill / --max-decode) to follow."""
+    group = parser.add_argument_group("planner")
+    group.add_argument(
+        "--planner", action="store_true",
+        help="start the SLA planner and follow its decisions by starting and draining nodes",
+    )  # fmt: skip
+    group.add_argument("--ttft-slo-ms", type=float, default=1000.0, help="TTFT target (p90)")
+    group.add_argument("--itl-slo-ms", type=float, default=100.0, help="ITL target (p90)")
+    group.add_argument("--max-prefill", type=int, default=3, help="most prefill nodes")
+    group.add_argument("--max-decode", type=int, default=3, help="most decode nodes")
+    group.add_argument("--planner-interval-s", type=float, default=5.0)
+    group.add_argument(
+        "--planner-cooldown-s", type=float, default=30.0,
+        help="after a scale-up, before the next; a scale-down waits twice as long",
+    )  # fmt: skip
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -93,3 +113,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--speculative-method draft needs --draft-model")
     if args.draft_model and args.speculative_method != "draft":
         raise ValueError("--draft-model needs --speculative-method draft")
+    if args.planner:
+        if args.colocated:
+            raise ValueError("--planner sizes a prefill and a decode pool: not with --colocated")
+        if args.max_prefill < args.prefill or args.max_decode < args.decode:
+            raise ValueError("--max-prefill / --max-decode must be >= --prefill / --decode")

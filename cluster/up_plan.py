@@ -61,6 +61,27 @@ def router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[s
     return argv
 
 
+def planner_argv(args: argparse.Namespace, redis_url: str, port: int) -> list[str]:
+    """The planner of `up --planner`: reads the router and the nodes directly; the pools'
+    minimum is what `up` started with."""
+    argv = [*_cli(), "planner", "--port", str(port), "--redis-url", redis_url]
+    argv += ["--router-url", f"http://{local_host(args.host)}:{args.port}"]
+    argv += ["--ttft-slo-ms", str(args.ttft_slo_ms), "--itl-slo-ms", str(args.itl_slo_ms)]
+    argv += ["--min-prefill", str(args.prefill), "--max-prefill", str(args.max_prefill)]
+    argv += ["--min-decode", str(args.decode), "--max-decode", str(args.max_decode)]
+    argv += ["--interval-s", str(args.planner_interval_s)]
+    argv += ["--up-cooldown-s", str(args.planner_cooldown_s)]
+    argv += ["--down-cooldown-s", str(2 * args.planner_cooldown_s)]
+    if args.log_level:
+        argv += ["--log-level", args.log_level]
+    return argv
+
+
+def local_host(host: str) -> str:
+    """The address to reach a server of this machine listening on `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodePlan) -> list[str]:
     argv = [*_cli(), node.command, "--host", "127.0.0.1", "--port", str(node.port)]
     argv += ["--redis-url", redis_url, "--model", str(model), "--node-id", node.name]
@@ -94,6 +115,9 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
 
 
 def node_gpu_share(args: argparse.Namespace) -> float:
-    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU."""
+    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU (with
+    --planner, as many as the planner may start)."""
     nodes = args.decode if args.colocated else args.prefill + args.decode
+    if getattr(args, "planner", False):
+        nodes = args.max_prefill + args.max_decode
     return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000

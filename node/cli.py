@@ -10,7 +10,6 @@ in the socket's backlog instead of being refused.
 from __future__ import annotations
 
 import argparse
-import logging
 import socket
 import sys
 import types
@@ -19,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster.log_format import configure_logging
 from cluster.settings import NodeSettings, SettingsError, load
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 
@@ -150,12 +150,3 @@ def serve(app: Any, sock: socket.socket, settings: NodeSettings) -> int:
     server = DrainingServer(config, lambda: begin_drain(app))
     server.run(sockets=[sock])
     return 0 if server.started else 3
-
-
-def configure_logging(level: str) -> None:
-    """key=value lines on stderr."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-        stream=sys.stderr,
-    )

@@ -29,6 +29,7 @@ from router import endpoints
 from router.admission import Admission
 from router.api.openapi import install_openapi
 from router.api.tokenize import tokens
+from router.dashboard import dashboard
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
@@ -36,6 +37,7 @@ from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
 from router.state import RouterState
+from router.usage import UsageLedger
 
 log = logging.getLogger("splitserve.router")
 
@@ -65,7 +67,9 @@ def create_app(
             settings.max_inflight, settings.max_queued, settings.retry_after_s, metrics
         ),
         kv=kv,
+        usage=UsageLedger(metrics.registry, metrics.base, settings.limits_by_key()),
         api_keys=settings.api_keys(),
+        usage_admins=frozenset(settings.admin_key_names()),
         tokenizer=tokenizer,
     )
     app = FastAPI(
@@ -81,7 +85,7 @@ def create_app(
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes, tokens)
+_ROUTERS = (endpoints.v1, endpoints.probes, tokens, dashboard)
 
 
 def route_paths() -> set[str]:

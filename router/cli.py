@@ -7,9 +7,9 @@ prefer SPLITSERVE_API_KEY over --api-key, which other users can see in the proce
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from cluster.log_format import configure_logging
 from cluster.settings import RouterSettings, SettingsError, load
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 from router.api.tool_parsers import PARSER_NAMES
@@ -22,7 +22,9 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model-cache", str, MODEL_CACHE_HELP),
     ("--served-model-name", str, "the model name clients send (default: the model's name)"),
     ("--api-key", str, "require `Authorization: Bearer KEY` on /v1 (prefer the env var)"),
-    ("--api-key-file", str, "accepted API keys, one per line"),
+    ("--api-key-file", str, "accepted API keys, one per line: `name:key` (or a bare key)"),
+    ("--usage-admin-keys", str, "key names that may read GET /v1/usage (comma-separated)"),
+    ("--key-limits", str, "per key name: `alice:rpm=60,tpm=20000;*:rpm=600`"),
     ("--local-prefill-max-tokens", int, "prompts shorter than this skip the prefill pool"),
     ("--max-model-len", int, "context length (default: the smallest of the nodes')"),
     ("--max-inflight", int, "requests served at once; later ones wait in the queue"),
@@ -69,12 +71,3 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
     return 0
-
-
-def configure_logging(level: str) -> None:
-    """key=value lines on stderr."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-        stream=sys.stderr,
-    )

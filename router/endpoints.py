@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Literal, TypeVar
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from cluster.auth import matches_any
+from cluster.auth import find_key
 from models.tokenizer import Tokenizer
 from router.api.choices import Samples
-from router.api.objects import ModelCard, ModelList
+from router.api.objects import ModelCard, ModelList, Usage
 from router.api.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
 from router.api.render import ChatFormatter, CompletionFormatter, Formatter
 from router.api.render_samples import serve_samples
@@ -41,6 +42,7 @@ from router.flow.request import FlowRequest
 from router.flow.request_flow import RequestFlow
 from router.routing.policy import Pools
 from router.state import RouterState
+from router.usage import ANONYMOUS
 
 T = TypeVar("T")
 
@@ -51,18 +53,22 @@ def get_state(request: Request) -> RouterState:
 
 
 def require_api_key(request: Request) -> None:
-    """401 unless `Authorization: Bearer <key>` names one of the keys (when keys are set)."""
+    """401 unless `Authorization: Bearer <key>` names one of the keys (when keys are set).
+    The key's name (`anonymous` without keys) is what usage and limits count by."""
     keys = get_state(request).api_keys
+    request.state.key_name = ANONYMOUS
     if not keys:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not matches_any(token.strip(), keys):
+    key = find_key(token.strip(), keys) if scheme.lower() == "bearer" else None
+    if key is None:
         raise APIError(
             401,
             "missing or invalid API key: send `Authorization: Bearer <key>`",
             type="authentication_error",
             code="invalid_api_key",
         )
+    request.state.key_name = key.name
 
 
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -79,6 +85,21 @@ async def list_models(request: Request) -> JSONResponse:
         max_model_len=state.settings.max_model_len or lens,
     )
     return JSONResponse(ModelList(data=[card]).model_dump())
+
+
+@v1.get("/usage")
+async def usage(request: Request) -> JSONResponse:
+    """Usage by key name since the router started; for the keys named in usage_admin_keys
+    (anyone when the router needs no key)."""
+    state = get_state(request)
+    if state.api_keys and request.state.key_name not in state.usage_admins:
+        raise APIError(
+            403,
+            "this API key may not read usage (see usage_admin_keys)",
+            type="permission_error",
+            code="forbidden",
+        )
+    return JSONResponse({"object": "list", "data": state.usage.report()})
 
 
 @v1.post("/chat/completions")
@@ -130,6 +151,8 @@ async def serve(
             param="model",
             code="model_not_found",
         )
+    key: str = getattr(request.state, "key_name", ANONYMOUS)
+    state.usage.admit(key)  # 429 for a key over its limits, before any work
     limit = state.settings.request_timeout_s
     wait_s = min(limit, req.timeout) if req.timeout else limit
     ticket = await state.admission.admit(req.priority, wait_s)
@@ -140,29 +163,69 @@ async def serve(
         raise
     if req.num_samples() > 1:
         tokenizer, stops = state.require_tokenizer(), req.stop_strings()
-        samples = Samples(
-            state, flow_req, ticket, lambda: OutputProcessor(tokenizer, flow_req.prompt_ids, stops),
+        samples = _ChargedSamples(
+            key, state, flow_req, ticket,
+            lambda: OutputProcessor(tokenizer, flow_req.prompt_ids, stops),
             req.num_samples(), need_logprobs=req.num_samples() > req.num_choices(),
         )  # fmt: skip
         return await serve_samples(
             request, samples, fmt, req.num_choices(), req.stream, req.include_usage()
         )
     flow = RequestFlow(state, flow_req, ticket)
+    charge = _charger(state, key, lambda: usage_of(flow, output))
+
+    async def close() -> None:
+        try:
+            await flow.close()
+        finally:
+            charge()
+
     try:
         await flow.start()
     except BaseException:
-        await flow.close()
+        await close()
         raise
     if req.stream:
         events = sse_events(flow, output, fmt, req.include_usage())
-        return EventStreamResponse(events, on_close=flow.close)
+        return EventStreamResponse(events, on_close=close)
     try:
         deltas = await until_disconnect(request, collect(flow, output))
     finally:
-        await flow.close()
+        await close()
     if deltas is None:  # the client left; nobody reads this
         return Response(status_code=499)
     return JSONResponse(fmt.response(deltas, usage_of(flow, output)).model_dump())
+
+
+def _charger(state: RouterState, key: str, usage: Callable[[], Usage]) -> Callable[[], None]:
+    """Charges `key` once with the usage the response reports, when tokens were generated
+    (a request that failed before its first token costs nothing)."""
+    charged = False
+
+    def charge() -> None:
+        nonlocal charged
+        u = usage()
+        if charged or u.completion_tokens == 0:
+            return
+        charged = True
+        cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+        state.usage.charge(key, u.prompt_tokens, u.completion_tokens, cached)
+
+    return charge
+
+
+class _ChargedSamples(Samples):
+    """Samples that charge `key` with their usage when closed, however the answer ended."""
+
+    def __init__(self, key: str, state: RouterState, *args: Any, **kwargs: Any) -> None:
+        super().__init__(state, *args, **kwargs)
+        self._charge = _charger(state, key, self.usage)
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            self._charge()
 
 
 async def _prepare(

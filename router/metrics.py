@@ -48,6 +48,7 @@ class RouterMetrics:
     def __init__(self, node_id: str = "router") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r, base = self.registry, ("router", node_id)
+        self.base = base
         self.requests = Family(
             Counter(
                 "splitserve_router_requests",

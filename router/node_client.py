@@ -60,6 +60,12 @@ class NodeClient:
         self._prefill_timeout = httpx.Timeout(prefill_timeout_s, connect=connect_timeout_s)
         self._idle = idle_timeout_s
 
+    async def metrics_text(self, node: p.NodeInfo, timeout_s: float) -> str:
+        """GET /metrics of `node` (the dashboard); httpx errors propagate."""
+        resp = await self._client.get(node.url + "/metrics", timeout=timeout_s)
+        resp.raise_for_status()
+        return resp.text
+
     async def prefill(
         self, node: p.NodeInfo, req: p.PrefillRequest, deadline: float
     ) -> p.PrefillResponse:

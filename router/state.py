@@ -10,6 +10,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.auth import ApiKey
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
@@ -18,6 +19,7 @@ from router.metrics import RouterMetrics
 from router.node_client import NodeClient
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
+from router.usage import UsageLedger
 
 log = logging.getLogger("splitserve.router")
 
@@ -32,7 +34,9 @@ class RouterState:
     picker: NodePicker
     admission: Admission
     kv: KVRouting
-    api_keys: tuple[bytes, ...] = ()
+    usage: UsageLedger
+    api_keys: tuple[ApiKey, ...] = ()
+    usage_admins: frozenset[str] = frozenset()
     tokenizer: Tokenizer | None = None
     nodes: NodeClient | None = None
     started_at: float = 0.0

@@ -24,11 +24,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "prefill_node": frozenset({"node", "engine", "kv_transfer", "cluster", "models"}),
     "decode_node": frozenset({"node", "engine", "kv_transfer", "cluster", "models"}),
     "router": frozenset({"cluster", "models"}),
+    "planner": frozenset({"cluster", "models"}),
 }
 # package -> third-party packages that importing it must never load (eagerly, transitively).
 HEAVY = frozenset({"torch", "triton", "transformers", "nixl", "nixl_cu12", "nixl_cu13"})
 NEVER_LOADS: dict[str, frozenset[str]] = {
     "router": HEAVY,
+    "planner": HEAVY,
     "cluster": HEAVY,
     "models": HEAVY,
 }

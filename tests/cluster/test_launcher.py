@@ -19,6 +19,7 @@ import pytest
 from cluster import launcher, up_plan
 from cluster.launcher import LaunchError
 from cluster.process import Child, stop_all
+from cluster.up_layout import UpLayout
 from cluster.up_plan import NodePlan
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -238,7 +239,7 @@ def test_run_dir_help_names_the_files_written_there(
     nodes = up_plan.plan_nodes(args)
     children = [launcher._spawn(tmp_path, "router", SLEEPER, dict(os.environ))]
     try:
-        launcher._write_cluster_file(tmp_path, args, "redis://h:1/0", nodes, children, None)
+        UpLayout(tmp_path, args, "redis://h:1/0", nodes, children, None, None).write()
     finally:
         stop_all(children, 5.0)
     parser = argparse.ArgumentParser(prog="splitserve up")
@@ -247,3 +248,19 @@ def test_run_dir_help_names_the_files_written_there(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json", "router.log"]
     assert "cluster.json" in help_text and "NAME.log" in help_text
     assert "pids.json" not in help_text
+
+
+def test_the_planner_command_line_parses_and_keeps_the_pools_between_up_and_max() -> None:
+    args = _args("--planner", "--prefill", "2", "--max-prefill", "5", "--port", "8123")
+    argv = up_plan.planner_argv(args, "redis://h:1/0", 9999)
+    assert argv[3] == "planner"
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    importlib.import_module("planner.cli").add_arguments(parser)
+    parsed = parser.parse_args(argv[4:])
+    assert parsed.router_url == ["http://127.0.0.1:8123"]
+    assert (parsed.min_prefill, parsed.max_prefill, parsed.min_decode) == (2, 5, 1)
+    assert parsed.down_cooldown_s == 2 * parsed.up_cooldown_s
+    with pytest.raises(ValueError, match="--max-prefill"):
+        launcher.check_args(_args("--planner", "--prefill", "4"))
+    with pytest.raises(ValueError, match="--colocated"):
+        launcher.check_args(_args("--planner", "--colocated"))

@@ -30,11 +30,22 @@ OTHER_TOGGLES: dict[str, Any] = {
     "transfer": {"portRange": {"enabled": False}},
     "networkPolicy": {"nodeToNodeHttp": True, "routerFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
 }
-CASES = ["default", "gpu", "other"]
+# The planner and the Grafana dashboard, with each pool's autoscaler from KEDA or an HPA.
+PLANNER: dict[str, Any] = {
+    "planner": {"enabled": True},
+    "grafana": {"dashboard": {"enabled": True}},
+}
+CASES = ["default", "gpu", "other", "planner-keda", "planner-hpa"]
 
 
 def _values(case: str) -> dict[str, Any]:
-    return {"default": {}, "gpu": load_values(GPU_VALUES), "other": OTHER_TOGGLES}[case]
+    return {
+        "default": {},
+        "gpu": load_values(GPU_VALUES),
+        "other": OTHER_TOGGLES,
+        "planner-keda": PLANNER | {"keda": {"enabled": True}},
+        "planner-hpa": PLANNER | {"planner": {"enabled": True, "source": "direct"}},
+    }[case]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -88,9 +88,74 @@ spec:
     {{- end }}
 {{- end }}
 
+{{/* With planner.enabled a pool scales on the planner's decision instead:
+desired replicas = ceil(splitserve_planner_desired_replicas{pool} / 1). */}}
+{{- define "splitserve.autoscaling.planner" -}}
+{{- $root := .root }}
+{{- $pool := index $root.Values .role }}
+{{- $ctx := dict "root" $root "component" .role }}
+{{- $query := printf "max(splitserve_planner_desired_replicas{pool=%q,namespace=%q})" .role $root.Release.Namespace }}
+{{- if $root.Values.keda.enabled }}
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata:
+  name: {{ include "splitserve.componentName" $ctx }}
+  labels:
+    {{- include "splitserve.labels" $ctx | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ include "splitserve.componentName" $ctx }}
+  minReplicaCount: {{ $pool.autoscaling.minReplicas }}
+  maxReplicaCount: {{ $pool.autoscaling.maxReplicas }}
+  pollingInterval: {{ $root.Values.keda.pollingInterval }}
+  cooldownPeriod: {{ $root.Values.keda.cooldownPeriod }}
+  triggers:
+    - type: prometheus
+      metricType: AverageValue
+      metadata:
+        serverAddress: {{ $root.Values.keda.prometheusServerAddress | quote }}
+        query: {{ $query | quote }}
+        threshold: "1"
+{{- else }}
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: {{ include "splitserve.componentName" $ctx }}
+  labels:
+    {{- include "splitserve.labels" $ctx | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ include "splitserve.componentName" $ctx }}
+  minReplicas: {{ $pool.autoscaling.minReplicas }}
+  maxReplicas: {{ $pool.autoscaling.maxReplicas }}
+  metrics:
+    - type: External
+      external:
+        metric:
+          name: splitserve_planner_desired_replicas
+          selector:
+            matchLabels:
+              pool: {{ .role }}
+        target:
+          type: AverageValue
+          averageValue: "1"
+{{- end }}
+{{- end }}
+
+{{/* Whether a pool's replicas belong to an autoscaler (its own signals or the planner's). */}}
+{{- define "splitserve.autoscaled" -}}
+{{- if or (index .root.Values .role).autoscaling.enabled .root.Values.planner.enabled }}true{{ end }}
+{{- end }}
+
 {{- define "splitserve.autoscaling" -}}
 {{- $pool := index .root.Values .role }}
-{{- if $pool.autoscaling.enabled }}
+{{- if .root.Values.planner.enabled }}
+{{- include "splitserve.autoscaling.planner" . }}
+{{- else if $pool.autoscaling.enabled }}
 {{- if .root.Values.keda.enabled }}
 {{- include "splitserve.autoscaling.scaledObject" . }}
 {{- else }}

@@ -46,7 +46,7 @@ metadata:
   labels:
     {{- include "splitserve.labels" $ctx | nindent 4 }}
 spec:
-  {{- if not $pool.autoscaling.enabled }}
+  {{- if not (include "splitserve.autoscaled" (dict "root" $root "role" .role)) }}
   replicas: {{ $pool.replicas }}
   {{- end }}
   {{- with $pool.updateStrategy }}

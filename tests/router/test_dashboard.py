@@ -1,0 +1,36 @@
+"""The dashboard's files and the snapshot its page polls, over fake nodes: every node with
+its load and counters, the router's histograms, no planner without one."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from router_fakes import FakeNode, fake_cluster
+
+from models.tokenizer import Tokenizer
+
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_the_page_its_files_and_the_snapshot(tokenizer: Tokenizer, script: list[int]) -> None:
+    nodes = [FakeNode("p0", "prefill", script), FakeNode("d0", "decode", script)]
+    async with (
+        fake_cluster(tokenizer, nodes) as c,
+        httpx.AsyncClient(base_url=c.router_url) as client,
+    ):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        page = await client.get("/dashboard")
+        js = await client.get("/dashboard/static/dashboard.js")
+        missing = [await client.get(f"/dashboard/static/{n}") for n in ("nope.js", "..%2Fx.js")]
+        data = (await client.get("/dashboard/data")).json()
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/dashboard/static/dashboard.js" in page.text
+    assert js.status_code == 200 and "text/javascript" in js.headers["content-type"]
+    assert [m.status_code for m in missing] == [404, 404]
+    assert [n["id"] for n in data["nodes"]] == ["d0", "p0"]
+    assert {n["role"] for n in data["nodes"]} == {"prefill", "decode"}
+    assert data["router"]["requests"] == 1 and data["router"]["completion_tokens"] > 0
+    ttft = data["histograms"]["ttft"]
+    assert ttft[-1][0] == 1e308 and ttft[-1][1] == 1  # cumulative, +Inf last
+    assert data["planner"] is None
