@@ -13,7 +13,8 @@ from router.errors import APIError
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 
-dashboard = APIRouter(tags=["dashboard"])
+# the operator's page, not part of the API: left out of /openapi.json
+dashboard = APIRouter(tags=["dashboard"], include_in_schema=False)
 
 
 @dashboard.get("/dashboard")
