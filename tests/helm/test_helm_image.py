@@ -110,7 +110,7 @@ def test_entrypoint_is_splitserve(kind: str) -> None:
     assert json.loads(entry) == ["splitserve"]
     exposed = {int(p) for k, rest in _instructions(kind) if k == "EXPOSE" for p in rest.split()}
     values = _chart_values()
-    chart_ports = {values["router"]["port"]} | {
+    chart_ports = {values["router"]["port"], values["planner"]["port"]} | {
         values[pool][key] for pool in ("prefill", "decode") for key in ("httpPort", "transferPort")
     }
     assert chart_ports <= exposed
