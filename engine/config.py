@@ -40,6 +40,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         ) from None
 
 
+QUANTIZATIONS = ("auto", "none", "gguf")  # engine.model.quant.QUANTIZATIONS
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
 
 
@@ -73,6 +74,9 @@ class EngineConfig:
     # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
     # shape in model_dir/config.json (benchmarks of published shapes without their weights).
     load_format: str = "safetensors"
+    # Weights kept quantized (engine.model.quant): "gguf" loads the directory's *.gguf file
+    # packed; "auto" picks it on a CPU fp32 engine when the directory has one; "none": fp32.
+    quantization: str = "auto"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role.
     async_scheduling: bool = True
@@ -119,6 +123,11 @@ class EngineConfig:
         if self.load_format not in ("safetensors", "random"):
             raise ValueError(
                 f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"EngineConfig.quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
             )
         check_speculative(self)
         check_offload(self)

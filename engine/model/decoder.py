@@ -25,6 +25,7 @@ from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
 from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
 from engine.model.moe import SparseMoe, checkpoint_naming, expert_weight_bytes
 from engine.model.moe import weight_targets as moe_weight_targets
+from engine.model.quant.weight import QuantWeight
 from engine.model.rope import Rotary
 
 
@@ -158,7 +159,8 @@ class DecoderModel(nn.Module):
         self.rotaries = nn.ModuleList(
             Rotary(config.head_dim, rope, max_len, dtype, device) for rope in ropes
         )
-        self.packed_lm_head: torch.Tensor | None = None
+        self.packed_lm_head: cpu_linear.Packed | None = None
+        self.packed_embed: QuantWeight | None = None  # a quantized table (engine.model.quant)
         self.cpu_kernels = False  # see use_cpu_kernels
         tables = [(cast(Rotary, r).cos, cast(Rotary, r).sin) for r in self.rotaries]
         self.cpu_ops: list[LayerOps] = [CpuKernelOps(cos, sin) for cos, sin in tables]
@@ -170,7 +172,7 @@ class DecoderModel(nn.Module):
         )
 
     def _on_cpu_fp32(self) -> bool:
-        return self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        return self.norm.device.type == "cpu" and self.norm.dtype == torch.float32
 
     def use_cpu_kernels(self, enable: bool = True) -> bool:
         """Run RMSNorm, rotary + KV write and SiLU * up as C kernels where a step allows it
@@ -185,7 +187,8 @@ class DecoderModel(nn.Module):
             return False
         for layer in self.decoder_layers():
             layer.pack_cpu_weights()
-        self.packed_lm_head = cpu_linear.pack(self.lm_head)
+        if self.packed_lm_head is None:
+            self.packed_lm_head = cpu_linear.pack(self.lm_head)
         return True
 
     def step_ops(
@@ -216,12 +219,20 @@ class DecoderModel(nn.Module):
         return targets
 
     def weight_bytes(self) -> tuple[int, int]:
-        """(bytes of all weights, a tied head counted once; the experts' share of them, the
-        routers excluded)."""
-        total = sum(p.numel() * p.element_size() for p in self.parameters())
+        """(bytes of all weights, a tied head counted once, quantized ones as packed; the
+        experts' share of them, the routers excluded)."""
+        total = sum(p.numel() * p.element_size() for p in self.parameters() if not p.is_meta)
+        total += sum(q.nbytes for q in self.quantized_weights())
         layers = self.decoder_layers()
         experts = sum(expert_weight_bytes(x.moe) for x in layers if x.moe is not None)
         return total, experts
+
+    def quantized_weights(self) -> list[QuantWeight]:
+        """Every quantized matrix of the model, once each."""
+        packed = [self.packed_embed, self.packed_lm_head]
+        packed += [p for m in self.modules() if isinstance(m, Packed) for p in m.packed.values()]
+        unique = {id(p): p for p in packed if isinstance(p, QuantWeight)}
+        return list(unique.values())
 
     def norm_weights(self) -> list[torch.Tensor]:
         layers = self.decoder_layers()
@@ -240,7 +251,11 @@ class DecoderModel(nn.Module):
         model dtype.
         """
         cfg = self.config
-        h = F.embedding(input_ids, self.embed)  # [tokens, hidden]
+        h = (  # [tokens, hidden]
+            F.embedding(input_ids, self.embed)
+            if self.packed_embed is None
+            else self.packed_embed.rows(input_ids).to(self.norm.dtype)
+        )
         if cfg.embed_scale != 1.0:  # Gemma: the scale rounded to the model dtype, as trained
             h.mul_(torch.tensor(cfg.embed_scale, dtype=h.dtype))
         ops = self.step_ops(h, kv_cache, meta)

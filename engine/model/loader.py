@@ -56,9 +56,15 @@ def tensor_names(files: list[Path]) -> set[str]:
     return names
 
 
-def load_weights(model: DecoderModel, model_dir: str | Path) -> None:
-    """Fill every weight of ``model`` from the checkpoint in ``model_dir``."""
+def load_weights(model: DecoderModel, model_dir: str | Path, quantization: str = "none") -> None:
+    """Fill every weight of ``model`` from the checkpoint in ``model_dir``: its safetensors,
+    or with ``quantization`` "gguf" its GGUF file, quantized weights kept packed."""
     model_dir = Path(model_dir)
+    if quantization == "gguf":
+        from engine.model.quant import require_gguf_file
+        from engine.model.quant.gguf_loader import load_gguf
+
+        return load_gguf(model, require_gguf_file(model_dir))
     files = checkpoint_files(model_dir)
     targets = weight_targets(model, tensor_names(files))
     offset = model.config.norm_offset

@@ -21,6 +21,7 @@ from engine.model.backends import select_attention
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
 from engine.model.loader import init_random_weights, load_weights
+from engine.model.quant import resolve_quantization
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
@@ -62,11 +63,20 @@ def load_model(
     if config.load_format == "random":
         init_random_weights(model)
     else:
-        load_weights(model, config.model_dir)
+        load_weights(model, config.model_dir, engine_quantization(config))
     packed = config.pack_cpu_weights and model.pack_cpu_weights()
     model.use_cpu_kernels(config.cpu_kernels)
     layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
     return LoadedModel(model_config, model, max_model_len, layout, packed)
+
+
+def engine_quantization(config: EngineConfig) -> str:
+    """The quantization the engine loads with: ``none`` or ``gguf`` (``auto`` resolved)."""
+    fp32 = config.dtype == torch.float32
+    random = config.load_format == "random"
+    return resolve_quantization(
+        config.quantization, config.model_dir, config.device, fp32, not random
+    )
 
 
 class ModelRunner:
