@@ -40,7 +40,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         ) from None
 
 
-QUANTIZATIONS = ("auto", "none", "gguf")  # engine.model.quant.QUANTIZATIONS
+QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
 
 
@@ -76,6 +76,7 @@ class EngineConfig:
     load_format: str = "safetensors"
     # Weights kept quantized (engine.model.quant): "gguf" loads the directory's *.gguf file
     # packed; "auto" picks it on a CPU fp32 engine when the directory has one; "none": fp32.
+    # "awq", "gptq", "fp8": what a checkpoint's quantization_config declares ("auto" too).
     quantization: str = "auto"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role.

@@ -25,7 +25,7 @@ from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
 from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
 from engine.model.moe import SparseMoe, checkpoint_naming, expert_weight_bytes
 from engine.model.moe import weight_targets as moe_weight_targets
-from engine.model.quant.weight import QuantWeight
+from engine.model.quant.weight import PackedMatrix, QuantWeight
 from engine.model.rope import Rotary
 
 
@@ -227,11 +227,11 @@ class DecoderModel(nn.Module):
         experts = sum(expert_weight_bytes(x.moe) for x in layers if x.moe is not None)
         return total, experts
 
-    def quantized_weights(self) -> list[QuantWeight]:
+    def quantized_weights(self) -> list[PackedMatrix]:
         """Every quantized matrix of the model, once each."""
         packed = [self.packed_embed, self.packed_lm_head]
         packed += [p for m in self.modules() if isinstance(m, Packed) for p in m.packed.values()]
-        unique = {id(p): p for p in packed if isinstance(p, QuantWeight)}
+        unique = {id(p): p for p in packed if isinstance(p, PackedMatrix)}
         return list(unique.values())
 
     def norm_weights(self) -> list[torch.Tensor]:

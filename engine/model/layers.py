@@ -16,7 +16,7 @@ from engine.model import linear as cpu_linear
 from engine.model.attention import AttentionBackend, AttentionMetadata, AttentionSpec
 from engine.model.config import ModelConfig
 from engine.model.layer_ops import LayerOps
-from engine.model.quant.weight import QuantWeight
+from engine.model.quant.weight import PackedMatrix
 
 
 def weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -38,7 +38,7 @@ class Packed(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         # weight name -> packed copy (empty if off), or the quantized weight (always used)
-        self.packed: dict[str, torch.Tensor | QuantWeight] = {}
+        self.packed: dict[str, torch.Tensor | PackedMatrix] = {}
 
     def pack_cpu_weights(self) -> None:
         packed = {

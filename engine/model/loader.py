@@ -65,6 +65,10 @@ def load_weights(model: DecoderModel, model_dir: str | Path, quantization: str =
         from engine.model.quant.gguf_loader import load_gguf
 
         return load_gguf(model, require_gguf_file(model_dir))
+    if quantization in ("awq", "gptq", "fp8"):
+        from engine.model.quant.safetensors_loader import load_quantized
+
+        return load_quantized(model, model_dir, quantization)
     files = checkpoint_files(model_dir)
     targets = weight_targets(model, tensor_names(files))
     offset = model.config.norm_offset

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.model.fp8_checkpoint import Fp8Weight
+from engine.model.quant.fp8_checkpoint import Fp8Weight
 from engine.triton_kernels.layout import dot_precision, pow2
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.model.int4_checkpoint import Int4Weight
+from engine.model.quant.int4_checkpoint import Int4Weight
 from engine.triton_kernels.layout import dot_precision, pow2
 
 

@@ -9,7 +9,7 @@ from kernel_cases import DEVICE, DTYPES, tolerance
 
 pytest.importorskip("triton")
 
-from engine.model.fp8_checkpoint import Fp8Weight
+from engine.model.quant.fp8_checkpoint import Fp8Weight
 from engine.triton_kernels.fp8_linear import fp8_linear
 
 

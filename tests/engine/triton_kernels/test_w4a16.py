@@ -9,7 +9,7 @@ from kernel_cases import DEVICE, DTYPES, tolerance
 
 pytest.importorskip("triton")
 
-from engine.model.int4_checkpoint import Int4Weight
+from engine.model.quant.int4_checkpoint import Int4Weight
 from engine.triton_kernels.w4a16 import pack_int4, w4a16_linear
 
 

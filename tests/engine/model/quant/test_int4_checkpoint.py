@@ -7,7 +7,7 @@ import pytest
 import torch
 from int4_writer import awq_tensors, dequantize, gptq_tensors, quantize
 
-from engine.model.int4_checkpoint import (
+from engine.model.quant.int4_checkpoint import (
     Int4ConfigError,
     Int4Weight,
     cat_outputs,

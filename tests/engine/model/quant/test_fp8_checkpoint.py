@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.fp8_checkpoint import (
+from engine.model.quant.fp8_checkpoint import (
     Fp8ConfigError,
     Fp8Weight,
     cat_outputs,
