@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -165,10 +166,12 @@ class RankGroup:
 
     def _watch(self) -> None:
         """Wait for any rank to exit; unless closing, record the failure and tell."""
-        sentinels = [p.sentinel for p in self.processes]
-        multiprocessing.connection.wait(sentinels)
+        by_sentinel = {p.sentinel: p for p in self.processes}
+        ready = multiprocessing.connection.wait(list(by_sentinel))
         if self._closing:
             return
+        for sentinel in ready:  # its pipe closed: the exit code follows at once
+            by_sentinel[cast(int, sentinel)].join(_JOIN_S)
         self.failure = self._dead() or "a tensor-parallel rank exited"
         log.error("%s", self.failure)
         for callback in list(self.on_failure):
