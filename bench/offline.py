@@ -3,6 +3,7 @@
     python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync]
                             [--compare-vllm PYTHON (bench.references)]
                             [--random-model NAME (bench.random_model.SHAPES)] [--out PATH]
+                            [--tensor-parallel-size N (bench.tensor_parallel)]
 
 On CUDA it also times decode steps of the whole batch against their same-run roofline
 (bench.decode_step).
@@ -96,6 +97,7 @@ def run_engine(
         bar.update(n)
     elapsed = time.perf_counter() - start
     bar.close()
+    engine.close()  # its tensor-parallel ranks, its KV tiers
     c = engine.counters
     if moe is not None:
         moe.detach()
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-model", default=None, help="draft: the draft model directory")
     ap.add_argument("--batch-sizes", default="1,8", help="speculative: batch sizes, e.g. 1,4,8")
     ap.add_argument("--rounds", type=int, default=3, help="speculative: requests per slot")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="N ranks x 1 thread vs N")
     args = ap.parse_args(argv)
 
     from models import ensure_model
@@ -246,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
             "splitserve": _faster(timed[0], timed[3]),
             "json_schema": _faster(timed[1], timed[2]),
         }
+    elif args.tensor_parallel_size > 1:  # bench.tensor_parallel
+        from bench.tensor_parallel import tensor_parallel_main
+
+        runs = tensor_parallel_main(args, model_dir, prompts, run_engine, options)
     else:
         runs = {"splitserve": run_engine(*engine_args, **options)}
     if args.compare_hf:
@@ -262,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         name: summarize(name, run, prompts, args.new_tokens, shape, peak)
         for name, run in runs.items()
     }
-    if "moe_seconds" in runs["splitserve"]:
+    if "moe_seconds" in runs.get("splitserve", {}):
         from bench.moe_layers import describe as describe_moe
 
         print(describe_moe(runs["splitserve"], peak))

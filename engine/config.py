@@ -96,6 +96,11 @@ class EngineConfig:
     kv_offload_cpu_gb: float | None = None
     kv_offload_disk_path: Path | None = None
     kv_offload_disk_gb: float | None = None
+    # Tensor parallelism (engine.parallel): the model's heads, MLP rows, experts and
+    # vocabulary split over this many ranks, one process each (rank 0 is the engine's own);
+    # each holds 1/N of the weights and its heads' share of the KV cache (sized per rank).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # layer stages; only 1 is built
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -132,6 +137,7 @@ class EngineConfig:
             )
         check_speculative(self)
         check_offload(self)
+        check_parallel(self)
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -175,6 +181,35 @@ def check_speculative(config: EngineConfig) -> None:
         raise ValueError(
             f"EngineConfig.draft_model is set but speculative_method is {method!r} (use 'draft')"
         )
+
+
+def check_parallel(config: EngineConfig) -> None:
+    """ValueError naming the bad parallelism setting or the feature it cannot go with."""
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+    if config.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"EngineConfig.pipeline_parallel_size={config.pipeline_parallel_size}: pipeline "
+            "parallelism is not built yet (use tensor_parallel_size)"
+        )
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return
+    if config.speculative_method != "none":
+        raise ValueError(
+            f"EngineConfig.tensor_parallel_size={tp} does not go with speculative decoding yet"
+        )
+    if config.kv_offload_cpu_gb is not None:
+        raise ValueError(f"EngineConfig.tensor_parallel_size={tp} does not go with KV tiers yet")
+    if str(config.device).startswith("cuda"):
+        first = int(str(config.device).split(":")[1]) if ":" in str(config.device) else 0
+        if first + tp > torch.cuda.device_count():
+            raise ValueError(
+                f"EngineConfig.tensor_parallel_size={tp} needs GPUs {first}..{first + tp - 1}, "
+                f"found {torch.cuda.device_count()}"
+            )
 
 
 def check_offload(config: EngineConfig) -> None:
