@@ -195,6 +195,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "role": settings.role,
         "device": settings.device,
         "dtype": settings.dtype,
+        "quantization": settings.quantization,
         "block_size": settings.block_size,
         "num_kv_blocks": settings.num_kv_blocks,
         "kv_cache_memory_gb": settings.kv_cache_memory_gb,
