@@ -91,6 +91,13 @@ class EngineConfig:
     kv_offload_cpu_gb: float | None = None
     kv_offload_disk_path: Path | None = None
     kv_offload_disk_gb: float | None = None
+    # Multi-LoRA (engine.lora): requests may name a PEFT adapter; up to max_loras distinct
+    # adapters run in one step (device slots), ranks up to max_lora_rank, and up to
+    # max_cpu_loras parsed adapters stay in host memory (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -122,6 +129,7 @@ class EngineConfig:
             )
         check_speculative(self)
         check_offload(self)
+        check_lora(self)
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -165,6 +173,24 @@ def check_speculative(config: EngineConfig) -> None:
         raise ValueError(
             f"EngineConfig.draft_model is set but speculative_method is {method!r} (use 'draft')"
         )
+
+
+def check_lora(config: EngineConfig) -> None:
+    """ValueError naming the bad LoRA setting."""
+    for name in ("max_loras", "max_lora_rank"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+    cpu = config.max_cpu_loras
+    if cpu is None:
+        object.__setattr__(config, "max_cpu_loras", config.max_loras)
+    elif not isinstance(cpu, int) or cpu < config.max_loras:
+        raise ValueError(
+            f"EngineConfig.max_cpu_loras must be an integer >= max_loras ({config.max_loras}), "
+            f"got {cpu!r}"
+        )
+    if config.enable_lora and config.speculative_method != "none":
+        raise ValueError("EngineConfig.enable_lora does not work with speculative decoding yet")
 
 
 def check_offload(config: EngineConfig) -> None:

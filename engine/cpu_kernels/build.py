@@ -18,7 +18,7 @@ log = logging.getLogger("engine.cpu_kernels")
 
 SOURCES = tuple(
     Path(__file__).with_name(n)
-    for n in ("paged_attention.c", "fused_ops.c", "linear.c", "sampling.c", "moe.c")
+    for n in ("paged_attention.c", "fused_ops.c", "linear.c", "sampling.c", "moe.c", "lora.c")
 )
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "linear.h"))
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"

@@ -9,6 +9,8 @@ chosen once per step; the objects never branch on the backend.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
@@ -29,6 +31,12 @@ def optional_weight(
     return weight(*shape, dtype=dtype, device=device) if present else None
 
 
+class DeltaHook(Protocol):
+    """Adds a per-row delta to a projection's output (LoRA: ``engine.lora.delta``)."""
+
+    def add_(self, out: torch.Tensor, x: torch.Tensor, name: str) -> None: ...
+
+
 class Packed(nn.Module):
     """A module whose matrices the CPU kernel reads from packed copies (after loading)."""
 
@@ -37,6 +45,7 @@ class Packed(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.packed: dict[str, torch.Tensor] = {}  # weight name -> packed copy; empty if off
+        self.lora: DeltaHook | None = None  # set by engine.lora when adapters are enabled
 
     def pack_cpu_weights(self) -> None:
         packed = {n: cpu_linear.pack(getattr(self, n)) for n in self.MATRICES}
@@ -45,6 +54,8 @@ class Packed(nn.Module):
     def project(self, x: torch.Tensor, name: str, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T (+ bias)`` for the matrix ``name``."""
         out = cpu_linear.linear(x, getattr(self, name), self.packed.get(name))
+        if self.lora is not None:
+            self.lora.add_(out, x, name)
         return out if bias is None else out.add_(bias)
 
     def add_project_(
@@ -52,6 +63,8 @@ class Packed(nn.Module):
     ) -> torch.Tensor:
         """``h += x @ W.T (+ bias)`` in place (the GEMM adds into the residual)."""
         h = cpu_linear.add_linear_(h, x, getattr(self, name), self.packed.get(name))
+        if self.lora is not None:
+            self.lora.add_(h, x, name)
         return h if bias is None else h.add_(bias)
 
 
