@@ -34,6 +34,19 @@ class LoraStats:
     requests: dict[str, int] = field(default_factory=dict)  # by adapter name
     tokens: dict[str, int] = field(default_factory=dict)  # computed tokens, by adapter name
 
+    def flat(self) -> dict[str, float]:
+        """The totals as one mapping: ``lora_<total>``, ``lora_requests:<adapter>`` and
+        ``lora_tokens:<adapter>`` (a copy, for other threads)."""
+        out: dict[str, float] = {
+            "lora_loads": self.loads,
+            "lora_host_evictions": self.host_evictions,
+            "lora_slot_loads": self.slot_loads,
+            "lora_slot_evictions": self.slot_evictions,
+        }
+        out.update({f"lora_requests:{k}": v for k, v in self.requests.items()})
+        out.update({f"lora_tokens:{k}": v for k, v in self.tokens.items()})
+        return out
+
 
 class LoraManager:
     """Adapters of one engine: registered, cached on the host, loaded in device slots."""
