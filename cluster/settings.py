@@ -150,6 +150,9 @@ class NodeSettings(_Base):
     max_num_seqs: int | None = Field(default=None, ge=1)  # default: 256 on CUDA, 64 on CPU
     max_num_batched_tokens: int = Field(default=2048, ge=1)
     max_model_len: int | None = Field(default=None, ge=1)  # default: the model's
+    # ranks of the node's engine (one process each under the node; GPUs = TP x PP)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
     transfer: Literal["auto", "nixl", "tcp"] = "auto"
     transfer_port: int = Field(default=0, ge=0, le=65535)  # 0 = pick a free port
     transfer_failure: Literal["recompute", "fail"] = "recompute"
@@ -201,6 +204,11 @@ class NodeSettings(_Base):
             raise ValueError(
                 f"draft_model is set but speculative_method is {self.speculative_method!r} "
                 "(use draft)"
+            )
+        if self.tensor_parallel_size > 1 and self.role != "colocated":
+            raise ValueError(
+                f"tensor_parallel_size {self.tensor_parallel_size} on a {self.role} node: "
+                "moving a tensor-parallel node's KV cache is not built yet (colocated only)"
             )
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(

@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
+    parser.add_argument(
+        "--tp", type=int, default=None,
+        help="tensor-parallel ranks per node, one process each (with --colocated)",
+    )  # fmt: skip
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
     parser.add_argument(
@@ -112,6 +116,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--max-model-len must be >= 1")
     if args.threads_per_node is not None and args.threads_per_node < 1:
         raise ValueError("--threads-per-node must be >= 1")
+    tp = getattr(args, "tp", None)
+    if tp is not None and (tp < 1 or (tp > 1 and not args.colocated)):
+        raise ValueError(
+            f"--tp {tp}: must be >= 1, and above 1 needs --colocated (moving a "
+            "tensor-parallel node's KV cache between pools is not built yet)"
+        )
     if not 1 <= args.port <= 65535:
         raise ValueError("--port must be in [1, 65535]")
     if not 0 < args.gpu_memory_utilization <= 1:

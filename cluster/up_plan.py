@@ -101,6 +101,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         "--device": args.device,
         "--dtype": args.dtype,
         "--torch-threads": args.threads_per_node,
+        "--tensor-parallel-size": getattr(args, "tp", None),
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,
         "--kv-offload-cpu-gb": args.kv_offload_cpu_gb,

@@ -40,6 +40,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         ) from None
 
 
+QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
 
 
@@ -73,6 +74,10 @@ class EngineConfig:
     # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
     # shape in model_dir/config.json (benchmarks of published shapes without their weights).
     load_format: str = "safetensors"
+    # Weights kept quantized (engine.model.quant): "gguf" loads the directory's *.gguf file
+    # packed; "auto" picks it on a CPU fp32 engine when the directory has one; "none": fp32.
+    # "awq", "gptq", "fp8": what a checkpoint's quantization_config declares ("auto" too).
+    quantization: str = "auto"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role.
     async_scheduling: bool = True
@@ -98,6 +103,11 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # Tensor parallelism (engine.parallel): the model's heads, MLP rows, experts and
+    # vocabulary split over this many ranks, one process each (rank 0 is the engine's own);
+    # each holds 1/N of the weights and its heads' share of the KV cache (sized per rank).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # layer stages; only 1 is built
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -127,9 +137,15 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
             )
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"EngineConfig.quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
+            )
         check_speculative(self)
         check_offload(self)
         check_lora(self)
+        check_parallel(self)
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -191,6 +207,37 @@ def check_lora(config: EngineConfig) -> None:
         )
     if config.enable_lora and config.speculative_method != "none":
         raise ValueError("EngineConfig.enable_lora does not work with speculative decoding yet")
+
+
+def check_parallel(config: EngineConfig) -> None:
+    """ValueError naming the bad parallelism setting or the feature it cannot go with."""
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+    if config.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"EngineConfig.pipeline_parallel_size={config.pipeline_parallel_size}: pipeline "
+            "parallelism is not built yet (use tensor_parallel_size)"
+        )
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return
+    if config.speculative_method != "none":
+        raise ValueError(
+            f"EngineConfig.tensor_parallel_size={tp} does not go with speculative decoding yet"
+        )
+    if config.kv_offload_cpu_gb is not None:
+        raise ValueError(f"EngineConfig.tensor_parallel_size={tp} does not go with KV tiers yet")
+    if config.enable_lora:
+        raise ValueError(f"EngineConfig.tensor_parallel_size={tp} does not go with LoRA yet")
+    if str(config.device).startswith("cuda"):
+        first = int(str(config.device).split(":")[1]) if ":" in str(config.device) else 0
+        if first + tp > torch.cuda.device_count():
+            raise ValueError(
+                f"EngineConfig.tensor_parallel_size={tp} needs GPUs {first}..{first + tp - 1}, "
+                f"found {torch.cuda.device_count()}"
+            )
 
 
 def check_offload(config: EngineConfig) -> None:

@@ -15,6 +15,7 @@ from engine.lora.manager import LoraManager, LoraStats
 from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
+from engine.parallel import RankGroup
 from engine.sampling.grammar import Grammars
 from engine.sampling.grammar_hook import GrammarHook
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
@@ -67,12 +68,21 @@ class LLMEngine:
             if speculates and config.speculative_method == "draft"
             else None
         )
-        self.runner = ModelRunner(
-            config,
-            self.model_config,
-            shared_caches=draft_kv_cache(draft),
-            chunk_rows=GuessRowLayout() if speculates else None,
-        )
+        # tensor parallelism: this process is rank 0, the others run under it
+        self.ranks = RankGroup(config) if config.tensor_parallel_size > 1 else None
+        try:
+            self.runner = ModelRunner(
+                config,
+                self.model_config,
+                shared_caches=draft_kv_cache(draft),
+                chunk_rows=GuessRowLayout() if speculates else None,
+                shard=self.ranks.shard if self.ranks is not None else None,
+                ranks=self.ranks,
+            )
+        except Exception:
+            if self.ranks is not None:
+                self.ranks.close()
+            raise
         runner = self.runner
         self.block_manager, self.kv_tiers = build_tiers(
             config, runner.layout, runner.kv_cache, runner.num_blocks
@@ -219,7 +229,10 @@ class LLMEngine:
         return self.pipeline.in_flight is not None
 
     def close(self) -> None:
-        """Finish the KV tiers' pending copies (disk files written) and stop their thread."""
+        """Finish the KV tiers' pending copies (disk files written) and stop their thread;
+        stop the tensor-parallel ranks."""
+        if self.ranks is not None:
+            self.ranks.close()
         if self.kv_tiers is not None:
             self.kv_tiers.submit()
             self.kv_tiers.copier.close()

@@ -210,6 +210,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "max_model_len": settings.max_model_len,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "pipeline_parallel_size": settings.pipeline_parallel_size,
         "speculative_method": settings.speculative_method,
         "num_speculative_tokens": settings.num_speculative_tokens,
         "enable_lora": settings.enable_lora,

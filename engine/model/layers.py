@@ -18,6 +18,7 @@ from engine.model import linear as cpu_linear
 from engine.model.attention import AttentionBackend, AttentionMetadata, AttentionSpec
 from engine.model.config import ModelConfig
 from engine.model.layer_ops import LayerOps
+from engine.model.quant.weight import PackedMatrix
 
 
 def weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -44,12 +45,15 @@ class Packed(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.packed: dict[str, torch.Tensor] = {}  # weight name -> packed copy; empty if off
+        # weight name -> packed copy (empty if off), or the quantized weight (always used)
+        self.packed: dict[str, torch.Tensor | PackedMatrix] = {}
         self.lora: DeltaHook | None = None  # set by engine.lora when adapters are enabled
 
     def pack_cpu_weights(self) -> None:
-        packed = {n: cpu_linear.pack(getattr(self, n)) for n in self.MATRICES}
-        self.packed = {n: p for n, p in packed.items() if p is not None}
+        packed = {
+            n: cpu_linear.pack(getattr(self, n)) for n in self.MATRICES if n not in self.packed
+        }
+        self.packed |= {n: p for n, p in packed.items() if p is not None}
 
     def project(self, x: torch.Tensor, name: str, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T (+ bias)`` for the matrix ``name``."""

@@ -8,6 +8,8 @@ matmul. ``engine.cpu_kernels.linear`` reads weights packed once into 16-column p
 ``F.linear`` from 1 to 2048 rows (``python -m bench.cpu_kernels``). The packed copies cost a
 second copy of the linear weights in memory (``EngineConfig.pack_cpu_weights=False`` turns
 them off); without them, or for weights the kernel does not take, it is ``F.linear``.
+Quantized weights (``engine.model.quant``) stand in for the packed copy and run their own
+kernel.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
+from engine.model.quant.weight import PackedMatrix
+
+Packed = torch.Tensor | PackedMatrix
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
@@ -24,17 +29,21 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return cpu_kernels.pack_linear_weight(weight)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None) -> torch.Tensor:
     """``x @ weight.T``, from ``packed`` when given."""
+    if isinstance(packed, PackedMatrix):
+        return packed.linear(x)
     if packed is not None and x.stride(-1) == 1:
         return cpu_kernels.linear(x, packed)
     return F.linear(x, weight)
 
 
 def add_linear_(
-    h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None
+    h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, packed: Packed | None
 ) -> torch.Tensor:
     """``h += x @ weight.T`` in place; returns ``h``."""
+    if isinstance(packed, PackedMatrix):
+        return packed.linear(x, out=h)
     if packed is not None and x.stride(-1) == 1 and h.stride(-1) == 1:
         return cpu_kernels.linear(x, packed, out=h)
     return h.addmm_(x, weight.t())

@@ -1,0 +1,177 @@
+"""Group-quantized weights in the two formats the kernels read, row-major while they load
+and in 16-column panels once packed.
+
+Every supported checkpoint format is repacked at load into one of two code formats, so
+two kernels serve them all: unsigned 4-bit codes, or int8 codes, each group of ``group``
+consecutive inputs of an output row with an fp32 scale and (optionally) an fp32 min, and
+``w = code * scale + min``. For the GGUF types (engine.model.quant.gguf_blocks) the product
+``code * scale`` is exact in fp32, so that one rounding gives the value ggml dequantizes,
+bit for bit, whether computed as a fused multiply-add (the C kernel) or not (torch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine import cpu_kernels
+from engine.cpu_kernels.quant_linear import quant_linear
+
+PANEL = cpu_kernels.PANEL
+
+
+@dataclass(frozen=True)
+class RowQuant:
+    """A quantized matrix [N, K], row-major: codes [N, K] (uint8 0..15 for 4 bits, int8 for
+    8), scales and mins [N, K / group] fp32 (mins None: zero)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+    bits: int
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape[0], self.codes.shape[1]
+
+    def rows(self, index: torch.Tensor | slice) -> RowQuant:
+        """The rows ``index`` (a permutation or a slice), same format."""
+        mins = None if self.mins is None else self.mins[index]
+        return RowQuant(self.codes[index], self.scales[index], mins, self.bits, self.group)
+
+    def as_format(self, bits: int, group: int, with_mins: bool) -> RowQuant:
+        """The same values in a format at least as wide: 8 bits for 4, a group dividing this
+        one (scales repeated), zero mins added. Exact."""
+        codes = self.codes if bits == self.bits else self.codes.to(torch.int8)
+        repeat = self.group // group
+        scales = self.scales.repeat_interleave(repeat, dim=1)
+        mins = None if self.mins is None else self.mins.repeat_interleave(repeat, dim=1)
+        if with_mins and mins is None:
+            mins = torch.zeros_like(scales)
+        return RowQuant(codes, scales, mins, bits, group)
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K]."""
+        return _dequantize(self.codes, self.scales, self.mins, self.group)
+
+
+def concat_rows(parts: Sequence[RowQuant]) -> RowQuant:
+    """Parts stacked row-wise in one common format (the widest codes, the smallest group)."""
+    bits = max(p.bits for p in parts)
+    group = math.gcd(*(p.group for p in parts))
+    with_mins = any(p.mins is not None for p in parts)
+    same = [p.as_format(bits, group, with_mins) for p in parts]
+    mins = torch.cat([p.mins for p in same if p.mins is not None]) if with_mins else None
+    codes = torch.cat([p.codes for p in same])
+    return RowQuant(codes, torch.cat([p.scales for p in same]), mins, bits, group)
+
+
+def _dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group: int
+) -> torch.Tensor:
+    # codes: [rows, K]; scales, mins: [rows, K / group]
+    w = codes.float() * scales.repeat_interleave(group, dim=1)
+    return w if mins is None else w.add_(mins.repeat_interleave(group, dim=1))
+
+
+class PackedMatrix:
+    """A matrix [N, K] kept in a packed form that computes ``x @ W.T`` itself: the layers hold
+    it in place of their weight (``engine.model.linear``)."""
+
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+    def linear(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T`` for x [M, K]; with ``out`` [M, N] the product is added into it."""
+        raise NotImplementedError
+
+    def dequantize(self) -> torch.Tensor:
+        """W [N, K] fp32 (codes' column order)."""
+        raise NotImplementedError
+
+
+class QuantWeight(PackedMatrix):
+    """A quantized matrix [N, K] packed in 16-row panels for ``quant_linear.c``: codes
+    [N' / 16, K, 8] uint8 (4 bits: row j of a panel in the low nibble of byte j, row j + 8
+    in its high nibble) or [N' / 16, K, 16] int8, scales and mins [N' / 16, K / group, 16]
+    fp32, N' = N rounded up to 16 (the padding rows are zero). With ``perm`` (GPTQ's
+    activation order) code column j multiplies input column ``perm[j]``: the inputs are
+    gathered into the codes' order first."""
+
+    def __init__(
+        self,
+        rows: RowQuant,
+        device: torch.device | str = "cpu",
+        perm: torch.Tensor | None = None,
+    ) -> None:
+        self.perm = None if perm is None else perm.to(device)
+        n, k = rows.shape
+        if rows.group % PANEL or k % rows.group:
+            raise ValueError(f"quantized weight [{n}, {k}]: group {rows.group} does not tile K")
+        self.out_features, self.in_features = n, k
+        self.bits, self.group = rows.bits, rows.group
+        pad = -n % PANEL
+        codes = _panels(_pad(rows.codes, pad))  # [P, K, 16]
+        if self.bits == 4:
+            codes = (codes[..., :8] | (codes[..., 8:] << 4)).to(torch.uint8)
+        self.codes = codes.contiguous().to(device)
+        self.scales = _panels(_pad(rows.scales, pad)).contiguous().to(device)
+        mins = rows.mins
+        self.mins = None if mins is None else _panels(_pad(mins, pad)).contiguous().to(device)
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.codes, self.scales, self.mins)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def linear(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T`` for x [M, K]; with ``out`` [M, N] the product is added into it."""
+        if self.perm is not None:
+            x = x.index_select(1, self.perm)
+        if self._kernel_takes(x, out):
+            return quant_linear(x, self.codes, self.scales, self.mins, self.bits, self.group, out)
+        w = self.dequantize().to(x.dtype)
+        return torch.nn.functional.linear(x, w) if out is None else out.addmm_(x, w.t())
+
+    def _kernel_takes(self, x: torch.Tensor, out: torch.Tensor | None) -> bool:
+        return (
+            x.device.type == "cpu"
+            and self.codes.device.type == "cpu"
+            and x.dtype == torch.float32
+            and x.stride(-1) == 1
+            and self.out_features % PANEL == 0
+            and (out is None or out.stride(-1) == 1)
+            and cpu_kernels.available()
+        )
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` [T] of W, dequantized: [T, K] fp32 (an embedding lookup)."""
+        panel, j = ids // PANEL, ids % PANEL
+        if self.bits == 4:
+            byte = self.codes[panel, :, j % 8]  # [T, K]
+            codes = torch.where((j >= 8)[:, None], byte >> 4, byte & 15)
+        else:
+            codes = self.codes[panel, :, j]
+        mins = None if self.mins is None else self.mins[panel, :, j]
+        return _dequantize(codes, self.scales[panel, :, j], mins, self.group)
+
+    def dequantize(self) -> torch.Tensor:
+        """W [N, K] fp32."""
+        return self.rows(torch.arange(self.out_features, device=self.codes.device))
+
+
+def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros(rows, t.shape[1])]) if rows else t
+
+
+def _panels(t: torch.Tensor) -> torch.Tensor:
+    """[N, C] -> [N / 16, C, 16]: column j of panel p is row 16 p + j."""
+    return t.view(t.shape[0] // PANEL, PANEL, t.shape[1]).transpose(1, 2)
