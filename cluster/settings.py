@@ -136,9 +136,10 @@ class NodeSettings(_Base):
     role: Literal["prefill", "decode", "colocated"] = "decode"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    # weights kept quantized: gguf (the model directory's *.gguf, packed), none (its fp32
-    # safetensors), auto (gguf on a CPU fp32 node when the directory has one)
-    quantization: Literal["auto", "none", "gguf"] = "auto"
+    # weights kept quantized: gguf (the model directory's *.gguf, packed), awq / gptq / fp8
+    # (the checkpoint's quantization_config), none (its fp32 safetensors), auto (the
+    # checkpoint's declared method, else gguf on a CPU fp32 node when the directory has one)
+    quantization: Literal["auto", "none", "gguf", "awq", "gptq", "fp8"] = "auto"
     block_size: int = Field(default=16, ge=1, le=1024)
     # KV cache size: num_kv_blocks or kv_cache_memory_gb when set (not both); else on CUDA
     # gpu_memory_utilization of the device's memory minus the weights and activations; else 1 GiB

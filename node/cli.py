@@ -30,8 +30,10 @@ _HELP: dict[str, str] = {
     "model_cache": MODEL_CACHE_HELP,
     "device": "where the engine runs",
     "dtype": "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU)",
-    "quantization": "weights kept quantized: gguf (the model directory's GGUF, packed), none "
-    "(fp32 safetensors) or auto (gguf on a CPU float32 node when the directory has a GGUF)",
+    "quantization": "weights kept quantized: gguf (the model directory's GGUF, packed), awq, "
+    "gptq or fp8 (what the checkpoint's quantization_config declares), none (fp32 "
+    "safetensors) or auto (the checkpoint's declared method; else gguf on a CPU float32 node "
+    "when the directory has a GGUF)",
     "block_size": "tokens per KV block",
     "num_kv_blocks": "KV blocks to allocate (else sized by memory)",
     "kv_cache_memory_gb": "memory for the KV cache, in GiB (default: on CUDA sized by "
