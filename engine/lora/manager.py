@@ -60,7 +60,7 @@ class LoraManager:
         max_cpu_loras: int,
         kernel: str,
     ) -> None:
-        device, dtype = model.embed.device, model.embed.dtype
+        device, dtype = model.norm.device, model.norm.dtype  # the embedding may be packed (meta)
         self.max_rank = max_rank
         self.max_cpu_loras = max_cpu_loras
         self.slots = LoraSlots(config, max_loras, max_rank, dtype, device)
