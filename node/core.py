@@ -24,6 +24,7 @@ from engine.loop.engine_loop import EngineLoop
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
 from node.kv_publisher import kv_events
+from node.kv_shards import kv_shards, layout_text, model_layout
 from node.metrics import NodeMetrics
 
 
@@ -82,13 +83,14 @@ class NodeCore:
         return None
 
     def _make_agent(self) -> KVTransferAgent:
-        layout = self.loop.engine.runner.layout
+        engine = self.loop.engine
         return KVTransferAgent(
-            self.loop.engine.runner.kv_cache,
-            fingerprint=layout.fingerprint(),
-            layout=layout.describe(),
+            engine.runner.kv_cache,
+            fingerprint=model_layout(engine).fingerprint(),
+            layout=layout_text(engine),
             config=TransferConfig(**transfer_options(self.settings)),
             leases=self._leases(),
+            shards=kv_shards(engine),
         )
 
     # ---- NodeRuntime (node.server) ---------------------------------------------------------
@@ -101,8 +103,8 @@ class NodeCore:
             engine = self.loop.engine
             self._info = node_info(
                 self.settings,
-                layout_fingerprint=engine.runner.layout.fingerprint(),
-                layout=engine.runner.layout.describe(),
+                layout_fingerprint=model_layout(engine).fingerprint(),
+                layout=layout_text(engine),
                 architecture=engine.model_config.architecture,
                 weights=engine.runner.model.weight_bytes(),
                 peer_info=self.agent.info.to_json() if self.agent is not None else "",
