@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, Self
@@ -117,6 +117,12 @@ class NodeCore:
     @property
     def healthy(self) -> bool:
         return self.loop.running
+
+    def on_fatal(self, callback: Callable[[str], None]) -> None:
+        """A dead tensor-parallel rank is fatal (the engine loop stops on it first)."""
+        ranks = self.loop.engine.ranks
+        if ranks is not None:
+            ranks.on_failure.append(callback)
 
     def load(self) -> NodeLoad:
         stats = self.loop.snapshot.stats

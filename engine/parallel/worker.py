@@ -4,6 +4,7 @@ forward per step it is sent, until Stop."""
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from multiprocessing.connection import Connection
 
@@ -33,6 +34,7 @@ def run_rank(
     from engine.parallel.group import init_group, rank_device
 
     watch_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the node's to handle
     torch.set_num_threads(threads)
     device = rank_device(config.device, rank)
     if device.startswith("cuda"):

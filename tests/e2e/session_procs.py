@@ -20,3 +20,20 @@ def session_processes(session_id: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == session_id:  # state, ppid, pgrp, session
             found.append(int(entry.name))
     return found
+
+
+def rank_workers(node_pid: int) -> list[int]:
+    """The tensor-parallel rank processes a node spawned (not multiprocessing's helpers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == node_pid and b"spawn_main" in cmdline and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found

@@ -7,13 +7,20 @@ with the default model's tokenizer."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
-from cluster_harness import Cluster, running_cluster
+from cluster_harness import Cluster, alive, running_cluster
 from oracle import Oracle
-from session_procs import session_processes
+from prometheus_client.parser import text_string_to_metric_families
+from session_procs import rank_workers, session_processes
 
 from tests.engine.model.tiny_families import save_family
 
@@ -66,6 +73,8 @@ def test_mixed_tensor_parallel_pools_answer_like_tp1(
             assert got.choices[0].text == expected.text
             assert got.usage is not None and got.usage.completion_tokens == MAX_TOKENS
             prompt_tokens.append(got.usage.prompt_tokens)
+        wide = up.node_names("prefill" if "--prefill-tp" in tp else "decode")[0]
+        assert len(rank_workers(up.pids[wide])) == 1  # rank 1 runs under the node
         decode = up.node_names("decode")[0]
         counters = up.stats(decode).counters
         assert counters["transfer_ok"] == len(PROMPTS)
@@ -78,3 +87,75 @@ def assert_idle(up: Cluster) -> None:
     names = list(up.layout["nodes"])
     for name, stats in up.wait_idle(names).items():
         assert stats.load.free_blocks == stats.load.total_blocks, name
+
+
+class Stream(threading.Thread):
+    """One streamed completion, read to the end on its own thread."""
+
+    def __init__(self, up: Cluster, model: str, prompt: str, max_tokens: int) -> None:
+        super().__init__(daemon=True)
+        self.client, self.model = up.openai_client(), model
+        self.prompt, self.max_tokens = prompt, max_tokens
+        self.chunks: list[str] = []
+        self.finish: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            stream = self.client.completions.create(
+                model=self.model, prompt=self.prompt, max_tokens=self.max_tokens,
+                temperature=0, stream=True,
+            )  # fmt: skip
+            for chunk in stream:
+                for choice in chunk.choices:
+                    self.chunks.append(choice.text)
+                    self.finish = choice.finish_reason or self.finish
+        except BaseException as exc:
+            self.error = exc
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.02)
+
+
+def test_a_killed_rank_takes_its_node_down_and_its_streams_resume(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL rank 1 of a decode node (TP=2) mid-stream: the node exits with code 4, the
+    router resumes its streams on the other decode node, every stream ends with the offline
+    engine's text, and Ctrl-C then leaves no process."""
+    prompts = [f"{PROMPTS[i % 2]} Part {i}:" for i in range(4)]
+    max_tokens = 150
+    want = Oracle(tiny_dir).complete(prompts, max_tokens)
+    args = ["--prefill", "1", "--decode", "2", "--decode-tp", "2", "--num-kv-blocks", "96"]
+    with running_cluster(tiny_dir, tmp_path / "run", *args, "--transfer", "tcp") as up:
+        model = up.openai_client().models.list().data[0].id
+        streams = [Stream(up, model, p, max_tokens) for p in prompts]
+        for s in streams:
+            s.start()
+        victim = up.pids["decode-0"]
+        wait_until(lambda: up.stats("decode-0").load.running > 0, "a stream on decode-0")
+        wait_until(lambda: all(s.chunks for s in streams), "every stream under way")
+        workers = rank_workers(victim)
+        assert len(workers) == 1
+        os.kill(workers[0], signal.SIGKILL)
+        for s in streams:
+            s.join(120)
+            assert not s.is_alive() and s.error is None, s.error
+        wait_until(lambda: not alive(victim), "decode-0 exits")
+        wait_until(lambda: "decode-0 exited with code 4" in up.output(), "the launcher sees it")
+        for s, expected in zip(streams, want, strict=True):
+            assert "".join(s.chunks) == expected.text
+            assert s.finish == "length"
+        metrics = httpx.get(up.base_url + "/metrics", timeout=10, trust_env=False).text
+        resumed = [
+            s.value
+            for family in text_string_to_metric_families(metrics)
+            for s in family.samples
+            if s.name == "splitserve_router_decode_resumes_total"
+        ]
+        assert sum(resumed) >= 1  # decode-0's streams went on on decode-1
+    assert session_processes(up.proc.pid) == []
