@@ -110,6 +110,8 @@ class PeerInfo:
         fields["transport"] = self.transport.value
         if self.nixl_metadata is not None:
             fields["nixl_metadata"] = base64.b64encode(self.nixl_metadata).decode("ascii")
+        if not self.shards:  # a node of one rank publishes what it did before ranks existed
+            del fields["shards"], fields["num_kv_heads"]
         return json.dumps({"v": _VERSION, **fields}, separators=(",", ":"))
 
     @classmethod

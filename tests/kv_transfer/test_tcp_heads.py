@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.model.shard import Shard
-from kv_transfer import KVTransferAgent, LayoutMismatch, LeaseTable, TransferConfig
+from kv_transfer import KVTransferAgent, LayoutMismatch, LeaseTable, PeerInfo, TransferConfig
 from kv_transfer.head_plan import HeadSpan, plan_heads
 from kv_transfer.shards import KVShards, read_descriptors
 
@@ -65,6 +65,20 @@ async def test_each_reader_rank_gets_its_heads_and_bytes_are_one_copy(
     finally:
         owner.close()
         reader.close()
+
+
+def test_peer_info_carries_the_ranks_only_when_there_are_several() -> None:
+    full = torch.zeros(BLOCKS, LAYERS, 2, BS, 2, HD)
+    two, one = agent("two", split(full, 2, 4)), agent("one", split(full, 1, 4))
+    try:
+        again = PeerInfo.from_json(two.info.to_json())
+        assert again == two.info and again.tp_size == 2 and again.num_kv_heads == 2
+        assert [s.heads for s in again.shards] == [HeadSpan(0, 1), HeadSpan(1, 1)]
+        assert "shards" not in one.info.to_json()  # as published before ranks existed
+        assert PeerInfo.from_json(one.info.to_json()) == one.info
+    finally:
+        two.close()
+        one.close()
 
 
 async def test_heads_that_cannot_be_mapped_are_refused_naming_both_sizes() -> None:
