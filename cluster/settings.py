@@ -209,11 +209,6 @@ class NodeSettings(_Base):
                 f"draft_model is set but speculative_method is {self.speculative_method!r} "
                 "(use draft)"
             )
-        if self.tensor_parallel_size > 1 and self.role != "colocated":
-            raise ValueError(
-                f"tensor_parallel_size {self.tensor_parallel_size} on a {self.role} node: "
-                "moving a tensor-parallel node's KV cache is not built yet (colocated only)"
-            )
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"

@@ -40,7 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     parser.add_argument(
         "--tp", type=int, default=None,
-        help="tensor-parallel ranks per node, one process each (with --colocated)",
+        help="tensor-parallel ranks per node, one process each (both pools, or colocated)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefill-tp", type=int, default=None,
+        help="tensor-parallel ranks per prefill node (default --tp, else 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--decode-tp", type=int, default=None,
+        help="tensor-parallel ranks per decode node (default --tp, else 1)",
     )  # fmt: skip
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
@@ -116,12 +124,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--max-model-len must be >= 1")
     if args.threads_per_node is not None and args.threads_per_node < 1:
         raise ValueError("--threads-per-node must be >= 1")
-    tp = getattr(args, "tp", None)
-    if tp is not None and (tp < 1 or (tp > 1 and not args.colocated)):
-        raise ValueError(
-            f"--tp {tp}: must be >= 1, and above 1 needs --colocated (moving a "
-            "tensor-parallel node's KV cache between pools is not built yet)"
-        )
+    for flag in ("tp", "prefill_tp", "decode_tp"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.colocated and (getattr(args, "prefill_tp", None) or getattr(args, "decode_tp", None)):
+        raise ValueError("--prefill-tp / --decode-tp size the two pools: use --tp with --colocated")
     if not 1 <= args.port <= 65535:
         raise ValueError("--port must be in [1, 65535]")
     if not 0 < args.gpu_memory_utilization <= 1:

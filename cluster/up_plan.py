@@ -101,7 +101,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         "--device": args.device,
         "--dtype": args.dtype,
         "--torch-threads": args.threads_per_node,
-        "--tensor-parallel-size": getattr(args, "tp", None),
+        "--tensor-parallel-size": node_tp(args, node),
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,
         "--kv-offload-cpu-gb": args.kv_offload_cpu_gb,
@@ -128,6 +128,13 @@ def lora_argv(args: argparse.Namespace) -> list[str]:
     if args.lora_modules:
         argv += ["--lora-modules", *args.lora_modules]
     return argv
+
+
+def node_tp(args: argparse.Namespace, node: NodePlan) -> int | None:
+    """The node's tensor-parallel size: its pool's flag (--prefill-tp / --decode-tp), else
+    --tp; None leaves the node's default (1)."""
+    pool = getattr(args, f"{node.role}_tp", None) if node.role != "colocated" else None
+    return pool if pool is not None else getattr(args, "tp", None)
 
 
 def node_gpu_share(args: argparse.Namespace) -> float:

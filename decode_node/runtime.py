@@ -124,7 +124,11 @@ class DecodeRuntime(NodeCore):
             self.counts["imported_blocks_total"] += result.num_blocks
             self.metrics.transfer_seconds.observe(result.seconds)
             self.metrics.transfer_bytes.inc(result.nbytes)
-            stream = await self.loop.open(rid, lambda engine: engine.commit_import(rid))
+            try:
+                stream = await self.loop.open(rid, lambda engine: engine.commit_import(rid))
+            except EngineFailed as exc:  # the engine stopped during the READ
+                yield error_event("engine_failed", str(exc))
+                return
         else:
             await self.loop.abort(rid)  # frees the reserved blocks
             self.counts["transfer_failures_total"] += 1

@@ -22,10 +22,13 @@ import torch
 from kv_transfer.config import TransferConfig
 from kv_transfer.deadline import Deadline
 from kv_transfer.errors import LayoutMismatch, TransferError, TransferTimeout, TransportUnavailable
+from kv_transfer.head_plan import HeadPlan, is_identity, plan_heads
 from kv_transfer.hugepages import use_hugepages
 from kv_transfer.lease import LeaseTable
 from kv_transfer.peer_info import Identity, PeerInfo
 from kv_transfer.region import KVRegion, check_block_ids
+from kv_transfer.shards import KVShards
+from kv_transfer.tcp_heads import local_shards
 from kv_transfer.tcp_transport import TcpTransport
 from kv_transfer.transport import TransferResult, Transport
 
@@ -57,8 +60,12 @@ class KVTransferAgent:
         layout: str,
         config: TransferConfig,
         leases: LeaseTable | None = None,
+        shards: KVShards | None = None,
     ) -> None:
+        """`shards`: a tensor-parallel node's per-rank KV tensors (rank 0's is `kv`); a
+        peer that splits the heads otherwise is read head range by head range."""
         self.region = KVRegion(kv)
+        self.shards = shards
         if config.hugepages:
             use_hugepages(kv)
         self.config = config
@@ -66,7 +73,7 @@ class KVTransferAgent:
         self.identity = Identity(
             config.node_name, uuid.uuid4().hex[:12], fingerprint, layout, token=config.token
         )
-        self.transport: Transport = _select_transport(self.region, self.identity, config)
+        self.transport: Transport = _select_transport(self.region, self.identity, config, shards)
         weakref.finalize(self, self.transport.close)  # at the latest at interpreter exit
         self.counters = TransferCounters()
         self.info = PeerInfo(
@@ -80,6 +87,8 @@ class KVTransferAgent:
             mem_type=self.region.mem_type,
             device_id=self.region.device_id,
             base_address=self.region.base_address,
+            num_kv_heads=shards.num_kv_heads if shards is not None else 0,
+            shards=shards.rank_shards() if shards is not None and shards.size > 1 else (),
             **self.transport.peer_fields(),  # type: ignore[arg-type]
         )
 
@@ -102,16 +111,59 @@ class KVTransferAgent:
         self._check(peer, remote_block_ids, local_block_ids, request_id)
         deadline = Deadline.after(self.config.deadline_s if deadline_s is None else deadline_s)
         start = time.perf_counter()
+        plan = self._head_plan(peer)
         try:
-            nbytes = await self.transport.read(
-                peer, remote_block_ids, local_block_ids, request_id, deadline
-            )
+            if plan is None:
+                nbytes = await self.transport.read(
+                    peer, remote_block_ids, local_block_ids, request_id, deadline
+                )
+            else:
+                nbytes = await self._read_heads(
+                    peer, plan, (remote_block_ids, local_block_ids), request_id, deadline
+                )
         except TransferError as exc:
             self._count_failure(exc, peer)
             raise
         self.counters.ok += 1
         self.counters.bytes += nbytes
         return TransferResult(nbytes, time.perf_counter() - start)
+
+    def _head_plan(self, peer: PeerInfo) -> HeadPlan | None:
+        """The head ranges to move when the two nodes split the KV heads differently; None
+        when whole blocks move (one rank each side). LayoutMismatch names both tensor-parallel
+        sizes when the heads cannot be mapped."""
+        if self.shards is None and not peer.shards:
+            return None
+        local = local_shards(self.region.kv, self.shards)
+        heads = local.num_kv_heads
+        mine = local.spans
+        try:
+            if peer.num_kv_heads and peer.num_kv_heads != heads:
+                raise ValueError(f"{peer.num_kv_heads} KV heads there, {heads} here")
+            theirs = peer.head_spans(heads)
+            plan = plan_heads(theirs, mine, heads)
+        except ValueError as exc:
+            raise LayoutMismatch(
+                f"{self.info.layout} tensor_parallel_size={local.size}",
+                f"{peer.layout} tensor_parallel_size={peer.tp_size} ({exc})",
+                peer.agent_name,
+            ) from None
+        return None if local.size == 1 and is_identity(plan, theirs, mine) else plan
+
+    async def _read_heads(
+        self,
+        peer: PeerInfo,
+        plan: HeadPlan,
+        ids: tuple[Sequence[int], Sequence[int]],
+        request_id: str,
+        deadline: Deadline,
+    ) -> int:
+        local = local_shards(self.region.kv, self.shards)
+        nbytes = await self.transport.read_heads(peer, plan, local, ids, request_id, deadline)
+        for copy in plan.copies:  # replicated heads: moved once, copied here
+            local.copy(copy, ids[1])
+        local.synchronize()
+        return nbytes
 
     async def release(
         self, peer: PeerInfo, request_id: str, *, deadline_s: float | None = None
@@ -168,7 +220,10 @@ class KVTransferAgent:
         self.region.check_ids(local, "local_block_ids", unique=True)
 
     def _check_peer(self, peer: PeerInfo) -> None:
-        if peer.fingerprint != self.info.fingerprint or peer.block_bytes != self.region.block_bytes:
+        sharded = self.shards is not None or bool(peer.shards)
+        if peer.fingerprint != self.info.fingerprint or (
+            not sharded and peer.block_bytes != self.region.block_bytes
+        ):
             raise LayoutMismatch(self.info.layout, peer.layout, peer.agent_name)
         if peer.transport is not self.transport.kind:
             raise TransferError(
@@ -183,20 +238,22 @@ class KVTransferAgent:
         logger.warning("READ from %s failed: %s", peer.agent_name, exc)
 
 
-def _select_transport(region: KVRegion, identity: Identity, config: TransferConfig) -> Transport:
+def _select_transport(
+    region: KVRegion, identity: Identity, config: TransferConfig, shards: KVShards | None
+) -> Transport:
     transport: Transport
     if config.transport == "tcp":
-        transport = TcpTransport(region, identity, config)
+        transport = TcpTransport(region, identity, config, shards)
     else:
         try:
             from kv_transfer.nixl_transport import NixlTransport
 
-            transport = NixlTransport(region, identity, config)
+            transport = NixlTransport(region, identity, config, shards)
         except TransportUnavailable as exc:
             if config.transport == "nixl":
                 raise
             logger.warning("NIXL unavailable, falling back to TCP: %s", exc)
-            transport = TcpTransport(region, identity, config)
+            transport = TcpTransport(region, identity, config, shards)
     logger.info(
         "kv_transfer agent %s: transport %s; %d blocks of %d bytes (%s)",
         identity.agent_name,

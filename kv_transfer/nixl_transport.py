@@ -27,10 +27,12 @@ from kv_transfer.errors import (
     TransferTimeout,
     TransportUnavailable,
 )
+from kv_transfer.head_plan import HeadPlan
 from kv_transfer.nixl_driver import NixlDriver, as_transfer_error
 from kv_transfer.nixl_loader import apply_ucx_settings, create_agent, load_nixl
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion, block_descriptors
+from kv_transfer.shards import KVShards, read_descriptors
 from kv_transfer.transport import parse_release, release_message
 
 logger = logging.getLogger(__name__)
@@ -55,10 +57,18 @@ class NixlTransport:
 
     kind = TransportKind.NIXL
 
-    def __init__(self, region: KVRegion, identity: Identity, config: TransferConfig) -> None:
+    def __init__(
+        self,
+        region: KVRegion,
+        identity: Identity,
+        config: TransferConfig,
+        shards: KVShards | None = None,
+    ) -> None:
         self.ucx_settings = apply_ucx_settings(config.ucx_tls)
         api = load_nixl()
         self._region = region
+        # every rank's tensor is registered: a head READ reads into and from any of them
+        self._tensors = shards.tensors if shards is not None else [region.kv]
         self._releases: collections.deque[str] = collections.deque()
         self._peers: dict[str, _Peer] = {}  # by agent name; touched on the driver thread only
         self._reading: Any = None
@@ -77,13 +87,15 @@ class NixlTransport:
 
     def _setup_serving(self, api: Any, name: str, wakeup_us: int) -> bytes:
         agent = create_agent(api, name, progress_wakeup_us=wakeup_us)
-        agent.register_memory(self._region.kv)
+        for tensor in self._tensors:
+            agent.register_memory(tensor)
         self._driver.watch_notifs(agent, self._on_notif)
         return bytes(agent.get_agent_metadata())
 
     def _setup_reading(self, api: Any, name: str) -> None:
         agent = create_agent(api, name, progress_wakeup_us=None)
-        agent.register_memory(self._region.kv)
+        for tensor in self._tensors:
+            agent.register_memory(tensor)
         self._local = agent.prep_xfer_dlist(
             "NIXL_INIT_AGENT", self._region.descriptors(), self._region.mem_type
         )
@@ -113,6 +125,42 @@ class NixlTransport:
     ) -> int:
         local = np.asarray(local_ids, dtype=np.int32)
         remote = np.asarray(remote_ids, dtype=np.int32)
+
+        def make(agent: Any, conn: _Peer) -> Any:
+            return agent.make_prepped_xfer("READ", self._local, local, conn.dlist, remote)
+
+        await self._read(peer, make, request_id, deadline)
+        return len(local_ids) * self._region.block_bytes
+
+    async def read_heads(
+        self,
+        peer: PeerInfo,
+        plan: HeadPlan,
+        local: KVShards,
+        ids: tuple[Sequence[int], Sequence[int]],
+        request_id: str,
+        deadline: Deadline,
+    ) -> int:
+        """One READ of every piece: ``layers * 2 * block_size`` descriptors per block and
+        piece, from the owner rank's memory straight into the local rank's."""
+        remote_shards = peer.rank_shards(local.num_kv_heads)
+        rows = [read_descriptors(local, remote_shards, p, ids[0], ids[1]) for p in plan.reads]
+        mine = np.concatenate([r[0] for r in rows])
+        theirs = np.concatenate([r[1] for r in rows])
+
+        def make(agent: Any, conn: _Peer) -> Any:
+            local_descs = agent.get_xfer_descs(mine, self._region.mem_type)
+            remote_descs = agent.get_xfer_descs(theirs, peer.mem_type)
+            return agent.initialize_xfer("READ", local_descs, remote_descs, peer.agent_name)
+
+        await self._read(peer, make, request_id, deadline)
+        return local.span_bytes(plan.heads_moved(), len(ids[1]))
+
+    async def _read(
+        self, peer: PeerInfo, make: Callable[[Any, _Peer], Any], request_id: str, deadline: Deadline
+    ) -> None:
+        """Post the transfer ``make`` creates on the driver thread and wait for it; tell the
+        owner when it completes."""
         message = release_message(request_id)
         used: list[_Peer] = []
 
@@ -120,7 +168,7 @@ class NixlTransport:
             agent = self._reading_agent()
             conn = self._connection(agent, peer)
             try:
-                handle = agent.make_prepped_xfer("READ", self._local, local, conn.dlist, remote)
+                handle = make(agent, conn)
             except Exception:
                 self._retire(conn)
                 raise
@@ -149,7 +197,6 @@ class NixlTransport:
             self._driver.cancel(future)
             logger.error("NIXL driver thread did not answer within the deadline")
             raise TransferTimeout("transfer exceeded its deadline (driver stalled)") from None
-        return len(local_ids) * self._region.block_bytes
 
     async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
         def notify() -> None:

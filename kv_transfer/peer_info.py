@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kv_transfer.head_plan import HeadSpan, RankShard
+
 _VERSION = 1
 
 
@@ -45,7 +47,9 @@ class PeerInfo:
     layout's hash and readable description. base_address, block_bytes, num_blocks, mem_type
     ("DRAM" or "VRAM"), device_id: where block `i` lives (`base_address + i * block_bytes`).
     nixl_metadata: the NIXL agent's metadata (NIXL transport). tcp_host / tcp_port: the block
-    server's address (TCP transport).
+    server's address (TCP transport). num_kv_heads / shards: a tensor-parallel owner's
+    model KV heads and, per rank, the heads it holds and where its blocks live (rank 0's
+    are the fields above); empty on a node of one rank.
     """
 
     node_name: str
@@ -61,9 +65,15 @@ class PeerInfo:
     nixl_metadata: bytes | None = None
     tcp_host: str | None = None
     tcp_port: int | None = None
+    num_kv_heads: int = 0
+    shards: tuple[RankShard, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transport", TransportKind(self.transport))
+        shards = tuple(s if isinstance(s, RankShard) else RankShard(**s) for s in self.shards)
+        object.__setattr__(self, "shards", shards)
+        if shards and self.num_kv_heads < 1:
+            raise ValueError("PeerInfo.num_kv_heads must be >= 1 with shards")
         for name in ("node_name", "incarnation", "fingerprint"):
             if not getattr(self, name):
                 raise ValueError(f"PeerInfo.{name} must be a non-empty string")
@@ -81,11 +91,27 @@ class PeerInfo:
     def agent_name(self) -> str:
         return f"{self.node_name}.{self.incarnation}"
 
+    @property
+    def tp_size(self) -> int:
+        return len(self.shards) or 1
+
+    def head_spans(self, num_kv_heads: int) -> list[HeadSpan]:
+        """The heads of each rank (one rank holding all ``num_kv_heads`` when unsharded)."""
+        return [s.heads for s in self.shards] or [HeadSpan(0, num_kv_heads)]
+
+    def rank_shards(self, num_kv_heads: int) -> tuple[RankShard, ...]:
+        """Every rank's region (one, from the fields above, when unsharded)."""
+        if self.shards:
+            return self.shards
+        return (RankShard(0, num_kv_heads, self.base_address, self.block_bytes, self.device_id),)
+
     def to_json(self) -> str:
         fields: dict[str, Any] = asdict(self)
         fields["transport"] = self.transport.value
         if self.nixl_metadata is not None:
             fields["nixl_metadata"] = base64.b64encode(self.nixl_metadata).decode("ascii")
+        if not self.shards:  # a node of one rank publishes what it did before ranks existed
+            del fields["shards"], fields["num_kv_heads"]
         return json.dumps({"v": _VERSION, **fields}, separators=(",", ":"))
 
     @classmethod

@@ -16,6 +16,8 @@ from typing import Any
 
 from kv_transfer.peer_info import Identity
 from kv_transfer.region import KVRegion, check_block_ids
+from kv_transfer.shards import KVShards
+from kv_transfer.tcp_heads import local_shards, serve_heads
 from kv_transfer.tcp_protocol import (
     Kind,
     recv_json,
@@ -44,8 +46,10 @@ class BlockServer:
         host: str,
         port: int,
         on_release: Callable[[str], None],
+        shards: KVShards | None = None,
     ) -> None:
         self._region = region
+        self._shards = shards
         self._identity = identity
         self._on_release = on_release
         self._listener = socket.create_server((host, port))  # SO_REUSEADDR: restart on a port
@@ -109,6 +113,8 @@ class BlockServer:
             request_id = body.get("request_id")
             if isinstance(request_id, str):
                 self._on_release(request_id)
+        elif kind is Kind.READ and "heads" in body:
+            self._serve_heads(conn, body)
         elif kind is Kind.READ:
             ids = body.get("block_ids")
             try:
@@ -123,6 +129,16 @@ class BlockServer:
                 conn.sendall(self._region.read_block(block_id))
         else:
             _refuse(conn, "bad_request", f"unexpected message {kind.name}")
+
+    def _serve_heads(self, conn: socket.socket, body: dict[str, Any]) -> None:
+        try:
+            shards = local_shards(self._region.kv, self._shards)
+        except ValueError as exc:
+            _refuse(conn, "bad_request", str(exc))
+            return
+        problem = serve_heads(conn, body, shards)
+        if problem is not None:
+            _refuse(conn, "bad_request", problem)
 
 
 def _refuse(conn: socket.socket, code: str, message: str, **extra: str) -> None:

@@ -16,9 +16,12 @@ from collections.abc import Callable, Iterator, Sequence
 from kv_transfer.config import TransferConfig
 from kv_transfer.deadline import Deadline
 from kv_transfer.errors import TransferTimeout
+from kv_transfer.head_plan import HeadPlan
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
+from kv_transfer.shards import KVShards
 from kv_transfer.tcp_client import BlockRead, ConnectionPool
+from kv_transfer.tcp_heads import HeadRead
 from kv_transfer.tcp_server import BlockServer
 
 _READ_THREADS = 4
@@ -28,13 +31,19 @@ _STUCK_GRACE_S = 2.0  # beyond the deadline, stop waiting for a reader thread th
 class TcpTransport:
     kind = TransportKind.TCP
 
-    def __init__(self, region: KVRegion, identity: Identity, config: TransferConfig) -> None:
+    def __init__(
+        self,
+        region: KVRegion,
+        identity: Identity,
+        config: TransferConfig,
+        shards: KVShards | None = None,
+    ) -> None:
         self._region = region
         self._identity = identity
         self._host = config.dial_host
         self._releases: collections.deque[str] = collections.deque()
         self._server = BlockServer(
-            region, identity, config.tcp_host, config.tcp_port, self._releases.append
+            region, identity, config.tcp_host, config.tcp_port, self._releases.append, shards
         )
         self._pool = ConnectionPool()
         self._executor = cf.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="kv-tcp-read")
@@ -57,6 +66,26 @@ class TcpTransport:
     ) -> int:
         ids = (list(remote_ids), list(local_ids))
         job = BlockRead(self._pool, self._region, self._identity, peer, ids, request_id, deadline)
+        await self._run(job, deadline)
+        return len(local_ids) * self._region.block_bytes
+
+    async def read_heads(
+        self,
+        peer: PeerInfo,
+        plan: HeadPlan,
+        local: KVShards,
+        ids: tuple[Sequence[int], Sequence[int]],
+        request_id: str,
+        deadline: Deadline,
+    ) -> int:
+        pair = (list(ids[0]), list(ids[1]))
+        args = (self._pool, self._region, self._identity, peer, pair, request_id, deadline)
+        job = HeadRead(local, plan, *args)
+        await self._run(job, deadline)
+        return job.nbytes()
+
+    async def _run(self, job: BlockRead, deadline: Deadline) -> None:
+        """Run a READ on a reader thread within the deadline; abort it on cancellation."""
         future = asyncio.wrap_future(self._executor.submit(self._counted, job))
         try:
             await asyncio.wait_for(
@@ -71,7 +100,6 @@ class TcpTransport:
             raise TransferTimeout(
                 "transfer exceeded its deadline (reader thread stalled)"
             ) from None
-        return len(local_ids) * self._region.block_bytes
 
     async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
         job = BlockRead(

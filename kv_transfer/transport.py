@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kv_transfer.deadline import Deadline
+from kv_transfer.head_plan import HeadPlan
 from kv_transfer.peer_info import PeerInfo, TransportKind
+
+if TYPE_CHECKING:
+    from kv_transfer.shards import KVShards
 
 RELEASE_PREFIX = b"splitserve-release:"
 
@@ -49,6 +53,20 @@ class Transport(Protocol):
     ) -> int:
         """Copy the peer's `remote_ids` blocks into local `local_ids`, then tell the owner
         that `request_id` is done with them. Returns bytes moved; raises TransferError."""
+        ...
+
+    async def read_heads(
+        self,
+        peer: PeerInfo,
+        plan: HeadPlan,
+        local: KVShards,
+        ids: tuple[Sequence[int], Sequence[int]],
+        request_id: str,
+        deadline: Deadline,
+    ) -> int:
+        """Like `read` for nodes that split the KV heads differently: each of `plan`'s reads
+        moves its heads of the peer's blocks `ids[0]` into `local`'s rank's blocks `ids[1]`
+        (the local copies of replicated heads are the caller's). Returns bytes moved."""
         ...
 
     async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:

@@ -120,7 +120,8 @@ def run_node(
     args: argparse.Namespace, role: str, app_factory: Callable[[NodeSettings], Any]
 ) -> int:
     """Parse settings, bind the port, build the app with `app_factory` and serve it until
-    SIGINT / SIGTERM. Exit codes: 2 bad settings, 1 port unavailable, 3 start failed."""
+    SIGINT / SIGTERM. Exit codes: 2 bad settings, 1 port unavailable, 3 start failed, 4 the
+    node stopped itself (a tensor-parallel rank died)."""
     try:
         settings = settings_from_args(args, role)
     except SettingsError as exc:
@@ -167,5 +168,6 @@ def serve(app: Any, sock: socket.socket, settings: NodeSettings) -> int:
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
     server = DrainingServer(config, lambda: begin_drain(app))
+    app.state.node.exit_on_fatal = server.fail
     server.run(sockets=[sock])
-    return 0 if server.started else 3
+    return server.exit_code if server.started else 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, Self
@@ -25,6 +25,7 @@ from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
 from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
+from node.kv_shards import kv_shards, layout_text, model_layout
 from node.metrics import NodeMetrics
 
 
@@ -86,13 +87,14 @@ class NodeCore:
         return None
 
     def _make_agent(self) -> KVTransferAgent:
-        layout = self.loop.engine.runner.layout
+        engine = self.loop.engine
         return KVTransferAgent(
-            self.loop.engine.runner.kv_cache,
-            fingerprint=layout.fingerprint(),
-            layout=layout.describe(),
+            engine.runner.kv_cache,
+            fingerprint=model_layout(engine).fingerprint(),
+            layout=layout_text(engine),
             config=TransferConfig(**transfer_options(self.settings)),
             leases=self._leases(),
+            shards=kv_shards(engine),
         )
 
     # ---- NodeRuntime (node.server) ---------------------------------------------------------
@@ -105,8 +107,8 @@ class NodeCore:
             engine = self.loop.engine
             self._info = node_info(
                 self.settings,
-                layout_fingerprint=engine.runner.layout.fingerprint(),
-                layout=engine.runner.layout.describe(),
+                layout_fingerprint=model_layout(engine).fingerprint(),
+                layout=layout_text(engine),
                 architecture=engine.model_config.architecture,
                 weights=engine.runner.model.weight_bytes(),
                 peer_info=self.agent.info.to_json() if self.agent is not None else "",
@@ -119,6 +121,12 @@ class NodeCore:
     @property
     def healthy(self) -> bool:
         return self.loop.running
+
+    def on_fatal(self, callback: Callable[[str], None]) -> None:
+        """A dead tensor-parallel rank is fatal (the engine loop stops on it first)."""
+        ranks = self.loop.engine.ranks
+        if ranks is not None:
+            ranks.on_failure.append(callback)
 
     def load(self) -> NodeLoad:
         stats = self.loop.snapshot.stats

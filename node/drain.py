@@ -26,13 +26,24 @@ log = logging.getLogger("splitserve.node")
 LEASE_POLL_S = 0.05
 
 
+FATAL_EXIT_CODE = 4  # the node stopped itself: it can never serve again (a rank died)
+
+
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server that also calls `on_drain` (in the event loop) at SIGTERM / SIGINT."""
+    """uvicorn's server that also calls `on_drain` (in the event loop) at SIGTERM / SIGINT,
+    and stops with `exit_code` FATAL_EXIT_CODE after `fail`."""
 
     def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_drain = on_drain
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.exit_code = 0
+
+    def fail(self, reason: str) -> None:
+        """Stop serving (open streams, already failed by the engine loop, close; the lifespan
+        leaves the registry) and exit with FATAL_EXIT_CODE. Thread safe."""
+        self.exit_code = FATAL_EXIT_CODE
+        self.should_exit = True  # uvicorn's main loop polls it
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()

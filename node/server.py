@@ -66,6 +66,11 @@ class NodeRuntime(Protocol):
 
     def counters(self) -> dict[str, float]: ...
 
+    def on_fatal(self, callback: Callable[[str], None]) -> None:
+        """Have ``callback(reason)`` called (from any thread) once the node can never serve
+        again (a tensor-parallel rank died): the process then exits (node.drain)."""
+        ...
+
 
 RuntimeFactory = Callable[[NodeSettings, NodeMetrics], AbstractAsyncContextManager[Any]]
 
@@ -80,6 +85,7 @@ class NodeState:
     registered: bool = False
     drain_deadline: float | None = None  # time.monotonic() once SIGTERM came
     leave: asyncio.Event = field(default_factory=asyncio.Event)  # ends the heartbeats
+    exit_on_fatal: Callable[[str], None] | None = None  # set by the server that runs the app
 
     @property
     def ready(self) -> bool:
@@ -165,6 +171,7 @@ def _lifespan(
         started = time.monotonic()
         async with open_runtime(settings, state.metrics) as runtime:
             state.runtime = runtime
+            runtime.on_fatal(lambda reason: _fatal(state, reason))
             state.metrics.watch(runtime.counters)
             registry = NodeRegistry(settings.redis_url, settings.ttl_s)
             stop = state.leave
@@ -187,6 +194,14 @@ def _lifespan(
                 state.runtime = None
 
     return lifespan
+
+
+def _fatal(state: NodeState, reason: str) -> None:
+    """The node can no longer serve: leave (the heartbeats stop, the record goes) and end the
+    process with a non-zero code, like a killed node (any thread)."""
+    log.error("node_fatal node=%s reason=%s", state.settings.resolved_node_id(), reason)
+    if state.exit_on_fatal is not None:
+        state.exit_on_fatal(reason)
 
 
 async def _heartbeats(state: NodeState, registry: NodeRegistry, stop: asyncio.Event) -> None:

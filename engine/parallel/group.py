@@ -84,10 +84,14 @@ class RankGroup:
         port = free_port()
         spawn = multiprocessing.get_context("spawn")
         threads = torch.get_num_threads()
+        # each rank hands rank 0 its KV tensor (shared memory / CUDA IPC) for the transfer agent
+        pipes = [spawn.Pipe(duplex=False) for _ in range(1, size)]
+        self._kv_pipes = [receiver for receiver, _ in pipes]
+        self._kv_caches: list[torch.Tensor] | None = None
         self.processes: list[BaseProcess] = [
             spawn.Process(
                 target=run_rank,
-                args=(config, rank, size, port, os.getpid(), threads),
+                args=(config, rank, size, port, os.getpid(), threads, pipes[rank - 1][1]),
                 name=f"tp-rank-{rank}",
                 daemon=True,
             )
@@ -95,6 +99,8 @@ class RankGroup:
         ]
         for process in self.processes:
             process.start()
+        for _, sender in pipes:
+            sender.close()  # the ranks hold the sending ends
         self.failure: str | None = None
         self.on_failure: list[Callable[[str], None]] = []
         self._closing = False
@@ -109,6 +115,22 @@ class RankGroup:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes if p.pid is not None]
+
+    def kv_caches(self, timeout_s: float = 60.0) -> list[torch.Tensor]:
+        """Ranks 1..N-1's KV cache tensors, the same memory the ranks write (shared memory on
+        the CPU, CUDA IPC on GPUs); each rank sends it once its cache is allocated. RankFailed
+        when a rank is gone or does not send it within ``timeout_s``."""
+        if self._kv_caches is None:
+            caches = []
+            for rank, pipe in enumerate(self._kv_pipes, start=1):
+                if not pipe.poll(timeout_s):
+                    raise RankFailed(self._dead() or f"rank {rank} sent no KV cache")
+                try:
+                    caches.append(pipe.recv())
+                except EOFError:
+                    raise RankFailed(self._dead() or f"rank {rank} closed its pipe") from None
+            self._kv_caches = caches
+        return self._kv_caches
 
     def send_step(self, inputs: StepInputs) -> None:
         self._broadcast(StepPlan.of(inputs))

@@ -4,7 +4,9 @@ forward per step it is sent, until Stop."""
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
@@ -19,12 +21,20 @@ log = logging.getLogger(__name__)
 
 
 def run_rank(
-    config: EngineConfig, rank: int, size: int, port: int, parent_pid: int, threads: int
+    config: EngineConfig,
+    rank: int,
+    size: int,
+    port: int,
+    parent_pid: int,
+    threads: int,
+    kv_pipe: Connection | None = None,
 ) -> None:
-    """The process body of rank ``rank`` (spawned by ``engine.parallel.group.RankGroup``)."""
+    """The process body of rank ``rank`` (spawned by ``engine.parallel.group.RankGroup``);
+    its KV cache goes to rank 0 through ``kv_pipe``."""
     from engine.parallel.group import init_group, rank_device
 
     watch_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the node's to handle
     torch.set_num_threads(threads)
     device = rank_device(config.device, rank)
     if device.startswith("cuda"):
@@ -34,11 +44,22 @@ def run_rank(
         runner = ModelRunner(
             _on(config, device), ModelConfig.from_dir(config.model_dir), shard=shard
         )
+        if kv_pipe is not None:
+            share_kv_cache(runner, kv_pipe)
         serve(runner)
     except Exception:
         log.exception("tensor-parallel rank %d failed", rank)
         sys.exit(1)
     dist.destroy_process_group()
+
+
+def share_kv_cache(runner: ModelRunner, pipe: Connection) -> None:
+    """Send the rank's KV cache to rank 0: moved into shared memory first on the CPU (the
+    cache is still empty), by CUDA IPC on a GPU; both processes then see the same blocks."""
+    if runner.kv_cache.device.type == "cpu":
+        runner.kv_cache.share_memory_()
+    pipe.send(runner.kv_cache)
+    pipe.close()
 
 
 def serve(runner: ModelRunner) -> None:

@@ -70,14 +70,48 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
 
 
-def test_tp_reaches_colocated_nodes_and_is_refused_with_two_pools(tmp_path: Path) -> None:
+def test_tp_reaches_colocated_nodes(tmp_path: Path) -> None:
     args = _args("--colocated", "--tp", "2")
     launcher.check_args(args)
     for plan in up_plan.plan_nodes(args):
         parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
         assert parsed.tensor_parallel_size == 2
-    with pytest.raises(ValueError, match=r"--tp 2: .* needs --colocated"):
-        launcher.check_args(_args("--tp", "2"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "prefill", "decode"),
+    [
+        (("--prefill-tp", "2"), 2, 0),  # 0: the flag is left out (the node's default, 1)
+        (("--decode-tp", "2"), 0, 2),
+        (("--tp", "2"), 2, 2),
+        (("--tp", "4", "--decode-tp", "1"), 4, 1),
+    ],
+)
+def test_each_pool_gets_its_tensor_parallel_size(
+    tmp_path: Path, flags: tuple[str, ...], prefill: int, decode: int
+) -> None:
+    args = _args(*flags)
+    launcher.check_args(args)
+    sizes = {
+        plan.role: _parse_child(
+            up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
+        ).tensor_parallel_size
+        for plan in up_plan.plan_nodes(args)
+    }
+    assert sizes == {"prefill": prefill or None, "decode": decode or None}
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (("--prefill-tp", "0"), "--prefill-tp must be >= 1, got 0"),
+        (("--tp", "0"), "--tp must be >= 1"),
+        (("--colocated", "--decode-tp", "2"), "use --tp with --colocated"),
+    ],
+)
+def test_bad_tensor_parallel_flags_are_named(flags: tuple[str, ...], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        launcher.check_args(_args(*flags))
 
 
 def test_kv_tier_flags_reach_every_node_with_a_disk_directory_each(tmp_path: Path) -> None:

@@ -34,7 +34,6 @@ def test_settings_are_frozen() -> None:
         (NodeSettings, {"num_kv_blocks": 10, "kv_cache_memory_gb": 1.0}, "num_kv_blocks"),
         (NodeSettings, {"node_id": "has space"}, "node_id"),
         (NodeSettings, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
-        (NodeSettings, {"tensor_parallel_size": 2, "role": "decode"}, "tensor_parallel_size 2"),
     ],
 )
 def test_invalid_values_raise_settings_error_naming_the_field(
@@ -43,6 +42,11 @@ def test_invalid_values_raise_settings_error_naming_the_field(
     with pytest.raises(SettingsError) as exc:
         load(cls, **kwargs)
     assert named in str(exc.value)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "colocated"])
+def test_every_role_takes_a_tensor_parallel_size(role: str) -> None:
+    assert load(NodeSettings, role=role, tensor_parallel_size=2).tensor_parallel_size == 2
 
 
 def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:

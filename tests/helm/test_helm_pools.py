@@ -75,6 +75,32 @@ def test_default_install_needs_no_gpu() -> None:
         assert "--gpu-memory-utilization" not in node["args"]
 
 
+def test_each_pool_requests_a_gpu_per_rank_and_passes_its_tensor_parallel_size() -> None:
+    values = {
+        "prefill": {"gpus": 1, "tensorParallelSize": 4},
+        "decode": {"gpus": 1, "tensorParallelSize": 2},
+    }
+    docs = render(values)
+    for pool, ranks in (("prefill", 4), ("decode", 2)):
+        node = main_container(deployments(docs)[pool])
+        assert _requested(node, GPU) == ranks
+        assert arg_after(node, "--tensor-parallel-size") == str(ranks)
+
+
+def test_cpu_pools_split_over_ranks_request_no_gpu() -> None:
+    docs = render({"prefill": {"tensorParallelSize": 2}})
+    prefill = main_container(deployments(docs)["prefill"])
+    assert arg_after(prefill, "--tensor-parallel-size") == "2"
+    assert _requested(prefill, GPU) is None
+    decode = main_container(deployments(docs)["decode"])
+    assert "--tensor-parallel-size" not in decode["args"]  # 1: the node's default
+
+
+def test_a_tensor_parallel_size_below_one_is_refused_by_the_schema() -> None:
+    with pytest.raises(Exception, match="tensorParallelSize"):
+        render({"decode": {"tensorParallelSize": 0}})
+
+
 def test_each_pool_gets_its_own_gpu_count_and_scheduling() -> None:
     values = {
         "prefill": {"gpus": 2, "nodeSelector": {"pool": "prefill-gpus"}},

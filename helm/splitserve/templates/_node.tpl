@@ -1,12 +1,14 @@
 {{/* The prefill and decode pools share one Deployment shape. Call with (dict "root" $ "role" "prefill"). */}}
 
-{{/* Container resources: the pool's resources plus its GPUs and RDMA devices (as limits). */}}
+{{/* Container resources: the pool's resources plus its GPUs (gpus per rank x tensor- x
+pipeline-parallel size) and RDMA devices (as limits). */}}
 {{- define "splitserve.node.resources" -}}
 {{- $pool := index .root.Values .role }}
 {{- $res := deepCopy ($pool.resources | default dict) }}
 {{- $limits := deepCopy (get $res "limits" | default dict) }}
 {{- if gt (int $pool.gpus) 0 }}
-{{- $_ := set $limits "nvidia.com/gpu" (int $pool.gpus) }}
+{{- $ranks := mul (int ($pool.tensorParallelSize | default 1)) (int ($pool.pipelineParallelSize | default 1)) }}
+{{- $_ := set $limits "nvidia.com/gpu" (mul (int $pool.gpus) $ranks) }}
 {{- end }}
 {{- if $pool.rdma.enabled }}
 {{- range $k, $v := $pool.rdma.resources }}
@@ -96,6 +98,10 @@ spec:
             {{- if $gpu }}
             - --gpu-memory-utilization
             - {{ $pool.gpuMemoryUtilization | default 0.9 | quote }}
+            {{- end }}
+            {{- if gt (int ($pool.tensorParallelSize | default 1)) 1 }}
+            - --tensor-parallel-size
+            - {{ $pool.tensorParallelSize | quote }}
             {{- end }}
             {{- $spec := $pool.speculative | default dict }}
             {{- if and (eq .role "decode") (ne ($spec.method | default "none") "none") }}
