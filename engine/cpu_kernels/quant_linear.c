@@ -10,9 +10,10 @@
  *
  * The weights go through the same FMAs, in the same order over K, as the fp32 kernel
  * (linear.c) over the dequantized matrix, so the outputs are bit for bit the fp32 path's.
- * Up to TILE_ROWS rows (decode) one tile walks a panel dequantizing in registers; more rows
- * dequantize K_CHUNK rows of a panel into an L1 buffer that the fp32 panel kernel then runs
- * every row tile over. Threads split the panels.
+ * Up to TILE_ROWS rows (decode) one tile walks a panel dequantizing in registers; for more
+ * rows a thread dequantizes the whole panel into its scratch ([K][16] floats, in L2) and runs
+ * the fp32 panel kernel over it: the dequantization is shared by all rows, and the kernel
+ * reads the panel from cache instead of memory. Threads split the panels.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,7 +23,7 @@
 
 #define TILE_ROWS 6
 #define ROW_BLOCK 512
-#define K_CHUNK 128 /* 8 KB of dequantized panel */
+#define K_CHUNK 128 /* without scratch: 8 KB of the panel at a time */
 
 typedef uint8_t u8x8 __attribute__((vector_size(8), aligned(1)));
 typedef int8_t i8x8 __attribute__((vector_size(8), aligned(1)));
@@ -119,11 +120,32 @@ static void panel_small(const float *a, int64_t lda, const qweight *w, int64_t p
     }
 }
 
-/* Panel p for more rows than a tile: K_CHUNK rows of the panel at a time into `buf`, every row
-   tile over them (linear.c's panel kernel; partial sums wait in C, fp32 stores are exact). */
-static void panel_chunked(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
-                          float *c, int64_t ldc, int accumulate, float *buf)
+/* A thread's scratch of at least `floats` floats, grown as needed and kept for the next
+   call (OpenMP's threads live as long as the process); NULL if memory ran out. */
+static float *scratch(size_t floats)
 {
+    static __thread float *buf;
+    static __thread size_t cap;
+    if (floats > cap) {
+        free(buf);
+        buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        cap = buf ? floats : 0;
+    }
+    return buf;
+}
+
+/* Panel p for more rows than a tile, dequantized into `panel` ([K][16]) or, where no scratch
+   could be had, a chunk at a time into a stack buffer (the partial sums wait in C: fp32
+   stores are exact, the sums run in the same order). */
+static void panel_rows(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
+                       float *c, int64_t ldc, int accumulate, float *panel)
+{
+    if (panel) {
+        dequant_rows(w, p, 0, w->K, panel);
+        splitserve_panel_rows(a, lda, panel, rows, w->K, c, ldc, accumulate);
+        return;
+    }
+    float buf[K_CHUNK * PANEL] __attribute__((aligned(64)));
     for (int k0 = 0; k0 < w->K; k0 += K_CHUNK) {
         const int k1 = w->K - k0 < K_CHUNK ? w->K : k0 + K_CHUNK;
         dequant_rows(w, p, k0, k1, buf);
@@ -142,17 +164,17 @@ void splitserve_linear_quant(
     const int parallel = (int64_t)M * N * K >= 1 << 16;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel)
     {
-        float buf[K_CHUNK * PANEL] __attribute__((aligned(64)));
+        float *panel = M > TILE_ROWS ? scratch((size_t)K * PANEL) : NULL;
         for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             const int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;
 #pragma omp for schedule(static)
             for (int p = 0; p < panels; p++) {
-                if (rows <= TILE_ROWS)
-                    panel_small(a + m0 * lda, lda, &w, p, rows, c + m0 * ldc + p * PANEL, ldc,
-                                accumulate);
-                else
-                    panel_chunked(a + m0 * lda, lda, &w, p, rows, c + m0 * ldc + p * PANEL,
-                                  ldc, accumulate, buf);
+                float *cp = c + m0 * ldc + p * PANEL;
+                if (rows <= TILE_ROWS) {
+                    panel_small(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate);
+                } else {
+                    panel_rows(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate, panel);
+                }
             }
         }
     }
