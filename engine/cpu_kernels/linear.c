@@ -21,7 +21,6 @@
 #include "linear.h"
 #include "vec8.h"
 
-#define TILE_ROWS 6
 #define ROW_BLOCK 512
 #define K_CHUNK 64        /* 4 KB of a panel */
 #define CHUNK_MAX_ROWS 48 /* from here on the tiles of a panel are compute-bound anyway */
@@ -31,24 +30,14 @@ static inline __attribute__((always_inline)) void tile(
     const float *a, int64_t lda, const float *panel, int k0, int k1, float *c, int64_t ldc,
     int load_c, const int R, const int PF)
 {
-    v8 c0[TILE_ROWS], c1[TILE_ROWS];
-    for (int r = 0; r < R; r++) {
-        c0[r] = load_c ? load8(c + r * ldc) : splat8(0.0f);
-        c1[r] = load_c ? load8(c + r * ldc + 8) : splat8(0.0f);
-    }
+    tile_acc t;
+    tile_begin(&t, c, ldc, load_c, R);
     for (int k = k0; k < k1; k++) {
         const v8 b0 = load8(panel + PANEL * k), b1 = load8(panel + PANEL * k + 8);
         if (PF) __builtin_prefetch(panel + PANEL * (k + PREFETCH_LINES));
-        for (int r = 0; r < R; r++) {
-            const v8 ar = splat8(a[r * lda + k]);
-            c0[r] += ar * b0;
-            c1[r] += ar * b1;
-        }
+        tile_fma(&t, a, lda, k, b0, b1, R);
     }
-    for (int r = 0; r < R; r++) {
-        store8(c + r * ldc, c0[r]);
-        store8(c + r * ldc + 8, c1[r]);
-    }
+    tile_end(&t, c, ldc, R);
 }
 
 /* Every row tile over columns [k0, k1) of one panel. */

@@ -21,7 +21,6 @@
 #include "linear.h"
 #include "vec8.h"
 
-#define TILE_ROWS 6
 #define ROW_BLOCK 512
 #define K_CHUNK 128 /* without scratch: 8 KB of the panel at a time */
 
@@ -83,27 +82,17 @@ static inline __attribute__((always_inline)) void qtile(
     const float *a, int64_t lda, const qweight *w, int64_t p, float *c, int64_t ldc,
     int load_c, const int R)
 {
-    v8 c0[TILE_ROWS], c1[TILE_ROWS];
-    for (int r = 0; r < R; r++) {
-        c0[r] = load_c ? load8(c + r * ldc) : splat8(0.0f);
-        c1[r] = load_c ? load8(c + r * ldc + 8) : splat8(0.0f);
-    }
+    tile_acc t;
+    tile_begin(&t, c, ldc, load_c, R);
     for (int g = 0; g < w->K / w->group; g++) {
         v8 s0, s1, m0, m1, b0, b1;
         group_vectors(w, p, g, &s0, &s1, &m0, &m1);
         for (int k = g * w->group; k < (g + 1) * w->group; k++) {
             dequant16(w, p, k, s0, s1, m0, m1, &b0, &b1);
-            for (int r = 0; r < R; r++) {
-                const v8 ar = splat8(a[r * lda + k]);
-                c0[r] += ar * b0;
-                c1[r] += ar * b1;
-            }
+            tile_fma(&t, a, lda, k, b0, b1, R);
         }
     }
-    for (int r = 0; r < R; r++) {
-        store8(c + r * ldc, c0[r]);
-        store8(c + r * ldc + 8, c1[r]);
-    }
+    tile_end(&t, c, ldc, R);
 }
 
 static void panel_small(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
