@@ -3,6 +3,10 @@ weights, bit for bit (same FMAs in the same order), for decode and prefill row c
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -66,3 +70,17 @@ def test_bad_shapes_are_refused() -> None:
     weight = random_weight(32, 64, 8, 32, False, seed=2)
     with pytest.raises(ValueError, match="does not fit a weight of 32x64"):
         quant_linear(torch.randn(2, 32), weight.codes, weight.scales, None, 8, 32)
+
+
+def test_the_avx512_variant_compiles(tmp_path: Path) -> None:
+    """This machine may lack AVX-512: the 16-lane source is at least compiled for it."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    source = Path(cpu_kernels.__file__).with_name("quant_linear.c")
+    flags = ["-O2", "-std=gnu11", "-fopenmp", "-Wno-psabi", "-mavx512f", "-mavx512bw", "-mfma"]
+    done = subprocess.run(
+        [cc, *flags, "-S", "-o", str(tmp_path / "q.s"), str(source)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "zmm" in (tmp_path / "q.s").read_text()  # the 16-lane tiles were built
