@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    parser.add_argument(
+        "--quantization", choices=["auto", "none", "gguf"], default=None,
+        help="weights kept quantized (default auto: the GGUF on CPU float32 nodes)",
+    )  # fmt: skip
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")

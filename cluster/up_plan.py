@@ -98,6 +98,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
     optional = {
         "--device": args.device,
         "--dtype": args.dtype,
+        "--quantization": args.quantization,
         "--torch-threads": args.threads_per_node,
         "--num-kv-blocks": args.num_kv_blocks,
         "--max-num-seqs": args.max_num_seqs,
