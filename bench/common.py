@@ -120,13 +120,38 @@ def _active_mlp_params(cfg: dict[str, Any]) -> int:
 
 
 def environment() -> dict[str, Any]:
+    """What a figure was measured on: every benchmark's JSON carries it."""
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
         "processor": platform.processor(),
+        **cpu_identity(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
+
+
+_ISA = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_identity() -> dict[str, Any]:
+    """The CPU's model, its vector extensions that the kernels can use, and the vector width
+    the C kernels were built for (None without them)."""
+    from engine import cpu_kernels
+
+    model, flags = "", set()
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        first = ""
+    for line in first.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() in ("flags", "Features"):
+            flags = set(value.split())
+    width = cpu_kernels.vec_width() if cpu_kernels.available() else None
+    return {"cpu": model, "cpu_isa": [f for f in _ISA if f in flags], "cpu_vec_width": width}
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> Path:

@@ -1,7 +1,9 @@
 """Offline throughput of the engine against the same-run matmul peak (and, optionally, HF).
 
     python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync]
+                            [--compare-vllm PYTHON (bench.references)]
                             [--random-model NAME (bench.random_model.SHAPES)] [--out PATH]
+                            [--tensor-parallel-size N (bench.tensor_parallel)]
 
 On CUDA it also times decode steps of the whole batch against their same-run roofline
 (bench.decode_step).
@@ -33,6 +35,7 @@ from tqdm import tqdm
 from bench.common import RESULTS_DIR, ModelShape, environment, matmul_peak_gflops, write_json
 from bench.random_model import SHAPES as RANDOM_SHAPES
 from bench.random_model import write_random_model_dir
+from bench.references import VLLM_HELP, run_hf, run_vllm
 
 
 def make_workload(n: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[list[int]]:
@@ -94,6 +97,7 @@ def run_engine(
         bar.update(n)
     elapsed = time.perf_counter() - start
     bar.close()
+    engine.close()  # its tensor-parallel ranks, its KV tiers
     c = engine.counters
     if moe is not None:
         moe.detach()
@@ -140,36 +144,6 @@ def _faster(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {**best, "seconds_runs": [a["seconds"], b["seconds"]]}
 
 
-def run_hf(
-    model_dir: Path, prompts: list[list[int]], new_tokens: int, dtype: str
-) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    from engine.config import parse_dtype
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=parse_dtype(dtype)).eval()
-    width = max(len(p) for p in prompts)
-    pad = 0
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left padding, as generate expects for decoder-only models
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    print("transformers: batched generate ...", file=sys.stderr)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-        )
-    elapsed = time.perf_counter() - start
-    return {"seconds": elapsed, "generated_tokens": int((out.shape[1] - width) * len(prompts))}
-
-
 def summarize(
     name: str,
     run: dict[str, Any],
@@ -211,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--compare-hf", action="store_true")
+    ap.add_argument("--compare-vllm", metavar="PYTHON", help=VLLM_HELP)
     ap.add_argument("--compare-sync", action="store_true", help="also without overlap (A/B)")
     ap.add_argument(
         "--compare-json-schema", action="store_true", help="also with every request under a schema"
@@ -226,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-model", default=None, help="draft: the draft model directory")
     ap.add_argument("--batch-sizes", default="1,8", help="speculative: batch sizes, e.g. 1,4,8")
     ap.add_argument("--rounds", type=int, default=3, help="speculative: requests per slot")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="N ranks x 1 thread vs N")
     args = ap.parse_args(argv)
 
     from models import ensure_model
@@ -273,10 +249,16 @@ def main(argv: list[str] | None = None) -> int:
             "splitserve": _faster(timed[0], timed[3]),
             "json_schema": _faster(timed[1], timed[2]),
         }
+    elif args.tensor_parallel_size > 1:  # bench.tensor_parallel
+        from bench.tensor_parallel import tensor_parallel_main
+
+        runs = tensor_parallel_main(args, model_dir, prompts, run_engine, options)
     else:
         runs = {"splitserve": run_engine(*engine_args, **options)}
     if args.compare_hf:
         runs["transformers"] = run_hf(model_dir, prompts, args.new_tokens, args.dtype)
+    if args.compare_vllm:
+        runs["vllm"] = run_vllm(args.compare_vllm, model_dir, prompts, args.new_tokens, args.dtype)
     peaks.append(matmul_peak_gflops(peak_dtype, device=args.device))
     peak = max(peaks)
     print(
@@ -287,14 +269,16 @@ def main(argv: list[str] | None = None) -> int:
         name: summarize(name, run, prompts, args.new_tokens, shape, peak)
         for name, run in runs.items()
     }
-    if "moe_seconds" in runs["splitserve"]:
+    if "moe_seconds" in runs.get("splitserve", {}):
         from bench.moe_layers import describe as describe_moe
 
         print(describe_moe(runs["splitserve"], peak))
         results["splitserve"]["moe_ratio_to_peak"] = runs["splitserve"]["moe_gflop_s"] / peak
-    if args.compare_hf:
-        ratio = results["transformers"]["seconds"] / results["splitserve"]["seconds"]
-        print(f"engine speed-up over transformers: {ratio:.2f}x")
+    for ref in ("transformers", "vllm"):
+        if ref in results:
+            ratio = results[ref]["seconds"] / results["splitserve"]["seconds"]
+            results["splitserve"][f"speedup_over_{ref}"] = ratio
+            print(f"engine speed-up over {ref} (same run): {ratio:.2f}x")
     if args.compare_sync:
         ratio = results["synchronous"]["seconds"] / results["splitserve"]["seconds"]
         print(f"overlapped over synchronous scheduling (same run): {ratio:.3f}x")

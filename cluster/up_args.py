@@ -38,10 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
     parser.add_argument(
-        "--quantization", choices=["auto", "none", "gguf"], default=None,
-        help="weights kept quantized (default auto: the GGUF on CPU float32 nodes)",
+        "--quantization", choices=["auto", "none", "gguf", "awq", "gptq", "fp8"], default=None,
+        help="weights kept quantized, on every node (default auto: what the checkpoint "
+        "declares, or the GGUF on CPU float32 nodes)",
     )  # fmt: skip
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
+    parser.add_argument(
+        "--tp", type=int, default=None,
+        help="tensor-parallel ranks per node, one process each (with --colocated)",
+    )  # fmt: skip
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
     parser.add_argument(
@@ -63,6 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--num-speculative-tokens", type=int, default=None)
     parser.add_argument("--draft-model", default=None, help="draft model (registry name or dir)")
+    parser.add_argument(
+        "--enable-lora", action="store_true", help="serve LoRA adapters on both pools"
+    )
+    parser.add_argument(
+        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories) loaded by every node and named by requests",
+    )  # fmt: skip
+    parser.add_argument("--max-loras", type=int, default=None, help="adapters in one batch")
+    parser.add_argument("--max-lora-rank", type=int, default=None)
+    parser.add_argument("--max-cpu-loras", type=int, default=None)
     parser.add_argument(
         "--run-dir", default=None,
         help="where each process's NAME.log and cluster.json (URLs, process ids) go "
@@ -106,6 +121,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--max-model-len must be >= 1")
     if args.threads_per_node is not None and args.threads_per_node < 1:
         raise ValueError("--threads-per-node must be >= 1")
+    tp = getattr(args, "tp", None)
+    if tp is not None and (tp < 1 or (tp > 1 and not args.colocated)):
+        raise ValueError(
+            f"--tp {tp}: must be >= 1, and above 1 needs --colocated (moving a "
+            "tensor-parallel node's KV cache between pools is not built yet)"
+        )
     if not 1 <= args.port <= 65535:
         raise ValueError("--port must be in [1, 65535]")
     if not 0 < args.gpu_memory_utilization <= 1:

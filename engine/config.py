@@ -40,7 +40,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         ) from None
 
 
-QUANTIZATIONS = ("auto", "none", "gguf")  # engine.model.quant.QUANTIZATIONS
+QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
 
 
@@ -76,6 +76,7 @@ class EngineConfig:
     load_format: str = "safetensors"
     # Weights kept quantized (engine.model.quant): "gguf" loads the directory's *.gguf file
     # packed; "auto" picks it on a CPU fp32 engine when the directory has one; "none": fp32.
+    # "awq", "gptq", "fp8": what a checkpoint's quantization_config declares ("auto" too).
     quantization: str = "auto"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role.
@@ -95,6 +96,18 @@ class EngineConfig:
     kv_offload_cpu_gb: float | None = None
     kv_offload_disk_path: Path | None = None
     kv_offload_disk_gb: float | None = None
+    # Multi-LoRA (engine.lora): requests may name a PEFT adapter; up to max_loras distinct
+    # adapters run in one step (device slots), ranks up to max_lora_rank, and up to
+    # max_cpu_loras parsed adapters stay in host memory (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    # Tensor parallelism (engine.parallel): the model's heads, MLP rows, experts and
+    # vocabulary split over this many ranks, one process each (rank 0 is the engine's own);
+    # each holds 1/N of the weights and its heads' share of the KV cache (sized per rank).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # layer stages; only 1 is built
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -131,6 +144,8 @@ class EngineConfig:
             )
         check_speculative(self)
         check_offload(self)
+        check_lora(self)
+        check_parallel(self)
         if (
             not self.enable_chunked_prefill
             and self.max_model_len is not None
@@ -174,6 +189,55 @@ def check_speculative(config: EngineConfig) -> None:
         raise ValueError(
             f"EngineConfig.draft_model is set but speculative_method is {method!r} (use 'draft')"
         )
+
+
+def check_lora(config: EngineConfig) -> None:
+    """ValueError naming the bad LoRA setting."""
+    for name in ("max_loras", "max_lora_rank"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+    cpu = config.max_cpu_loras
+    if cpu is None:
+        object.__setattr__(config, "max_cpu_loras", config.max_loras)
+    elif not isinstance(cpu, int) or cpu < config.max_loras:
+        raise ValueError(
+            f"EngineConfig.max_cpu_loras must be an integer >= max_loras ({config.max_loras}), "
+            f"got {cpu!r}"
+        )
+    if config.enable_lora and config.speculative_method != "none":
+        raise ValueError("EngineConfig.enable_lora does not work with speculative decoding yet")
+
+
+def check_parallel(config: EngineConfig) -> None:
+    """ValueError naming the bad parallelism setting or the feature it cannot go with."""
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+    if config.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"EngineConfig.pipeline_parallel_size={config.pipeline_parallel_size}: pipeline "
+            "parallelism is not built yet (use tensor_parallel_size)"
+        )
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return
+    if config.speculative_method != "none":
+        raise ValueError(
+            f"EngineConfig.tensor_parallel_size={tp} does not go with speculative decoding yet"
+        )
+    if config.kv_offload_cpu_gb is not None:
+        raise ValueError(f"EngineConfig.tensor_parallel_size={tp} does not go with KV tiers yet")
+    if config.enable_lora:
+        raise ValueError(f"EngineConfig.tensor_parallel_size={tp} does not go with LoRA yet")
+    if str(config.device).startswith("cuda"):
+        first = int(str(config.device).split(":")[1]) if ":" in str(config.device) else 0
+        if first + tp > torch.cuda.device_count():
+            raise ValueError(
+                f"EngineConfig.tensor_parallel_size={tp} needs GPUs {first}..{first + tp - 1}, "
+                f"found {torch.cuda.device_count()}"
+            )
 
 
 def check_offload(config: EngineConfig) -> None:

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig, Role
 from engine.kv.offload import build_tiers
+from engine.lora.manager import LoraManager, LoraStats
+from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
+from engine.parallel import RankGroup
 from engine.sampling.grammar import Grammars
 from engine.sampling.grammar_hook import GrammarHook
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
@@ -65,12 +68,21 @@ class LLMEngine:
             if speculates and config.speculative_method == "draft"
             else None
         )
-        self.runner = ModelRunner(
-            config,
-            self.model_config,
-            shared_caches=draft_kv_cache(draft),
-            chunk_rows=GuessRowLayout() if speculates else None,
-        )
+        # tensor parallelism: this process is rank 0, the others run under it
+        self.ranks = RankGroup(config) if config.tensor_parallel_size > 1 else None
+        try:
+            self.runner = ModelRunner(
+                config,
+                self.model_config,
+                shared_caches=draft_kv_cache(draft),
+                chunk_rows=GuessRowLayout() if speculates else None,
+                shard=self.ranks.shard if self.ranks is not None else None,
+                ranks=self.ranks,
+            )
+        except Exception:
+            if self.ranks is not None:
+                self.ranks.close()
+            raise
         runner = self.runner
         self.block_manager, self.kv_tiers = build_tiers(
             config, runner.layout, runner.kv_cache, runner.num_blocks
@@ -119,11 +131,14 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         grammar_tokens: Sequence[int] = (),
+        lora: LoRARequest | None = None,
     ) -> None:
         """Queue a request (lower `priority` first). Raises ValueError for a duplicate id or a
         prompt that cannot fit. `grammar_tokens`: for a request resumed from prompt + tokens so
-        far, those tokens (the tail of the prompt), which its grammar has already matched."""
-        request = self._new_request(request_id, prompt_token_ids, params)
+        far, those tokens (the tail of the prompt), which its grammar has already matched.
+        `lora`: the adapter it runs under (registered now if new; LoraLoadError, a
+        ValueError, naming the file when it cannot be loaded)."""
+        request = self._new_request(request_id, prompt_token_ids, params, lora)
         request.priority = priority
         self._add_grammar(request_id, params, grammar_tokens)
         self.scheduler.add(request)
@@ -135,12 +150,14 @@ class LLMEngine:
         output_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> ImportPlan | None:
-        """Decode role: reserve blocks for a request whose prompt KV is filled from outside.
+        """Decode role: reserve blocks for a request whose prompt KV is filled from outside
+        (computed under `lora`, the same adapter it decodes under).
 
         Returns where to write it (None: no room now), then `commit_import` admits it.
         """
-        request = self._new_request(request_id, prompt_token_ids, params)
+        request = self._new_request(request_id, prompt_token_ids, params, lora)
         request.priority = priority
         self._add_grammar(request_id, params, output_token_ids)
         plan = self.scheduler.add_prefilled(request, output_token_ids)
@@ -168,6 +185,29 @@ class LLMEngine:
             raise KeyError(f"request {request_id} holds no pinned blocks")
         return list(request.block_ids)
 
+    # ---- LoRA adapters ------------------------------------------------------------------------
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Register an adapter, read and checked now (LoraLoadError naming the file)."""
+        self._lora_manager().add(lora)
+
+    def remove_lora(self, name: str) -> bool:
+        """Forget an adapter; False when it was not registered."""
+        return self._lora_manager().remove(name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self.runner.lora.registered() if self.runner.lora is not None else []
+
+    @property
+    def lora_stats(self) -> LoraStats | None:
+        """Totals of the adapters (None: LoRA is off)."""
+        return self.runner.lora.stats if self.runner.lora is not None else None
+
+    def _lora_manager(self) -> LoraManager:
+        if self.runner.lora is None:
+            raise ValueError("LoRA adapters need enable_lora=True")
+        return self.runner.lora
+
     @property
     def speculative_stats(self) -> SpeculativeStats | None:
         """Totals of speculative decoding (None: off)."""
@@ -189,7 +229,10 @@ class LLMEngine:
         return self.pipeline.in_flight is not None
 
     def close(self) -> None:
-        """Finish the KV tiers' pending copies (disk files written) and stop their thread."""
+        """Finish the KV tiers' pending copies (disk files written) and stop their thread;
+        stop the tensor-parallel ranks."""
+        if self.ranks is not None:
+            self.ranks.close()
         if self.kv_tiers is not None:
             self.kv_tiers.submit()
             self.kv_tiers.copier.close()
@@ -239,7 +282,11 @@ class LLMEngine:
             self.counters.constrained_requests += 1
 
     def _new_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        lora: LoRARequest | None = None,
     ) -> Request:
         if self.scheduler.get(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -253,12 +300,18 @@ class LLMEngine:
                 f"request {request_id}: prompt has {len(prompt_token_ids)} tokens, the context "
                 f"length is {self.max_model_len} (at least one token must be generated)"
             )
+        if lora is not None:
+            manager = self._lora_manager()
+            manager.add(lora)
+            counts = manager.stats.requests
+            counts[lora.lora_name] = counts.get(lora.lora_name, 0) + 1
         return Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             eos_token_ids=self.model_config.eos_token_ids,
             max_model_len=self.max_model_len,
+            lora=lora,
         )
 
 

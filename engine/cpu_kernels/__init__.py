@@ -268,6 +268,11 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return sample(logits, greedy, ones, zeros, ones, ones * 0, zeros, zeros)
 
 
+def vec_width() -> int:
+    """Floats per vector the kernels were built for: 16 with AVX-512, else 8 (vecw.h)."""
+    return int(_require().splitserve_vec_width())
+
+
 def _require() -> ctypes.CDLL:
     lib = _library()
     if lib is None:
@@ -304,6 +309,7 @@ def _library() -> ctypes.CDLL | None:
     lib.splitserve_silu_mul_f32.argtypes = [_P, _I64, _P, _I64, _I32, _I32, _I32]
     lib.splitserve_linear_f32.restype = None
     lib.splitserve_linear_f32.argtypes = [_P, _I64, _P, _I32, _I32, _I32, _P, _I64, _I32, _I32]
+    lib.splitserve_vec_width.restype = ctypes.c_int32
     lib.splitserve_sample_f32.restype = ctypes.c_int
     lib.splitserve_sample_f32.argtypes = [_P, _I64, _I32, _I32, *([_P] * 7), _P, _I32]
     return lib
@@ -331,4 +337,5 @@ __all__ = [
     "sample",
     "silu_mul",
     "supports",
+    "vec_width",
 ]

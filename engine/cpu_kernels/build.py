@@ -25,10 +25,14 @@ SOURCES = tuple(
         "sampling.c",
         "moe.c",
         "quant_linear.c",
+        "lora.c",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "linear.h"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "vecw.h", "linear.h"))
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
+# 8 or 16: build the kernels for that vector width instead of the machine's (vecw.h); the tests
+# use it to run the other width's code on any machine.
+WIDTH_ENV = "SPLITSERVE_CPU_VEC_WIDTH"
 _BASE_FLAGS = (
     "-O3",
     "-std=gnu11",
@@ -56,7 +60,8 @@ def build(cache_dir: Path | None = None) -> Path:
         raise KernelBuildError("no C compiler found (set CC, or install gcc)")
     source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     errors = []
-    for flags in (_BASE_FLAGS + ("-march=native",), _BASE_FLAGS):
+    base = _BASE_FLAGS + _width_flags()
+    for flags in (base + ("-march=native",), base):
         target = (cache_dir or default_cache_dir()) / f"splitserve_cpu-{_key(cc, flags, source)}.so"
         if target.exists():
             return target
@@ -66,6 +71,15 @@ def build(cache_dir: Path | None = None) -> Path:
         except KernelBuildError as exc:
             errors.append(str(exc))
     raise KernelBuildError("; ".join(errors))
+
+
+def _width_flags() -> tuple[str, ...]:
+    width = os.environ.get(WIDTH_ENV, "").strip()
+    if not width:
+        return ()
+    if width not in ("8", "16"):
+        raise KernelBuildError(f"{WIDTH_ENV}={width!r}: the vector width must be 8 or 16")
+    return (f"-DSPLITSERVE_VEC_WIDTH={width}",)
 
 
 def _compile(cc: str, flags: tuple[str, ...], target: Path) -> None:

@@ -1,9 +1,13 @@
 /*
  * Linear layer on the CPU, fp32: C[M, N] (+)= A[M, K] @ W^T, with W packed once at load into
  * panels of 16 output columns, [N / 16][K][16], so a panel streams through memory in order.
- * Each micro-tile keeps 6 rows x 16 columns of C in 12 vector registers while it walks K:
- * per step two loads of W, six broadcasts of A, twelve FMAs. Threads split the panels; rows
- * go in blocks of ROW_BLOCK so the rows of A in use stay in cache for large M.
+ * Each micro-tile keeps TILE_ROWS rows x 16 columns of C in registers while it walks K, at the
+ * machine's vector width (vecw.h): with 8 lanes (AVX2, 16 registers) 6 rows in 12 registers,
+ * per step two loads of W, six broadcasts of A, twelve FMAs; with 16 lanes (AVX-512, 32
+ * registers) 12 rows in 12 registers, one load of W, twelve broadcasts (folded into the FMAs'
+ * memory operands), twelve FMAs: twice the rows per pass over a panel for the same registers.
+ * Threads split the panels; rows go in blocks of ROW_BLOCK so the rows of A in use stay in
+ * cache for large M.
  *
  * Between one tile and CHUNK_MAX_ROWS rows (decode batches, speculative verification) a
  * panel is walked in chunks that every row tile uses while they are in L1, and the first tile
@@ -19,8 +23,14 @@
 #include <stdint.h>
 
 #include "linear.h"
-#include "vec8.h"
+#include "vecw.h"
 
+#define NV (PANEL / VW) /* vectors per row of a panel */
+#if VW == 16
+#define TILE_ROWS 12
+#else
+#define TILE_ROWS 6
+#endif
 #define ROW_BLOCK 512
 #define K_CHUNK 64        /* 4 KB of a panel */
 #define CHUNK_MAX_ROWS 48 /* from here on the tiles of a panel are compute-bound anyway */
@@ -30,14 +40,20 @@ static inline __attribute__((always_inline)) void tile(
     const float *a, int64_t lda, const float *panel, int k0, int k1, float *c, int64_t ldc,
     int load_c, const int R, const int PF)
 {
-    tile_acc t;
-    tile_begin(&t, c, ldc, load_c, R);
+    vw acc[TILE_ROWS][NV];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NV; j++) acc[r][j] = load_c ? loadw(c + r * ldc + j * VW) : splatw(0.0f);
     for (int k = k0; k < k1; k++) {
-        const v8 b0 = load8(panel + PANEL * k), b1 = load8(panel + PANEL * k + 8);
+        vw b[NV];
+        for (int j = 0; j < NV; j++) b[j] = loadw(panel + PANEL * k + j * VW);
         if (PF) __builtin_prefetch(panel + PANEL * (k + PREFETCH_LINES));
-        tile_fma(&t, a, lda, k, b0, b1, R);
+        for (int r = 0; r < R; r++) {
+            const vw ar = splatw(a[r * lda + k]);
+            for (int j = 0; j < NV; j++) acc[r][j] += ar * b[j];
+        }
     }
-    tile_end(&t, c, ldc, R);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NV; j++) storew(c + r * ldc + j * VW, acc[r][j]);
 }
 
 /* Every row tile over columns [k0, k1) of one panel. */
@@ -56,12 +72,20 @@ static void chunk_rows(const float *a, int64_t lda, const float *panel, int rows
         tile(a + m * lda, lda, panel, k0, k1, c + m * ldc, ldc, load_c, TILE_ROWS, 0);
     a += m * lda;
     c += m * ldc;
-    switch (rows - m) {
+    switch (rows - m) { /* the last rows: a tile of each height is unrolled on its own */
     case 1: tile(a, lda, panel, k0, k1, c, ldc, load_c, 1, 0); break;
     case 2: tile(a, lda, panel, k0, k1, c, ldc, load_c, 2, 1); break;
     case 3: tile(a, lda, panel, k0, k1, c, ldc, load_c, 3, 1); break;
     case 4: tile(a, lda, panel, k0, k1, c, ldc, load_c, 4, 1); break;
     case 5: tile(a, lda, panel, k0, k1, c, ldc, load_c, 5, 1); break;
+#if TILE_ROWS > 6
+    case 6: tile(a, lda, panel, k0, k1, c, ldc, load_c, 6, 1); break;
+    case 7: tile(a, lda, panel, k0, k1, c, ldc, load_c, 7, 1); break;
+    case 8: tile(a, lda, panel, k0, k1, c, ldc, load_c, 8, 1); break;
+    case 9: tile(a, lda, panel, k0, k1, c, ldc, load_c, 9, 1); break;
+    case 10: tile(a, lda, panel, k0, k1, c, ldc, load_c, 10, 1); break;
+    case 11: tile(a, lda, panel, k0, k1, c, ldc, load_c, 11, 1); break;
+#endif
     default: break;
     }
 }
@@ -91,6 +115,9 @@ void splitserve_panel_rows(const float *a, int64_t lda, const float *panel, int 
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < PANEL; j++) c[r * ldc + j] = buf[r * PANEL + j];
 }
+
+/* The vector width the kernels were built for (vecw.h): 8 or 16 floats. */
+int32_t splitserve_vec_width(void) { return VW; }
 
 /* N must be a multiple of PANEL (the caller packs only such weights). */
 void splitserve_linear_f32(

@@ -47,6 +47,7 @@ class LoopSnapshot:
     stats: EngineStats
     counters: EngineCounters
     prefix_query_tokens: int = 0  # tokens looked up in the prefix cache, in total
+    lora: dict[str, float] | None = None  # LoRA totals (engine.lora.manager.LoraStats.flat)
 
 
 _STOP = object()
@@ -69,6 +70,7 @@ class EngineLoop:
         self._scheduled_at: dict[str, float] = {}  # engine thread only
         self._lock = threading.Lock()
         self._closed = False
+        self._failure: str | None = None  # why the loop stopped by itself
         self._snapshot = LoopSnapshot(engine.stats(), dataclasses.replace(engine.counters))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -85,7 +87,15 @@ class EngineLoop:
         return loop
 
     def start(self) -> None:
+        if self.engine.ranks is not None:  # a dead tensor-parallel rank stops the loop
+            self.engine.ranks.on_failure.append(self._stop_on_failure)
         self._thread.start()
+
+    def _stop_on_failure(self, message: str) -> None:
+        self._failure = message
+        with self._lock:
+            if not self._closed:
+                self._commands.put(_STOP)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Finish the current step, fail the open streams, end the thread. Idempotent."""
@@ -197,6 +207,7 @@ class EngineLoop:
             self.engine.stats(),
             dataclasses.replace(self.engine.counters),
             self.engine.block_manager.num_prefix_query_tokens,
+            stats.flat() if (stats := self.engine.lora_stats) is not None else None,
         )
 
     def _step(self) -> None:
@@ -270,5 +281,5 @@ class EngineLoop:
             future = job.future if isinstance(job, Job) else None
             if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(EngineFailed("the engine loop stopped"))
-        self._fail_all("the engine loop stopped")
+        self._fail_all(self._failure or "the engine loop stopped")
         self.engine.close()  # the KV tiers' copies finish: disk files written

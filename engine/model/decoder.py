@@ -14,7 +14,6 @@ from collections.abc import Collection
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_kernels
@@ -25,16 +24,25 @@ from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
 from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
 from engine.model.moe import SparseMoe, checkpoint_naming, expert_weight_bytes
 from engine.model.moe import weight_targets as moe_weight_targets
-from engine.model.quant.weight import QuantWeight
+from engine.model.quant.weight import PackedMatrix, QuantWeight
 from engine.model.rope import Rotary
+from engine.model.shard import Shard, experts, shard_config
 
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        config: ModelConfig,
+        index: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        shard: Shard | None = None,
     ) -> None:
+        """``config``: the rank's (``engine.model.shard.shard_config``) with a ``shard``;
+        the attention and MLP outputs are then partial sums, added up over the ranks."""
         super().__init__()
         hidden, sandwich = config.hidden_size, config.sandwich_norms
+        self.shard = shard or Shard()
         self.index = index
         self.eps = config.rms_norm_eps
         self.input_norm = weight(hidden, dtype=dtype, device=device)
@@ -49,6 +57,7 @@ class DecoderLayer(nn.Module):
             self.moe = SparseMoe(
                 hidden, spec.intermediate_size, spec.num_experts, spec.top_k, spec.normalize,
                 config.activation, spec.shared_intermediate_size, dtype=dtype, device=device,
+                local=experts(self.shard, spec.num_experts),
             )  # fmt: skip
             self.moe_naming = spec.naming
         else:
@@ -78,7 +87,7 @@ class DecoderLayer(nn.Module):
         h = self._add(h, o, self.attn, "o_proj", self.attn.o_bias, self.attn_out_norm, ops)
         x = ops.norm(h, self.mlp_norm, self.eps)
         if self.moe is not None:
-            y = self.moe(x, ops.backend)
+            y = self.shard.all_reduce_(self.moe(x, ops.backend))
             if self.mlp_out_norm is not None:
                 y = ops.norm(y, self.mlp_out_norm, self.eps)
             return h.add_(y)
@@ -96,10 +105,14 @@ class DecoderLayer(nn.Module):
         out_norm: torch.Tensor | None,
         ops: LayerOps,
     ) -> torch.Tensor:
-        """h += W x (+ bias), normed first when the family norms the branch's output."""
-        if out_norm is None:
+        """h += W x (+ bias), normed first when the family norms the branch's output; with
+        tensor parallelism W x is summed over the ranks first, the bias added once."""
+        if out_norm is None and self.shard.size == 1:
             return module.add_project_(h, x, name, bias)
-        return h.add_(ops.norm(module.project(x, name, bias), out_norm, self.eps))
+        y = self.shard.all_reduce_(module.project(x, name, None))
+        if bias is not None:
+            y.add_(bias)
+        return h.add_(y if out_norm is None else ops.norm(y, out_norm, self.eps))
 
     def norm_weights(self) -> list[torch.Tensor]:
         """Every RMSNorm weight of the layer (Gemma's (1 + w) offset applies to all)."""
@@ -131,7 +144,9 @@ class DecoderLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     """A causal LM of any family. Weights are empty until ``engine.model.loader``'s
-    ``load_weights`` (or ``init_random_weights``) fills them."""
+    ``load_weights`` (or ``init_random_weights``) fills them. With a ``shard`` of a
+    tensor-parallel group it holds that rank's part (``engine.model.shard``); ``config``
+    stays the whole model's."""
 
     def __init__(
         self,
@@ -140,14 +155,17 @@ class DecoderModel(nn.Module):
         max_len: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        shard: Shard | None = None,
     ) -> None:
         super().__init__()
         self.config = config
+        self.shard = shard = shard or Shard()
         self.attention = attention
-        vocab, hidden = config.vocab_size, config.hidden_size
+        vocab, hidden = shard.vocab_rows(config.vocab_size), config.hidden_size
         self.embed = weight(vocab, hidden, dtype=dtype, device=device)
+        local = shard_config(config, shard)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers)
+            DecoderLayer(local, i, dtype, device, shard) for i in range(config.num_hidden_layers)
         )
         self.norm = weight(hidden, dtype=dtype, device=device)
         self.lm_head = (
@@ -227,11 +245,11 @@ class DecoderModel(nn.Module):
         experts = sum(expert_weight_bytes(x.moe) for x in layers if x.moe is not None)
         return total, experts
 
-    def quantized_weights(self) -> list[QuantWeight]:
+    def quantized_weights(self) -> list[PackedMatrix]:
         """Every quantized matrix of the model, once each."""
         packed = [self.packed_embed, self.packed_lm_head]
         packed += [p for m in self.modules() if isinstance(m, Packed) for p in m.packed.values()]
-        unique = {id(p): p for p in packed if isinstance(p, QuantWeight)}
+        unique = {id(p): p for p in packed if isinstance(p, PackedMatrix)}
         return list(unique.values())
 
     def norm_weights(self) -> list[torch.Tensor]:
@@ -252,7 +270,7 @@ class DecoderModel(nn.Module):
         """
         cfg = self.config
         h = (  # [tokens, hidden]
-            F.embedding(input_ids, self.embed)
+            self.shard.embed(input_ids, self.embed, cfg.vocab_size)
             if self.packed_embed is None
             else self.packed_embed.rows(input_ids).to(self.norm.dtype)
         )
@@ -263,6 +281,7 @@ class DecoderModel(nn.Module):
             h = layer(h, ops, kv_cache, meta, self.attention)
         last = ops[0].norm(h[logits_indices], self.norm, cfg.rms_norm_eps)
         logits = cpu_linear.linear(last, self.lm_head, self.packed_lm_head)  # [sampled, vocab]
+        logits = self.shard.gather_vocab(logits, cfg.vocab_size)
         if cfg.final_softcap:
             logits = torch.tanh(logits.div_(cfg.final_softcap)).mul_(cfg.final_softcap)
         return logits

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
-from engine.model.quant.weight import QuantWeight
+from engine.model.quant.weight import PackedMatrix
 
-Packed = torch.Tensor | QuantWeight
+Packed = torch.Tensor | PackedMatrix
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
@@ -31,7 +31,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None) -> torch.Tensor:
     """``x @ weight.T``, from ``packed`` when given."""
-    if isinstance(packed, QuantWeight):
+    if isinstance(packed, PackedMatrix):
         return packed.linear(x)
     if packed is not None and x.stride(-1) == 1:
         return cpu_kernels.linear(x, packed)
@@ -42,7 +42,7 @@ def add_linear_(
     h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, packed: Packed | None
 ) -> torch.Tensor:
     """``h += x @ weight.T`` in place; returns ``h``."""
-    if isinstance(packed, QuantWeight):
+    if isinstance(packed, PackedMatrix):
         return packed.linear(x, out=h)
     if packed is not None and x.stride(-1) == 1 and h.stride(-1) == 1:
         return cpu_kernels.linear(x, packed, out=h)

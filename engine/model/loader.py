@@ -3,6 +3,7 @@
 Each checkpoint tensor is copied straight into its slice of the engine weight (q/k/v into the
 fused ``qkv`` rows, gate/up into ``gate_up``, each expert into its slot of the fused expert
 weights), converting dtype and device on the way; no fused copy is ever built on the side.
+A tensor-parallel rank reads only its part of each tensor (``engine.model.shard_load``).
 The layer objects name the tensors they take (``weight_targets``). Missing, unexpected or
 misshapen tensors raise ValueError naming the file and the tensor.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.model import shard_load
 from engine.model.decoder import DecoderModel
 
 _INDEX = "model.safetensors.index.json"
@@ -65,14 +67,18 @@ def load_weights(model: DecoderModel, model_dir: str | Path, quantization: str =
         from engine.model.quant.gguf_loader import load_gguf
 
         return load_gguf(model, require_gguf_file(model_dir))
+    if quantization in ("awq", "gptq", "fp8"):
+        from engine.model.quant.safetensors_loader import load_quantized
+
+        return load_quantized(model, model_dir, quantization)
     files = checkpoint_files(model_dir)
     targets = weight_targets(model, tensor_names(files))
     offset = model.config.norm_offset
     offset_norms = {t.data_ptr() for t in model.norm_weights()} if offset else set()
     filled: set[str] = set()
     with torch.no_grad():
-        for path, name, tensor in _tensors(files):
-            if _ignored(name, model):
+        for path, name, tensor in _tensors(files, model):
+            if tensor is None or _ignored(name, model):
                 continue
             target = targets.get(name)
             if target is None:
@@ -92,13 +98,17 @@ def load_weights(model: DecoderModel, model_dir: str | Path, quantization: str =
         raise ValueError(f"{model_dir}: checkpoint lacks tensor {missing[0]!r}{more}")
 
 
-def _tensors(files: list[Path]) -> Iterator[tuple[Path, str, torch.Tensor]]:
+def _tensors(
+    files: list[Path], model: DecoderModel
+) -> Iterator[tuple[Path, str, torch.Tensor | None]]:
+    """Each tensor's part this model holds (all of it on one rank; a tensor-parallel rank
+    reads only its slice, None for another rank's expert)."""
     for path in files:
         if not path.is_file():
             raise ValueError(f"{path}: safetensors file named by the index is missing")
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                yield path, name, f.get_tensor(name)
+                yield path, name, shard_load.read(f, name, model.config, model.shard)
 
 
 def _ignored(name: str, model: DecoderModel) -> bool:

@@ -22,6 +22,7 @@ from engine.cpu_kernels import moe as cpu_moe
 from engine.model import linear as cpu_linear
 from engine.model.layer_ops import act_mul
 from engine.model.layers import weight
+from engine.model.shard import Span
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 BACKENDS = ("torch", "c", "triton")
@@ -94,7 +95,10 @@ class SparseMoe(nn.Module):
         *,
         dtype: torch.dtype,
         device: torch.device | str,
+        local: Span | None = None,
     ) -> None:
+        """``local``: the experts this tensor-parallel rank holds (None: all); the others'
+        share of a token is summed in by the ranks that hold them."""
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"MoE activation {activation!r} is not one of {ACTIVATIONS}")
@@ -103,9 +107,11 @@ class SparseMoe(nn.Module):
         self.num_experts, self.top_k, self.normalize = num_experts, top_k, normalize
         self.activation = activation
         self.intermediate, self.shared_intermediate = moe_intermediate, shared_intermediate
+        self.local = local if local is not None else Span(0, num_experts)
+        held = self.local.length
         self.gate = weight(num_experts, hidden, dtype=dtype, device=device)
-        self.w13 = weight(num_experts, 2 * moe_intermediate, hidden, dtype=dtype, device=device)
-        self.w2 = weight(num_experts, hidden, moe_intermediate, dtype=dtype, device=device)
+        self.w13 = weight(held, 2 * moe_intermediate, hidden, dtype=dtype, device=device)
+        self.w2 = weight(held, hidden, moe_intermediate, dtype=dtype, device=device)
         if shared_intermediate:
             si = shared_intermediate
             self.shared_gate_up = weight(2 * si, hidden, dtype=dtype, device=device)
@@ -129,6 +135,8 @@ class SparseMoe(nn.Module):
         packed = self.packed
         logits = cpu_linear.linear(x, self.gate, packed.get("gate"))  # [T, E]
         routing = route(logits, self.top_k, self.normalize)
+        if self.local.length < self.num_experts:
+            routing = local_routing(routing, self.local)
         if backend == "c" and self.packed_experts is not None:
             out = cpu_moe.fused_experts(x, *routing, self.packed_experts, self.activation)
         elif backend == "triton":
@@ -145,6 +153,14 @@ class SparseMoe(nn.Module):
             shared = cpu_linear.linear(h, self.shared_down, packed.get("shared_down"))
             out += torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
         return out
+
+
+def local_routing(routing: Routing, local: Span) -> Routing:
+    """The routing of a rank that holds the experts ``local``: ids made local, the slots of
+    other ranks' experts weighted 0 (sent to a held expert, their output dropped)."""
+    ids = routing.ids - local.start
+    outside = (ids < 0) | (ids >= local.length)
+    return Routing(routing.weights.masked_fill(outside, 0.0), ids.masked_fill(outside, 0))
 
 
 def weight_targets(block: SparseMoe, prefix: str, naming: str) -> dict[str, torch.Tensor]:
@@ -179,8 +195,8 @@ def weight_targets(block: SparseMoe, prefix: str, naming: str) -> dict[str, torc
             else ("mlp", ("gate_proj", "up_proj", "down_proj"))
         )
         out = {f"{prefix}{mlp}.gate.weight": block.gate.data}
-        for e in range(block.num_experts):
-            base = f"{prefix}{mlp}.experts.{e}."
+        for e in range(block.local.length):
+            base = f"{prefix}{mlp}.experts.{block.local.start + e}."
             out[f"{base}{g}.weight"] = w13[e, :inter]
             out[f"{base}{u}.weight"] = w13[e, inter:]
             out[f"{base}{d}.weight"] = w2[e]

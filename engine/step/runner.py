@@ -9,24 +9,37 @@ import ctypes
 import ctypes.util
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
+from engine.lora.delta import choose_kernel
+from engine.lora.manager import LoraManager
 from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.backends import select_attention
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
 from engine.model.loader import init_random_weights, load_weights
 from engine.model.quant import resolve_quantization
+from engine.model.shard import Shard, shard_config
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
 from engine.step.memory_profile import measure_device_memory, profile_lengths
+
+
+class StepBroadcast(Protocol):
+    """Hands each step's inputs to the other tensor-parallel ranks (engine.parallel)."""
+
+    def step(self, inputs: StepInputs) -> AbstractContextManager[None]:
+        """Send ``inputs``; rank 0's forward runs inside (a failed rank raises there)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -42,10 +55,14 @@ class LoadedModel:
 
 
 def load_model(
-    config: EngineConfig, model_config: ModelConfig, attention: AttentionBackend | None = None
+    config: EngineConfig,
+    model_config: ModelConfig,
+    attention: AttentionBackend | None = None,
+    shard: Shard | None = None,
 ) -> LoadedModel:
     """Build the model on ``config.device``, load (or draw) its weights, pack them for the
-    CPU kernels where asked."""
+    CPU kernels where asked; with a tensor-parallel ``shard``, that rank's part of them and
+    the layout of its part of the KV cache."""
     device = torch.device(config.device)
     if device.type == "cpu":
         retain_freed_host_memory()
@@ -59,6 +76,7 @@ def load_model(
         max_model_len,
         config.dtype,
         device,
+        shard,
     )
     if config.load_format == "random":
         init_random_weights(model)
@@ -66,17 +84,28 @@ def load_model(
         load_weights(model, config.model_dir, engine_quantization(config))
     packed = config.pack_cpu_weights and model.pack_cpu_weights()
     model.use_cpu_kernels(config.cpu_kernels)
-    layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
+    local = shard_config(model_config, shard or Shard())
+    layout = KVLayout.for_model(local, config.dtype, config.block_size)
     return LoadedModel(model_config, model, max_model_len, layout, packed)
 
 
 def engine_quantization(config: EngineConfig) -> str:
-    """The quantization the engine loads with: ``none`` or ``gguf`` (``auto`` resolved)."""
+    """The quantization the engine loads with (``auto`` resolved). Quantized weights are not
+    sharded across ranks yet: with tensor parallelism ``auto`` keeps a GGUF directory's fp32
+    conversion, and a quantized checkpoint is refused, naming both settings."""
     fp32 = config.dtype == torch.float32
     random = config.load_format == "random"
-    return resolve_quantization(
+    method = resolve_quantization(
         config.quantization, config.model_dir, config.device, fp32, not random
     )
+    if config.tensor_parallel_size > 1 and method != "none":
+        if config.quantization == "auto" and method == "gguf":
+            return "none"
+        raise ValueError(
+            f"quantization {method!r} with tensor_parallel_size "
+            f"{config.tensor_parallel_size}: quantized weights are not sharded across ranks yet"
+        )
+    return method
 
 
 class ModelRunner:
@@ -91,22 +120,29 @@ class ModelRunner:
         loaded: LoadedModel | None = None,
         shared_caches: Sequence[SharedCache] = (),
         chunk_rows: ChunkRowLayout | None = None,
+        shard: Shard | None = None,
+        ranks: StepBroadcast | None = None,
     ) -> None:
         """`loaded`: the weights, already on the device (else loaded here, with `attention`).
         `shared_caches`: caches to be allocated with this cache's block count (a draft
         model's); the KV budget is shared with them (engine.kv.sizing).
-        `chunk_rows`: lays some chunks out as decode rows (engine.step.chunk_rows)."""
+        `chunk_rows`: lays some chunks out as decode rows (engine.step.chunk_rows).
+        `shard`: the tensor-parallel rank this runner is (every rank's runner is built
+        alike, the block count agreed on); `ranks`: on rank 0, sends each step's inputs to
+        the other ranks (engine.parallel)."""
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
         if loaded is None:
-            loaded = load_model(config, model_config, attention)
+            loaded = load_model(config, model_config, attention, shard)
         self.max_model_len = loaded.max_model_len
         self.model = loaded.model
         self.packed_weights = loaded.packed_weights
         self.layout = loaded.layout
+        self.lora = lora_manager(config, model_config, self.model)
         self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory, shared_caches)
-        self.num_blocks = self.kv_capacity.num_blocks
+        self.num_blocks = (shard or Shard()).min_int(self.kv_capacity.num_blocks)
+        self.ranks = ranks
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
         max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
@@ -137,11 +173,21 @@ class ModelRunner:
             raise ValueError("execute() needs at least one scheduled chunk")
         inputs = self.batch.prepare(out, sampled_prefills)
         self._check_lengths(inputs.meta)
+        if self.lora is not None:
+            inputs = inputs._replace(lora=self.lora.prepare(out))
         return inputs
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """float32 logits [sampled rows, vocab] of a prepared step."""
+        if self.lora is not None:
+            self.lora.bind(inputs.lora)
+        if self.ranks is None:
+            return self._forward(inputs)
+        with self.ranks.step(inputs):
+            return self._forward(inputs)
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
         logits = self.model(inputs.input_ids, inputs.meta, self.kv_cache, inputs.logits_indices)
         return logits.float()
 
@@ -157,6 +203,19 @@ class ModelRunner:
             raise ValueError(
                 f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
             )
+
+
+def lora_manager(
+    config: EngineConfig, model_config: ModelConfig, model: DecoderModel
+) -> LoraManager | None:
+    """The adapters' slots and hooks on the model's layers (None: LoRA is off)."""
+    if not config.enable_lora:
+        return None
+    kernel = choose_kernel(torch.device(config.device), config.dtype, config.cpu_kernels)
+    return LoraManager(
+        model, model_config, config.max_loras, config.max_lora_rank,
+        config.max_cpu_loras or config.max_loras, kernel,
+    )  # fmt: skip
 
 
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters

@@ -70,6 +70,16 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
 
 
+def test_tp_reaches_colocated_nodes_and_is_refused_with_two_pools(tmp_path: Path) -> None:
+    args = _args("--colocated", "--tp", "2")
+    launcher.check_args(args)
+    for plan in up_plan.plan_nodes(args):
+        parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
+        assert parsed.tensor_parallel_size == 2
+    with pytest.raises(ValueError, match=r"--tp 2: .* needs --colocated"):
+        launcher.check_args(_args("--tp", "2"))
+
+
 def test_kv_tier_flags_reach_every_node_with_a_disk_directory_each(tmp_path: Path) -> None:
     args = _args(
         "--kv-offload-cpu-gb", "2", "--kv-offload-disk-path", str(tmp_path / "kv"),

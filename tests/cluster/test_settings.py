@@ -33,6 +33,8 @@ def test_settings_are_frozen() -> None:
         (NodeSettings, {"ttl_s": 1.0, "heartbeat_s": 2.0}, "ttl_s"),
         (NodeSettings, {"num_kv_blocks": 10, "kv_cache_memory_gb": 1.0}, "num_kv_blocks"),
         (NodeSettings, {"node_id": "has space"}, "node_id"),
+        (NodeSettings, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        (NodeSettings, {"tensor_parallel_size": 2, "role": "decode"}, "tensor_parallel_size 2"),
     ],
 )
 def test_invalid_values_raise_settings_error_naming_the_field(

@@ -3,9 +3,31 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-QUANTIZATIONS = ("auto", "none", "gguf")  # EngineConfig.quantization (vLLM's names)
+QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # vLLM's names
+# quantization_config.quant_method -> the loader that serves it (safetensors_loader)
+CHECKPOINT_METHODS = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "compressed-tensors": "fp8"}
+
+
+def checkpoint_quantization(model_dir: Path) -> str | None:
+    """The method a checkpoint's config.json declares (``quantization_config``), None when
+    it declares none; one we cannot serve raises ValueError naming it."""
+    path = Path(model_dir) / "config.json"
+    try:
+        qc = json.loads(path.read_text()).get("quantization_config")
+    except (OSError, ValueError):
+        return None  # the config's own reader names what is wrong with it
+    if qc is None:
+        return None
+    method = str(qc.get("quant_method", "")) if isinstance(qc, dict) else ""
+    if method.lower() not in CHECKPOINT_METHODS:
+        raise ValueError(
+            f"{path}: quantization_config.quant_method {method!r} is not supported "
+            f"(supported: {', '.join(CHECKPOINT_METHODS)})"
+        )
+    return CHECKPOINT_METHODS[method.lower()]
 
 
 def gguf_file(model_dir: Path) -> Path | None:
@@ -21,12 +43,27 @@ def gguf_file(model_dir: Path) -> Path | None:
 def resolve_quantization(
     quantization: str, model_dir: Path, device: str, fp32: bool, checkpoint: bool = True
 ) -> str:
-    """``none`` or ``gguf``: ``auto`` is ``gguf`` for a CPU fp32 engine on a directory with a
-    GGUF file (the packed kernels compute exactly what its fp32 conversion does), else
-    ``none``. ``gguf`` without a GGUF file raises ValueError naming the directory."""
+    """The method the engine loads with. A checkpoint whose config.json declares one (AWQ,
+    GPTQ, FP8) loads with it (``auto`` or that name; anything else is refused, naming both);
+    otherwise ``auto`` is ``gguf`` for a CPU fp32 engine on a directory with a GGUF file (the
+    packed kernels compute exactly what its fp32 conversion does), else ``none``. ``gguf``
+    without a GGUF file raises ValueError naming the directory."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(
             f"quantization {quantization!r} is not supported (one of {', '.join(QUANTIZATIONS)})"
+        )
+    declared = checkpoint_quantization(model_dir) if checkpoint else None
+    if declared is not None:
+        if quantization not in ("auto", declared):
+            raise ValueError(
+                f"{model_dir}: the checkpoint is {declared}-quantized (config.json "
+                f"quantization_config); quantization {quantization!r} cannot load it"
+            )
+        return declared
+    if quantization in CHECKPOINT_METHODS.values():
+        raise ValueError(
+            f"{model_dir}: quantization {quantization!r} needs a checkpoint whose config.json "
+            "has a quantization_config naming it"
         )
     if quantization == "auto":
         cpu = str(device).startswith("cpu") and fp32 and checkpoint

@@ -78,13 +78,41 @@ def _dequantize(
     return w if mins is None else w.add_(mins.repeat_interleave(group, dim=1))
 
 
-class QuantWeight:
+class PackedMatrix:
+    """A matrix [N, K] kept in a packed form that computes ``x @ W.T`` itself: the layers hold
+    it in place of their weight (``engine.model.linear``)."""
+
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+    def linear(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T`` for x [M, K]; with ``out`` [M, N] the product is added into it."""
+        raise NotImplementedError
+
+    def dequantize(self) -> torch.Tensor:
+        """W [N, K] fp32 (codes' column order)."""
+        raise NotImplementedError
+
+
+class QuantWeight(PackedMatrix):
     """A quantized matrix [N, K] packed in 16-row panels for ``quant_linear.c``: codes
     [N' / 16, K, 8] uint8 (4 bits: row j of a panel in the low nibble of byte j, row j + 8
     in its high nibble) or [N' / 16, K, 16] int8, scales and mins [N' / 16, K / group, 16]
-    fp32, N' = N rounded up to 16 (the padding rows are zero)."""
+    fp32, N' = N rounded up to 16 (the padding rows are zero). With ``perm`` (GPTQ's
+    activation order) code column j multiplies input column ``perm[j]``: the inputs are
+    gathered into the codes' order first."""
 
-    def __init__(self, rows: RowQuant, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        rows: RowQuant,
+        device: torch.device | str = "cpu",
+        perm: torch.Tensor | None = None,
+    ) -> None:
+        self.perm = None if perm is None else perm.to(device)
         n, k = rows.shape
         if rows.group % PANEL or k % rows.group:
             raise ValueError(f"quantized weight [{n}, {k}]: group {rows.group} does not tile K")
@@ -106,6 +134,8 @@ class QuantWeight:
 
     def linear(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ W.T`` for x [M, K]; with ``out`` [M, N] the product is added into it."""
+        if self.perm is not None:
+            x = x.index_select(1, self.perm)
         if self._kernel_takes(x, out):
             return quant_linear(x, self.codes, self.scales, self.mins, self.bits, self.group, out)
         w = self.dequantize().to(x.dtype)

@@ -13,7 +13,8 @@ from engine.model.quant import resolve_quantization
 
 def test_unknown_names_are_refused(tmp_path: Path) -> None:
     with pytest.raises(
-        ValueError, match=r"quantization must be one of auto, none, gguf, got 'awq4'"
+        ValueError,
+        match=r"quantization must be one of auto, none, gguf, awq, gptq, fp8, got 'awq4'",
     ):
         EngineConfig(model_dir=tmp_path, quantization="awq4")
 

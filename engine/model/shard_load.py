@@ -1,0 +1,119 @@
+"""Read a rank's slice of each checkpoint tensor, never the whole of a split one.
+
+The rule is by tensor name (the names the layers' ``weight_targets`` use): query / KV rows
+of ``q_proj``, ``k_proj``, ``v_proj`` (and the three parts of Phi-3's fused ``qkv_proj``),
+the matching columns of ``o_proj``; MLP rows of ``gate_proj`` / ``up_proj`` (Phi-3's fused
+``gate_up_proj``) and columns of ``down_proj``, the shared expert's likewise; the experts
+this rank holds (others are not read); vocabulary rows of the embedding and the head, padded
+to the rank's row count. Everything else (norms, biases added after the sum, routers) is
+read whole: replicated.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import torch
+
+from engine.model.shard import Shard, Span, experts
+
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+class Piece(NamedTuple):
+    dim: int  # 0: rows, 1: columns
+    span: Span
+
+
+class Plan(NamedTuple):
+    """How to read one tensor on this rank: the pieces (concatenated along their dim), the
+    row count to zero-pad to (0: none), or skip it (another rank's expert)."""
+
+    pieces: tuple[Piece, ...] = ()
+    pad_rows: int = 0
+    skip: bool = False
+
+
+WHOLE = Plan()
+
+
+def plan(name: str, config: Any, shard: Shard) -> Plan:
+    """The read plan of tensor ``name`` for ``shard`` of a model of ``config`` (the whole
+    model's ModelConfig)."""
+    if shard.size == 1:
+        return WHOLE
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        rows = shard.vocab(config.vocab_size)
+        return Plan((Piece(0, rows),), shard.vocab_rows(config.vocab_size))
+    if "self_attn." in name:
+        return _attention(name, config, shard)
+    if config.moe is not None:
+        moe = _moe(name, config, shard)
+        if moe is not None:
+            return moe
+    inter = shard.part(config.intermediate_size, "intermediate_size")
+    return _mlp(name, "mlp.", inter, config.intermediate_size)
+
+
+def _attention(name: str, config: Any, shard: Shard) -> Plan:
+    d = config.head_dim
+    q, kv = shard.heads(config.num_attention_heads, config.num_key_value_heads)
+    q_rows, kv_rows = Span(q.start * d, q.length * d), Span(kv.start * d, kv.length * d)
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return Plan((Piece(0, q_rows),))
+    if name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
+        return Plan((Piece(0, kv_rows),))
+    if name.endswith("qkv_proj.weight"):
+        q_all, kv_all = config.q_size, config.kv_size
+        k_part = Span(q_all + kv_rows.start, kv_rows.length)
+        v_part = Span(q_all + kv_all + kv_rows.start, kv_rows.length)
+        return Plan((Piece(0, q_rows), Piece(0, k_part), Piece(0, v_part)))
+    if name.endswith("o_proj.weight"):
+        return Plan((Piece(1, q_rows),))
+    return WHOLE
+
+
+def _moe(name: str, config: Any, shard: Shard) -> Plan | None:
+    """The plan of an expert tensor; None for the names of a dense layer."""
+    mine = experts(shard, config.moe.num_experts)
+    match = _EXPERT.search(name)
+    if match is not None:
+        return WHOLE if mine.start <= int(match.group(1)) < mine.stop else Plan(skip=True)
+    if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+        return Plan((Piece(0, mine),))
+    shared = config.moe.shared_intermediate_size
+    if "mlp.shared_expert." in name:
+        part = shard.part(shared, "shared_expert_intermediate_size")
+        return _mlp(name, "mlp.shared_expert.", part, shared)
+    return None
+
+
+def _mlp(name: str, prefix: str, part: Span, inter: int) -> Plan:
+    if name.endswith((prefix + "gate_proj.weight", prefix + "up_proj.weight")):
+        return Plan((Piece(0, part),))
+    if name.endswith(prefix + "gate_up_proj.weight"):
+        return Plan((Piece(0, part), Piece(0, Span(inter + part.start, part.length))))
+    if name.endswith(prefix + "down_proj.weight"):
+        return Plan((Piece(1, part),))
+    return WHOLE
+
+
+def read(handle: Any, name: str, config: Any, shard: Shard) -> torch.Tensor | None:
+    """This rank's part of tensor ``name`` from an open safetensors ``handle``; None when
+    the rank holds none of it."""
+    how = plan(name, config, shard)
+    if how.skip:
+        return None
+    if not how.pieces:
+        return handle.get_tensor(name)
+    whole = handle.get_slice(name)
+    parts = [
+        whole[p.span.start : p.span.stop] if p.dim == 0 else whole[:, p.span.start : p.span.stop]
+        for p in how.pieces
+    ]
+    tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=how.pieces[0].dim)
+    if how.pad_rows > tensor.shape[0]:
+        pad = tensor.new_zeros(how.pad_rows - tensor.shape[0], *tensor.shape[1:])
+        tensor = torch.cat([tensor, pad])
+    return tensor

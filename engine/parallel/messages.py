@@ -1,0 +1,44 @@
+"""What rank 0 sends the other ranks each step (pickled by ``broadcast_object_list``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.attention import AttentionMetadata
+from engine.step.batch import StepInputs
+
+_META_TENSORS = ("positions", "slot_mapping", "query_start_loc", "context_lens", "block_tables")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A step's model inputs in host memory (a rank moves them to its own device)."""
+
+    input_ids: torch.Tensor  # [tokens] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [sampled] int64
+
+    @classmethod
+    def of(cls, inputs: StepInputs) -> StepPlan:
+        return cls(inputs.input_ids.cpu(), _moved(inputs.meta, "cpu"), inputs.logits_indices.cpu())
+
+    def inputs(self, device: torch.device) -> StepInputs:
+        return StepInputs(
+            self.input_ids.to(device),
+            _moved(self.meta, device),
+            self.logits_indices.to(device),
+            None,
+        )
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The engine closes: the ranks leave their loop and exit."""
+
+
+def _moved(meta: AttentionMetadata, device: torch.device | str) -> AttentionMetadata:
+    moved = {name: getattr(meta, name).to(device) for name in _META_TENSORS}
+    return dataclasses.replace(meta, **moved)

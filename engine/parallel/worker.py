@@ -1,0 +1,60 @@
+"""A tensor-parallel rank other than 0: its shard of the model and of the KV cache, one
+forward per step it is sent, until Stop."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+import torch.distributed as dist
+
+from engine.config import EngineConfig
+from engine.model.config import ModelConfig
+from engine.parallel.messages import StepPlan, Stop
+from engine.parallel.watchdog import watch_parent
+from engine.step.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+def run_rank(
+    config: EngineConfig, rank: int, size: int, port: int, parent_pid: int, threads: int
+) -> None:
+    """The process body of rank ``rank`` (spawned by ``engine.parallel.group.RankGroup``)."""
+    from engine.parallel.group import init_group, rank_device
+
+    watch_parent(parent_pid)
+    torch.set_num_threads(threads)
+    device = rank_device(config.device, rank)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    shard = init_group(rank, size, port, device)
+    try:
+        runner = ModelRunner(
+            _on(config, device), ModelConfig.from_dir(config.model_dir), shard=shard
+        )
+        serve(runner)
+    except Exception:
+        log.exception("tensor-parallel rank %d failed", rank)
+        sys.exit(1)
+    dist.destroy_process_group()
+
+
+def serve(runner: ModelRunner) -> None:
+    """Run the steps rank 0 broadcasts until it sends Stop."""
+    while True:
+        box: list[StepPlan | Stop | None] = [None]
+        dist.broadcast_object_list(box, src=0)
+        message = box[0]
+        if isinstance(message, Stop):
+            return
+        if not isinstance(message, StepPlan):
+            raise TypeError(f"rank got {type(message).__name__}, not a step")
+        runner.forward(message.inputs(runner.device))
+
+
+def _on(config: EngineConfig, device: str) -> EngineConfig:
+    import dataclasses
+
+    return config if device == config.device else dataclasses.replace(config, device=device)
