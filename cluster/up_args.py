@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    parser.add_argument(
+        "--quantization", choices=["auto", "none", "gguf", "awq", "gptq", "fp8"], default=None,
+        help="weights kept quantized, on every node (default auto: what the checkpoint "
+        "declares, or the GGUF on CPU float32 nodes)",
+    )  # fmt: skip
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     parser.add_argument(
         "--tp", type=int, default=None,

@@ -100,6 +100,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
     optional = {
         "--device": args.device,
         "--dtype": args.dtype,
+        "--quantization": args.quantization,
         "--torch-threads": args.threads_per_node,
         "--tensor-parallel-size": node_tp(args, node),
         "--num-kv-blocks": args.num_kv_blocks,

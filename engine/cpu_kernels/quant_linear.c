@@ -10,22 +10,26 @@
  *
  * The weights go through the same FMAs, in the same order over K, as the fp32 kernel
  * (linear.c) over the dequantized matrix, so the outputs are bit for bit the fp32 path's.
- * Up to TILE_ROWS rows (decode) one tile walks a panel dequantizing in registers; more rows
- * dequantize K_CHUNK rows of a panel into an L1 buffer that the fp32 panel kernel then runs
- * every row tile over. Threads split the panels.
+ * Up to QTILE_ROWS rows (decode) one tile walks a panel dequantizing in registers, a row of
+ * the panel being one vector with 16 lanes (AVX-512) or two with 8 (vecw.h); for more rows a
+ * thread dequantizes the whole panel into its scratch ([K][16] floats, in L2) and runs the
+ * fp32 panel kernel over it: the dequantization is shared by all rows, and the kernel reads
+ * the panel from cache instead of memory. Threads split the panels.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "linear.h"
-#include "vec8.h"
+#include "vecw.h"
 
-#define TILE_ROWS 6
+#define NV (PANEL / VW) /* vectors per row of a panel */
+#define QTILE_ROWS 6
 #define ROW_BLOCK 512
-#define K_CHUNK 128 /* 8 KB of dequantized panel */
+#define K_CHUNK 128 /* without scratch: 8 KB of the panel at a time */
 
+typedef int32_t vwi __attribute__((vector_size(VW * 4)));
+typedef int8_t i8w __attribute__((vector_size(VW), aligned(1)));
 typedef uint8_t u8x8 __attribute__((vector_size(8), aligned(1)));
-typedef int8_t i8x8 __attribute__((vector_size(8), aligned(1)));
 
 typedef struct {
     const uint8_t *codes;
@@ -33,32 +37,52 @@ typedef struct {
     int bits, group, K;
 } qweight;
 
-/* The 16 weights of row k of panel p, as two vectors: columns 0..7 and 8..15. The group's
-   scale and min vectors are passed in (s0, s1, m0, m1). */
-static inline __attribute__((always_inline)) void dequant16(
-    const qweight *w, int64_t p, int k, v8 s0, v8 s1, v8 m0, v8 m1, v8 *lo, v8 *hi)
+/* 4-bit codes of one panel row: byte j holds column j (low nibble) and j + 8 (high). */
+static inline __attribute__((always_inline)) void nibbles(u8x8 b, vw *q)
 {
-    if (w->bits == 4) {
-        const u8x8 b = *(const u8x8 *)(w->codes + (p * w->K + k) * 8);
-        *lo = __builtin_convertvector(__builtin_convertvector(b & 15, v8i), v8);
-        *hi = __builtin_convertvector(__builtin_convertvector(b >> 4, v8i), v8);
-    } else {
-        const int8_t *row = (const int8_t *)w->codes + (p * w->K + k) * 16;
-        *lo = __builtin_convertvector(__builtin_convertvector(*(const i8x8 *)row, v8i), v8);
-        *hi = __builtin_convertvector(__builtin_convertvector(*(const i8x8 *)(row + 8), v8i), v8);
+    const u8x8 lo = b & 15, hi = b >> 4;
+#if VW == 8
+    q[0] = __builtin_convertvector(__builtin_convertvector(lo, vwi), vw);
+    q[1] = __builtin_convertvector(__builtin_convertvector(hi, vwi), vw);
+#elif defined(__clang__) || __GNUC__ >= 12
+    q[0] = __builtin_convertvector(
+        __builtin_convertvector(__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                        11, 12, 13, 14, 15),
+                                vwi),
+        vw);
+#else
+    for (int j = 0; j < 8; j++) {
+        q[0][j] = lo[j];
+        q[0][j + 8] = hi[j];
     }
-    *lo = *lo * s0 + m0;
-    *hi = *hi * s1 + m1;
+#endif
 }
 
-static inline void group_vectors(const qweight *w, int64_t p, int g, v8 *s0, v8 *s1, v8 *m0,
-                                 v8 *m1)
+/* Row k of panel p, w = code * scale + min, as NV vectors; s and m: the group's scales and
+   mins (NV vectors each). */
+static inline __attribute__((always_inline)) void dequant_row(const qweight *w, int64_t p,
+                                                              int k, const vw *s, const vw *m,
+                                                              vw *b)
+{
+    if (w->bits == 4) {
+        nibbles(*(const u8x8 *)(w->codes + (p * w->K + k) * 8), b);
+    } else {
+        const int8_t *row = (const int8_t *)w->codes + (p * w->K + k) * 16;
+        for (int j = 0; j < NV; j++)
+            b[j] = __builtin_convertvector(__builtin_convertvector(*(const i8w *)(row + j * VW), vwi), vw);
+    }
+    for (int j = 0; j < NV; j++) b[j] = b[j] * s[j] + m[j];
+}
+
+/* The scales and mins of group g of panel p (zero mins where there are none). */
+static inline __attribute__((always_inline)) void group_vectors(const qweight *w, int64_t p,
+                                                                int g, vw *s, vw *m)
 {
     const int64_t at = (p * (w->K / w->group) + g) * 16;
-    *s0 = load8(w->scales + at);
-    *s1 = load8(w->scales + at + 8);
-    *m0 = w->mins ? load8(w->mins + at) : splat8(0.0f);
-    *m1 = w->mins ? load8(w->mins + at + 8) : splat8(0.0f);
+    for (int j = 0; j < NV; j++) {
+        s[j] = loadw(w->scales + at + j * VW);
+        m[j] = w->mins ? loadw(w->mins + at + j * VW) : splatw(0.0f);
+    }
 }
 
 /* Rows [k0, k1) of panel p dequantized into dst[k1 - k0][16]. */
@@ -66,43 +90,38 @@ static void dequant_rows(const qweight *w, int64_t p, int k0, int k1, float *dst
 {
     for (int k = k0; k < k1;) {
         const int g = k / w->group, end = (g + 1) * w->group < k1 ? (g + 1) * w->group : k1;
-        v8 s0, s1, m0, m1, lo, hi;
-        group_vectors(w, p, g, &s0, &s1, &m0, &m1);
+        vw s[NV], m[NV], b[NV];
+        group_vectors(w, p, g, s, m);
         for (; k < end; k++) {
-            dequant16(w, p, k, s0, s1, m0, m1, &lo, &hi);
-            store8(dst + (k - k0) * PANEL, lo);
-            store8(dst + (k - k0) * PANEL + 8, hi);
+            dequant_row(w, p, k, s, m, b);
+            for (int j = 0; j < NV; j++) storew(dst + (k - k0) * PANEL + j * VW, b[j]);
         }
     }
 }
 
-/* R rows (R <= TILE_ROWS) times panel p over the whole of K, the weights dequantized in
-   registers; the sums run in the order of linear.c's tile. */
+/* R rows (R <= QTILE_ROWS) times panel p over the whole of K, the weights dequantized in
+   registers; each element is summed in the order of linear.c's tiles. */
 static inline __attribute__((always_inline)) void qtile(
     const float *a, int64_t lda, const qweight *w, int64_t p, float *c, int64_t ldc,
     int load_c, const int R)
 {
-    v8 c0[TILE_ROWS], c1[TILE_ROWS];
-    for (int r = 0; r < R; r++) {
-        c0[r] = load_c ? load8(c + r * ldc) : splat8(0.0f);
-        c1[r] = load_c ? load8(c + r * ldc + 8) : splat8(0.0f);
-    }
+    vw acc[QTILE_ROWS][NV];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NV; j++)
+            acc[r][j] = load_c ? loadw(c + r * ldc + j * VW) : splatw(0.0f);
     for (int g = 0; g < w->K / w->group; g++) {
-        v8 s0, s1, m0, m1, b0, b1;
-        group_vectors(w, p, g, &s0, &s1, &m0, &m1);
+        vw s[NV], m[NV], b[NV];
+        group_vectors(w, p, g, s, m);
         for (int k = g * w->group; k < (g + 1) * w->group; k++) {
-            dequant16(w, p, k, s0, s1, m0, m1, &b0, &b1);
+            dequant_row(w, p, k, s, m, b);
             for (int r = 0; r < R; r++) {
-                const v8 ar = splat8(a[r * lda + k]);
-                c0[r] += ar * b0;
-                c1[r] += ar * b1;
+                const vw ar = splatw(a[r * lda + k]);
+                for (int j = 0; j < NV; j++) acc[r][j] += ar * b[j];
             }
         }
     }
-    for (int r = 0; r < R; r++) {
-        store8(c + r * ldc, c0[r]);
-        store8(c + r * ldc + 8, c1[r]);
-    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NV; j++) storew(c + r * ldc + j * VW, acc[r][j]);
 }
 
 static void panel_small(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
@@ -119,11 +138,32 @@ static void panel_small(const float *a, int64_t lda, const qweight *w, int64_t p
     }
 }
 
-/* Panel p for more rows than a tile: K_CHUNK rows of the panel at a time into `buf`, every row
-   tile over them (linear.c's panel kernel; partial sums wait in C, fp32 stores are exact). */
-static void panel_chunked(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
-                          float *c, int64_t ldc, int accumulate, float *buf)
+/* A thread's scratch of at least `floats` floats, grown as needed and kept for the next
+   call (OpenMP's threads live as long as the process); NULL if memory ran out. */
+static float *scratch(size_t floats)
 {
+    static __thread float *buf;
+    static __thread size_t cap;
+    if (floats > cap) {
+        free(buf);
+        buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        cap = buf ? floats : 0;
+    }
+    return buf;
+}
+
+/* Panel p for more rows than a tile, dequantized into `panel` ([K][16]) or, where no scratch
+   could be had, a chunk at a time into a stack buffer (the partial sums wait in C: fp32
+   stores are exact, the sums run in the same order). */
+static void panel_rows(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
+                       float *c, int64_t ldc, int accumulate, float *panel)
+{
+    if (panel) {
+        dequant_rows(w, p, 0, w->K, panel);
+        splitserve_panel_rows(a, lda, panel, rows, w->K, c, ldc, accumulate);
+        return;
+    }
+    float buf[K_CHUNK * PANEL] __attribute__((aligned(64)));
     for (int k0 = 0; k0 < w->K; k0 += K_CHUNK) {
         const int k1 = w->K - k0 < K_CHUNK ? w->K : k0 + K_CHUNK;
         dequant_rows(w, p, k0, k1, buf);
@@ -142,17 +182,17 @@ void splitserve_linear_quant(
     const int parallel = (int64_t)M * N * K >= 1 << 16;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel)
     {
-        float buf[K_CHUNK * PANEL] __attribute__((aligned(64)));
+        float *panel = M > QTILE_ROWS ? scratch((size_t)K * PANEL) : NULL;
         for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {
             const int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;
 #pragma omp for schedule(static)
             for (int p = 0; p < panels; p++) {
-                if (rows <= TILE_ROWS)
-                    panel_small(a + m0 * lda, lda, &w, p, rows, c + m0 * ldc + p * PANEL, ldc,
-                                accumulate);
-                else
-                    panel_chunked(a + m0 * lda, lda, &w, p, rows, c + m0 * ldc + p * PANEL,
-                                  ldc, accumulate, buf);
+                float *cp = c + m0 * ldc + p * PANEL;
+                if (rows <= QTILE_ROWS) {
+                    panel_small(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate);
+                } else {
+                    panel_rows(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate, panel);
+                }
             }
         }
     }

@@ -3,15 +3,28 @@ weights, bit for bit (same FMAs in the same order), for decode and prefill row c
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine import cpu_kernels
+from engine.cpu_kernels.build import WIDTH_ENV
 from engine.cpu_kernels.quant_linear import quant_linear
 from engine.model.quant.weight import QuantWeight, RowQuant
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")
 ROWS = [1, 2, 3, 5, 6, 7, 13, 32, 47, 48, 64, 600]
+# (bits, group, mins, N, K)
+CASES = [
+    (4, 32, True, 48, 96),
+    (8, 16, False, 32, 272),
+    (8, 32, True, 80, 160),
+    (4, 128, True, 16, 384),
+]
 
 
 def random_weight(n: int, k: int, bits: int, group: int, mins: bool, seed: int) -> QuantWeight:
@@ -28,15 +41,7 @@ def random_weight(n: int, k: int, bits: int, group: int, mins: bool, seed: int) 
     return QuantWeight(RowQuant(codes, halves(), halves() if mins else None, bits, group))
 
 
-@pytest.mark.parametrize(
-    ("bits", "group", "mins", "n", "k"),
-    [
-        (4, 32, True, 48, 96),
-        (8, 16, False, 32, 272),
-        (8, 32, True, 80, 160),
-        (4, 128, True, 16, 384),
-    ],
-)
+@pytest.mark.parametrize(("bits", "group", "mins", "n", "k"), CASES)
 def test_equals_the_fp32_kernel_on_the_dequantized_weight(
     bits: int, group: int, mins: bool, n: int, k: int
 ) -> None:
@@ -66,3 +71,27 @@ def test_bad_shapes_are_refused() -> None:
     weight = random_weight(32, 64, 8, 32, False, seed=2)
     with pytest.raises(ValueError, match="does not fit a weight of 32x64"):
         quant_linear(torch.randn(2, 32), weight.codes, weight.scales, None, 8, 32)
+
+
+OTHER_WIDTH = """
+from engine import cpu_kernels
+from tests.engine.cpu_kernels import test_quant_linear as t
+assert cpu_kernels.vec_width() == {width}, cpu_kernels.vec_width()
+for case in t.CASES:
+    t.test_equals_the_fp32_kernel_on_the_dequantized_weight(*case)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_each_vector_width_equals_the_fp32_kernel(width: int) -> None:
+    """The kernels built for 8 and 16 lanes (a narrower machine runs 16 as register pairs)."""
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_WIDTH.format(width=width)],
+        env=dict(os.environ, **{WIDTH_ENV: str(width)}),
+        cwd=Path(__file__).parents[3],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.llm import LLM
 from engine.model.quant import gguf_file
 from models.sampling_params import SamplingParams
 from tests.engine.test_engine_oracle import PROMPTS
+from tests.engine.tiny_llama import chunk, make_runner, step
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,18 @@ def test_packed_greedy_equals_the_fp32_path(gguf_dir: Path) -> None:
     packed_bytes = packed.engine.runner.model.weight_bytes()[0]
     fp32_bytes = fp32.engine.runner.model.weight_bytes()[0]
     assert packed_bytes < fp32_bytes / 4  # 6 bits a weight against 32
+
+
+def test_packed_logits_are_the_fp32_paths_bit_for_bit(gguf_dir: Path) -> None:
+    """The GGUF's values are the fp32 conversion's and the kernels sum in the same order."""
+    tokens = [(37 * i) % 40000 + 100 for i in range(41)]
+    logits = {}
+    for quantization in ("none", "gguf"):
+        runner = make_runner(gguf_dir, quantization=quantization)
+        prefill = step(runner, chunk("a", tokens, 0, 40, tuple(range(10))))  # 40 rows
+        decode = step(runner, chunk("a", tokens, 40, 41, tuple(range(11))))  # 1 row
+        logits[quantization] = (prefill, decode)
+    assert all(torch.equal(a, b) for a, b in zip(logits["none"], logits["gguf"], strict=True))
 
 
 def test_a_cpu_engine_serves_the_gguf_by_default(gguf_dir: Path) -> None:
