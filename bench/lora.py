@@ -1,10 +1,11 @@
 """Multi-LoRA decode throughput against the base model alone, same run.
 
     python -m bench.lora [--model smollm2] [--batch-size 8] [--new-tokens 32] [--rank 16]
-                         [--adapters 4] [--device cpu] [--out bench/results/lora.json]
+                         [--adapters 4] [--rounds 1] [--device cpu]
+                         [--out bench/results/lora.json]
 
-A batch of B random-token prompts decodes greedily twice per arm, in the order base, lora,
-lora, base (each arm keeps its faster run): `base` runs every row on the base model (no
+A batch of B random-token prompts decodes greedily twice per arm and round, in the order
+base, lora, lora, base (each arm keeps its fastest run): `base` runs every row on the base model (no
 adapter enabled in that engine), `lora` spreads the rows over `--adapters` random adapters
 (all seven projections, the given rank) in one batch. Decode throughput is the tokens of the
 steps after every row has its first token, over those steps' time. The figure is the ratio
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         none: list[Any] = [None] * len(prompts)
         decode_rate(lora, prompts[:1], mixed[:1], 2)  # warm up: adapters read, kernels built
         rates: dict[str, list[float]] = {"base": [], "lora": []}
-        for arm in ("base", "lora", "lora", "base"):
+        for arm in ("base", "lora", "lora", "base") * args.rounds:
             llm, loras = (base, none) if arm == "base" else (lora, mixed)
             rates[arm].append(decode_rate(llm, prompts, loras, args.new_tokens))
     best = {arm: max(values) for arm, values in rates.items()}
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "adapters": args.adapters,
         "rank": args.rank,
         "new_tokens": args.new_tokens,
+        "runs": rates,
         "base_decode_tok_s": round(best["base"], 1),
         "lora_decode_tok_s": round(best["lora"], 1),
         "ratio": round(best["lora"] / best["base"], 3),
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--adapters", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1, help="base-lora-lora-base sequences")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "lora.json")
     args = ap.parse_args(argv)

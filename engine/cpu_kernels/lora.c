@@ -13,6 +13,7 @@
 #include "vec8.h"
 
 #define EXPAND_COLS 64 /* output columns per work item */
+#define PARALLEL_MACS (1 << 19) /* below this a step's pass runs on one thread (decodes) */
 
 static inline float dot(const float *a, const float *b, int64_t n) {
     v8 acc0 = splat8(0.0f), acc1 = splat8(0.0f);
@@ -32,7 +33,8 @@ void splitserve_lora_shrink_f32(
     const float *a, int64_t a_slot_stride, int32_t rows, const int64_t *slots,
     float *y, int64_t y_stride, int32_t threads) {
     const int64_t items = (int64_t)tokens * rows;
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (items > 64)
+    const int parallel = items * in >= PARALLEL_MACS;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (parallel)
     for (int64_t item = 0; item < items; item++) {
         const int64_t t = item / rows, k = item % rows;
         const int64_t s = slots[t];
@@ -48,7 +50,8 @@ void splitserve_lora_expand_f32(
     const int64_t *ends, int32_t subs, int32_t threads) {
     const int64_t chunks = (cols + EXPAND_COLS - 1) / EXPAND_COLS;
     const int64_t items = (int64_t)tokens * chunks;
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (items > 4)
+    const int parallel = (int64_t)tokens * cols * rank >= PARALLEL_MACS;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) if (parallel)
     for (int64_t item = 0; item < items; item++) {
         const int64_t t = item / chunks, c = item % chunks;
         const int64_t s = slots[t];

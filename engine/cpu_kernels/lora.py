@@ -47,14 +47,14 @@ def expand_add_(
     y: torch.Tensor,
     b: torch.Tensor,
     token_slots: torch.Tensor,
-    ends: Sequence[int],
+    ends: Sequence[int] | torch.Tensor,
 ) -> None:
     """out[t, j] += b[slot, j] . y[t, sub(j) * R : (sub(j) + 1) * R] for tokens with a slot.
 
     out: [T, N]; y: [T, subs * R]; b: [slots, N, R] contiguous, R a multiple of 8;
-    ends: the column end of each sub-matrix (the last is N)."""
+    ends: the column end of each sub-matrix (the last is N), or them as an int64 tensor."""
     rank = b.shape[2]
-    ends_t = torch.tensor(list(ends), dtype=torch.int64)
+    ends_t = ends if isinstance(ends, torch.Tensor) else torch.tensor(ends, dtype=torch.int64)
     _lib().splitserve_lora_expand_f32(
         out.data_ptr(), out.stride(0), out.shape[0], out.shape[1], y.data_ptr(), y.stride(0),
         rank, b.data_ptr(), b.stride(0), token_slots.data_ptr(), ends_t.data_ptr(), len(ends),

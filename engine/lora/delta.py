@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cpu_kernels import lora as cpu_lora
 from engine.lora.slots import MatrixSlots
 
 KERNELS = ("torch", "cpu", "triton")
@@ -82,11 +83,9 @@ def add_delta_(
     """out [T, N] += the step's LoRA delta of `matrix` for x [T, in], in place."""
     ends, slots = matrix.layout.ends, batch.token_slots
     if kernel == "cpu":
-        from engine.cpu_kernels import lora as cpu_lora
-
         if cpu_lora.supports(x, out):
             y = cpu_lora.shrink(x, matrix.a, slots)
-            cpu_lora.expand_add_(out, y, matrix.b, slots, ends)
+            cpu_lora.expand_add_(out, y, matrix.b, slots, matrix.ends_host)
             return
     elif kernel == "triton":
         from engine.triton_kernels.lora import lora_expand_add_, lora_shrink

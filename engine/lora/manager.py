@@ -59,8 +59,9 @@ class LoraManager:
         max_rank: int,
         max_cpu_loras: int,
         kernel: str,
+        device: torch.device,
+        dtype: torch.dtype,
     ) -> None:
-        device, dtype = model.norm.device, model.norm.dtype  # the embedding may be packed (meta)
         self.max_rank = max_rank
         self.max_cpu_loras = max_cpu_loras
         self.slots = LoraSlots(config, max_loras, max_rank, dtype, device)

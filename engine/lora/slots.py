@@ -61,6 +61,7 @@ class MatrixSlots:
         self.a = torch.zeros(num_slots, subs * rank, layout.in_features, dtype=dtype, device=device)
         self.b = torch.zeros(num_slots, out, rank, dtype=dtype, device=device)
         self.targeted = [False] * num_slots
+        self.ends_host = torch.tensor(layout.ends, dtype=torch.int64)  # for the C kernel
 
     def fill(self, slot: int, layer: int, adapter: LoraAdapter) -> None:
         self.a[slot].zero_()

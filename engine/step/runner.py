@@ -211,10 +211,11 @@ def lora_manager(
     """The adapters' slots and hooks on the model's layers (None: LoRA is off)."""
     if not config.enable_lora:
         return None
-    kernel = choose_kernel(torch.device(config.device), config.dtype, config.cpu_kernels)
+    device = torch.device(config.device)
+    kernel = choose_kernel(device, config.dtype, config.cpu_kernels)
     return LoraManager(
         model, model_config, config.max_loras, config.max_lora_rank,
-        config.max_cpu_loras or config.max_loras, kernel,
+        config.max_cpu_loras or config.max_loras, kernel, device, config.dtype,
     )  # fmt: skip
 
 

@@ -19,6 +19,8 @@ SLOT_CASES = {
     "one_adapter": [1] * 7,
     "all_base": [-1, -1, -1],
     "single_token": [2],
+    # a long prefill step: the C kernels' multi-threaded passes
+    "long_mixed": [(i // 50) % 4 - 1 for i in range(600)],
 }
 NUM_SLOTS, RANK = 3, 8
 
