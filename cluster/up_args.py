@@ -39,6 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
+    kv_dtypes = ["auto", "int8", "fp8_e4m3"]
+    parser.add_argument(
+        "--kv-cache-dtype", choices=kv_dtypes, default=None,
+        help="KV cache dtype of every node: auto (the model dtype), int8 or fp8_e4m3",
+    )  # fmt: skip
+    for pool in ("prefill", "decode"):
+        parser.add_argument(
+            f"--{pool}-kv-cache-dtype", choices=kv_dtypes, default=None,
+            help=f"KV cache dtype of the {pool} pool's nodes (default --kv-cache-dtype); a "
+            "decode node converts KV of another dtype on import",
+        )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
     parser.add_argument(
         "--kv-offload-cpu-gb", type=float, default=None,

@@ -100,6 +100,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         "--dtype": args.dtype,
         "--torch-threads": args.threads_per_node,
         "--num-kv-blocks": args.num_kv_blocks,
+        "--kv-cache-dtype": node_kv_cache_dtype(args, node.command),
         "--max-num-seqs": args.max_num_seqs,
         "--kv-offload-cpu-gb": args.kv_offload_cpu_gb,
         "--kv-offload-disk-gb": args.kv_offload_disk_gb,
@@ -112,6 +113,12 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         if value is not None:
             argv += [flag, str(value)]
     return argv
+
+
+def node_kv_cache_dtype(args: argparse.Namespace, command: str) -> str | None:
+    """The pool's --prefill- / --decode-kv-cache-dtype, else --kv-cache-dtype (None: unset)."""
+    pool = getattr(args, f"{command}_kv_cache_dtype", None)
+    return pool if pool is not None else getattr(args, "kv_cache_dtype", None)
 
 
 def node_gpu_share(args: argparse.Namespace) -> float:

@@ -199,6 +199,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "num_kv_blocks": settings.num_kv_blocks,
         "kv_cache_memory_gb": settings.kv_cache_memory_gb,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "kv_cache_dtype": settings.kv_cache_dtype,
         "kv_offload_cpu_gb": settings.kv_offload_cpu_gb,
         "kv_offload_disk_path": settings.kv_offload_disk_path,
         "kv_offload_disk_gb": settings.kv_offload_disk_gb,

@@ -54,7 +54,10 @@ def load_model(
     )
     model = DecoderModel(
         model_config,
-        attention or select_attention(config.attention_backend, device, config.cpu_kernels),
+        attention
+        or select_attention(
+            config.attention_backend, device, config.cpu_kernels, config.kv_cache_dtype
+        ),
         max_model_len,
         config.dtype,
         device,
@@ -65,7 +68,9 @@ def load_model(
         load_weights(model, config.model_dir)
     packed = config.pack_cpu_weights and model.pack_cpu_weights()
     model.use_cpu_kernels(config.cpu_kernels)
-    layout = KVLayout.for_model(model_config, config.dtype, config.block_size)
+    layout = KVLayout.for_model(
+        model_config, config.dtype, config.block_size, config.kv_cache_dtype
+    )
     return LoadedModel(model_config, model, max_model_len, layout, packed)
 
 
