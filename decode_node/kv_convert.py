@@ -40,6 +40,10 @@ class KVConverter:
         self._stages: dict[str, tuple[KVTransferAgent, torch.Tensor]] = {}
         self._lock = asyncio.Lock()
 
+    def foreign_fingerprints(self) -> list[str]:
+        """The layouts (this one in the other KV dtypes) whose blocks this node converts."""
+        return sorted(self._foreign)
+
     def layout_of(self, fingerprint: str) -> KVLayout | None:
         """The layout of a handle this node converts (None: not one it can)."""
         return self._foreign.get(fingerprint)

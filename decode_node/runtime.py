@@ -219,6 +219,9 @@ class DecodeRuntime(NodeCore):
                 return True
         return await self.loop.abort(request_id) or job is not None
 
+    def _import_fingerprints(self) -> list[str]:
+        return self._converter().foreign_fingerprints() if self._moves_kv() else []
+
     def _converter(self) -> KVConverter:
         if self._kv_converter is None:
             runner = self.loop.engine.runner

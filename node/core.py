@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, Self
@@ -109,8 +109,13 @@ class NodeCore:
                 max_model_len=engine.max_model_len,
                 capacity=engine.runner.kv_capacity,
                 started_at=self.started_at,
+                import_fingerprints=self._import_fingerprints(),
             )
         return self._info
+
+    def _import_fingerprints(self) -> list[str]:
+        """The other KV layouts this node imports from, converting them (decode role)."""
+        return []
 
     @property
     def healthy(self) -> bool:
@@ -152,6 +157,7 @@ def node_info(
     max_model_len: int,
     capacity: KVCapacity,
     started_at: float,
+    import_fingerprints: Sequence[str] = (),
 ) -> NodeInfo:
     """What the node publishes in the registry."""
     return NodeInfo(
@@ -170,6 +176,7 @@ def node_info(
         kv_capacity_tokens=capacity.num_tokens,
         kv_cache_bytes=capacity.num_bytes,
         started_at=started_at,
+        import_fingerprints=list(import_fingerprints),
     )
 
 

@@ -147,7 +147,8 @@ class KVLayout:
         """One readable line, for logs and mismatch errors."""
         return (
             f"model={self.model} dtype={self.dtype} kv_dtype={self.kv_dtype} "
-            f"block_size={self.block_size} layers={self.num_layers} kv_heads={self.num_kv_heads} head_dim={self.head_dim} "
+            f"block_size={self.block_size} layers={self.num_layers} "
+            f"kv_heads={self.num_kv_heads} head_dim={self.head_dim} "
             f"windows={self.windows_text()} ({LAYOUT_ORDER}, {self.block_bytes} bytes/block, "
             f"fingerprint {self.fingerprint()})"
         )
