@@ -56,11 +56,7 @@ class DecodeLeg(Leg):
         it: another kv_cache_dtype) imports the blocks;
         when there is none, release the lease and prefill locally instead."""
         pools = Pools.of(self._s.membership.nodes())
-        matching = [
-            n
-            for n in pools.decode
-            if kv.layout_fingerprint in (n.info.layout_fingerprint, *n.info.import_fingerprints)
-        ]
+        matching = kv_importers(pools.decode, kv.layout_fingerprint)
         if matching:
             await self.open(matching, kv, output_ids)
             self._lease.taken()
@@ -159,3 +155,10 @@ class DecodeLeg(Leg):
 
     async def close_stream(self) -> None:
         await self._stream_ctx.aclose()
+
+
+def kv_importers(nodes: Sequence[NodeRecord], fingerprint: str) -> list[NodeRecord]:
+    """The nodes that import KV of layout `fingerprint`: theirs, or one they convert."""
+    return [
+        n for n in nodes if fingerprint in (n.info.layout_fingerprint, *n.info.import_fingerprints)
+    ]
