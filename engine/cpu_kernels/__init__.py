@@ -59,14 +59,14 @@ def _threads() -> int:
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when ``paged_decode_attention`` takes these tensors (else use the torch path)."""
-    kv_heads, head_dim = kv_cache.shape[4], kv_cache.shape[5]
+    kv_heads, head_dim = kv_cache.shape[4], q.shape[-1]
     return (
         q.stride(-1) == 1
+        and kv_cache.shape[5] == head_dim + (4 if kv_cache.dtype == torch.int8 else 0)
         and q.shape[1] % kv_heads == 0
         and q.shape[1] // kv_heads <= MAX_GROUP
         and head_dim in HEAD_DIMS
         and kv_cache.shape[3] <= MAX_BLOCK_SIZE
-        and kv_cache.dtype == torch.float32
         and fused_ops_supported(q, kv_cache)
     )
 
@@ -86,7 +86,8 @@ def paged_decode_attention(
     > 0 each score soft-capped at it.
 
     q: [seqs, heads, d] fp32 (any strides with the last one 1); kv_cache: the contiguous
-    cache [num_blocks, layers, 2, block_size, kv_heads, d]; block_tables: [seqs, >= blocks
+    cache [num_blocks, layers, 2, block_size, kv_heads, d] fp32, or int8 with rows of d codes
+    + the fp32 scale (kv_cache_dtype int8: [..., d + 4]); block_tables: [seqs, >= blocks
     needed] int32 of valid block ids (the block manager's); context_lens: [seqs] int32.
     Returns [seqs, heads, d]. Tables too short for their contexts raise ValueError.
     """
@@ -111,7 +112,8 @@ def paged_decode_attention(
     k_offset = layer * kv_cache.stride(1)
     rc = lib.splitserve_paged_decode_f32(
         q.data_ptr(), q.stride(0), q.stride(1), out.data_ptr(),
-        kv_cache.data_ptr(), kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
+        kv_cache.data_ptr(), int(kv_cache.dtype == torch.int8),
+        kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
         tables.data_ptr(), tables.stride(0), lens.data_ptr(),
         seqs, heads, kv_heads, head_dim, block_size, scale, window, softcap, _threads(),
     )  # fmt: skip
@@ -293,7 +295,7 @@ def _library() -> ctypes.CDLL | None:
     lib.splitserve_paged_decode_f32.restype = ctypes.c_int
     lib.splitserve_paged_decode_f32.argtypes = [
         _P, _I64, _I64, _P,  # q, its strides, out
-        _P, _I64, _I64, _I64,  # cache, block stride, K and V offsets
+        _P, _I32, _I64, _I64, _I64,  # cache, quantized, block stride, K and V offsets
         _P, _I64, _P,  # tables, table stride, context lengths
         _I32, _I32, _I32, _I32, _I32, _F32,  # sizes, scale
         _I32, _F32, _I32,  # window, soft-cap, threads
