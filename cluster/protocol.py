@@ -238,7 +238,8 @@ class NodeInfo(_Msg):
     started_at: unix time the process started (a restart changes it). architecture, layout:
     the model's class and its KV layout in words (what differs between two nodes' layouts);
     weight_bytes: the model's weights held by the node, expert_weight_bytes the experts'
-    share of them (mixture-of-experts models).
+    share of them (mixture-of-experts models). import_fingerprints: the other KV layouts a
+    decode node imports from, converting them (the same layout in another kv_cache_dtype).
     """
 
     node_id: str
@@ -256,6 +257,7 @@ class NodeInfo(_Msg):
     layout: str = ""
     weight_bytes: int = Field(default=0, ge=0)
     expert_weight_bytes: int = Field(default=0, ge=0)
+    import_fingerprints: list[str] = Field(default_factory=list)
 
 
 class NodeLoad(_Msg):

@@ -56,6 +56,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tensor-parallel ranks per decode node (default --tp, else 1)",
     )  # fmt: skip
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
+    kv_dtypes = ["auto", "int8", "fp8_e4m3"]
+    parser.add_argument(
+        "--kv-cache-dtype", choices=kv_dtypes, default=None,
+        help="KV cache dtype of every node: auto (the model dtype), int8 or fp8_e4m3",
+    )  # fmt: skip
+    for pool in ("prefill", "decode"):
+        parser.add_argument(
+            f"--{pool}-kv-cache-dtype", choices=kv_dtypes, default=None,
+            help=f"KV cache dtype of the {pool} pool's nodes (default --kv-cache-dtype); a "
+            "decode node converts KV of another dtype on import",
+        )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
     parser.add_argument(
         "--kv-offload-cpu-gb", type=float, default=None,

@@ -104,6 +104,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         "--torch-threads": args.threads_per_node,
         "--tensor-parallel-size": node_tp(args, node),
         "--num-kv-blocks": args.num_kv_blocks,
+        "--kv-cache-dtype": node_kv_cache_dtype(args, node.command),
         "--max-num-seqs": args.max_num_seqs,
         "--kv-offload-cpu-gb": args.kv_offload_cpu_gb,
         "--kv-offload-disk-gb": args.kv_offload_disk_gb,
@@ -136,6 +137,12 @@ def node_tp(args: argparse.Namespace, node: NodePlan) -> int | None:
     --tp; None leaves the node's default (1)."""
     pool = getattr(args, f"{node.role}_tp", None) if node.role != "colocated" else None
     return pool if pool is not None else getattr(args, "tp", None)
+
+
+def node_kv_cache_dtype(args: argparse.Namespace, command: str) -> str | None:
+    """The pool's --prefill- / --decode-kv-cache-dtype, else --kv-cache-dtype (None: unset)."""
+    pool = getattr(args, f"{command}_kv_cache_dtype", None)
+    return pool if pool is not None else getattr(args, "kv_cache_dtype", None)
 
 
 def node_gpu_share(args: argparse.Namespace) -> float:

@@ -21,6 +21,7 @@ from cluster.settings import NodeSettings
 from decode_node.events import abort_event, error_event, token_event
 from decode_node.import_queue import ImportQueue
 from decode_node.importer import DecodeJob, check_handle, pull
+from decode_node.kv_convert import KVConverter
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
 from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
@@ -45,6 +46,7 @@ class DecodeRuntime(NodeCore):
     ) -> None:
         super().__init__(settings, loop, started_at, metrics)
         self._jobs: dict[str, DecodeJob] = {}
+        self._kv_converter: KVConverter | None = None
         self.imports = ImportQueue(loop, settings.max_queued_imports, settings.import_wait_s)
 
     def _moves_kv(self) -> bool:
@@ -85,10 +87,13 @@ class DecodeRuntime(NodeCore):
 
     async def _reserve(self, job: DecodeJob) -> ImportPlan:
         kv = job.kv
-        if kv.layout_fingerprint != self.info.layout_fingerprint:
+        if (
+            kv.layout_fingerprint != self.info.layout_fingerprint
+            and self._converter().layout_of(kv.layout_fingerprint) is None
+        ):
             raise bad_request(
                 f"KV layout {kv.layout_fingerprint} differs from this node's "
-                f"{self.info.layout_fingerprint}",
+                f"{self.info.layout_fingerprint} ({self.info.layout}) beyond the KV dtype",
                 "kv.layout_fingerprint",
             )
         num_kv_tokens = len(job.req.prompt_token_ids) + len(job.req.output_token_ids) - 1
@@ -114,7 +119,11 @@ class DecodeRuntime(NodeCore):
 
     async def _import(self, job: DecodeJob, plan: ImportPlan) -> AsyncIterator[TokenEvent]:
         rid = job.req.request_id
-        result = await pull(self._require_agent(), job, plan)
+        foreign = self._converter().layout_of(job.kv.layout_fingerprint)
+        if foreign is None:
+            result = await pull(self._require_agent(), job, plan)
+        else:  # the prefill node's KV dtype differs: staged read, converted here
+            result = await self._converter().pull(job, plan, foreign)
         if job.aborted or result.aborted:
             await self.loop.abort(rid)
             yield abort_event()
@@ -215,6 +224,18 @@ class DecodeRuntime(NodeCore):
                 job.transfer.cancel()
                 return True
         return await self.loop.abort(request_id) or job is not None
+
+    def _import_fingerprints(self) -> list[str]:
+        return self._converter().foreign_fingerprints() if self._moves_kv() else []
+
+    def _converter(self) -> KVConverter:
+        if self._kv_converter is None:
+            runner = self.loop.engine.runner
+            max_blocks = -(-runner.max_model_len // runner.layout.block_size)
+            self._kv_converter = KVConverter(
+                self._require_agent(), runner.kv_cache, runner.layout, max_blocks
+            )
+        return self._kv_converter
 
     def _require_agent(self) -> KVTransferAgent:
         if self.agent is None:

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from engine.kv.quant import check_kv_cache_dtype
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -59,6 +61,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_memory_gb: float | None = None
     gpu_memory_utilization: float = 0.9
+    # KV cache element type (engine.kv.quant): auto (the model dtype), int8 or fp8_e4m3
+    # (one-byte codes with an fp32 scale per token and KV head: about 3.8x the tokens of fp32).
+    kv_cache_dtype: str = "auto"
     max_num_seqs: int = 64  # engine_config(): 256 on CUDA
     max_num_batched_tokens: int = 2048  # token budget per step
     max_model_len: int | None = None  # None: model's max_position_embeddings
@@ -128,6 +133,7 @@ class EngineConfig:
                 f"EngineConfig.kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}"
             )
         check_fraction(self.gpu_memory_utilization, "EngineConfig.gpu_memory_utilization")
+        check_kv_cache_dtype(self.kv_cache_dtype, "EngineConfig.kv_cache_dtype")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"EngineConfig.attention_backend must be auto, torch or triton, "

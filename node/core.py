@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, Self
@@ -115,8 +115,13 @@ class NodeCore:
                 max_model_len=engine.max_model_len,
                 capacity=engine.runner.kv_capacity,
                 started_at=self.started_at,
+                import_fingerprints=self._import_fingerprints(),
             )
         return self._info
+
+    def _import_fingerprints(self) -> list[str]:
+        """The other KV layouts this node imports from, converting them (decode role)."""
+        return []
 
     @property
     def healthy(self) -> bool:
@@ -165,6 +170,7 @@ def node_info(
     max_model_len: int,
     capacity: KVCapacity,
     started_at: float,
+    import_fingerprints: Sequence[str] = (),
 ) -> NodeInfo:
     """What the node publishes in the registry."""
     return NodeInfo(
@@ -183,6 +189,7 @@ def node_info(
         kv_capacity_tokens=capacity.num_tokens,
         kv_cache_bytes=capacity.num_bytes,
         started_at=started_at,
+        import_fingerprints=list(import_fingerprints),
     )
 
 
@@ -213,6 +220,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "num_kv_blocks": settings.num_kv_blocks,
         "kv_cache_memory_gb": settings.kv_cache_memory_gb,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "kv_cache_dtype": settings.kv_cache_dtype,
         "kv_offload_cpu_gb": settings.kv_offload_cpu_gb,
         "kv_offload_disk_path": settings.kv_offload_disk_path,
         "kv_offload_disk_gb": settings.kv_offload_disk_gb,

@@ -14,7 +14,7 @@ from kv_transfer.shards import KVShards
 def model_layout(engine: LLMEngine) -> KVLayout:
     """The layout of the whole model's KV (every KV head), whatever rank holds which."""
     local = engine.runner.layout
-    return KVLayout.for_model(engine.model_config, local.dtype, local.block_size)
+    return KVLayout.for_model(engine.model_config, local.dtype, local.block_size, local.kv_dtype)
 
 
 def layout_text(engine: LLMEngine) -> str:

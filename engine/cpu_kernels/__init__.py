@@ -59,9 +59,10 @@ def _threads() -> int:
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when ``paged_decode_attention`` takes these tensors (else use the torch path)."""
-    kv_heads, head_dim = kv_cache.shape[4], kv_cache.shape[5]
+    kv_heads, head_dim = kv_cache.shape[4], q.shape[-1]
     return (
         q.stride(-1) == 1
+        and kv_cache.shape[5] == head_dim + (4 if kv_cache.dtype == torch.int8 else 0)
         and q.shape[1] % kv_heads == 0
         and q.shape[1] // kv_heads <= MAX_GROUP
         and head_dim in HEAD_DIMS
@@ -85,7 +86,8 @@ def paged_decode_attention(
     > 0 each score soft-capped at it.
 
     q: [seqs, heads, d] fp32 (any strides with the last one 1); kv_cache: the contiguous
-    cache [num_blocks, layers, 2, block_size, kv_heads, d]; block_tables: [seqs, >= blocks
+    cache [num_blocks, layers, 2, block_size, kv_heads, d] fp32, or int8 with rows of d codes
+    + the fp32 scale (kv_cache_dtype int8: [..., d + 4]); block_tables: [seqs, >= blocks
     needed] int32 of valid block ids (the block manager's); context_lens: [seqs] int32.
     Returns [seqs, heads, d]. Tables too short for their contexts raise ValueError.
     """
@@ -110,7 +112,8 @@ def paged_decode_attention(
     k_offset = layer * kv_cache.stride(1)
     rc = lib.splitserve_paged_decode_f32(
         q.data_ptr(), q.stride(0), q.stride(1), out.data_ptr(),
-        kv_cache.data_ptr(), kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
+        kv_cache.data_ptr(), int(kv_cache.dtype == torch.int8),
+        kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
         tables.data_ptr(), tables.stride(0), lens.data_ptr(),
         seqs, heads, kv_heads, head_dim, block_size, scale, window, softcap, _threads(),
     )  # fmt: skip
@@ -124,11 +127,12 @@ def paged_decode_attention(
 
 def fused_ops_supported(x: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when the kernels take activations like ``x`` over this cache: fp32 on the CPU,
-    a contiguous cache, and the library built (the element-wise kernels need no more)."""
+    a contiguous fp32 or int8 (kv_cache_dtype int8) cache, and the library built (the
+    element-wise kernels need no more)."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
-        and kv_cache.dtype == torch.float32
+        and kv_cache.dtype in (torch.float32, torch.int8)
         and kv_cache.is_contiguous()
         and available()
     )
@@ -145,13 +149,15 @@ def rope_write_kv(
     layer: int,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Rotate the q and k heads of ``qkv`` in place and store K and V at their slots.
+    """Rotate the q and k heads of ``qkv`` in place and store K and V at their slots (as
+    int8 codes + a scale per token and head in an int8 cache: engine.kv.quant).
 
     qkv: [tokens, (heads + 2 * kv_heads) * d] fp32 with unit last stride; positions and
     slot_mapping: [tokens] int64; cos, sin: [max_position, d / 2] contiguous.
     """
     lib = _require()
-    tokens, head_dim = qkv.shape[0], kv_cache.shape[5]
+    quantized = kv_cache.dtype == torch.int8
+    tokens, head_dim = qkv.shape[0], kv_cache.shape[5] - (4 if quantized else 0)
     if qkv.stride(-1) != 1 or qkv.shape[1] != (heads + 2 * kv_heads) * head_dim:
         raise ValueError(f"rope_write_kv: qkv of shape {tuple(qkv.shape)} does not match heads")
     positions = positions.to(torch.int64).contiguous()
@@ -166,7 +172,8 @@ def rope_write_kv(
     if tokens and not (int(positions.min()) >= 0 and int(positions.max()) < cos.shape[0]):
         raise ValueError(f"rope_write_kv: a position beyond the {cos.shape[0]} rotary rows")
     k_offset = layer * kv_cache.stride(1)
-    lib.splitserve_rope_write_kv_f32(
+    write = lib.splitserve_rope_write_kv_i8 if quantized else lib.splitserve_rope_write_kv_f32
+    write(
         qkv.data_ptr(), qkv.stride(0), tokens, heads, kv_heads, head_dim,
         positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
         kv_cache.data_ptr(), kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
@@ -293,18 +300,19 @@ def _library() -> ctypes.CDLL | None:
     lib.splitserve_paged_decode_f32.restype = ctypes.c_int
     lib.splitserve_paged_decode_f32.argtypes = [
         _P, _I64, _I64, _P,  # q, its strides, out
-        _P, _I64, _I64, _I64,  # cache, block stride, K and V offsets
+        _P, _I32, _I64, _I64, _I64,  # cache, quantized, block stride, K and V offsets
         _P, _I64, _P,  # tables, table stride, context lengths
         _I32, _I32, _I32, _I32, _I32, _F32,  # sizes, scale
         _I32, _F32, _I32,  # window, soft-cap, threads
     ]  # fmt: skip
-    lib.splitserve_rope_write_kv_f32.restype = None
-    lib.splitserve_rope_write_kv_f32.argtypes = [
-        _P, _I64, _I32, _I32, _I32, _I32,  # qkv, row stride, tokens, heads, kv heads, dim
-        _P, _P, _P,  # positions, cos, sin
-        _P, _I64, _I64, _I64, _I64,  # cache, block stride, K / V offsets, token stride
-        _P, _I32, _I32,  # slots, block size, threads
-    ]  # fmt: skip
+    for write in (lib.splitserve_rope_write_kv_f32, lib.splitserve_rope_write_kv_i8):
+        write.restype = None
+        write.argtypes = [
+            _P, _I64, _I32, _I32, _I32, _I32,  # qkv, row stride, tokens, heads, kv heads, dim
+            _P, _P, _P,  # positions, cos, sin
+            _P, _I64, _I64, _I64, _I64,  # cache, block stride, K / V offsets, token stride
+            _P, _I32, _I32,  # slots, block size, threads
+        ]  # fmt: skip
     lib.splitserve_silu_mul_f32.restype = None
     lib.splitserve_silu_mul_f32.argtypes = [_P, _I64, _P, _I64, _I32, _I32, _I32]
     lib.splitserve_linear_f32.restype = None

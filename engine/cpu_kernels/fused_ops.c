@@ -3,6 +3,7 @@
  * torch takes several ops (and as many small allocations): rotary embedding plus the KV
  * cache write, and SiLU(gate) * up. Built with paged_attention.c into one library.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -14,6 +15,26 @@
 /* Rotate-half RoPE in place on the q and k heads of each token's row of qkv
    ([heads | kv_heads | kv_heads] x head_dim), then copy its K and V rows into the cache
    slot (block = slot / block_size). cos and sin are [positions, head_dim / 2]. */
+/* rotate the first `rotated` heads of one token's qkv row in place */
+static inline void rope_heads(float *row, const float *c, const float *s, int rotated, int head_dim)
+{
+    const int half = head_dim / 2;
+    for (int hh = 0; hh < rotated; hh++) {
+        float *x1 = row + (int64_t)hh * head_dim, *x2 = x1 + half;
+        int i = 0;
+        for (; i + 8 <= half; i += 8) {
+            const v8 a = load8(x1 + i), b = load8(x2 + i), cc = load8(c + i), ss = load8(s + i);
+            store8(x1 + i, a * cc - b * ss);
+            store8(x2 + i, b * cc + a * ss);
+        }
+        for (; i < half; i++) {
+            const float a = x1[i], b = x2[i];
+            x1[i] = a * c[i] - b * s[i];
+            x2[i] = b * c[i] + a * s[i];
+        }
+    }
+}
+
 void splitserve_rope_write_kv_f32(
     float *qkv, int64_t row_stride, int32_t tokens, int32_t heads, int32_t kv_heads,
     int32_t head_dim, const int64_t *positions, const float *cos, const float *sin,
@@ -26,25 +47,47 @@ void splitserve_rope_write_kv_f32(
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
     for (int t = 0; t < tokens; t++) {
         float *row = qkv + t * row_stride;
-        const float *c = cos + positions[t] * half, *s = sin + positions[t] * half;
-        for (int hh = 0; hh < rotated; hh++) {
-            float *x1 = row + (int64_t)hh * head_dim, *x2 = x1 + half;
-            int i = 0;
-            for (; i + 8 <= half; i += 8) {
-                const v8 a = load8(x1 + i), b = load8(x2 + i), cc = load8(c + i), ss = load8(s + i);
-                store8(x1 + i, a * cc - b * ss);
-                store8(x2 + i, b * cc + a * ss);
-            }
-            for (; i < half; i++) {
-                const float a = x1[i], b = x2[i];
-                x1[i] = a * c[i] - b * s[i];
-                x2[i] = b * c[i] + a * s[i];
-            }
-        }
+        rope_heads(row, cos + positions[t] * half, sin + positions[t] * half, rotated, head_dim);
         const int64_t slot = slots[t];
         float *dst = cache + (slot / block_size) * block_stride + (slot % block_size) * token_stride;
         memcpy(dst + k_offset, row + (int64_t)heads * head_dim, kv_bytes);
         memcpy(dst + v_offset, row + (int64_t)rotated * head_dim, kv_bytes);
+    }
+}
+
+/* int8 KV (engine.kv.quant): each head's row becomes head_dim codes round(x / scale),
+   scale = absmax / 127, then the scale's 4 bytes; the same fp32 operations as the torch
+   quantize_rows, so both write the same bytes */
+static inline void quantize_heads_i8(const float *x, int8_t *dst, int kv_heads, int head_dim)
+{
+    for (int h = 0; h < kv_heads; h++) {
+        const float *src = x + (int64_t)h * head_dim;
+        int8_t *out = dst + (int64_t)h * (head_dim + 4);
+        float absmax = 0.0f;
+        for (int i = 0; i < head_dim; i++) absmax = fmaxf(absmax, fabsf(src[i]));
+        const float scale = absmax / 127.0f, divisor = scale > 0.0f ? scale : 1.0f;
+        for (int i = 0; i < head_dim; i++)
+            out[i] = (int8_t)fminf(fmaxf(nearbyintf(src[i] / divisor), -127.0f), 127.0f);
+        memcpy(out + head_dim, &scale, sizeof(float));
+    }
+}
+
+void splitserve_rope_write_kv_i8(
+    float *qkv, int64_t row_stride, int32_t tokens, int32_t heads, int32_t kv_heads,
+    int32_t head_dim, const int64_t *positions, const float *cos, const float *sin,
+    int8_t *cache, int64_t block_stride, int64_t k_offset, int64_t v_offset,
+    int64_t token_stride, const int64_t *slots, int32_t block_size, int32_t threads)
+{
+    const int half = head_dim / 2, rotated = heads + kv_heads;
+    const int parallel = (int64_t)tokens * row_stride >= PARALLEL_MIN;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (parallel)
+    for (int t = 0; t < tokens; t++) {
+        float *row = qkv + t * row_stride;
+        rope_heads(row, cos + positions[t] * half, sin + positions[t] * half, rotated, head_dim);
+        const int64_t slot = slots[t];
+        int8_t *dst = cache + (slot / block_size) * block_stride + (slot % block_size) * token_stride;
+        quantize_heads_i8(row + (int64_t)heads * head_dim, dst + k_offset, kv_heads, head_dim);
+        quantize_heads_i8(row + (int64_t)rotated * head_dim, dst + v_offset, kv_heads, head_dim);
     }
 }
 

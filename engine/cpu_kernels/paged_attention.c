@@ -14,8 +14,13 @@
  * With a sliding window W > 0 the query (at position n - 1) sees only the last W keys: the
  * walk starts at the block holding key n - W and never reads the blocks before it (they may
  * be back in the pool). With a soft-cap C > 0 each score s becomes C * tanh(s / C) (Gemma 2).
+ *
+ * An int8 cache (kv_cache_dtype int8, engine.kv.quant) holds each (token, kv head) row as
+ * head_dim codes and the fp32 scale after them: K codes are dotted with the query and the
+ * score scaled once, V codes are weighted by softmax weight * scale.
  */
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_GROUP 32
 #define MAX_BLOCK_SIZE 128
@@ -25,11 +30,29 @@
 
 #include "vec8.h"
 
+typedef int8_t v8c __attribute__((vector_size(8)));
+
+/* 8 int8 codes as fp32 lanes */
+static inline v8 load8_i8(const int8_t *p)
+{
+    v8c x;
+    memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(x, v8);
+}
+
+static inline float row_scale(const int8_t *row, int head_dim)
+{
+    float scale;
+    memcpy(&scale, row + head_dim, sizeof scale);
+    return scale;
+}
+
 struct job {
     const float *q;
     int64_t q_seq_stride, q_head_stride;
     float *out;
-    const float *cache;
+    const void *cache; /* float, or int8 codes + scales (quantized) */
+    int quantized;
     int64_t block_stride, k_offset, v_offset, token_stride;
     const int32_t *tables;
     int64_t table_stride;
@@ -46,10 +69,13 @@ static inline void soft_cap(float *p, int n, float cap)
     for (int t = 0; t < n; t++) p[t] = cap * (1.0f - 2.0f / (exp1(2.0f * p[t] / cap) + 1.0f));
 }
 
-/* One (sequence, kv head) pair; ND = head_dim / 8. */
+/* One (sequence, kv head) pair; ND = head_dim / 8; Q: an int8 cache. Offsets and strides
+   count the cache's elements (4 or 1 bytes); a row is head_dim (+ 4 with Q) of them. */
 static inline __attribute__((always_inline)) void decode_pair(
-    const struct job *jb, int s, int h, const int ND)
+    const struct job *jb, int s, int h, const int ND, const int Q)
 {
+    const int esz = Q ? 1 : 4, row = Q ? 8 * ND + 4 : 8 * ND;
+    const char *cache = (const char *)jb->cache;
     v8 qs[MAX_GROUP][ND];
     v8 acc[MAX_GROUP][ND];
     float p[MAX_GROUP][MAX_BLOCK_SIZE + 8];
@@ -72,16 +98,16 @@ static inline __attribute__((always_inline)) void decode_pair(
     for (int start = lo - lo % bs; start < n; start += bs) {
         const int len = n - start < bs ? n - start : bs;
         const int skip = lo > start ? lo - start : 0; /* tokens of this block behind the window */
-        const float *base = jb->cache + (int64_t)table[start / bs] * jb->block_stride;
-        const float *kb = base + jb->k_offset + (int64_t)h * 8 * ND;
-        const float *vb = base + jb->v_offset + (int64_t)h * 8 * ND;
+        const char *base = cache + (int64_t)table[start / bs] * jb->block_stride * esz;
+        const char *kb = base + (jb->k_offset + (int64_t)h * row) * esz;
+        const char *vb = base + (jb->v_offset + (int64_t)h * row) * esz;
         /* this head's rows PREFETCH_AHEAD blocks on, requested row by row below: the memory
            loads overlap the arithmetic (measured 8% faster per step than without) */
         const int ahead = start + PREFETCH_AHEAD * bs < n;
-        const float *nk = ahead ? jb->cache + (int64_t)table[start / bs + PREFETCH_AHEAD] *
-                                  jb->block_stride + jb->k_offset + (int64_t)h * 8 * ND
-                                : kb;
-        const float *nv = nk + (jb->v_offset - jb->k_offset);
+        const char *nk = ahead ? cache + ((int64_t)table[start / bs + PREFETCH_AHEAD] *
+                                  jb->block_stride + jb->k_offset + (int64_t)h * row) * esz
+                               : kb;
+        const char *nv = nk + (jb->v_offset - jb->k_offset) * esz;
         for (int t0 = 0; t0 < len; t0 += 8) { /* scores of 8 tokens per vector */
             const int tn = len - t0 < 8 ? len - t0 : 8;
             v8 part[MAX_GROUP][8];
@@ -90,20 +116,22 @@ static inline __attribute__((always_inline)) void decode_pair(
                     for (int g = 0; g < group; g++) part[g][t] = zero;
                     continue;
                 }
-                const float *kt = kb + (t0 + t) * ts;
-                for (int c = 0; c < 8 * ND; c += 16) { /* 64-byte lines */
-                    __builtin_prefetch(nk + (t0 + t) * ts + c);
-                    __builtin_prefetch(nv + (t0 + t) * ts + c);
+                const char *kt = kb + (t0 + t) * ts * esz;
+                for (int c = 0; c < row * esz; c += 64) { /* 64-byte lines */
+                    __builtin_prefetch(nk + (t0 + t) * ts * esz + c);
+                    __builtin_prefetch(nv + (t0 + t) * ts * esz + c);
                 }
                 v8 k[ND];
-                for (int j = 0; j < ND; j++) k[j] = load8(kt + 8 * j);
+                for (int j = 0; j < ND; j++)
+                    k[j] = Q ? load8_i8((const int8_t *)kt + 8 * j) : load8((const float *)kt + 8 * j);
+                const float ks = Q ? row_scale((const int8_t *)kt, 8 * ND) : 1.0f;
                 for (int g = 0; g < group; g++) {
                     v8 d0 = qs[g][0] * k[0], d1 = zero;
                     for (int j = 1; j < ND; j += 2) {
                         d1 += qs[g][j] * k[j];
                         if (j + 1 < ND) d0 += qs[g][j + 1] * k[j + 1];
                     }
-                    part[g][t] = d0 + d1;
+                    part[g][t] = Q ? (d0 + d1) * ks : d0 + d1;
                 }
             }
             for (int g = 0; g < group; g++) store8(&p[g][t0], hsum8x8(part[g]));
@@ -134,9 +162,16 @@ static inline __attribute__((always_inline)) void decode_pair(
                 v8 a[CHUNK];
                 for (int c = 0; c < CHUNK_OF(ND); c++) a[c] = acc[g][j0 + c];
                 for (int t = 0; t < len; t++) {
-                    const float *vt = vb + t * ts + 8 * j0;
-                    const float w = p[g][t];
-                    for (int c = 0; c < CHUNK_OF(ND); c++) a[c] += w * load8(vt + 8 * c);
+                    const char *vrow = vb + t * ts * esz;
+                    if (Q) {
+                        const int8_t *vt = (const int8_t *)vrow + 8 * j0;
+                        const float w = p[g][t] * row_scale((const int8_t *)vrow, 8 * ND);
+                        for (int c = 0; c < CHUNK_OF(ND); c++) a[c] += w * load8_i8(vt + 8 * c);
+                    } else {
+                        const float *vt = (const float *)vrow + 8 * j0;
+                        const float w = p[g][t];
+                        for (int c = 0; c < CHUNK_OF(ND); c++) a[c] += w * load8(vt + 8 * c);
+                    }
                 }
                 for (int c = 0; c < CHUNK_OF(ND); c++) acc[g][j0 + c] = a[c];
             }
@@ -150,15 +185,22 @@ static inline __attribute__((always_inline)) void decode_pair(
 }
 
 #define DECODE_ALL(ND_)                                                             \
-    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")           \
-    for (int64_t item = 0; item < items; item++)                                    \
-        decode_pair(&jb, (int)(item / kv_heads), (int)(item % kv_heads), ND_);
+    if (jb.quantized) {                                                             \
+        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")       \
+        for (int64_t item = 0; item < items; item++)                                \
+            decode_pair(&jb, (int)(item / kv_heads), (int)(item % kv_heads), ND_, 1); \
+    } else {                                                                        \
+        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")       \
+        for (int64_t item = 0; item < items; item++)                                \
+            decode_pair(&jb, (int)(item / kv_heads), (int)(item % kv_heads), ND_, 0); \
+    }
 
 /* Returns 0, or -1 for a shape outside the kernel's limits (the caller checks first). */
 int splitserve_paged_decode_f32(
     const float *q, int64_t q_seq_stride, int64_t q_head_stride,
     float *out,                /* [seqs, heads, head_dim], contiguous */
-    const float *cache,        /* the whole paged cache */
+    const void *cache,         /* the whole paged cache: fp32, or int8 codes + scales */
+    int32_t quantized,         /* 1: int8 rows of head_dim codes + an fp32 scale */
     int64_t block_stride,      /* elements from one block to the next */
     int64_t k_offset,          /* elements from a block's start to this layer's K */
     int64_t v_offset,          /* ... and to its V; K/V tokens are [kv_heads, head_dim] */
@@ -170,8 +212,8 @@ int splitserve_paged_decode_f32(
     if (kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -1;
     if (block_size <= 0 || block_size > MAX_BLOCK_SIZE) return -1;
     struct job jb = {
-        q, q_seq_stride, q_head_stride, out, cache, block_stride, k_offset, v_offset,
-        (int64_t)kv_heads * head_dim, tables, table_stride, ctx_lens,
+        q, q_seq_stride, q_head_stride, out, cache, quantized != 0, block_stride, k_offset,
+        v_offset, (int64_t)kv_heads * (head_dim + (quantized ? 4 : 0)), tables, table_stride, ctx_lens,
         heads, kv_heads, heads / kv_heads, block_size, scale, window, softcap,
     };
     const int64_t items = (int64_t)seqs * kv_heads;

@@ -3,18 +3,32 @@ engine.kv.sizing).
 
 Layout: ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``. One block of all
 layers (K and V) is one contiguous region, so moving a block between nodes is one descriptor.
+A quantized cache (``kv_cache_dtype`` int8 / fp8_e4m3, engine.kv.quant) has one-byte codes
+and a last dim of ``head_dim + 4``: each (token, KV head) row ends with its fp32 scale.
 Token ``t`` of a request lives at slot ``block_table[t // block_size] * block_size +
 t % block_size``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from engine.config import parse_dtype
+from engine.kv.quant import (
+    CODE_DTYPES,
+    check_kv_cache_dtype,
+    convert_rows,
+    is_quantized,
+    kv_dtype_of,
+    quantize_rows,
+    row_width,
+)
 from engine.model.config import ModelConfig
 
 LAYOUT_ORDER = "block-major"  # [blocks, layers, 2, block_size, kv_heads, head_dim]
@@ -25,15 +39,21 @@ class KVLayout:
     """Everything two nodes must agree on before they exchange KV blocks."""
 
     model: str
-    dtype: str  # torch dtype name, e.g. "float32"
+    dtype: str  # the model's torch dtype name, e.g. "float32"
     block_size: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
     layer_windows: tuple[int, ...] = ()  # per layer, 0: full attention; () : all full
+    kv_dtype: str = "auto"  # auto (the model dtype) | int8 | fp8_e4m3 (codes + scales)
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)  # ValueError for an unsupported dtype
+        check_kv_cache_dtype(self.kv_dtype, "KVLayout.kv_dtype")
+        if self.kv_dtype != "auto" and self.head_dim % 4:
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_dtype} needs head_dim divisible by 4, got {self.head_dim}"
+            )
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ValueError(
                 f"KVLayout.layer_windows has {len(self.layer_windows)} entries for "
@@ -45,7 +65,13 @@ class KVLayout:
                 raise ValueError(f"KVLayout.{field} must be an integer >= 1, got {value!r}")
 
     @classmethod
-    def for_model(cls, model: ModelConfig, dtype: torch.dtype | str, block_size: int) -> KVLayout:
+    def for_model(
+        cls,
+        model: ModelConfig,
+        dtype: torch.dtype | str,
+        block_size: int,
+        kv_dtype: str = "auto",
+    ) -> KVLayout:
         return cls(
             model=model.name,
             dtype=_dtype_name(parse_dtype(dtype)),
@@ -54,21 +80,34 @@ class KVLayout:
             num_kv_heads=model.num_key_value_heads,
             head_dim=model.head_dim,
             layer_windows=model.layer_windows if any(model.layer_windows) else (),
+            kv_dtype=kv_dtype,
         )
+
+    def with_kv_dtype(self, kv_dtype: str) -> KVLayout:
+        """The same layout with another ``kv_cache_dtype``."""
+        return dataclasses.replace(self, kv_dtype=kv_dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The cache tensor's element type: the model dtype, or the one-byte code type."""
+        if self.kv_dtype == "auto":
+            return parse_dtype(self.dtype)
+        return CODE_DTYPES[self.kv_dtype]
+
+    @property
+    def model_dtype(self) -> torch.dtype:
         return parse_dtype(self.dtype)
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
-        """Shape of one block: ``[num_layers, 2, block_size, num_kv_heads, head_dim]``."""
-        return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
+        """Shape of one block: ``[num_layers, 2, block_size, num_kv_heads, row]``; row is
+        head_dim, or head_dim + 4 (codes + the fp32 scale) in a quantized cache."""
+        row = row_width(self.head_dim, self.kv_dtype)
+        return (self.num_layers, 2, self.block_size, self.num_kv_heads, row)
 
     @property
     def block_bytes(self) -> int:
-        elements = self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
-        return elements * self.torch_dtype.itemsize
+        return math.prod(self.block_shape) * self.torch_dtype.itemsize
 
     def cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (num_blocks, *self.block_shape)
@@ -87,6 +126,8 @@ class KVLayout:
             ]
             # windows only where some layer has one: full-attention layouts keep their hash
             + ([self.windows_text()] if self.layer_windows else [])
+            # the KV dtype only where it is not the model's: auto layouts keep their hash
+            + ([f"kv={self.kv_dtype}+fp32-scale-per-token-head"] if self.kv_dtype != "auto" else [])
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -105,8 +146,9 @@ class KVLayout:
     def describe(self) -> str:
         """One readable line, for logs and mismatch errors."""
         return (
-            f"model={self.model} dtype={self.dtype} block_size={self.block_size} "
-            f"layers={self.num_layers} kv_heads={self.num_kv_heads} head_dim={self.head_dim} "
+            f"model={self.model} dtype={self.dtype} kv_dtype={self.kv_dtype} "
+            f"block_size={self.block_size} layers={self.num_layers} "
+            f"kv_heads={self.num_kv_heads} head_dim={self.head_dim} "
             f"windows={self.windows_text()} ({LAYOUT_ORDER}, {self.block_bytes} bytes/block, "
             f"fingerprint {self.fingerprint()})"
         )
@@ -125,16 +167,46 @@ def allocate_kv_cache(
 def write_kv(
     kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store new keys and values of ``layer`` at their slots.
+    """Store new keys and values of ``layer`` at their slots (quantised in a quantized cache).
 
     k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64.
     """
     block_size = kv.shape[3]
     blocks = slot_mapping // block_size  # [tokens]
     offsets = slot_mapping % block_size  # [tokens]
+    if is_quantized(kv):
+        kv_dtype = kv_dtype_of(kv)
+        k, v = quantize_rows(k, kv_dtype), quantize_rows(v, kv_dtype)  # [tokens, kv_heads, d + 4]
     kv[:, layer, 0].index_put_((blocks, offsets), k)
     kv[:, layer, 1].index_put_((blocks, offsets), v)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def copy_converted(
+    src: torch.Tensor,
+    src_layout: KVLayout,
+    dst: torch.Tensor,
+    dst_layout: KVLayout,
+    src_ids: Sequence[int],
+    dst_ids: Sequence[int],
+) -> None:
+    """Copy blocks ``src_ids`` of ``src`` into ``dst_ids`` of ``dst`` (pairwise), each in its
+    cache's ``kv_cache_dtype`` (dequantised / quantised on the way). The layouts may differ
+    in the KV dtype only; ValueError naming both otherwise."""
+    if src_layout.with_kv_dtype(dst_layout.kv_dtype) != dst_layout:
+        raise ValueError(
+            f"KV layouts differ beyond the KV dtype: {src_layout.describe()} against "
+            f"{dst_layout.describe()}"
+        )
+    if len(src_ids) != len(dst_ids):
+        raise ValueError(f"{len(src_ids)} source blocks for {len(dst_ids)} destination blocks")
+    if not src_ids:
+        return
+    index = torch.tensor(list(src_ids), dtype=torch.int64, device=src.device)
+    rows = convert_rows(  # [n, layers, 2, block_size, kv_heads, row]
+        src.index_select(0, index), src_layout.kv_dtype, dst_layout.kv_dtype, dst_layout.model_dtype
+    )
+    dst[torch.tensor(list(dst_ids), dtype=torch.int64, device=dst.device)] = rows.to(dst.device)

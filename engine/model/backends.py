@@ -9,11 +9,20 @@ from engine.model.attention import AttentionBackend, TritonAttention
 from engine.model.torch_attention import TorchAttention
 
 
-def select_attention(name: str, device: torch.device, cpu_kernel: bool = True) -> AttentionBackend:
-    """``torch``, ``triton``, or ``auto``: Triton on CUDA when it is importable, else torch."""
+def select_attention(
+    name: str, device: torch.device, cpu_kernel: bool = True, kv_cache_dtype: str = "auto"
+) -> AttentionBackend:
+    """``torch``, ``triton``, or ``auto``: Triton on CUDA when it is importable, else torch.
+    A quantized KV cache (``kv_cache_dtype`` int8 / fp8_e4m3) is read by the torch backend
+    only: the Triton kernels take the model dtype's cache."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention backend must be auto, torch or triton, got {name!r}")
-    if name == "torch" or (name == "auto" and device.type != "cuda"):
+    if name == "triton" and kv_cache_dtype != "auto":
+        raise ValueError(
+            f"attention_backend 'triton' does not read a kv_cache_dtype {kv_cache_dtype} cache; "
+            "use attention_backend torch (or auto)"
+        )
+    if name == "torch" or kv_cache_dtype != "auto" or (name == "auto" and device.type != "cuda"):
         return TorchAttention(cpu_kernel)
     from engine.triton_kernels import triton_available
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
+from engine.kv.quant import dequantize_rows, is_quantized
 from engine.model.attention import AttentionMetadata, AttentionSpec
 
 
@@ -159,10 +160,13 @@ def gather_blocks(
     buffers: GatherBuffers | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of ``layer`` in the blocks of ``table`` [n], in order: each [n * block_size,
-    kv_heads, d]. Views into ``buffers`` when given (valid until their next use)."""
-    if buffers is None:
+    kv_heads, d]. Views into ``buffers`` when given (valid until their next use). A quantized
+    cache's rows come back dequantised to fp32."""
+    if buffers is None or is_quantized(kv_cache):
         k = kv_cache[:, layer, 0].index_select(0, table)
         v = kv_cache[:, layer, 1].index_select(0, table)
+        if is_quantized(kv_cache):  # [n, block_size, kv_heads, d + 4] codes + scales
+            k, v = dequantize_rows(k, torch.float32), dequantize_rows(v, torch.float32)
     else:
         k, v = buffers.take(table.shape[0], kv_cache)
         torch.index_select(kv_cache[:, layer, 0], 0, table, out=k)
@@ -201,6 +205,7 @@ def _attend4(
 ) -> torch.Tensor:
     """q: [b, heads, n, d]; k, v: [b, kv_heads, ctx, d]; mask broadcast to [b, heads, n, ctx]
     (None: causal, n == ctx). SDPA, or explicit soft-capped scores with ``softcap``."""
+    k, v = k.to(q.dtype), v.to(q.dtype)  # dequantised fp32 rows of a quantized cache
     if not softcap:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True

@@ -72,7 +72,10 @@ def load_model(
     )
     model = DecoderModel(
         model_config,
-        attention or select_attention(config.attention_backend, device, config.cpu_kernels),
+        attention
+        or select_attention(
+            config.attention_backend, device, config.cpu_kernels, config.kv_cache_dtype
+        ),
         max_model_len,
         config.dtype,
         device,
@@ -85,7 +88,7 @@ def load_model(
     packed = config.pack_cpu_weights and model.pack_cpu_weights()
     model.use_cpu_kernels(config.cpu_kernels)
     local = shard_config(model_config, shard or Shard())
-    layout = KVLayout.for_model(local, config.dtype, config.block_size)
+    layout = KVLayout.for_model(local, config.dtype, config.block_size, config.kv_cache_dtype)
     return LoadedModel(model_config, model, max_model_len, layout, packed)
 
 

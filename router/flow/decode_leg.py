@@ -52,10 +52,11 @@ class DecodeLeg(Leg):
         return self._s.settings.retry_after_s
 
     async def open_with(self, kv: KVHandle, output_ids: list[int]) -> None:
-        """After a remote prefill: a decode node of the same KV layout imports the blocks;
+        """After a remote prefill: a decode node of the same KV layout (or one that converts
+        it: another kv_cache_dtype) imports the blocks;
         when there is none, release the lease and prefill locally instead."""
         pools = Pools.of(self._s.membership.nodes())
-        matching = [n for n in pools.decode if n.info.layout_fingerprint == kv.layout_fingerprint]
+        matching = kv_importers(pools.decode, kv.layout_fingerprint)
         if matching:
             await self.open(matching, kv, output_ids)
             self._lease.taken()
@@ -155,3 +156,10 @@ class DecodeLeg(Leg):
 
     async def close_stream(self) -> None:
         await self._stream_ctx.aclose()
+
+
+def kv_importers(nodes: Sequence[NodeRecord], fingerprint: str) -> list[NodeRecord]:
+    """The nodes that import KV of layout `fingerprint`: theirs, or one they convert."""
+    return [
+        n for n in nodes if fingerprint in (n.info.layout_fingerprint, *n.info.import_fingerprints)
+    ]

@@ -133,6 +133,30 @@ def test_kv_tier_flags_reach_every_node_with_a_disk_directory_each(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        ([], {"prefill-0": None, "decode-0": None}),
+        (["--kv-cache-dtype", "int8"], {"prefill-0": "int8", "decode-0": "int8"}),
+        (["--decode-kv-cache-dtype", "int8"], {"prefill-0": None, "decode-0": "int8"}),
+        (
+            ["--kv-cache-dtype", "fp8_e4m3", "--prefill-kv-cache-dtype", "auto"],
+            {"prefill-0": "auto", "decode-0": "fp8_e4m3"},
+        ),
+    ],
+)
+def test_kv_cache_dtype_per_pool(tmp_path: Path, argv: list[str], want: dict) -> None:
+    """A prefill pool may keep the model dtype's KV while the decode pool keeps int8."""
+    args = _args(*argv)
+    got = {
+        plan.name: _parse_child(
+            up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
+        ).kv_cache_dtype
+        for plan in up_plan.plan_nodes(args)
+    }
+    assert got == want
+
+
+@pytest.mark.parametrize(
     ("argv", "share"),
     [([], 0.45), (["--gpu-memory-utilization", "0.8", "--decode", "3"], 0.2),
      (["--colocated"], 0.9), (["--prefill", "2", "--decode", "5"], 0.1285)],

@@ -64,6 +64,16 @@ def test_gpus_and_rdma_land_on_prefill_and_decode_only() -> None:
         assert pod_spec(deployments(docs)[pool])["runtimeClassName"] == "nvidia"
 
 
+def test_each_pool_gets_its_own_kv_cache_dtype() -> None:
+    docs = render({"prefill": {"kvCacheDtype": ""}, "decode": {"kvCacheDtype": "int8"}})
+    prefill = main_container(deployments(docs)["prefill"])
+    decode = main_container(deployments(docs)["decode"])
+    assert "--kv-cache-dtype" not in prefill["args"]  # the model dtype's KV
+    assert arg_after(decode, "--kv-cache-dtype") == "int8"
+    with pytest.raises(Exception, match="kvCacheDtype"):
+        render({"decode": {"kvCacheDtype": "int4"}})
+
+
 def test_default_install_needs_no_gpu() -> None:
     docs = render()
     for deployment in deployments(docs).values():

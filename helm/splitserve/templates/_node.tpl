@@ -95,6 +95,10 @@ spec:
             - {{ ternary "cuda" "cpu" $gpu }}
             - --dtype
             - {{ $pool.dtype | default (ternary "bfloat16" "float32" $gpu) }}
+            {{- if $pool.kvCacheDtype }}
+            - --kv-cache-dtype
+            - {{ $pool.kvCacheDtype | quote }}
+            {{- end }}
             {{- if $gpu }}
             - --gpu-memory-utilization
             - {{ $pool.gpuMemoryUtilization | default 0.9 | quote }}

@@ -115,6 +115,26 @@ def test_rope_write_kv_equals_rope_then_write() -> None:
     torch.testing.assert_close(kv_got, kv_want)  # layer 0 and unused slots stay zero
 
 
+def test_rope_write_kv_into_int8_cache_writes_torch_codes_and_scales() -> None:
+    """An int8 cache (kv_cache_dtype int8) gets the bytes torch's write_kv writes for the
+    kernel's own rotated K and V: the same codes and scales, nothing else touched."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, d, block_size, tokens = 6, 2, 64, 8, 40
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen) * 3
+    cos = torch.randn(100, d // 2, generator=gen)
+    sin = torch.randn(100, d // 2, generator=gen)
+    positions = torch.randint(0, 100, (tokens,), generator=gen)
+    slots = torch.randperm(12 * block_size, generator=gen)[:tokens]
+    kv_got = torch.zeros(12, 2, 2, block_size, kv_heads, d + 4, dtype=torch.int8)
+    kv_want = kv_got.clone()
+    got = qkv.clone()
+    cpu_kernels.rope_write_kv(got, heads, kv_heads, positions, cos, sin, kv_got, 1, slots)
+    rows = got.view(tokens, -1, d)
+    write_kv(kv_want, 1, rows[:, heads : heads + kv_heads], rows[:, heads + kv_heads :], slots)
+    assert torch.equal(kv_got, kv_want)
+    assert kv_got[:, 1].abs().amax() == 127 and not kv_got[:, 0].any()
+
+
 def test_rope_write_kv_refuses_indices_outside_the_cache() -> None:
     kv = torch.zeros(4, 1, 2, 8, 1, 16)
     qkv = torch.zeros(2, 3 * 16)

@@ -46,6 +46,7 @@ def test_fingerprint_is_stable_and_differs_in_every_field() -> None:
         "num_kv_heads": 4,
         "head_dim": 128,
         "layer_windows": (4096,) * 30,
+        "kv_dtype": "int8",
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KVLayout)}
     prints = {dataclasses.replace(LAYOUT, **{k: v}).fingerprint() for k, v in changes.items()}
@@ -62,6 +63,7 @@ def test_describe_names_every_field() -> None:
         "kv_heads=3",
         "head_dim=64",
         "windows=full",
+        "kv_dtype=auto",
     ):
         assert word in text
     assert LAYOUT.fingerprint() in text

@@ -8,6 +8,7 @@ from tiny_llama import TRITON_DEVICE
 
 from engine import cpu_kernels
 from engine.kv.cache import write_kv
+from engine.kv.quant import CODE_DTYPES, dequantize_rows, quantize_rows, row_width
 from engine.model.attention import (
     AttentionBackend,
     AttentionMetadata,
@@ -50,13 +51,18 @@ def run_step(
     backend: AttentionBackend | None = None,
     device: torch.device | str = "cpu",
     spec: AttentionSpec | None = None,
+    kv_dtype: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Sequences given as (total length, start): positions before ``start`` are already in the
     cache, the rest are this step's queries. The step runs on `device`; returns (paged output,
-    dense expectation) on the CPU, and the metadata."""
+    dense expectation) on the CPU, and the metadata. With a quantized ``kv_dtype`` the
+    expectation attends over the explicitly dequantised K/V wherever the cache is read (all
+    but a prompt chunk without a cached prefix, which attends over its fresh K/V)."""
     gen = torch.Generator().manual_seed(seed)
     heads = KV_HEADS * group
-    kv = torch.zeros(NUM_BLOCKS, 3, 2, BLOCK, KV_HEADS, HEAD_DIM, device=device)
+    row = row_width(HEAD_DIM, kv_dtype)
+    dtype = torch.float32 if kv_dtype == "auto" else CODE_DTYPES[kv_dtype]
+    kv = torch.zeros(NUM_BLOCKS, 3, 2, BLOCK, KV_HEADS, row, dtype=dtype, device=device)
     free = torch.randperm(NUM_BLOCKS, generator=gen).tolist()  # scattered, out of order
     tables, qs, ks, vs, expected = [], [], [], [], []
     for length, start in seqs:
@@ -71,6 +77,8 @@ def run_step(
         qs.append(q[start:])
         ks.append(k[start:])
         vs.append(v[start:])
+        if kv_dtype != "auto" and (start or length == 1):
+            k, v = (dequantize_rows(quantize_rows(x, kv_dtype), torch.float32) for x in (k, v))
         expected.append(dense_causal(q, k, v, spec)[start:])
     meta = AttentionMetadata.build(
         [length - start for length, start in seqs], [s for _, s in seqs], tables, BLOCK, device

@@ -7,8 +7,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, cast
 
-from cluster.protocol import KVHandle, NodeInfo, PrefillResponse
+from cluster.protocol import KVHandle, NodeInfo, NodeRecord, PrefillResponse
 from models.sampling_params import SamplingParams
+from router.flow.decode_leg import kv_importers
 from router.flow.lease import KVLease
 from router.flow.request import Deadline, FlowRequest
 from router.flow.shared_prompt import SharedPrompt
@@ -112,3 +113,15 @@ def test_a_sibling_request_has_its_own_id_and_sampling_and_skips_the_prompt_coun
     assert sibling.request_id == "r-2" and sibling.sampling.seed == 9
     assert not sibling.counts_prompt and request.counts_prompt
     assert (sibling.prompt_ids, sibling.priority) == (request.prompt_ids, 3)
+
+
+def test_kv_goes_to_decode_nodes_of_its_layout_or_that_convert_it() -> None:
+    """A decode node with another kv_cache_dtype publishes the layouts it converts."""
+    same = _node("d-same")
+    other = _node("d-other").model_copy(update={"layout_fingerprint": "int8"})
+    converts = _node("d-conv").model_copy(
+        update={"layout_fingerprint": "int8", "import_fingerprints": ["fp", "fp8"]}
+    )
+    records = [NodeRecord(info=n, heartbeat_at=0.0) for n in (same, other, converts)]
+    assert [r.info.node_id for r in kv_importers(records, "fp")] == ["d-same", "d-conv"]
+    assert kv_importers(records, "bf16") == []

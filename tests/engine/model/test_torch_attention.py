@@ -1,0 +1,45 @@
+"""The torch backend over a quantized KV cache equals attention over the explicitly dequantised
+K/V (and a quantized cache changes the answer: the reference is not the fp32 one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_attention import LONG, MIXED, SPECS, run_step
+
+from engine import cpu_kernels
+from engine.model.backends import select_attention
+from engine.model.torch_attention import TorchAttention
+
+
+@pytest.mark.parametrize("path", ["torch", "c"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("group", [1, 3])
+def test_quantized_cache_equals_dequantised_reference(kv_dtype: str, group: int, path: str) -> None:
+    """Decodes take the C kernel on the "c" path where it reads the cache (int8)."""
+    if path == "c" and not cpu_kernels.available():
+        pytest.skip("no C compiler here")
+    backend = TorchAttention(cpu_kernel=path == "c")
+    out, expected, meta = run_step(MIXED, group, backend=backend, kv_dtype=kv_dtype)
+    assert meta.num_decodes == 3
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    _, exact, _ = run_step(MIXED, group)
+    if path == "c":  # the C kernel took the int8 decodes (it takes no fp8 cache)
+        q, kv = torch.zeros(1, 2 * group, 16), torch.zeros(1, 1, 2, 4, 2, 20, dtype=torch.int8)
+        assert cpu_kernels.supports(q, kv) and not cpu_kernels.supports(q, kv.float())
+    assert not torch.allclose(expected, exact, atol=1e-4)  # quantisation shows
+
+
+@pytest.mark.parametrize("path", ["torch", "c"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+def test_quantized_cache_with_windows_and_softcap(kv_dtype: str, path: str) -> None:
+    backend = TorchAttention(cpu_kernel=path == "c")
+    out, expected, _ = run_step(LONG, 2, backend=backend, spec=SPECS["both"], kv_dtype=kv_dtype)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_quantized_cache_selects_torch_and_refuses_triton() -> None:
+    cpu = torch.device("cpu")
+    assert isinstance(select_attention("auto", cpu, kv_cache_dtype="int8"), TorchAttention)
+    with pytest.raises(ValueError, match="kv_cache_dtype int8"):
+        select_attention("triton", cpu, kv_cache_dtype="int8")
