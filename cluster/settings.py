@@ -199,6 +199,12 @@ class NodeSettings(_Base):
                 f"tensor_parallel_size {self.tensor_parallel_size} on a {self.role} node: "
                 "moving a tensor-parallel node's KV cache is not built yet (colocated only)"
             )
+        if self.pipeline_parallel_size > 1 and self.role != "colocated":
+            raise ValueError(
+                f"pipeline_parallel_size {self.pipeline_parallel_size} on a {self.role} node: "
+                "moving a pipeline-parallel node's KV cache (one part per stage) is not built "
+                "yet (colocated only)"
+            )
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"

@@ -40,7 +40,8 @@ _JOIN_S = 10.0  # a rank's time to exit after Stop before it is killed
 
 
 class RankFailed(RuntimeError):
-    """A tensor-parallel rank died or failed: the engine cannot step any more."""
+    """A rank (tensor-parallel, or of a pipeline stage) died or failed: the engine cannot
+    step any more."""
 
 
 def free_port() -> int:
@@ -93,9 +94,10 @@ class RankGroup:
         from engine.parallel.worker import run_rank
 
         size = world_size(config)
+        self.tensor_parallel_size = config.tensor_parallel_size
         self.pipe: StagePipe | None = stage_pipe(config, ModelConfig.from_dir(config.model_dir), 0)
         if dist.is_initialized():
-            raise RuntimeError("a tensor-parallel engine is already running in this process")
+            raise RuntimeError("a multi-rank engine is already running in this process")
         port = free_port()
         spawn = multiprocessing.get_context("spawn")
         threads = torch.get_num_threads()
@@ -163,7 +165,7 @@ class RankGroup:
             try:
                 self._broadcast(Stop())
             except Exception:
-                log.warning("tensor-parallel ranks did not take Stop; killing them")
+                log.warning("engine ranks did not take Stop; killing them")
         for process in self.processes:
             process.join(_JOIN_S)
         self._kill()
@@ -180,16 +182,23 @@ class RankGroup:
         dead = self._dead()
         if dead:
             return dead
-        return f"tensor-parallel collective failed: {type(exc).__name__}: {exc}"
+        return f"multi-rank step failed: {type(exc).__name__}: {exc}"
 
     def _dead(self) -> str | None:
         for rank, process in enumerate(self.processes, start=1):
             if process.exitcode is not None:
                 return (
-                    f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
+                    f"{self._role(rank)} rank {rank} (pid {process.pid}) exited with code "
                     f"{process.exitcode}; the engine cannot step any more"
                 )
         return None
+
+    def _role(self, rank: int) -> str:
+        """What a rank is, for errors: ``tensor-parallel`` or its pipeline stage."""
+        if self.pipe is None:
+            return "tensor-parallel"
+        tp = self.tensor_parallel_size
+        return f"pipeline stage {rank // tp} (tensor-parallel rank {rank % tp}):"
 
     def _watch(self) -> None:
         """Wait for any rank to exit; unless closing, record the failure and tell."""
@@ -199,7 +208,7 @@ class RankGroup:
             return
         for sentinel in ready:  # its pipe closed: the exit code follows at once
             by_sentinel[cast(int, sentinel)].join(_JOIN_S)
-        self.failure = self._dead() or "a tensor-parallel rank exited"
+        self.failure = self._dead() or "an engine rank exited"
         log.error("%s", self.failure)
         for callback in list(self.on_failure):
             callback(self.failure)

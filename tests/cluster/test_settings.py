@@ -35,6 +35,11 @@ def test_settings_are_frozen() -> None:
         (NodeSettings, {"node_id": "has space"}, "node_id"),
         (NodeSettings, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
         (NodeSettings, {"tensor_parallel_size": 2, "role": "decode"}, "tensor_parallel_size 2"),
+        (
+            NodeSettings,
+            {"pipeline_parallel_size": 2, "role": "prefill"},
+            "pipeline_parallel_size 2",
+        ),
     ],
 )
 def test_invalid_values_raise_settings_error_naming_the_field(

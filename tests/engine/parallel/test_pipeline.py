@@ -91,7 +91,8 @@ def test_a_killed_stage_fails_the_engine_and_leaves_no_process(tmp_path: Path) -
     (pid,) = ranks.pids
     os.kill(pid, signal.SIGKILL)
     assert told.wait(DEADLINE_S)  # noticed while idle, before any step
-    with pytest.raises(RankFailed, match=rf"rank 1 \(pid {pid}\) exited with code -9"):
+    named = rf"stage 1 \(tensor-parallel rank 0\): rank 1 \(pid {pid}\) exited with code -9"
+    with pytest.raises(RankFailed, match=named):
         for _ in range(5):  # the step in flight (overlapped scheduling) may come out first
             engine.step()
     engine.close()
