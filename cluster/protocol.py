@@ -48,6 +48,8 @@ INTERNAL_PREFILL = "/internal/prefill"
 INTERNAL_RELEASE = "/internal/release"
 INTERNAL_GENERATE = "/internal/generate"
 INTERNAL_ABORT = "/internal/abort"
+INTERNAL_LORA_LOAD = "/internal/lora/load"  # LoadAdapterRequest -> ControlResponse
+INTERNAL_LORA_UNLOAD = "/internal/lora/unload"
 STATS = "/stats"
 PRIORITY_LIMIT = 1_000_000  # priorities lie in [-PRIORITY_LIMIT, PRIORITY_LIMIT]
 HEALTH = "/health"
@@ -109,6 +111,21 @@ class NodeErrorResponse(_Msg):
     error: ErrorInfo
 
 
+class AdapterRef(_Msg):
+    """The LoRA adapter a request runs under: its name (the API's `model`), and the PEFT
+    directory a node that does not have it yet loads it from."""
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+
+class LoadAdapterRequest(_Msg):
+    """Router -> node: load (or unload: `lora_path` unused) a LoRA adapter (vLLM's body)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = ""
+
+
 class KVHandle(_Msg):
     """Where a prefilled request's KV cache lives and for how long it is pinned.
 
@@ -124,6 +141,7 @@ class KVHandle(_Msg):
     num_tokens: int = Field(ge=0)
     layout_fingerprint: str
     lease_expires_at: float
+    lora_name: str | None = None  # the adapter the KV was computed under (None: the base)
 
 
 class PrefillRequest(_Msg):
@@ -133,6 +151,7 @@ class PrefillRequest(_Msg):
     prompt_token_ids: list[int] = Field(min_length=1)
     sampling: WireSampling
     priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)  # lower first
+    lora: AdapterRef | None = None
 
 
 class PrefillResponse(_Msg):
@@ -188,6 +207,7 @@ class DecodeRequest(_Msg):
     kv: KVHandle | None = None
     priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
     wait_s: float | None = Field(default=None, gt=0)
+    lora: AdapterRef | None = None  # must name the adapter `kv` was computed under
 
 
 class TokenEvent(_Msg):

@@ -41,6 +41,9 @@ class RouterSettings(_Base):
     model: str = "smollm2"  # registry name or path of a HF model dir (for the tokenizer)
     model_cache: Path | None = None  # model cache dir, as in models
     served_model_name: str | None = None  # the `model` clients send; default: model's name
+    # LoRA adapters served at start, name=path (the same list the nodes load); a request's
+    # `model` names one. More are added by POST /v1/load_lora_adapter.
+    lora_modules: list[str] = Field(default_factory=list)
     # When set, /v1/* needs `Authorization: Bearer <key>`: one key, or several separated by
     # commas; api_key_file adds one key per line.
     # Either may name its keys, `name:key`: usage is counted by key name.
@@ -90,6 +93,7 @@ class RouterSettings(_Base):
         if unknown - names:
             raise ValueError(f"no API key is named {', '.join(sorted(unknown - names))}")
         _check_token(self.cluster_token)
+        lora_module_map(self.lora_modules)
         return self
 
     def api_keys(self) -> tuple[ApiKey, ...]:
@@ -132,6 +136,10 @@ class NodeSettings(_Base):
     role: Literal["prefill", "decode", "colocated"] = "decode"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    # weights kept quantized: gguf (the model directory's *.gguf, packed), awq / gptq / fp8
+    # (the checkpoint's quantization_config), none (its fp32 safetensors), auto (the
+    # checkpoint's declared method, else gguf on a CPU fp32 node when the directory has one)
+    quantization: Literal["auto", "none", "gguf", "awq", "gptq", "fp8"] = "auto"
     block_size: int = Field(default=16, ge=1, le=1024)
     # KV cache size: num_kv_blocks or kv_cache_memory_gb when set (not both); else on CUDA
     # gpu_memory_utilization of the device's memory minus the weights and activations; else 1 GiB
@@ -177,6 +185,13 @@ class NodeSettings(_Base):
     kv_events_interval_s: float = Field(default=0.05, gt=0)
     kv_events_maxlen: int = Field(default=10_000, ge=16)  # entries kept in the node's stream
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Multi-LoRA (engine.lora): adapters loaded at start as name=path (PEFT directories);
+    # more can be loaded at run time through the router.
+    enable_lora: bool = False
+    lora_modules: list[str] = Field(default_factory=list)
+    max_loras: int = Field(default=1, ge=1)
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_cpu_loras: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check_relations(self) -> NodeSettings:
@@ -209,6 +224,9 @@ class NodeSettings(_Base):
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"
             )
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules needs enable_lora")
+        lora_module_map(self.lora_modules)
         return self
 
     def resolved_node_id(self) -> str:
@@ -221,6 +239,19 @@ class NodeSettings(_Base):
         if host in ("0.0.0.0", "::", ""):
             host = socket.gethostname()
         return f"http://{host}:{self.port}"
+
+
+def lora_module_map(modules: list[str]) -> dict[str, str]:
+    """`name=path` entries as {name: path}; ValueError naming a malformed or repeated one."""
+    out: dict[str, str] = {}
+    for entry in modules:
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"lora_modules entry {entry!r} is not name=path")
+        if name in out:
+            raise ValueError(f"lora_modules names {name!r} twice")
+        out[name] = path
+    return out
 
 
 def _check_token(token: SecretStr | None) -> None:

@@ -64,6 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=None)
     parser.add_argument("--draft-model", default=None, help="draft model (registry name or dir)")
     parser.add_argument(
+        "--enable-lora", action="store_true", help="serve LoRA adapters on both pools"
+    )
+    parser.add_argument(
+        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories) loaded by every node and named by requests",
+    )  # fmt: skip
+    parser.add_argument("--max-loras", type=int, default=None, help="adapters in one batch")
+    parser.add_argument("--max-lora-rank", type=int, default=None)
+    parser.add_argument("--max-cpu-loras", type=int, default=None)
+    parser.add_argument(
         "--run-dir", default=None,
         help="where each process's NAME.log and cluster.json (URLs, process ids) go "
         "(default: a new temporary directory)",

@@ -58,6 +58,8 @@ def router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[s
         argv += ["--served-model-name", args.served_model_name]
     if args.max_model_len is not None:
         argv += ["--max-model-len", str(args.max_model_len)]
+    if getattr(args, "lora_modules", None):
+        argv += ["--lora-modules", *args.lora_modules]
     return argv
 
 
@@ -112,6 +114,19 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
+    return argv + lora_argv(args)
+
+
+def lora_argv(args: argparse.Namespace) -> list[str]:
+    """The LoRA flags every node gets, both pools alike."""
+    if not getattr(args, "enable_lora", False) and not getattr(args, "lora_modules", None):
+        return []
+    argv = ["--enable-lora"]
+    for flag in ("max_loras", "max_lora_rank", "max_cpu_loras"):
+        if (value := getattr(args, flag, None)) is not None:
+            argv += ["--" + flag.replace("_", "-"), str(value)]
+    if args.lora_modules:
+        argv += ["--lora-modules", *args.lora_modules]
     return argv
 
 

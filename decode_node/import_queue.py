@@ -75,6 +75,7 @@ def _attempt(job: DecodeJob) -> Callable[[LLMEngine], ImportPlan | None]:
             list(req.output_token_ids),
             job.params,
             req.priority,
+            lora=job.lora,
         )
 
     return attempt

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from cluster.protocol import DecodeRequest, KVHandle
+from engine.lora.request import LoRARequest
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import (
     KVTransferAgent,
@@ -44,6 +45,7 @@ class DecodeJob:
     ended: bool = False
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    lora: LoRARequest | None = None  # the adapter it runs under, as this node's engine knows it
 
     @property
     def params(self) -> SamplingParams:
@@ -77,8 +79,19 @@ def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int
     return remote_blocks[first : first + len(fill)], fill
 
 
-def check_handle(kv: KVHandle, num_kv_tokens: int, block_size: int) -> None:
-    """400 unless the handle holds the KV of exactly `num_kv_tokens` tokens."""
+def check_handle(
+    kv: KVHandle, num_kv_tokens: int, block_size: int, lora_name: str | None = None
+) -> None:
+    """400 unless the handle holds the KV of exactly `num_kv_tokens` tokens, computed under
+    the adapter the request decodes with (`lora_name`; None: the base model)."""
+    if kv.lora_name != lora_name:
+        raise NodeError(
+            400,
+            "bad_request",
+            f"the KV handle was computed under adapter {kv.lora_name or 'none (base model)'}, "
+            f"the request decodes under {lora_name or 'none (base model)'}",
+            "kv.lora_name",
+        )
     if kv.num_tokens != num_kv_tokens:
         raise NodeError(
             400,

@@ -60,6 +60,7 @@ class DecodeRuntime(NodeCore):
         job = DecodeJob(req)
         if rid in self._jobs:
             raise bad_request(f"request id {rid!r} is already being generated", "request_id")
+        job.lora = await self.adapters.resolve(req.lora)
         self.counts["requests_total"] += 1
         self._jobs[rid] = job
         try:
@@ -91,7 +92,8 @@ class DecodeRuntime(NodeCore):
                 "kv.layout_fingerprint",
             )
         num_kv_tokens = len(job.req.prompt_token_ids) + len(job.req.output_token_ids) - 1
-        check_handle(kv, num_kv_tokens, self.loop.engine.config.block_size)
+        lora = job.req.lora.name if job.req.lora is not None else None
+        check_handle(kv, num_kv_tokens, self.loop.engine.config.block_size, lora)
         return await self.imports.reserve(job)
 
     async def _open_local(self, job: DecodeJob) -> RequestStream:
@@ -105,7 +107,7 @@ class DecodeRuntime(NodeCore):
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(
-                req.request_id, prompt, params, req.priority, grammar_tokens=req.output_token_ids
+                req.request_id, prompt, params, req.priority, req.output_token_ids, job.lora
             )
 
         return await checked_async(self.loop.open(req.request_id, add), "prompt_token_ids")

@@ -13,12 +13,14 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig, Role
     from engine.engine import LLMEngine
     from engine.llm import LLM
+    from engine.lora.request import LoRARequest
     from engine.outputs import GenerationOutput, StepOutput, TokenLogprob
     from models.sampling_params import SamplingParams
 
 _EXPORTS = {
     "LLM": "engine.llm",
     "LLMEngine": "engine.engine",
+    "LoRARequest": "engine.lora.request",
     "EngineConfig": "engine.config",
     "Role": "engine.config",
     "SamplingParams": "models.sampling_params",
@@ -32,6 +34,7 @@ __all__ = [
     "EngineConfig",
     "GenerationOutput",
     "LLMEngine",
+    "LoRARequest",
     "Role",
     "SamplingParams",
     "StepOutput",

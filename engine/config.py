@@ -96,6 +96,13 @@ class EngineConfig:
     kv_offload_cpu_gb: float | None = None
     kv_offload_disk_path: Path | None = None
     kv_offload_disk_gb: float | None = None
+    # Multi-LoRA (engine.lora): requests may name a PEFT adapter; up to max_loras distinct
+    # adapters run in one step (device slots), ranks up to max_lora_rank, and up to
+    # max_cpu_loras parsed adapters stay in host memory (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     # Tensor parallelism (engine.parallel): the model's heads, MLP rows, experts and
     # vocabulary split over this many ranks, one process each (rank 0 is the engine's own);
     # each holds 1/N of the weights and its heads' share of the KV cache (sized per rank).
@@ -140,6 +147,7 @@ class EngineConfig:
             )
         check_speculative(self)
         check_offload(self)
+        check_lora(self)
         check_parallel(self)
         if (
             not self.enable_chunked_prefill
@@ -186,6 +194,24 @@ def check_speculative(config: EngineConfig) -> None:
         )
 
 
+def check_lora(config: EngineConfig) -> None:
+    """ValueError naming the bad LoRA setting."""
+    for name in ("max_loras", "max_lora_rank"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+    cpu = config.max_cpu_loras
+    if cpu is None:
+        object.__setattr__(config, "max_cpu_loras", config.max_loras)
+    elif not isinstance(cpu, int) or cpu < config.max_loras:
+        raise ValueError(
+            f"EngineConfig.max_cpu_loras must be an integer >= max_loras ({config.max_loras}), "
+            f"got {cpu!r}"
+        )
+    if config.enable_lora and config.speculative_method != "none":
+        raise ValueError("EngineConfig.enable_lora does not work with speculative decoding yet")
+
+
 def check_parallel(config: EngineConfig) -> None:
     """ValueError naming the bad parallelism setting or the feature it cannot go with."""
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -202,6 +228,8 @@ def check_parallel(config: EngineConfig) -> None:
         raise ValueError(f"EngineConfig.{name} does not go with speculative decoding yet")
     if config.kv_offload_cpu_gb is not None:
         raise ValueError(f"EngineConfig.{name} does not go with KV tiers yet")
+    if config.enable_lora:
+        raise ValueError(f"EngineConfig.{name} does not go with LoRA yet")
     if str(config.device).startswith("cuda"):
         first = int(str(config.device).split(":")[1]) if ":" in str(config.device) else 0
         if first + tp * pp > torch.cuda.device_count():

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig, Role
 from engine.kv.offload import build_tiers
+from engine.lora.manager import LoraManager, LoraStats
+from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
 from engine.parallel import RankGroup
@@ -131,11 +133,14 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         grammar_tokens: Sequence[int] = (),
+        lora: LoRARequest | None = None,
     ) -> None:
         """Queue a request (lower `priority` first). Raises ValueError for a duplicate id or a
         prompt that cannot fit. `grammar_tokens`: for a request resumed from prompt + tokens so
-        far, those tokens (the tail of the prompt), which its grammar has already matched."""
-        request = self._new_request(request_id, prompt_token_ids, params)
+        far, those tokens (the tail of the prompt), which its grammar has already matched.
+        `lora`: the adapter it runs under (registered now if new; LoraLoadError, a
+        ValueError, naming the file when it cannot be loaded)."""
+        request = self._new_request(request_id, prompt_token_ids, params, lora)
         request.priority = priority
         self._add_grammar(request_id, params, grammar_tokens)
         self.scheduler.add(request)
@@ -147,12 +152,14 @@ class LLMEngine:
         output_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> ImportPlan | None:
-        """Decode role: reserve blocks for a request whose prompt KV is filled from outside.
+        """Decode role: reserve blocks for a request whose prompt KV is filled from outside
+        (computed under `lora`, the same adapter it decodes under).
 
         Returns where to write it (None: no room now), then `commit_import` admits it.
         """
-        request = self._new_request(request_id, prompt_token_ids, params)
+        request = self._new_request(request_id, prompt_token_ids, params, lora)
         request.priority = priority
         self._add_grammar(request_id, params, output_token_ids)
         plan = self.scheduler.add_prefilled(request, output_token_ids)
@@ -179,6 +186,29 @@ class LLMEngine:
         if request is None or request.status is not RequestStatus.PINNED:
             raise KeyError(f"request {request_id} holds no pinned blocks")
         return list(request.block_ids)
+
+    # ---- LoRA adapters ------------------------------------------------------------------------
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Register an adapter, read and checked now (LoraLoadError naming the file)."""
+        self._lora_manager().add(lora)
+
+    def remove_lora(self, name: str) -> bool:
+        """Forget an adapter; False when it was not registered."""
+        return self._lora_manager().remove(name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self.runner.lora.registered() if self.runner.lora is not None else []
+
+    @property
+    def lora_stats(self) -> LoraStats | None:
+        """Totals of the adapters (None: LoRA is off)."""
+        return self.runner.lora.stats if self.runner.lora is not None else None
+
+    def _lora_manager(self) -> LoraManager:
+        if self.runner.lora is None:
+            raise ValueError("LoRA adapters need enable_lora=True")
+        return self.runner.lora
 
     @property
     def speculative_stats(self) -> SpeculativeStats | None:
@@ -254,7 +284,11 @@ class LLMEngine:
             self.counters.constrained_requests += 1
 
     def _new_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        lora: LoRARequest | None = None,
     ) -> Request:
         if self.scheduler.get(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -268,12 +302,18 @@ class LLMEngine:
                 f"request {request_id}: prompt has {len(prompt_token_ids)} tokens, the context "
                 f"length is {self.max_model_len} (at least one token must be generated)"
             )
+        if lora is not None:
+            manager = self._lora_manager()
+            manager.add(lora)
+            counts = manager.stats.requests
+            counts[lora.lora_name] = counts.get(lora.lora_name, 0) + 1
         return Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             eos_token_ids=self.model_config.eos_token_ids,
             max_model_len=self.max_model_len,
+            lora=lora,
         )
 
 

@@ -11,6 +11,7 @@ import torch
 
 from engine.config import engine_config
 from engine.engine import LLMEngine
+from engine.lora.request import LoRARequest
 from engine.outputs import GenerationOutput, TokenLogprob
 from engine.scheduler.request import FinishReason
 from models import IncrementalDetokenizer, Tokenizer
@@ -48,14 +49,18 @@ class LLM:
         self,
         prompts: Sequence[Prompt] | Prompt,
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[GenerationOutput]:
-        """Generate for every prompt in one continuous batch; results in prompt order."""
+        """Generate for every prompt in one continuous batch; results in prompt order.
+        `lora_request`: the adapter of every prompt, or one per prompt (None: the base model);
+        adapters need ``enable_lora=True``."""
         batch = _as_batch(prompts)
         param_list = _broadcast(params, len(batch))
+        loras = _broadcast_loras(lora_request, len(batch))
         token_lists = [self._encode(p) for p in batch]
         ids = [f"offline-{next(self._ids)}" for _ in batch]
-        for rid, tokens, sp in zip(ids, token_lists, param_list, strict=True):
-            self.engine.add_request(rid, tokens, sp)
+        for rid, tokens, sp, lora in zip(ids, token_lists, param_list, loras, strict=True):
+            self.engine.add_request(rid, tokens, sp, lora=lora)
         generated: dict[str, list[int]] = {rid: [] for rid in ids}
         logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in ids}
         reasons: dict[str, FinishReason | None] = {}
@@ -107,6 +112,16 @@ def _as_batch(prompts: Sequence[Prompt] | Prompt) -> list[Prompt]:
     if items and all(isinstance(t, int) for t in items):
         return [list(items)]  # type: ignore[arg-type]
     return items  # type: ignore[return-value]
+
+
+def _broadcast_loras(
+    loras: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+) -> list[LoRARequest | None]:
+    if loras is None or isinstance(loras, LoRARequest):
+        return [loras] * n
+    if len(loras) != n:
+        raise ValueError(f"got {len(loras)} LoRA requests for {n} prompts")
+    return list(loras)
 
 
 def _broadcast(

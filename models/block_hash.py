@@ -3,7 +3,9 @@
 A block's hash covers its parent's hash and its own token ids, so equal hashes name equal
 prefixes. The engine's prefix cache registers blocks under these hashes; nodes publish them
 as KV events; the router hashes a request's token ids the same way to ask which node holds
-its prefix. Torch-free and stable across processes, machines and Python versions.
+its prefix. A request under a LoRA adapter starts its chain from the adapter's root
+(``adapter_hash_root``), so no block is shared across adapters or with the base model.
+Torch-free and stable across processes, machines and Python versions.
 """
 
 from __future__ import annotations
@@ -22,13 +24,21 @@ def block_hash(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     return int.from_bytes(digest.digest(), "little")
 
 
-def prefix_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+def adapter_hash_root(adapter_name: str) -> int:
+    """The parent hash of the first block of a request under the named LoRA adapter."""
+    digest = hashlib.blake2b(b"lora-adapter\0" + adapter_name.encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def prefix_block_hashes(
+    token_ids: Sequence[int], block_size: int, root: int | None = None
+) -> list[int]:
     """The chained hashes of every full block of `token_ids`, in order (a partial tail block
-    has none)."""
+    has none); `root`: the first block's parent (an adapter's, ``adapter_hash_root``)."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     hashes: list[int] = []
-    parent: int | None = None
+    parent: int | None = root
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = block_hash(parent, token_ids[start : start + block_size])
         hashes.append(parent)

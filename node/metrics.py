@@ -97,6 +97,7 @@ class _Totals(Collector):
             yield family
         yield self._acceptance()
         yield from kv_tier_families(self._labels, self._last)
+        yield from lora_families(self._labels, self._last)
 
     def _acceptance(self) -> HistogramMetricFamily:
         """Acceptance rate (accepted / guessed) of each verified speculative chunk."""
@@ -166,6 +167,36 @@ def kv_tier_families(
         if key.startswith(prefix):
             files.add_metric([*labels, key.removeprefix(prefix)], float(value))
     yield files
+
+
+_LORA_TOTALS = {
+    "splitserve_lora_loads": ("lora_loads", "LoRA adapters read from disk"),
+    "splitserve_lora_slot_loads": ("lora_slot_loads", "LoRA adapters copied into a slot"),
+    "splitserve_lora_slot_evictions": (
+        "lora_slot_evictions",
+        "LoRA adapters evicted from a device slot for another",
+    ),
+    "splitserve_lora_host_evictions": (
+        "lora_host_evictions",
+        "LoRA adapters dropped from the host-memory cache",
+    ),
+}
+
+
+def lora_families(labels: list[str], last: Mapping[str, float]) -> Iterator[CounterMetricFamily]:
+    """Adapter loads and evictions; requests and computed tokens by adapter."""
+    for name, (key, doc) in _LORA_TOTALS.items():
+        family = CounterMetricFamily(name, doc, labels=_LABELS)
+        family.add_metric(labels, float(last.get(key, 0)))
+        yield family
+    for what, doc in (("requests", "Requests"), ("tokens", "Tokens computed")):
+        family = CounterMetricFamily(
+            f"splitserve_lora_{what}", f"{doc} under a LoRA adapter", labels=[*_LABELS, "adapter"]
+        )
+        for key, value in last.items():
+            if key.startswith(f"lora_{what}:"):
+                family.add_metric([*labels, key.split(":", 1)[1]], float(value))
+        yield family
 
 
 class NodeMetrics:

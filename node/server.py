@@ -29,7 +29,11 @@ from fastapi.responses import JSONResponse, Response
 from cluster.auth import CLUSTER_TOKEN_HEADER, token_ok
 from cluster.protocol import (
     HEALTH,
+    INTERNAL_LORA_LOAD,
+    INTERNAL_LORA_UNLOAD,
     STATS,
+    ControlResponse,
+    LoadAdapterRequest,
     NodeInfo,
     NodeLoad,
     NodeStats,
@@ -255,6 +259,19 @@ async def stats(request: Request) -> JSONResponse:
     runtime: NodeRuntime = runtime_of(request)
     body = NodeStats(info=runtime.info, load=runtime.load(), counters=runtime.counters())
     return JSONResponse(body.model_dump(mode="json"))
+
+
+@guarded.post(INTERNAL_LORA_LOAD)
+async def load_lora(body: LoadAdapterRequest, request: Request) -> ControlResponse:
+    """Load a LoRA adapter (node.adapters); 400 naming the file when it cannot be served."""
+    await runtime_of(request).adapters.load(body.lora_name, body.lora_path)
+    return ControlResponse(request_id=body.lora_name, done=True)
+
+
+@guarded.post(INTERNAL_LORA_UNLOAD)
+async def unload_lora(body: LoadAdapterRequest, request: Request) -> ControlResponse:
+    done = await runtime_of(request).adapters.unload(body.lora_name)
+    return ControlResponse(request_id=body.lora_name, done=done)
 
 
 @probes.get(METRICS)

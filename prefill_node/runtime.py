@@ -21,6 +21,7 @@ from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
 from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
+from engine.lora.request import LoRARequest
 from engine.scheduler.request import FinishReason
 from kv_transfer import LeaseTable
 from models.sampling_params import SamplingParams
@@ -54,6 +55,7 @@ class PrefillRuntime(NodeCore):
         arrived = time.monotonic()
         if rid in self._inflight:
             raise bad_request(f"request id {rid!r} is already being prefilled", "request_id")
+        lora = await self.adapters.resolve(req.lora)
         self.counts["requests_total"] += 1
         self._inflight[rid] = False
         try:
@@ -63,6 +65,7 @@ class PrefillRuntime(NodeCore):
                 prompt=list(req.prompt_token_ids),
                 params=req.sampling,
                 priority=req.priority,
+                lora=lora,
             )
             stream = await checked_async(self.loop.open(rid, start), "prompt_token_ids")
         except BaseException:
@@ -89,6 +92,8 @@ class PrefillRuntime(NodeCore):
         kv = None
         if out.finish_reason is FinishReason.PREFILLED:
             kv = self._lease(req.request_id, item.pinned_block_ids, out.num_prompt_tokens)
+            if req.lora is not None:
+                kv = kv.model_copy(update={"lora_name": req.lora.name})
         else:
             self.counts["finished_at_first_token_total"] += 1
         logprob = out.logprobs[0] if out.logprobs else None
@@ -145,6 +150,12 @@ async def _first_output(stream: RequestStream) -> LoopOutput:
 
 
 def _add(
-    engine: LLMEngine, *, rid: str, prompt: list[int], params: SamplingParams, priority: int
+    engine: LLMEngine,
+    *,
+    rid: str,
+    prompt: list[int],
+    params: SamplingParams,
+    priority: int,
+    lora: LoRARequest | None,
 ) -> None:
-    engine.add_request(rid, prompt, params, priority)
+    engine.add_request(rid, prompt, params, priority, lora=lora)

@@ -26,7 +26,9 @@ from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router import endpoints
+from router.adapters import RouterAdapters
 from router.admission import Admission
+from router.api.lora import lora_routes
 from router.api.openapi import install_openapi
 from router.api.tokenize import tokens
 from router.dashboard import dashboard
@@ -71,6 +73,7 @@ def create_app(
         api_keys=settings.api_keys(),
         usage_admins=frozenset(settings.admin_key_names()),
         tokenizer=tokenizer,
+        adapters=RouterAdapters(settings.lora_modules),
     )
     app = FastAPI(
         title="splitserve router", version=version(), lifespan=_lifespan, docs_url="/docs",
@@ -85,7 +88,7 @@ def create_app(
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes, tokens, dashboard)
+_ROUTERS = (endpoints.v1, endpoints.probes, tokens, lora_routes, dashboard)
 
 
 def route_paths() -> set[str]:

@@ -45,11 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=PARSER_NAMES,
         help="the format tool calls are read in (default auto: the chat template's)",
     )
+    parser.add_argument(
+        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+        help="LoRA adapters a request's model may name (the nodes' --lora-modules)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = {flag.lstrip("-").replace("-", "_"): None for flag, _, _ in _FLAGS}
-    overrides.update(policy=None, log_level=None, tool_call_parser=None)
+    overrides.update(policy=None, log_level=None, tool_call_parser=None, lora_modules=None)
     try:
         settings = load(RouterSettings, **{k: getattr(args, k, None) for k in overrides})
     except SettingsError as exc:

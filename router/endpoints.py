@@ -12,6 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -79,12 +80,14 @@ probes = APIRouter()
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
     lens = Pools.of(state.membership.nodes()).max_model_len()
-    card = ModelCard(
-        id=state.settings.model_name(),
-        created=int(state.started_at),
-        max_model_len=state.settings.max_model_len or lens,
-    )
-    return JSONResponse(ModelList(data=[card]).model_dump())
+    base, created = state.settings.model_name(), int(state.started_at)
+    max_len = state.settings.max_model_len or lens
+    cards = [ModelCard(id=base, created=created, max_model_len=max_len, root=base)]
+    cards += [
+        ModelCard(id=name, created=created, max_model_len=max_len, root=path, parent=base)
+        for name, path in state.adapters.items()
+    ]
+    return JSONResponse(ModelList(data=cards).model_dump())
 
 
 @v1.get("/usage")
@@ -143,14 +146,7 @@ async def serve(
 ) -> Response:
     """Shared path of both endpoints, streaming or not."""
     arrived = time.monotonic()
-    if req.model != state.settings.model_name():
-        raise APIError(
-            404,
-            f"the model '{req.model}' does not exist; this router serves "
-            f"'{state.settings.model_name()}'",
-            param="model",
-            code="model_not_found",
-        )
+    lora = state.adapters.resolve(req.model, state.settings.model_name())
     key: str = getattr(request.state, "key_name", ANONYMOUS)
     state.usage.admit(key)  # 429 for a key over its limits, before any work
     limit = state.settings.request_timeout_s
@@ -158,6 +154,7 @@ async def serve(
     ticket = await state.admission.admit(req.priority, wait_s)
     try:
         flow_req, output, fmt = await _prepare(state, req, kind, arrived)
+        flow_req = replace(flow_req, lora=lora)
     except BaseException:
         ticket.release()
         raise

@@ -152,6 +152,21 @@ class NodeClient:
         """POST /internal/release; best effort (the lease expires anyway)."""
         await self._control(node, p.INTERNAL_RELEASE, p.ReleaseRequest(request_id=request_id))
 
+    async def lora(self, node: p.NodeInfo, path: str, msg: p.LoadAdapterRequest) -> bool:
+        """POST a LoRA load or unload (`path`); its `done`; NodeCallError when refused or
+        unreachable (a load reads the adapter: up to the prefill timeout)."""
+        try:
+            resp = await self._client.post(
+                node.url + path,
+                content=msg.model_dump_json(),
+                headers=self._headers,
+                timeout=self._prefill_timeout,
+            )
+        except httpx.TransportError as exc:
+            raise _unreachable(node.node_id, exc) from None
+        _raise_for_status(node.node_id, resp.status_code, resp.content)
+        return _parse(node.node_id, p.ControlResponse, resp.content).done
+
     async def _control(self, node: p.NodeInfo, path: str, msg: BaseModel) -> None:
         try:
             resp = await self._client.post(

@@ -14,6 +14,7 @@ from cluster.auth import ApiKey
 from cluster.registry import StaticMembership
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
+from router.adapters import RouterAdapters
 from router.admission import Admission
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
@@ -35,6 +36,7 @@ class RouterState:
     admission: Admission
     kv: KVRouting
     usage: UsageLedger
+    adapters: RouterAdapters = field(default_factory=lambda: RouterAdapters([]))
     api_keys: tuple[ApiKey, ...] = ()
     usage_admins: frozenset[str] = frozenset()
     tokenizer: Tokenizer | None = None

@@ -25,6 +25,7 @@ SOURCES = tuple(
         "sampling.c",
         "moe.c",
         "quant_linear.c",
+        "lora.c",
     )
 )
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "vecw.h", "linear.h"))

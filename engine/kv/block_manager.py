@@ -51,6 +51,7 @@ class _Chain:
     hashes: list[int] = field(default_factory=list)
     serials: list[int] = field(default_factory=list)
     broken: bool = False  # a hash collision stopped registration for this request
+    root: int | None = None  # the first block's parent hash (a LoRA adapter's root)
 
 
 class BlockManager:
@@ -114,15 +115,16 @@ class BlockManager:
 
     # ---- the request-facing API ---------------------------------------------------------
 
-    def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
+    def match_prefix(self, token_ids: Sequence[int], root: int | None = None) -> list[int]:
         """Cached blocks holding the leading full blocks of token_ids, in order. No side effects.
 
         At least one token is always left to compute: the match stops below len(token_ids).
+        `root`: the chain's start (``Request.hash_root``: a LoRA adapter's).
         """
         if not self._caching:
             return []
         hits: list[int] = []
-        parent_hash: int | None = None
+        parent_hash: int | None = root
         parent_serial = _ROOT_SERIAL
         for i in range((len(token_ids) - 1) // self._block_size):
             tokens = tuple(token_ids[i * self._block_size : (i + 1) * self._block_size])
@@ -134,9 +136,12 @@ class BlockManager:
             parent_hash, parent_serial = digest, block.serial
         return hits
 
-    def match_lower(self, token_ids: Sequence[int], device_hits: Sequence[int]) -> list[TierHit]:
+    def match_lower(
+        self, token_ids: Sequence[int], device_hits: Sequence[int], root: int | None = None
+    ) -> list[TierHit]:
         """The leading full blocks of token_ids found below the device, after `device_hits`
-        (match_prefix's result), moved up their tier's LRU; none without lower tiers."""
+        (match_prefix's result, from the same `root`), moved up their tier's LRU; none without
+        lower tiers."""
         return []
 
     def allocate(
@@ -248,7 +253,9 @@ class BlockManager:
             block.ref_count += 1
             request.block_ids.append(block.block_id)
         chain = _Chain(
-            hashes=[b.hash for b in hits if b.hash is not None], serials=[b.serial for b in hits]
+            hashes=[b.hash for b in hits if b.hash is not None],
+            serials=[b.serial for b in hits],
+            root=request.hash_root,
         )
         for hit in lower:  # fresh blocks, filled from below, cached like computed ones
             block = self._blocks[self._take()]
@@ -309,7 +316,7 @@ class BlockManager:
 
     def _register(self, chain: _Chain, block: _Block, tokens: tuple[int, ...]) -> bool:
         """Extend the chain by one block; False on a hash collision with other content."""
-        parent_hash = chain.hashes[-1] if chain.hashes else None
+        parent_hash = chain.hashes[-1] if chain.hashes else chain.root
         parent_serial = chain.serials[-1] if chain.serials else _ROOT_SERIAL
         digest = block_hash(parent_hash, tokens)
         if digest not in self._cached:

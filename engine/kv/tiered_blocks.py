@@ -37,12 +37,14 @@ class TieredBlockManager(BlockManager):
                     out.append((entry.block_hash, entry.parent_hash, tier.name))
         return out
 
-    def match_lower(self, token_ids: Sequence[int], device_hits: Sequence[int]) -> list[TierHit]:
+    def match_lower(
+        self, token_ids: Sequence[int], device_hits: Sequence[int], root: int | None = None
+    ) -> list[TierHit]:
         """The full blocks after `device_hits` found in a lower tier (moved up their LRU)."""
         if not self._caching:
             return []
         size = self._block_size
-        parent = self._blocks[device_hits[-1]].hash if device_hits else None
+        parent = self._blocks[device_hits[-1]].hash if device_hits else root
         hits: list[TierHit] = []
         for i in range(len(device_hits), (len(token_ids) - 1) // size):
             tokens = tuple(token_ids[i * size : (i + 1) * size])
@@ -77,7 +79,8 @@ class TieredBlockManager(BlockManager):
         if not slots or request.block_ids:
             raise RuntimeError(f"request {request.request_id} is not swapped out")
         full = min(request.num_computed_tokens // self._block_size, len(slots))
-        hits = [self._blocks[b] for b in self.match_prefix(request.all_token_ids)[:full]]
+        matched = self.match_prefix(request.all_token_ids, request.hash_root)
+        hits = [self._blocks[b] for b in matched[:full]]
         num_new = max(self.blocks_for(num_tokens), len(slots)) - len(hits)
         if num_new + sum(1 for b in hits if b.ref_count == 0) > self.num_free_blocks:
             return False
@@ -91,7 +94,8 @@ class TieredBlockManager(BlockManager):
         self.tiers.swap_in(slots[len(hits) :], new)
         request.swapped_slots = []
         if self._caching:  # its full blocks are cached again
-            chain = _Chain([b.hash for b in hits if b.hash is not None], [b.serial for b in hits])
+            hashes = [b.hash for b in hits if b.hash is not None]
+            chain = _Chain(hashes, [b.serial for b in hits], root=request.hash_root)
             self._chains[request.request_id] = chain
             self.commit_full_blocks(request)
         return True

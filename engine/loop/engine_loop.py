@@ -47,6 +47,7 @@ class LoopSnapshot:
     stats: EngineStats
     counters: EngineCounters
     prefix_query_tokens: int = 0  # tokens looked up in the prefix cache, in total
+    lora: dict[str, float] | None = None  # LoRA totals (engine.lora.manager.LoraStats.flat)
 
 
 _STOP = object()
@@ -206,6 +207,7 @@ class EngineLoop:
             self.engine.stats(),
             dataclasses.replace(self.engine.counters),
             self.engine.block_manager.num_prefix_query_tokens,
+            stats.flat() if (stats := self.engine.lora_stats) is not None else None,
         )
 
     def _step(self) -> None:

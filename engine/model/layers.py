@@ -9,6 +9,8 @@ chosen once per step; the objects never branch on the backend.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
@@ -30,6 +32,12 @@ def optional_weight(
     return weight(*shape, dtype=dtype, device=device) if present else None
 
 
+class DeltaHook(Protocol):
+    """Adds a per-row delta to a projection's output (LoRA: ``engine.lora.delta``)."""
+
+    def add_(self, out: torch.Tensor, x: torch.Tensor, name: str) -> None: ...
+
+
 class Packed(nn.Module):
     """A module whose matrices the CPU kernel reads from packed copies (after loading)."""
 
@@ -39,6 +47,7 @@ class Packed(nn.Module):
         super().__init__()
         # weight name -> packed copy (empty if off), or the quantized weight (always used)
         self.packed: dict[str, torch.Tensor | PackedMatrix] = {}
+        self.lora: DeltaHook | None = None  # set by engine.lora when adapters are enabled
 
     def pack_cpu_weights(self) -> None:
         packed = {
@@ -49,6 +58,8 @@ class Packed(nn.Module):
     def project(self, x: torch.Tensor, name: str, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T (+ bias)`` for the matrix ``name``."""
         out = cpu_linear.linear(x, getattr(self, name), self.packed.get(name))
+        if self.lora is not None:
+            self.lora.add_(out, x, name)
         return out if bias is None else out.add_(bias)
 
     def add_project_(
@@ -56,6 +67,8 @@ class Packed(nn.Module):
     ) -> torch.Tensor:
         """``h += x @ W.T (+ bias)`` in place (the GEMM adds into the residual)."""
         h = cpu_linear.add_linear_(h, x, getattr(self, name), self.packed.get(name))
+        if self.lora is not None:
+            self.lora.add_(h, x, name)
         return h if bias is None else h.add_(bias)
 
 

@@ -42,8 +42,9 @@ class HeldImports:
         first), and where the KV from outside goes. None: not enough blocks, nothing changed."""
         num_tokens = request.num_tokens + len(output_token_ids)
         all_tokens = request.prompt_token_ids + list(output_token_ids)
-        hits = self._blocks.match_prefix(all_tokens)
-        lower = self._blocks.match_lower(all_tokens, hits)  # loaded before its first step
+        root = request.hash_root
+        hits = self._blocks.match_prefix(all_tokens, root)
+        lower = self._blocks.match_lower(all_tokens, hits, root)  # loaded before its first step
         if not self._blocks.allocate(request, num_tokens, hits, lower):
             return None
         self._held[request.request_id] = HeldImport(request, list(output_token_ids))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig, Role
 from engine.kv.block_manager import BlockManager
+from engine.lora.gate import StepAdapters
 from engine.scheduler.imports import HeldImports
 from engine.scheduler.lookahead import Lookahead
 from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
@@ -29,6 +30,7 @@ class _Step:
     swapped: list[str] = field(default_factory=list)  # of preempted, those swapped out
     grown: list[Request] = field(default_factory=list)  # decodes given a block
     ahead: dict[str, tuple[int, ...]] = field(default_factory=dict)  # tokens ahead of a decode
+    adapters: StepAdapters | None = None  # with LoRA: the step's distinct adapters
 
     def add(self, request: Request, num_tokens: int) -> None:
         self.scheduled[request.request_id] = num_tokens
@@ -63,7 +65,10 @@ class StepPlanner:
 
     def plan(self) -> SchedulerOutput:
         """One step, with the requests advanced as if it ran."""
-        step = _Step(budget=self._config.max_num_batched_tokens)
+        config = self._config
+        step = _Step(budget=config.max_num_batched_tokens)
+        if config.enable_lora:
+            step.adapters = StepAdapters(config.max_loras)
         decodes, starts = self._schedule_decodes(step)
         if len(decodes) != len(self._running):  # else every running request decodes
             self._schedule_prefills(step)
@@ -105,6 +110,7 @@ class StepPlanner:
         lookahead = self._lookahead
         scheduled = step.scheduled
         budget = step.budget
+        adapters = step.adapters
         for request in list(self._running.requests):
             if budget == 0:
                 break
@@ -115,6 +121,8 @@ class StepPlanner:
             n = len(request.prompt_token_ids) + len(request.output_token_ids) + pending
             if n - computed != 1:
                 continue
+            if adapters is not None and not adapters.admits(request):
+                continue  # its adapter waits for a step with a free slot
             if pending and (n >= request.token_limit or n > capacity or prefill):
                 continue  # it finishes (or is pinned) when its pending token arrives
             if lookahead is not None:
@@ -160,6 +168,8 @@ class StepPlanner:
             remaining = request.num_tokens - request.num_computed_tokens
             if remaining == 1:
                 continue  # a decode that did not fit
+            if step.adapters is not None and not step.adapters.admits(request):
+                continue
             num_tokens = self._chunk_len(remaining, step.budget)
             if num_tokens and self._grow(request, request.num_computed_tokens + num_tokens, step):
                 step.add(request, num_tokens)
@@ -204,6 +214,8 @@ class StepPlanner:
             request = waiting.head
             if request.num_pending:
                 return  # preempted while its token was pending: readmitted once it arrives
+            if step.adapters is not None and not step.adapters.admits(request):
+                return  # its adapter has no slot in this step
             num_tokens = self._admit(request, step.budget)
             if not num_tokens:
                 return  # in order: the head waits, nobody overtakes it
@@ -222,8 +234,9 @@ class StepPlanner:
             if not num_tokens or not blocks.swap_in(request, cached + num_tokens):
                 return 0
         else:
-            hits = blocks.match_prefix(request.all_token_ids)
-            lower = blocks.match_lower(request.all_token_ids, hits)
+            root = request.hash_root
+            hits = blocks.match_prefix(request.all_token_ids, root)
+            lower = blocks.match_lower(request.all_token_ids, hits, root)
             cached = (len(hits) + len(lower)) * blocks.block_size
             num_tokens = self._chunk_len(request.num_tokens - cached, budget)
             if not num_tokens or not blocks.allocate(request, cached + num_tokens, hits, lower):

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
+from engine.lora.request import LoRARequest
 from models.sampling_params import SamplingParams
 
 
@@ -52,6 +53,9 @@ class Request:
     # leading blocks given back behind a sliding window (every layer windowed): their
     # entries in block_ids are placeholders no kernel reads (engine.kv.block_manager)
     num_released_blocks: int = 0
+    # the LoRA adapter it runs under (None: the base model); its blocks hash from the
+    # adapter's root, so KV is never shared across adapters (models.block_hash)
+    lora: LoRARequest | None = None
     # set from params at construction: tokens that end the request, and its longest length
     stop_ids: frozenset[int] = field(init=False)
     token_limit: int = field(init=False)
@@ -63,6 +67,11 @@ class Request:
         self.stop_ids = eos | frozenset(self.params.stop_token_ids)
         prompt = len(self.prompt_token_ids)
         self.token_limit = min(prompt + self.params.max_tokens, self.max_model_len)
+
+    @property
+    def hash_root(self) -> int | None:
+        """The parent hash of the request's first KV block."""
+        return self.lora.hash_root if self.lora is not None else None
 
     @property
     def owned_block_ids(self) -> list[int]:

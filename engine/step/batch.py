@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from engine.lora.delta import LoraBatch
 from engine.model.attention import AttentionMetadata
 from engine.sampling.rows import SamplingRows, StepSampling
 from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
@@ -31,6 +32,7 @@ class StepInputs(NamedTuple):
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [sampled] int64: the step's rows to score
     sampling: StepSampling | None  # settings of the sampled rows (None: no batch given)
+    lora: LoraBatch | None = None  # the tokens' adapter slots (None: no adapter in the step)
 
 
 class PersistentBatch:

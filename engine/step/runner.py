@@ -18,6 +18,8 @@ import torch
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
+from engine.lora.delta import choose_kernel
+from engine.lora.manager import LoraManager
 from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.backends import select_attention
 from engine.model.config import ModelConfig
@@ -161,6 +163,7 @@ class ModelRunner:
         self.model = loaded.model
         self.packed_weights = loaded.packed_weights
         self.layout = loaded.layout
+        self.lora = lora_manager(config, model_config, self.model)
         self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory, shared_caches)
         self.num_blocks = (shard or Shard()).min_int(self.kv_capacity.num_blocks)
         if pipe is not None:  # one block count for every stage: the scheduler's
@@ -197,11 +200,15 @@ class ModelRunner:
             raise ValueError("execute() needs at least one scheduled chunk")
         inputs = self.batch.prepare(out, sampled_prefills)
         self._check_lengths(inputs.meta)
+        if self.lora is not None:
+            inputs = inputs._replace(lora=self.lora.prepare(out))
         return inputs
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """float32 logits [sampled rows, vocab] of a prepared step."""
+        if self.lora is not None:
+            self.lora.bind(inputs.lora)
         if self.ranks is None:
             return self._forward(inputs)
         with self.ranks.step(inputs):
@@ -225,6 +232,19 @@ class ModelRunner:
             raise ValueError(
                 f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
             )
+
+
+def lora_manager(
+    config: EngineConfig, model_config: ModelConfig, model: DecoderModel
+) -> LoraManager | None:
+    """The adapters' slots and hooks on the model's layers (None: LoRA is off)."""
+    if not config.enable_lora:
+        return None
+    kernel = choose_kernel(torch.device(config.device), config.dtype, config.cpu_kernels)
+    return LoraManager(
+        model, model_config, config.max_loras, config.max_lora_rank,
+        config.max_cpu_loras or config.max_loras, kernel,
+    )  # fmt: skip
 
 
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters

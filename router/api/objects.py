@@ -125,6 +125,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "splitserve"
     max_model_len: int | None = None
+    root: str | None = None  # a LoRA adapter: its path; the base model: its own id
+    parent: str | None = None  # a LoRA adapter: the base model it adapts
 
 
 class ModelList(BaseModel):

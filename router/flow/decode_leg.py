@@ -104,6 +104,7 @@ class DecodeLeg(Leg):
             kv=kv,
             priority=self._request.priority,
             wait_s=self._deadline.left_s(),
+            lora=self._request.lora,
         )
         ctx = self._s.require_nodes().generate(node, req, self._deadline.at)
         self._stream = await self._stream_ctx.enter_async_context(ctx)

@@ -31,6 +31,7 @@ class PrefillLeg(Leg):
             prompt_token_ids=self._request.prompt_ids,
             sampling=self._request.sampling,
             priority=self._request.priority,
+            lora=self._request.lora,
         )
         state = self._s
         tried: set[str] = set()

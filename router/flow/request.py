@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from cluster.protocol import AdapterRef
 from models.sampling_params import SamplingParams
 from router.errors import APIError
 
@@ -25,6 +26,7 @@ class FlowRequest:
     priority: int = 0
     timeout_s: float | None = None
     counts_prompt: bool = True
+    lora: AdapterRef | None = None  # the LoRA adapter the request's `model` names
 
     def sibling(self, index: int, sampling: SamplingParams) -> FlowRequest:
         """Sample `index` > 0 of the same prompt: its own id and sampling (its own seed)."""

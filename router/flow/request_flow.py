@@ -54,7 +54,7 @@ class RequestFlow:
         self._ticket = ticket
         self._beside = beside
         self._deadline = Deadline.of(request, state.settings.request_timeout_s)
-        query = PrefixQuery(request.prompt_ids)
+        query = PrefixQuery(request.prompt_ids, request.lora.name if request.lora else None)
         self._lease = KVLease(state, request.request_id)
         self._prefill = PrefillLeg(state, request, query, self._deadline, self._lease)
         self._decode = DecodeLeg(state, request, query, self._deadline, self._lease)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cluster.kv_events import KVEventMsg
-from models.block_hash import prefix_block_hashes
+from models.block_hash import adapter_hash_root, prefix_block_hashes
 
 DEVICE = "device"
 
@@ -28,15 +28,17 @@ class _NodeCache:
 
 
 class PrefixQuery:
-    """One request's token ids, hashed once per block size that is asked for."""
+    """One request's token ids, hashed once per block size that is asked for; under a LoRA
+    adapter (`adapter`: its name) the chain starts from the adapter's root, as the nodes'."""
 
-    def __init__(self, token_ids: Sequence[int]) -> None:
+    def __init__(self, token_ids: Sequence[int], adapter: str | None = None) -> None:
         self.token_ids = token_ids
+        self._root = adapter_hash_root(adapter) if adapter is not None else None
         self._hashes: dict[int, list[int]] = {}
 
     def hashes(self, block_size: int) -> list[int]:
         if block_size not in self._hashes:
-            self._hashes[block_size] = prefix_block_hashes(self.token_ids, block_size)
+            self._hashes[block_size] = prefix_block_hashes(self.token_ids, block_size, self._root)
         return self._hashes[block_size]
 
     def reusable_tokens(self, num_blocks: int, block_size: int) -> int:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lora_adapters import hf_greedy, merged_model
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -51,23 +52,7 @@ def _hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int) -> li
 
     Not `generate(min_new_tokens=...)`: that bans EOS, while ignore_eos only keeps going.
     """
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outputs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model(torch.tensor([ids]), use_cache=True)
-            tokens = [int(out.logits[0, -1].argmax())]
-            for _ in range(new_tokens - 1):
-                out = model(
-                    torch.tensor([[tokens[-1]]]),
-                    past_key_values=out.past_key_values,
-                    use_cache=True,
-                )
-                tokens.append(int(out.logits[0, -1].argmax()))
-            outputs.append(tokens)
-    return outputs
+    return hf_greedy(merged_model(model_dir, None), prompts, new_tokens)
 
 
 def test_greedy_batch_equals_transformers(llm: LLM, default_model_dir: Path) -> None:

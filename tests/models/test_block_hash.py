@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.block_hash import block_hash, prefix_block_hashes
+from models.block_hash import adapter_hash_root, block_hash, prefix_block_hashes
 
 
 def test_hashes_are_stable_across_processes() -> None:
@@ -24,3 +24,15 @@ def test_a_block_hash_depends_on_everything_before_it() -> None:
     assert prefix_block_hashes([1, 2, 3], 4) == []
     with pytest.raises(ValueError, match="block_size"):
         prefix_block_hashes([1], 0)
+
+
+def test_an_adapter_root_keys_every_block_and_is_stable() -> None:
+    tokens = list(range(40))
+    base = prefix_block_hashes(tokens, 16)
+    alpha = prefix_block_hashes(tokens, 16, adapter_hash_root("alpha"))
+    beta = prefix_block_hashes(tokens, 16, adapter_hash_root("beta"))
+    assert len(alpha) == len(base) == 2
+    assert not set(alpha) & set(base) and not set(alpha) & set(beta)
+    assert alpha == prefix_block_hashes(tokens, 16, adapter_hash_root("alpha"))
+    # golden: nodes and routers of one cluster must agree on it
+    assert adapter_hash_root("alpha") == 0xFA988A3DE317C2A2

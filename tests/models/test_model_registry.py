@@ -405,3 +405,27 @@ def test_default_model_is_complete_and_second_pull_is_a_no_op(
     assert path == default_model_dir
     assert converter.calls == 0
     assert models.resolve_model("smollm2", default_model_dir.parent) == default_model_dir
+
+
+def test_pull_keeps_the_gguf_beside_the_conversion(
+    fake_registry: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter())
+    path = models.pull("tiny", fake_registry, progress=False)
+    assert (path / Path(FAKE_MEMBER).name).read_bytes() == FAKE_GGUF
+
+
+def test_pull_restores_the_gguf_of_an_older_cache(
+    fake_registry: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(models.convert, "convert_gguf", FakeConverter())
+    path = models.pull("tiny", fake_registry, progress=False)
+    gguf = path / Path(FAKE_MEMBER).name
+    gguf.unlink()  # what a pull from before GGUFs were kept left
+    converter = FakeConverter(fail_midway=AssertionError("converter must not run"))
+    monkeypatch.setattr(models.convert, "convert_gguf", converter)
+    assert models.pull("tiny", fake_registry, progress=False) == path
+    assert gguf.read_bytes() == FAKE_GGUF
+    assert converter.calls == 0
+    assert _temp_dirs(fake_registry) == []
+    assert models.is_pulled("tiny", fake_registry)

@@ -47,6 +47,15 @@ def test_gpu_memory_utilization_reaches_the_engine_config(tmp_path: Path) -> Non
     assert config.max_num_seqs == 64  # the CPU default; engine_config gives 256 on CUDA
 
 
+def test_quantization_reaches_the_engine_config(tmp_path: Path) -> None:
+    settings = settings_from_args(_parse("--quantization", "none"), "decode")
+    assert engine_config(tmp_path, **engine_options(settings)).quantization == "none"
+    default = settings_from_args(_parse(), "decode")
+    assert engine_config(tmp_path, **engine_options(default)).quantization == "auto"
+    with pytest.raises(argparse.ArgumentError):
+        _parse("--quantization", "int3")
+
+
 @pytest.mark.parametrize("bad", ["0", "1.2"])
 def test_gpu_memory_utilization_outside_zero_one_exits_2(
     bad: str, capsys: pytest.CaptureFixture[str]

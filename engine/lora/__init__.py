@@ -1,0 +1,17 @@
+"""Multi-LoRA serving: PEFT adapters applied per row, many adapters in one forward.
+
+- ``request``: ``LoRARequest(name, id, path)``, what a request names (exported by ``engine``).
+- ``adapter``: reads a PEFT directory (``adapter_config.json`` + ``adapter_model.safetensors``)
+  into per-layer A and scaled B matrices; bad files raise ``LoraLoadError`` naming the file.
+- ``slots``: the device slots, adapters stacked per fused matrix (A: [slots, subs * rank, in],
+  B: [slots, out, rank]); q/k/v (gate/up) deltas land in their column ranges.
+- ``delta``: shrink then expand over the per-token slot index (torch, C and Triton paths).
+- ``manager``: registry, host-memory LRU cache, device-slot LRU, the step's ``LoraBatch``.
+- ``gate``: the scheduler's per-step limit of distinct adapters (integers only).
+"""
+
+from __future__ import annotations
+
+from engine.lora.request import LoRARequest
+
+__all__ = ["LoRARequest"]

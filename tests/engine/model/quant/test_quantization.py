@@ -1,0 +1,38 @@
+"""The ``quantization`` setting: unknown names refused before anything loads, ``auto``
+resolved from the device, the dtype and the model directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.model.quant import resolve_quantization
+
+
+def test_unknown_names_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"quantization must be one of auto, none, gguf, awq, gptq, fp8, got 'awq4'",
+    ):
+        EngineConfig(model_dir=tmp_path, quantization="awq4")
+
+
+def test_auto_serves_the_gguf_on_a_cpu_fp32_engine(tmp_path: Path) -> None:
+    assert resolve_quantization("auto", tmp_path, "cpu", fp32=True) == "none"
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert resolve_quantization("auto", tmp_path, "cpu", fp32=True) == "gguf"
+    assert resolve_quantization("auto", tmp_path, "cuda:0", fp32=True) == "none"
+    assert resolve_quantization("auto", tmp_path, "cpu", fp32=False) == "none"
+    assert resolve_quantization("auto", tmp_path, "cpu", True, checkpoint=False) == "none"
+    assert resolve_quantization("none", tmp_path, "cpu", fp32=True) == "none"
+
+
+def test_gguf_needs_exactly_one_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"quantization 'gguf' needs a \*\.gguf file there"):
+        resolve_quantization("gguf", tmp_path, "cpu", fp32=True)
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    (tmp_path / "b.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match=r"several GGUF files \(a\.gguf, b\.gguf\)"):
+        resolve_quantization("gguf", tmp_path, "cpu", fp32=True)

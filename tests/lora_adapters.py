@@ -1,0 +1,68 @@
+"""Random-weight LoRA adapters made with peft (the PEFT layout the engine reads), and
+transformers' greedy decoding with an adapter merged: the oracle of the LoRA tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def make_adapter(
+    base_dir: Path,
+    out_dir: Path,
+    seed: int,
+    rank: int = 8,
+    alpha: float = 16,
+    targets: Sequence[str] = ALL_TARGETS,
+    rslora: bool = False,
+    b_scale: float = 0.5,
+) -> Path:
+    """Save a random adapter of the model in base_dir to out_dir. peft starts B at zero (no
+    change); here B is drawn too, scaled so that the adapter changes the greedy tokens."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=list(targets), use_rslora=rslora,
+        lora_dropout=0.0, bias="none",
+    )  # fmt: skip
+    model = get_peft_model(base, config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn_like(param) * b_scale / rank**0.5)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def merged_model(base_dir: Path, adapter_dir: Path | None) -> PreTrainedModel:
+    """The base model with the adapter merged into its weights (None: the base model)."""
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if adapter_dir is None:
+        return base.eval()
+    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
+
+
+def hf_greedy(
+    model: PreTrainedModel, prompts: Sequence[list[int]], new_tokens: int
+) -> list[list[int]]:
+    """Greedy tokens of every prompt with transformers' own model and KV cache."""
+    outputs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = model(torch.tensor([ids]), use_cache=True)
+            tokens = [int(out.logits[0, -1].argmax())]
+            for _ in range(new_tokens - 1):
+                step = torch.tensor([[tokens[-1]]])
+                out = model(step, past_key_values=out.past_key_values, use_cache=True)
+                tokens.append(int(out.logits[0, -1].argmax()))
+            outputs.append(tokens)
+    return outputs
