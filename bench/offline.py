@@ -3,7 +3,8 @@
     python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync]
                             [--compare-vllm PYTHON (bench.references)]
                             [--random-model NAME (bench.random_model.SHAPES)] [--out PATH]
-                            [--tensor-parallel-size N (bench.tensor_parallel)]
+                            [--tensor-parallel-size N] [--pipeline-parallel-size N]
+                            (bench.tensor_parallel)
 
 On CUDA it also times decode steps of the whole batch against their same-run roofline
 (bench.decode_step).
@@ -26,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,7 @@ def run_engine(
         bar.update(n)
     elapsed = time.perf_counter() - start
     bar.close()
+    stages = engine.ranks.stage_times() if engine.ranks is not None else []
     engine.close()  # its tensor-parallel ranks, its KV tiers
     c = engine.counters
     if moe is not None:
@@ -110,6 +113,11 @@ def run_engine(
         # the median step: the decode steps of the whole batch (prefill is one or two steps)
         "median_step_ms": 1e3 * statistics.median(step_s) if step_s else 0.0,
         "grammar_mask_ms_per_step": 1e3 * c.grammar_mask_seconds / max(c.grammar_mask_steps, 1),
+        **(
+            {"pipeline_stages": [asdict(t) | {"bubble": t.bubble} for t in stages]}
+            if stages
+            else {}
+        ),
     }
 
 
@@ -202,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", default="1,8", help="speculative: batch sizes, e.g. 1,4,8")
     ap.add_argument("--rounds", type=int, default=3, help="speculative: requests per slot")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="N ranks x 1 thread vs N")
+    ap.add_argument("--pipeline-parallel-size", type=int, default=1, help="stages; as above")
     args = ap.parse_args(argv)
 
     from models import ensure_model
@@ -249,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             "splitserve": _faster(timed[0], timed[3]),
             "json_schema": _faster(timed[1], timed[2]),
         }
-    elif args.tensor_parallel_size > 1:  # bench.tensor_parallel
-        from bench.tensor_parallel import tensor_parallel_main
+    elif args.tensor_parallel_size * args.pipeline_parallel_size > 1:  # bench.tensor_parallel
+        from bench.tensor_parallel import parallel_main
 
-        runs = tensor_parallel_main(args, model_dir, prompts, run_engine, options)
+        runs = parallel_main(args, model_dir, prompts, run_engine, options)
     else:
         runs = {"splitserve": run_engine(*engine_args, **options)}
     if args.compare_hf:

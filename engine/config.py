@@ -112,7 +112,10 @@ class EngineConfig:
     # vocabulary split over this many ranks, one process each (rank 0 is the engine's own);
     # each holds 1/N of the weights and its heads' share of the KV cache (sized per rank).
     tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1  # layer stages; only 1 is built
+    # Pipeline parallelism (engine.parallel.pipeline): contiguous layer stages, each of
+    # tensor_parallel_size ranks holding its layers' weights and KV cache; a step's rows
+    # flow through them in micro-batches.
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -221,27 +224,23 @@ def check_parallel(config: EngineConfig) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
-    if config.pipeline_parallel_size > 1:
-        raise ValueError(
-            f"EngineConfig.pipeline_parallel_size={config.pipeline_parallel_size}: pipeline "
-            "parallelism is not built yet (use tensor_parallel_size)"
-        )
-    tp = config.tensor_parallel_size
-    if tp == 1:
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    if tp * pp == 1:
         return
+    name = f"tensor_parallel_size={tp}" if pp == 1 else f"pipeline_parallel_size={pp}"
+    if tp > 1 and pp > 1:
+        name = f"tensor_parallel_size={tp} x pipeline_parallel_size={pp}"
     if config.speculative_method != "none":
-        raise ValueError(
-            f"EngineConfig.tensor_parallel_size={tp} does not go with speculative decoding yet"
-        )
+        raise ValueError(f"EngineConfig.{name} does not go with speculative decoding yet")
     if config.kv_offload_cpu_gb is not None:
-        raise ValueError(f"EngineConfig.tensor_parallel_size={tp} does not go with KV tiers yet")
+        raise ValueError(f"EngineConfig.{name} does not go with KV tiers yet")
     if config.enable_lora:
-        raise ValueError(f"EngineConfig.tensor_parallel_size={tp} does not go with LoRA yet")
+        raise ValueError(f"EngineConfig.{name} does not go with LoRA yet")
     if str(config.device).startswith("cuda"):
         first = int(str(config.device).split(":")[1]) if ":" in str(config.device) else 0
-        if first + tp > torch.cuda.device_count():
+        if first + tp * pp > torch.cuda.device_count():
             raise ValueError(
-                f"EngineConfig.tensor_parallel_size={tp} needs GPUs {first}..{first + tp - 1}, "
+                f"EngineConfig.{name} needs GPUs {first}..{first + tp * pp - 1}, "
                 f"found {torch.cuda.device_count()}"
             )
 

@@ -68,8 +68,9 @@ class LLMEngine:
             if speculates and config.speculative_method == "draft"
             else None
         )
-        # tensor parallelism: this process is rank 0, the others run under it
-        self.ranks = RankGroup(config) if config.tensor_parallel_size > 1 else None
+        # tensor and pipeline parallelism: this process is rank 0, the others run under it
+        multi_rank = config.tensor_parallel_size * config.pipeline_parallel_size > 1
+        self.ranks = RankGroup(config) if multi_rank else None
         try:
             self.runner = ModelRunner(
                 config,
@@ -78,6 +79,7 @@ class LLMEngine:
                 chunk_rows=GuessRowLayout() if speculates else None,
                 shard=self.ranks.shard if self.ranks is not None else None,
                 ranks=self.ranks,
+                pipe=self.ranks.pipe if self.ranks is not None else None,
             )
         except Exception:
             if self.ranks is not None:

@@ -27,6 +27,7 @@ from engine.model.moe import weight_targets as moe_weight_targets
 from engine.model.quant.weight import PackedMatrix, QuantWeight
 from engine.model.rope import Rotary
 from engine.model.shard import Shard, experts, shard_config
+from engine.model.stage import Stage
 
 
 class DecoderLayer(nn.Module):
@@ -37,16 +38,18 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         shard: Shard | None = None,
+        cache_index: int | None = None,
     ) -> None:
         """``config``: the rank's (``engine.model.shard.shard_config``) with a ``shard``;
-        the attention and MLP outputs are then partial sums, added up over the ranks."""
+        the attention and MLP outputs are then partial sums, added up over the ranks.
+        ``cache_index``: the layer's place in a pipeline stage's KV cache."""
         super().__init__()
         hidden, sandwich = config.hidden_size, config.sandwich_norms
         self.shard = shard or Shard()
         self.index = index
         self.eps = config.rms_norm_eps
         self.input_norm = weight(hidden, dtype=dtype, device=device)
-        self.attn = SelfAttention(config, index, dtype, device)
+        self.attn = SelfAttention(config, index, dtype, device, cache_index)
         self.attn_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
         self.mlp_norm = weight(hidden, dtype=dtype, device=device)
         self.mlp_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
@@ -145,8 +148,10 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """A causal LM of any family. Weights are empty until ``engine.model.loader``'s
     ``load_weights`` (or ``init_random_weights``) fills them. With a ``shard`` of a
-    tensor-parallel group it holds that rank's part (``engine.model.shard``); ``config``
-    stays the whole model's."""
+    tensor-parallel group it holds that rank's part (``engine.model.shard``); with a
+    pipeline ``stage``, that stage's layers, its ends' embedding or head
+    (``engine.model.stage``; the tensors it lacks are empty); ``config`` stays the whole
+    model's."""
 
     def __init__(
         self,
@@ -156,22 +161,28 @@ class DecoderModel(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         shard: Shard | None = None,
+        stage: Stage | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.shard = shard = shard or Shard()
+        self.stage = stage = stage or Stage.whole(config.num_hidden_layers)
         self.attention = attention
         vocab, hidden = shard.vocab_rows(config.vocab_size), config.hidden_size
-        self.embed = weight(vocab, hidden, dtype=dtype, device=device)
+        tied = config.tie_word_embeddings
+        rows = vocab if stage.has_embedding(tied) else 0
+        self.embed = weight(rows, hidden, dtype=dtype, device=device)
         local = shard_config(config, shard)
+        first = stage.layers.start
         self.layers = nn.ModuleList(
-            DecoderLayer(local, i, dtype, device, shard) for i in range(config.num_hidden_layers)
+            DecoderLayer(local, i, dtype, device, shard, i - first)
+            for i in range(first, stage.layers.stop)
         )
-        self.norm = weight(hidden, dtype=dtype, device=device)
+        self.norm = weight(hidden if stage.last else 0, dtype=dtype, device=device)
         self.lm_head = (
             self.embed
-            if config.tie_word_embeddings
-            else weight(vocab, hidden, dtype=dtype, device=device)
+            if tied
+            else weight(vocab if stage.last else 0, hidden, dtype=dtype, device=device)
         )
         ropes = [config.rope] + ([config.local_rope] if config.local_rope is not None else [])
         self.rotaries = nn.ModuleList(
@@ -205,7 +216,7 @@ class DecoderModel(nn.Module):
             return False
         for layer in self.decoder_layers():
             layer.pack_cpu_weights()
-        if self.packed_lm_head is None:
+        if self.packed_lm_head is None and self.stage.last:
             self.packed_lm_head = cpu_linear.pack(self.lm_head)
         return True
 
@@ -226,14 +237,16 @@ class DecoderModel(nn.Module):
     def weight_targets(self, names: Collection[str] | None = None) -> dict[str, torch.Tensor]:
         """HF tensor name -> the engine weight (or fused slice) it fills (``names``: the
         checkpoint's, where a layer's layout depends on them)."""
-        targets = {
-            "model.embed_tokens.weight": self.embed.data,
-            "model.norm.weight": self.norm.data,
-        }
-        if not self.config.tie_word_embeddings:
-            targets["lm_head.weight"] = self.lm_head.data
-        for i, layer in enumerate(self.decoder_layers()):
-            targets |= layer.weight_targets(f"model.layers.{i}.", names)
+        tied, stage = self.config.tie_word_embeddings, self.stage
+        targets = {}
+        if stage.has_embedding(tied):
+            targets["model.embed_tokens.weight"] = self.embed.data
+        if stage.last:
+            targets["model.norm.weight"] = self.norm.data
+            if not tied:
+                targets["lm_head.weight"] = self.lm_head.data
+        for layer in self.decoder_layers():
+            targets |= layer.weight_targets(f"model.layers.{layer.index}.", names)
         return targets
 
     def weight_bytes(self) -> tuple[int, int]:
@@ -262,12 +275,35 @@ class DecoderModel(nn.Module):
         meta: AttentionMetadata,
         kv_cache: torch.Tensor,
         logits_indices: torch.Tensor,
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids: [tokens]; logits_indices: [sampled] rows of the step to score.
+        """input_ids: [tokens]; logits_indices: [sampled] rows of the step to score;
+        ``hidden``: on a pipeline stage after the first, the previous stage's output
+        [tokens, hidden] (updated in place; None: zeros, the memory profile's).
 
         Writes the step's K/V into ``kv_cache``; returns logits [sampled, vocab] in the
-        model dtype.
+        model dtype, or on a stage before the last its hidden states [tokens, hidden].
         """
+        cfg = self.config
+        h = self.embed_tokens(input_ids) if self.stage.first else hidden  # [tokens, hidden]
+        if h is None:
+            h = torch.zeros(
+                input_ids.shape[0], cfg.hidden_size, dtype=self.embed.dtype, device=input_ids.device
+            )
+        ops = self.step_ops(h, kv_cache, meta)
+        for layer in self.layers:
+            h = layer(h, ops, kv_cache, meta, self.attention)
+        if not self.stage.last:
+            return h
+        last = ops[0].norm(h[logits_indices], self.norm, cfg.rms_norm_eps)
+        logits = cpu_linear.linear(last, self.lm_head, self.packed_lm_head)  # [sampled, vocab]
+        logits = self.shard.gather_vocab(logits, cfg.vocab_size)
+        if cfg.final_softcap:
+            logits = torch.tanh(logits.div_(cfg.final_softcap)).mul_(cfg.final_softcap)
+        return logits
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: [tokens] -> [tokens, hidden], scaled where the family scales."""
         cfg = self.config
         h = (  # [tokens, hidden]
             self.shard.embed(input_ids, self.embed, cfg.vocab_size)
@@ -276,12 +312,4 @@ class DecoderModel(nn.Module):
         )
         if cfg.embed_scale != 1.0:  # Gemma: the scale rounded to the model dtype, as trained
             h.mul_(torch.tensor(cfg.embed_scale, dtype=h.dtype))
-        ops = self.step_ops(h, kv_cache, meta)
-        for layer in self.layers:
-            h = layer(h, ops, kv_cache, meta, self.attention)
-        last = ops[0].norm(h[logits_indices], self.norm, cfg.rms_norm_eps)
-        logits = cpu_linear.linear(last, self.lm_head, self.packed_lm_head)  # [sampled, vocab]
-        logits = self.shard.gather_vocab(logits, cfg.vocab_size)
-        if cfg.final_softcap:
-            logits = torch.tanh(logits.div_(cfg.final_softcap)).mul_(cfg.final_softcap)
-        return logits
+        return h

@@ -78,11 +78,18 @@ class SelfAttention(Packed):
     MATRICES = ("qkv", "o_proj")
 
     def __init__(
-        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        config: ModelConfig,
+        index: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        cache_index: int | None = None,
     ) -> None:
+        """``index``: the model's layer; ``cache_index``: its layer in the KV cache, where
+        the cache holds only some layers (a pipeline stage's); default ``index``."""
         super().__init__()
         q, kv, hidden, d = config.q_size, config.kv_size, config.hidden_size, config.head_dim
-        self.index = index
+        self.index = index if cache_index is None else cache_index
         self.q_size, self.kv_size = q, kv
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads

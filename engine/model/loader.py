@@ -102,12 +102,17 @@ def _tensors(
     files: list[Path], model: DecoderModel
 ) -> Iterator[tuple[Path, str, torch.Tensor | None]]:
     """Each tensor's part this model holds (all of it on one rank; a tensor-parallel rank
-    reads only its slice, None for another rank's expert)."""
+    reads only its slice, None for another rank's expert or another pipeline stage's
+    tensor, which is not read)."""
+    tied = model.config.tie_word_embeddings
     for path in files:
         if not path.is_file():
             raise ValueError(f"{path}: safetensors file named by the index is missing")
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if not model.stage.holds(name, tied):
+                    yield path, name, None
+                    continue
                 yield path, name, shard_load.read(f, name, model.config, model.shard)
 
 

@@ -1,5 +1,5 @@
-"""Rank 0's side of a tensor-parallel engine: starts the other ranks, hands them each step,
-watches them, and stops them.
+"""Rank 0's side of a multi-rank engine (tensor and pipeline parallel): starts the other
+ranks, hands them each step, watches them, and stops them.
 
 The ranks are spawned processes joined in one ``torch.distributed`` group (gloo on the CPU,
 NCCL on CUDA) over a free local port. They belong to the engine: a rank that exits makes
@@ -27,8 +27,10 @@ import torch
 import torch.distributed as dist
 
 from engine.config import EngineConfig
+from engine.model.config import ModelConfig
 from engine.model.shard import Shard
-from engine.parallel.messages import StepPlan, Stop
+from engine.parallel.messages import Report, StepPlan, Stop
+from engine.parallel.pipeline import StagePipe, StageTimes, stage_pipe
 from engine.step.batch import StepInputs
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,8 @@ _JOIN_S = 10.0  # a rank's time to exit after Stop before it is killed
 
 
 class RankFailed(RuntimeError):
-    """A tensor-parallel rank died or failed: the engine cannot step any more."""
+    """A rank (tensor-parallel, or of a pipeline stage) died or failed: the engine cannot
+    step any more."""
 
 
 def free_port() -> int:
@@ -51,16 +54,28 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def init_group(rank: int, size: int, port: int, device: str) -> Shard:
-    """Join the group as ``rank``; the shard's collectives take tensors on ``device``."""
+def world_size(config: EngineConfig) -> int:
+    return config.tensor_parallel_size * config.pipeline_parallel_size
+
+
+def init_group(rank: int, config: EngineConfig, port: int, device: str) -> Shard:
+    """Join the group as global ``rank``; its tensor-parallel shard, whose collectives take
+    tensors on ``device`` and span the ranks of its pipeline stage
+    (``engine.parallel.pipeline`` numbers them)."""
+    tp = config.tensor_parallel_size
     dist.init_process_group(
         backend_for(device),
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
-        world_size=size,
+        world_size=world_size(config),
         timeout=GROUP_TIMEOUT,
     )
-    return Shard(rank, size, device=device)
+    group = None  # one stage: the default group is the stage's
+    if config.pipeline_parallel_size > 1 and tp > 1:  # every rank makes every stage's group
+        stages = range(config.pipeline_parallel_size)
+        groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in stages]
+        group = groups[rank // tp]
+    return Shard(rank % tp, tp, group=group, device=device)
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -72,15 +87,17 @@ def rank_device(device: str, rank: int) -> str:
 
 
 class RankGroup:
-    """The ranks 1..N-1 of an engine of ``config.tensor_parallel_size`` N, and rank 0's
-    ``shard``; implements ``engine.step.runner.StepBroadcast``."""
+    """The ranks 1..N-1 of an engine of N = TP x PP ranks, rank 0's ``shard`` and (with
+    pipeline stages) its ``pipe``; implements ``engine.step.runner.StepBroadcast``."""
 
     def __init__(self, config: EngineConfig) -> None:
         from engine.parallel.worker import run_rank
 
-        size = config.tensor_parallel_size
+        size = world_size(config)
+        self.tensor_parallel_size = config.tensor_parallel_size
+        self.pipe: StagePipe | None = stage_pipe(config, ModelConfig.from_dir(config.model_dir), 0)
         if dist.is_initialized():
-            raise RuntimeError("a tensor-parallel engine is already running in this process")
+            raise RuntimeError("a multi-rank engine is already running in this process")
         port = free_port()
         spawn = multiprocessing.get_context("spawn")
         threads = torch.get_num_threads()
@@ -91,8 +108,8 @@ class RankGroup:
         self.processes: list[BaseProcess] = [
             spawn.Process(
                 target=run_rank,
-                args=(config, rank, size, port, os.getpid(), threads, pipes[rank - 1][1]),
-                name=f"tp-rank-{rank}",
+                args=(config, rank, port, os.getpid(), threads, pipes[rank - 1][1]),
+                name=f"engine-rank-{rank}",
                 daemon=True,
             )
             for rank in range(1, size)
@@ -107,7 +124,7 @@ class RankGroup:
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
         self._monitor.start()
         try:
-            self.shard = init_group(0, size, port, rank_device(config.device, 0))
+            self.shard = init_group(0, config, port, rank_device(config.device, 0))
         except Exception:
             self._kill()
             raise
@@ -149,6 +166,18 @@ class RankGroup:
         except Exception as exc:
             raise RankFailed(self._explain(exc)) from exc
 
+    def stage_times(self) -> list[StageTimes]:
+        """Each pipeline stage's times so far (its tensor-parallel rank 0's); [] without
+        stages."""
+        if self.pipe is None:
+            return []
+        if self.failure is not None:
+            raise RankFailed(self.failure)
+        self._broadcast(Report())
+        every: list[StageTimes | None] = [None] * (len(self.processes) + 1)
+        dist.gather_object(self.pipe.times, every, dst=0)
+        return [t for t in every if t is not None and t.tp_rank == 0]
+
     def close(self) -> None:
         """Stop the ranks (Stop, then a kill for those still running); leave the group."""
         if self._closing:
@@ -158,14 +187,14 @@ class RankGroup:
             try:
                 self._broadcast(Stop())
             except Exception:
-                log.warning("tensor-parallel ranks did not take Stop; killing them")
+                log.warning("engine ranks did not take Stop; killing them")
         for process in self.processes:
             process.join(_JOIN_S)
         self._kill()
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def _broadcast(self, message: StepPlan | Stop) -> None:
+    def _broadcast(self, message: StepPlan | Report | Stop) -> None:
         dist.broadcast_object_list([message], src=0)
 
     def _explain(self, exc: Exception) -> str:
@@ -175,16 +204,23 @@ class RankGroup:
         dead = self._dead()
         if dead:
             return dead
-        return f"tensor-parallel collective failed: {type(exc).__name__}: {exc}"
+        return f"multi-rank step failed: {type(exc).__name__}: {exc}"
 
     def _dead(self) -> str | None:
         for rank, process in enumerate(self.processes, start=1):
             if process.exitcode is not None:
                 return (
-                    f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
+                    f"{self._role(rank)} rank {rank} (pid {process.pid}) exited with code "
                     f"{process.exitcode}; the engine cannot step any more"
                 )
         return None
+
+    def _role(self, rank: int) -> str:
+        """What a rank is, for errors: ``tensor-parallel`` or its pipeline stage."""
+        if self.pipe is None:
+            return "tensor-parallel"
+        tp = self.tensor_parallel_size
+        return f"pipeline stage {rank // tp} (tensor-parallel rank {rank % tp}):"
 
     def _watch(self) -> None:
         """Wait for any rank to exit; unless closing, record the failure and tell."""
@@ -194,7 +230,7 @@ class RankGroup:
             return
         for sentinel in ready:  # its pipe closed: the exit code follows at once
             by_sentinel[cast(int, sentinel)].join(_JOIN_S)
-        self.failure = self._dead() or "a tensor-parallel rank exited"
+        self.failure = self._dead() or "an engine rank exited"
         log.error("%s", self.failure)
         for callback in list(self.on_failure):
             callback(self.failure)

@@ -35,6 +35,11 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class Report:
+    """Every rank sends rank 0 its pipeline stage's times (``gather_object``)."""
+
+
+@dataclass(frozen=True)
 class Stop:
     """The engine closes: the ranks leave their loop and exit."""
 

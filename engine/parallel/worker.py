@@ -1,5 +1,5 @@
-"""A tensor-parallel rank other than 0: its shard of the model and of the KV cache, one
-forward per step it is sent, until Stop."""
+"""A rank other than 0: its shard of its pipeline stage's model and KV cache, one forward
+per step it is sent, until Stop."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
-from engine.parallel.messages import StepPlan, Stop
+from engine.parallel.messages import Report, StepPlan, Stop
+from engine.parallel.pipeline import StagePipe, stage_pipe
 from engine.parallel.watchdog import watch_parent
 from engine.step.runner import ModelRunner
 
@@ -23,7 +24,6 @@ log = logging.getLogger(__name__)
 def run_rank(
     config: EngineConfig,
     rank: int,
-    size: int,
     port: int,
     parent_pid: int,
     threads: int,
@@ -39,16 +39,17 @@ def run_rank(
     device = rank_device(config.device, rank)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    shard = init_group(rank, size, port, device)
+    shard = init_group(rank, config, port, device)
     try:
-        runner = ModelRunner(
-            _on(config, device), ModelConfig.from_dir(config.model_dir), shard=shard
-        )
+        config = _on(config, device)
+        model_config = ModelConfig.from_dir(config.model_dir)
+        pipe = stage_pipe(config, model_config, rank)
+        runner = ModelRunner(config, model_config, shard=shard, pipe=pipe)
         if kv_pipe is not None:
             share_kv_cache(runner, kv_pipe)
-        serve(runner)
+        serve(runner, pipe)
     except Exception:
-        log.exception("tensor-parallel rank %d failed", rank)
+        log.exception("engine rank %d failed", rank)
         sys.exit(1)
     dist.destroy_process_group()
 
@@ -62,7 +63,7 @@ def share_kv_cache(runner: ModelRunner, pipe: Connection) -> None:
     pipe.close()
 
 
-def serve(runner: ModelRunner) -> None:
+def serve(runner: ModelRunner, pipe: StagePipe | None = None) -> None:
     """Run the steps rank 0 broadcasts until it sends Stop."""
     while True:
         box: list[StepPlan | Stop | None] = [None]
@@ -70,6 +71,10 @@ def serve(runner: ModelRunner) -> None:
         message = box[0]
         if isinstance(message, Stop):
             return
+        if isinstance(message, Report):
+            times = pipe.times if pipe is not None else None
+            dist.gather_object(times, None, dst=0)
+            continue
         if not isinstance(message, StepPlan):
             raise TypeError(f"rank got {type(message).__name__}, not a step")
         runner.forward(message.inputs(runner.device))

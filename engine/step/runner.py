@@ -27,6 +27,7 @@ from engine.model.decoder import DecoderModel
 from engine.model.loader import init_random_weights, load_weights
 from engine.model.quant import resolve_quantization
 from engine.model.shard import Shard, shard_config
+from engine.model.stage import Stage, stage_config
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
@@ -39,6 +40,22 @@ class StepBroadcast(Protocol):
 
     def step(self, inputs: StepInputs) -> AbstractContextManager[None]:
         """Send ``inputs``; rank 0's forward runs inside (a failed rank raises there)."""
+        ...
+
+
+class StagePipe(Protocol):
+    """A pipeline stage's link to the others (engine.parallel.pipeline)."""
+
+    stage: Stage
+
+    def forward(
+        self, model: DecoderModel, inputs: StepInputs, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """The step through this stage's layers; the logits on rank 0."""
+        ...
+
+    def min_int(self, value: int) -> int:
+        """The smallest ``value`` over every rank."""
         ...
 
 
@@ -59,10 +76,11 @@ def load_model(
     model_config: ModelConfig,
     attention: AttentionBackend | None = None,
     shard: Shard | None = None,
+    stage: Stage | None = None,
 ) -> LoadedModel:
     """Build the model on ``config.device``, load (or draw) its weights, pack them for the
     CPU kernels where asked; with a tensor-parallel ``shard``, that rank's part of them and
-    the layout of its part of the KV cache."""
+    the layout of its part of the KV cache; with a pipeline ``stage``, its layers' only."""
     device = torch.device(config.device)
     if device.type == "cpu":
         retain_freed_host_memory()
@@ -80,6 +98,7 @@ def load_model(
         config.dtype,
         device,
         shard,
+        stage,
     )
     if config.load_format == "random":
         init_random_weights(model)
@@ -87,7 +106,7 @@ def load_model(
         load_weights(model, config.model_dir, engine_quantization(config))
     packed = config.pack_cpu_weights and model.pack_cpu_weights()
     model.use_cpu_kernels(config.cpu_kernels)
-    local = shard_config(model_config, shard or Shard())
+    local = stage_config(shard_config(model_config, shard or Shard()), model.stage)
     layout = KVLayout.for_model(local, config.dtype, config.block_size, config.kv_cache_dtype)
     return LoadedModel(model_config, model, max_model_len, layout, packed)
 
@@ -101,12 +120,13 @@ def engine_quantization(config: EngineConfig) -> str:
     method = resolve_quantization(
         config.quantization, config.model_dir, config.device, fp32, not random
     )
-    if config.tensor_parallel_size > 1 and method != "none":
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    if tp * pp > 1 and method != "none":
         if config.quantization == "auto" and method == "gguf":
             return "none"
         raise ValueError(
-            f"quantization {method!r} with tensor_parallel_size "
-            f"{config.tensor_parallel_size}: quantized weights are not sharded across ranks yet"
+            f"quantization {method!r} with tensor_parallel_size {tp} and "
+            f"pipeline_parallel_size {pp}: quantized weights are not sharded across ranks yet"
         )
     return method
 
@@ -125,6 +145,7 @@ class ModelRunner:
         chunk_rows: ChunkRowLayout | None = None,
         shard: Shard | None = None,
         ranks: StepBroadcast | None = None,
+        pipe: StagePipe | None = None,
     ) -> None:
         """`loaded`: the weights, already on the device (else loaded here, with `attention`).
         `shared_caches`: caches to be allocated with this cache's block count (a draft
@@ -132,12 +153,15 @@ class ModelRunner:
         `chunk_rows`: lays some chunks out as decode rows (engine.step.chunk_rows).
         `shard`: the tensor-parallel rank this runner is (every rank's runner is built
         alike, the block count agreed on); `ranks`: on rank 0, sends each step's inputs to
-        the other ranks (engine.parallel)."""
+        the other ranks (engine.parallel); `pipe`: this rank's pipeline stage, whose layers
+        and KV cache it holds, and its link to the other stages."""
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
         if loaded is None:
-            loaded = load_model(config, model_config, attention, shard)
+            loaded = load_model(
+                config, model_config, attention, shard, pipe.stage if pipe is not None else None
+            )
         self.max_model_len = loaded.max_model_len
         self.model = loaded.model
         self.packed_weights = loaded.packed_weights
@@ -145,7 +169,10 @@ class ModelRunner:
         self.lora = lora_manager(config, model_config, self.model)
         self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory, shared_caches)
         self.num_blocks = (shard or Shard()).min_int(self.kv_capacity.num_blocks)
+        if pipe is not None:  # one block count for every stage: the scheduler's
+            self.num_blocks = pipe.min_int(self.num_blocks)
         self.ranks = ranks
+        self.pipe = pipe
         # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
         self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
         max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
@@ -191,6 +218,8 @@ class ModelRunner:
             return self._forward(inputs)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        if self.pipe is not None:
+            return self.pipe.forward(self.model, inputs, self.kv_cache).float()
         logits = self.model(inputs.input_ids, inputs.meta, self.kv_cache, inputs.logits_indices)
         return logits.float()
 

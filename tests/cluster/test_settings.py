@@ -34,6 +34,11 @@ def test_settings_are_frozen() -> None:
         (NodeSettings, {"num_kv_blocks": 10, "kv_cache_memory_gb": 1.0}, "num_kv_blocks"),
         (NodeSettings, {"node_id": "has space"}, "node_id"),
         (NodeSettings, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        (
+            NodeSettings,
+            {"pipeline_parallel_size": 2, "role": "prefill"},
+            "pipeline_parallel_size 2",
+        ),
     ],
 )
 def test_invalid_values_raise_settings_error_naming_the_field(
