@@ -61,3 +61,31 @@ def test_each_tier_filled_past_its_size(tiny_dir: Path, tmp_path: Path) -> None:
         assert stats[f"{tier}_used_blocks"] <= stats[f"{tier}_capacity_blocks"]
     assert len(list((tmp_path / "kv").glob("*.kvb"))) == stats["disk_used_blocks"]
     back_to_start(tiered)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3"])
+def test_quantized_blocks_move_through_the_tiers_with_their_scales(
+    tiny_dir: Path, tmp_path: Path, kv_cache_dtype: str
+) -> None:
+    """The scales live in the block rows: a prefix loaded back from the host or disk tier
+    gives the tokens of the same quantized engine whose device cache kept every prefix (a
+    prefix hit reads the quantized K/V, a prompt computed afresh attends over its own)."""
+    work = [(f"r{i}", prompt(i, 25)) for i in range(6)] + conversation()
+    roomy = engine(tiny_dir, kv_cache_dtype=kv_cache_dtype, num_kv_blocks=256)
+    expected = run(roomy, work)
+    tiered = engine(
+        tiny_dir,
+        kv_cache_dtype=kv_cache_dtype,
+        kv_offload_cpu_gb=gib(3),
+        kv_offload_disk_path=tmp_path / "kv",
+        kv_offload_disk_gb=disk_gib(40),
+    )
+    assert run(tiered, work) == expected
+    tiered.close()
+    stats = tiered.counters.kv_tiers
+    assert stats["host_hits"] + stats["disk_hits"] > 0
+    assert tiered.counters.prefix_hit_tokens == roomy.counters.prefix_hit_tokens
+    block_bytes = tiered.runner.layout.block_bytes
+    assert block_bytes == 2 * 2 * BS * 2 * (16 + 4)  # one-byte codes + a 4-byte scale per row
+    assert stats["host_bytes_out"] == stats["host_loads"] * block_bytes
+    back_to_start(tiered)
