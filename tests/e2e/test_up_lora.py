@@ -1,4 +1,5 @@
-"""Multi-LoRA through `splitserve up` (1 prefill + 1 decode), driven by the openai client.
+"""Multi-LoRA through `splitserve up` (1 prefill + 1 decode, and colocated), driven by the
+openai client.
 
 An adapter given at start and one loaded at run time answer like the offline engine with the
 same adapter (prompts long enough to go through the prefill pool and the KV transfer, and a
@@ -137,3 +138,17 @@ def test_bad_adapter_file_is_a_400_naming_it_and_the_cluster_keeps_serving(
     assert _texts(client, "alpha") == offline["alpha"]
     names = list(cluster.layout["nodes"])
     assert all(s.load.free_blocks == s.load.total_blocks for s in cluster.wait_idle(names).values())
+
+
+def test_a_colocated_node_answers_as_both_pools(
+    default_model_dir: Path,
+    adapters: dict[str, Path],
+    offline: dict[str | None, list[str]],
+    tmp_path: Path,
+) -> None:
+    """The same adapter on one colocated node: the answers the 1 x 1 cluster gave (offline's)."""
+    flags = ["--colocated", "--num-kv-blocks", "128", "--enable-lora", "--max-lora-rank", "8"]
+    flags += ["--lora-modules", f"alpha={adapters['alpha']}"]
+    with running_cluster(default_model_dir, tmp_path, *flags) as up:
+        assert _texts(up.openai_client(), "alpha") == offline["alpha"]
+        assert all(n >= 1 for n in _served(up, "alpha").values())
