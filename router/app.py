@@ -82,7 +82,7 @@ def create_app(
     app.state.router = state
     for router in _ROUTERS:
         app.include_router(router)
-    install_openapi(app, keyed=bool(state.api_keys))
+    install_openapi(app, keyed=bool(state.api_keys), model=state.settings.model_name())
     _install_error_handlers(app)
     app.add_middleware(RequestMetrics, metrics=metrics, routes=route_paths())
     return app

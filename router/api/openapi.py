@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from cluster.protocol import LoadAdapterRequest
 from router.api.objects import ChatCompletion, ChatCompletionChunk, Completion, ModelList
 from router.api.requests import ChatCompletionRequest, CompletionRequest
 from router.api.tokenize import (
@@ -29,7 +30,8 @@ from router.api.tokenize import (
 REF = "#/components/schemas/{model}"
 DESCRIPTION = (
     "The OpenAI-compatible API of a splitserve cluster (chat completions, completions, "
-    "models), vLLM's /tokenize and /detokenize, and the probes. Errors are OpenAI's error object."
+    "models), vLLM's /tokenize and /detokenize and LoRA adapter loading, and the probes. "
+    "Errors are OpenAI's error object."
 )
 Names = dict[Any, dict[str, Any]]  # model -> its {"$ref": ...} in the components
 
@@ -58,6 +60,13 @@ class HealthResponse(BaseModel):
     status: Literal["ok"]
 
 
+class AdapterResponse(BaseModel):
+    """A LoRA adapter loaded on (or unloaded from) every node."""
+
+    status: Literal["ok"]
+    lora_name: str
+
+
 _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (ChatCompletionRequest, "validation"),
     (CompletionRequest, "validation"),
@@ -73,6 +82,8 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (ErrorResponse, "serialization"),
     (ReadyResponse, "serialization"),
     (HealthResponse, "serialization"),
+    (LoadAdapterRequest, "validation"),
+    (AdapterResponse, "serialization"),
 ]
 
 
@@ -91,7 +102,7 @@ def _events(chunk: type[BaseModel]) -> dict[str, Any]:
 _ERRORS = {
     400: "bad input (the error names the parameter)",
     401: "missing or invalid API key (when keys are set)",
-    404: "the model is not the one this router serves",
+    404: "the model (or adapter) is not one this router serves",
     408: "the request ran past its own `timeout`",
     413: "the body is larger than the router takes",
     429: "overloaded: the queue is full (Retry-After)",
@@ -124,25 +135,41 @@ _OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] 
         {"application/json": DetokenizeResponse},
         _TOKENS_ERRORS,
     ),
+    ("/v1/load_lora_adapter", "post"): (
+        LoadAdapterRequest,
+        {"application/json": AdapterResponse},
+        (400, 401, 413, 500, 503),
+    ),
+    ("/v1/unload_lora_adapter", "post"): (
+        LoadAdapterRequest,
+        {"application/json": AdapterResponse},
+        (400, 401, 404, 413, 500, 503),
+    ),
     ("/health", "get"): (None, {"application/json": HealthResponse}, ()),
     ("/ready", "get"): (None, {"application/json": ReadyResponse}, ()),
     ("/metrics", "get"): (None, {"text/plain": {"type": "string"}}, ()),
 }
 _KEYED = ("/v1/", "/tokenize", "/detokenize")
+# a request that generates, per endpoint (the served model's name added)
+_EXAMPLES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
+    "/v1/completions": {"prompt": "The capital of France is", "max_tokens": 8},
+}
 
 
-def install_openapi(app: FastAPI, keyed: bool) -> None:
-    """Serve the completed document; `keyed`: the router requires an API key."""
+def install_openapi(app: FastAPI, keyed: bool, model: str = "") -> None:
+    """Serve the completed document; `keyed`: the router requires an API key; `model`: the
+    served model's name, in the request examples."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build_document(app, keyed)
+            app.openapi_schema = build_document(app, keyed, model)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def build_document(app: FastAPI, keyed: bool) -> dict[str, Any]:
+def build_document(app: FastAPI, keyed: bool, model: str = "") -> dict[str, Any]:
     doc = get_openapi(
         title=app.title,
         version=app.version,
@@ -160,8 +187,10 @@ def build_document(app: FastAPI, keyed: bool) -> dict[str, Any]:
         if operation is None:
             continue
         if body is not None:
-            operation["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": _schema(body, names)}}}  # fmt: skip
+            media = {"schema": _schema(body, names)}
+            if path in _EXAMPLES and model:
+                media["example"] = {"model": model, **_EXAMPLES[path]}
+            operation["requestBody"] = {"required": True, "content": {"application/json": media}}
         answers = {"200": _answer("OK", ok, names)}
         if path == "/ready":
             answers["503"] = _answer("not ready", {"application/json": ReadyResponse}, names)
