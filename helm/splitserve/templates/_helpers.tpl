@@ -210,3 +210,32 @@ minAvailable: {{ .minAvailable }}
 maxUnavailable: {{ .maxUnavailable }}
 {{- end }}
 {{- end }}
+
+{{/* LoRA: `--lora-modules name=path ...` for the router and the nodes (lora.modules). */}}
+{{- define "splitserve.lora.modules" -}}
+{{- if .Values.lora.modules }}
+- --lora-modules
+{{- range .Values.lora.modules }}
+- {{ printf "%s=%s" .name .path | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* LoRA flags of a prefill or decode node (lora.enabled). */}}
+{{- define "splitserve.lora.nodeArgs" -}}
+{{- $l := .Values.lora }}
+{{- if $l.enabled }}
+- --enable-lora
+- --max-loras
+- {{ $l.maxLoras | default 1 | quote }}
+- --max-lora-rank
+- {{ $l.maxLoraRank | default 16 | quote }}
+{{- if gt (int ($l.maxCpuLoras | default 0)) 0 }}
+- --max-cpu-loras
+- {{ $l.maxCpuLoras | quote }}
+{{- end }}
+{{- include "splitserve.lora.modules" . }}
+{{- else if $l.modules }}
+{{- fail "lora.modules needs lora.enabled: true" }}
+{{- end }}
+{{- end }}

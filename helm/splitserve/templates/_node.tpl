@@ -118,6 +118,9 @@ spec:
             - {{ . | quote }}
             {{- end }}
             {{- end }}
+            {{- with (include "splitserve.lora.nodeArgs" $root) }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- $kv := $pool.kvOffload | default dict }}
             {{- $disk := $kv.disk | default dict }}
             {{- if gt (float64 ($kv.cpuGb | default 0)) 0.0 }}
@@ -181,6 +184,12 @@ spec:
             - name: kv-offload
               mountPath: {{ $disk.mountPath }}
             {{- end }}
+            {{- $lv := $root.Values.lora.volume | default dict }}
+            {{- if $lv.claimName }}
+            - name: lora-adapters
+              mountPath: {{ $lv.mountPath | default "/adapters" }}
+              readOnly: true
+            {{- end }}
       volumes:
         {{- include "splitserve.commonVolumes" $root | nindent 8 }}
         - name: dshm
@@ -197,6 +206,12 @@ spec:
             {{- /* room for the files plus their headers and a file being renamed */}}
             sizeLimit: {{ printf "%dMi" (add (int (mulf $disk.sizeGb 1024)) 64) }}
           {{- end }}
+        {{- end }}
+        {{- if $lv.claimName }}
+        - name: lora-adapters
+          persistentVolumeClaim:
+            claimName: {{ $lv.claimName }}
+            readOnly: true
         {{- end }}
 {{- end }}
 
