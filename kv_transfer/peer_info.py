@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kv_transfer.head_plan import HeadSpan, LayerSpan, RankKV, RankShard, parallel_sizes
+from kv_transfer.head_plan import LayerSpan, RankKV, RankShard, parallel_sizes
 
 _VERSION = 1
 
@@ -104,10 +104,6 @@ class PeerInfo:
         """The layers and heads of each rank (one rank holding the model's every layer and
         head when unsharded)."""
         return [s.part for s in self.rank_shards(num_kv_heads, num_layers)]
-
-    def head_spans(self, num_kv_heads: int) -> list[HeadSpan]:
-        """The heads of each rank (one rank holding all ``num_kv_heads`` when unsharded)."""
-        return [s.heads for s in self.shards] or [HeadSpan(0, num_kv_heads)]
 
     def rank_shards(self, num_kv_heads: int, num_layers: int) -> tuple[RankShard, ...]:
         """Every rank's region (one, from the fields above, when unsharded)."""

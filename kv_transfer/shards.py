@@ -109,12 +109,14 @@ class KVShards:
                 span, first = self.spans[rank], self.layers[rank].start
                 end = min(span.stop, heads.stop)
                 t = self.tensors[rank]
-                part = t[index.to(t.device), layer - first : stop - first]
-                parts.append(part[:, :, :, :, head - span.start : end - span.start].cpu())
+                cells = t[
+                    :, layer - first : stop - first, :, :, head - span.start : end - span.start
+                ]
+                parts.append(cells[index.to(t.device)].cpu())  # one copy of just these cells
                 head = end
-            stages.append(torch.cat(parts, dim=4))
+            stages.append(_joined(parts, dim=4))
             layer = stop
-        return torch.cat(stages, dim=1).contiguous()
+        return _joined(stages, dim=1).contiguous()
 
     def scatter(
         self,
@@ -146,6 +148,11 @@ class KVShards:
         for t in self.tensors:
             if t.device.type == "cuda":
                 torch.cuda.synchronize(t.device)
+
+
+def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``parts`` concatenated along ``dim``; one part as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def piece_descriptors(
