@@ -211,12 +211,6 @@ class NodeSettings(_Base):
                 f"draft_model is set but speculative_method is {self.speculative_method!r} "
                 "(use draft)"
             )
-        if self.pipeline_parallel_size > 1 and self.role != "colocated":
-            raise ValueError(
-                f"pipeline_parallel_size {self.pipeline_parallel_size} on a {self.role} node: "
-                "moving a pipeline-parallel node's KV cache (one part per stage) is not built "
-                "yet (colocated only)"
-            )
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"

@@ -43,18 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "declares, or the GGUF on CPU float32 nodes)",
     )  # fmt: skip
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
-    parser.add_argument(
-        "--tp", type=int, default=None,
-        help="tensor-parallel ranks per node, one process each (both pools, or colocated)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--prefill-tp", type=int, default=None,
-        help="tensor-parallel ranks per prefill node (default --tp, else 1)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--decode-tp", type=int, default=None,
-        help="tensor-parallel ranks per decode node (default --tp, else 1)",
-    )  # fmt: skip
+    for short, what in (("tp", "tensor-parallel ranks"), ("pp", "pipeline stages")):
+        parser.add_argument(
+            f"--{short}", type=int, default=None,
+            help=f"{what} per node, one process per rank (both pools, or colocated)",
+        )  # fmt: skip
+        for pool in ("prefill", "decode"):
+            parser.add_argument(
+                f"--{pool}-{short}", type=int, default=None,
+                help=f"{what} per {pool} node (default --{short}, else 1)",
+            )  # fmt: skip
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
     kv_dtypes = ["auto", "int8", "fp8_e4m3"]
     parser.add_argument(
@@ -140,12 +138,17 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--max-model-len must be >= 1")
     if args.threads_per_node is not None and args.threads_per_node < 1:
         raise ValueError("--threads-per-node must be >= 1")
-    for flag in ("tp", "prefill_tp", "decode_tp"):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    if args.colocated and (getattr(args, "prefill_tp", None) or getattr(args, "decode_tp", None)):
-        raise ValueError("--prefill-tp / --decode-tp size the two pools: use --tp with --colocated")
+    for short in ("tp", "pp"):
+        for flag in (short, f"prefill_{short}", f"decode_{short}"):
+            value = getattr(args, flag, None)
+            if value is not None and value < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+        pools = (getattr(args, f"prefill_{short}", None), getattr(args, f"decode_{short}", None))
+        if args.colocated and any(pools):
+            raise ValueError(
+                f"--prefill-{short} / --decode-{short} size the two pools: "
+                f"use --{short} with --colocated"
+            )
     if not 1 <= args.port <= 65535:
         raise ValueError("--port must be in [1, 65535]")
     if not 0 < args.gpu_memory_utilization <= 1:

@@ -102,7 +102,8 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         "--dtype": args.dtype,
         "--quantization": args.quantization,
         "--torch-threads": args.threads_per_node,
-        "--tensor-parallel-size": node_tp(args, node),
+        "--tensor-parallel-size": node_parallel(args, node, "tp"),
+        "--pipeline-parallel-size": node_parallel(args, node, "pp"),
         "--num-kv-blocks": args.num_kv_blocks,
         "--kv-cache-dtype": node_kv_cache_dtype(args, node.command),
         "--max-num-seqs": args.max_num_seqs,
@@ -132,11 +133,11 @@ def lora_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def node_tp(args: argparse.Namespace, node: NodePlan) -> int | None:
-    """The node's tensor-parallel size: its pool's flag (--prefill-tp / --decode-tp), else
-    --tp; None leaves the node's default (1)."""
-    pool = getattr(args, f"{node.role}_tp", None) if node.role != "colocated" else None
-    return pool if pool is not None else getattr(args, "tp", None)
+def node_parallel(args: argparse.Namespace, node: NodePlan, short: str) -> int | None:
+    """The node's tensor- (``tp``) or pipeline-parallel (``pp``) size: its pool's flag
+    (--prefill-tp / --decode-pp ...), else --tp / --pp; None leaves the node's default (1)."""
+    pool = getattr(args, f"{node.role}_{short}", None) if node.role != "colocated" else None
+    return pool if pool is not None else getattr(args, short, None)
 
 
 def node_kv_cache_dtype(args: argparse.Namespace, command: str) -> str | None:

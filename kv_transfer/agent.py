@@ -22,7 +22,7 @@ import torch
 from kv_transfer.config import TransferConfig
 from kv_transfer.deadline import Deadline
 from kv_transfer.errors import LayoutMismatch, TransferError, TransferTimeout, TransportUnavailable
-from kv_transfer.head_plan import HeadPlan, is_identity, plan_heads
+from kv_transfer.head_plan import HeadPlan, is_identity, plan_kv, sizes_text
 from kv_transfer.hugepages import use_hugepages
 from kv_transfer.lease import LeaseTable
 from kv_transfer.peer_info import Identity, PeerInfo
@@ -129,23 +129,26 @@ class KVTransferAgent:
         return TransferResult(nbytes, time.perf_counter() - start)
 
     def _head_plan(self, peer: PeerInfo) -> HeadPlan | None:
-        """The head ranges to move when the two nodes split the KV heads differently; None
-        when whole blocks move (one rank each side). LayoutMismatch names both tensor-parallel
-        sizes when the heads cannot be mapped."""
+        """The layer and head ranges to move when the two nodes split the KV differently;
+        None when whole blocks move (one rank each side). LayoutMismatch names both sides'
+        tensor- and pipeline-parallel sizes when the ranks cannot be mapped."""
         if self.shards is None and not peer.shards:
             return None
         local = local_shards(self.region.kv, self.shards)
-        heads = local.num_kv_heads
-        mine = local.spans
+        heads, layers = local.num_kv_heads, local.num_layers
+        mine = local.parts
+        theirs = peer.parts(heads, layers)
         try:
             if peer.num_kv_heads and peer.num_kv_heads != heads:
                 raise ValueError(f"{peer.num_kv_heads} KV heads there, {heads} here")
-            theirs = peer.head_spans(heads)
-            plan = plan_heads(theirs, mine, heads)
+            stop = max(p.layers.stop for p in theirs)
+            if stop != layers:
+                raise ValueError(f"{stop} layers there, {layers} here")
+            plan = plan_kv(theirs, mine, layers, heads)
         except ValueError as exc:
             raise LayoutMismatch(
-                f"{self.info.layout} tensor_parallel_size={local.size}",
-                f"{peer.layout} tensor_parallel_size={peer.tp_size} ({exc})",
+                f"{self.info.layout} {sizes_text(mine)}",
+                f"{peer.layout} {sizes_text(theirs)} ({exc})",
                 peer.agent_name,
             ) from None
         return None if local.size == 1 and is_identity(plan, theirs, mine) else plan

@@ -141,9 +141,10 @@ class NixlTransport:
         request_id: str,
         deadline: Deadline,
     ) -> int:
-        """One READ of every piece: ``layers * 2 * block_size`` descriptors per block and
-        piece, from the owner rank's memory straight into the local rank's."""
-        remote_shards = peer.rank_shards(local.num_kv_heads)
+        """One READ of every piece: up to ``layers * 2 * block_size`` descriptors per block
+        and piece (fewer where runs follow each other on both sides), from the owner rank's
+        memory straight into the local rank's."""
+        remote_shards = peer.rank_shards(local.num_kv_heads, local.num_layers)
         rows = [read_descriptors(local, remote_shards, p, ids[0], ids[1]) for p in plan.reads]
         mine = np.concatenate([r[0] for r in rows])
         theirs = np.concatenate([r[1] for r in rows])
@@ -154,7 +155,7 @@ class NixlTransport:
             return agent.initialize_xfer("READ", local_descs, remote_descs, peer.agent_name)
 
         await self._read(peer, make, request_id, deadline)
-        return local.span_bytes(plan.heads_moved(), len(ids[1]))
+        return local.plan_bytes(plan, len(ids[1]))
 
     async def _read(
         self, peer: PeerInfo, make: Callable[[Any, _Peer], Any], request_id: str, deadline: Deadline

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kv_transfer.head_plan import HeadSpan, RankShard
+from kv_transfer.head_plan import LayerSpan, RankKV, RankShard, parallel_sizes
 
 _VERSION = 1
 
@@ -47,9 +47,10 @@ class PeerInfo:
     layout's hash and readable description. base_address, block_bytes, num_blocks, mem_type
     ("DRAM" or "VRAM"), device_id: where block `i` lives (`base_address + i * block_bytes`).
     nixl_metadata: the NIXL agent's metadata (NIXL transport). tcp_host / tcp_port: the block
-    server's address (TCP transport). num_kv_heads / shards: a tensor-parallel owner's
-    model KV heads and, per rank, the heads it holds and where its blocks live (rank 0's
-    are the fields above); empty on a node of one rank.
+    server's address (TCP transport). num_kv_heads / shards: a multi-rank owner's model KV
+    heads and, per rank, the heads and layers it holds (its tensor-parallel share of its
+    pipeline stage's) and where its blocks live (rank 0's are the fields above); empty on a
+    node of one rank.
     """
 
     node_name: str
@@ -93,17 +94,33 @@ class PeerInfo:
 
     @property
     def tp_size(self) -> int:
-        return len(self.shards) or 1
+        return parallel_sizes([s.part for s in self.shards])[0] if self.shards else 1
 
-    def head_spans(self, num_kv_heads: int) -> list[HeadSpan]:
-        """The heads of each rank (one rank holding all ``num_kv_heads`` when unsharded)."""
-        return [s.heads for s in self.shards] or [HeadSpan(0, num_kv_heads)]
+    @property
+    def pp_size(self) -> int:
+        return parallel_sizes([s.part for s in self.shards])[1] if self.shards else 1
 
-    def rank_shards(self, num_kv_heads: int) -> tuple[RankShard, ...]:
+    def parts(self, num_kv_heads: int, num_layers: int) -> list[RankKV]:
+        """The layers and heads of each rank (one rank holding the model's every layer and
+        head when unsharded)."""
+        return [s.part for s in self.rank_shards(num_kv_heads, num_layers)]
+
+    def rank_shards(self, num_kv_heads: int, num_layers: int) -> tuple[RankShard, ...]:
         """Every rank's region (one, from the fields above, when unsharded)."""
         if self.shards:
             return self.shards
-        return (RankShard(0, num_kv_heads, self.base_address, self.block_bytes, self.device_id),)
+        every = LayerSpan(0, num_layers)
+        return (
+            RankShard(
+                start=0,
+                length=num_kv_heads,
+                base_address=self.base_address,
+                block_bytes=self.block_bytes,
+                device_id=self.device_id,
+                layer_start=every.start,
+                num_layers=every.length,
+            ),
+        )
 
     def to_json(self) -> str:
         fields: dict[str, Any] = asdict(self)

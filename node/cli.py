@@ -52,7 +52,7 @@ _HELP: dict[str, str] = {
     "max_num_batched_tokens": "tokens computed per engine step at most",
     "max_model_len": "context length (default: the model's)",
     "tensor_parallel_size": "ranks the model is split over, one process each (GPUs: one each)",
-    "pipeline_parallel_size": "layer stages, each of tensor_parallel_size ranks (colocated only)",
+    "pipeline_parallel_size": "layer stages, each of tensor_parallel_size ranks (GPUs: TP x PP)",
     "transfer": "KV transport: nixl, tcp, or auto (NIXL when available)",
     "transfer_port": "TCP port of the KV block server (0: any free port)",
     "transfer_failure": "decode: what a failed KV transfer does",

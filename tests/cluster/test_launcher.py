@@ -102,11 +102,43 @@ def test_each_pool_gets_its_tensor_parallel_size(
 
 
 @pytest.mark.parametrize(
+    ("flags", "prefill", "decode"),
+    [
+        (("--prefill-pp", "2", "--decode-pp", "1"), 2, 1),
+        (("--decode-pp", "2"), 0, 2),  # 0: the flag is left out (the node's default, 1)
+        (("--pp", "3", "--prefill-pp", "1"), 1, 3),
+    ],
+)
+def test_each_pool_gets_its_pipeline_parallel_size(
+    tmp_path: Path, flags: tuple[str, ...], prefill: int, decode: int
+) -> None:
+    args = _args("--tp", "2", *flags)
+    launcher.check_args(args)
+    parsed = {
+        plan.role: _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
+        for plan in up_plan.plan_nodes(args)
+    }
+    sizes = {role: p.pipeline_parallel_size for role, p in parsed.items()}
+    assert sizes == {"prefill": prefill or None, "decode": decode or None}
+    assert {p.tensor_parallel_size for p in parsed.values()} == {2}
+
+
+def test_pp_reaches_colocated_nodes(tmp_path: Path) -> None:
+    args = _args("--colocated", "--pp", "2")
+    launcher.check_args(args)
+    for plan in up_plan.plan_nodes(args):
+        parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
+        assert parsed.pipeline_parallel_size == 2
+
+
+@pytest.mark.parametrize(
     ("flags", "problem"),
     [
         (("--prefill-tp", "0"), "--prefill-tp must be >= 1, got 0"),
         (("--tp", "0"), "--tp must be >= 1"),
         (("--colocated", "--decode-tp", "2"), "use --tp with --colocated"),
+        (("--decode-pp", "0"), "--decode-pp must be >= 1, got 0"),
+        (("--colocated", "--prefill-pp", "2"), "use --pp with --colocated"),
     ],
 )
 def test_bad_tensor_parallel_flags_are_named(flags: tuple[str, ...], problem: str) -> None:

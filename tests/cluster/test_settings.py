@@ -34,11 +34,7 @@ def test_settings_are_frozen() -> None:
         (NodeSettings, {"num_kv_blocks": 10, "kv_cache_memory_gb": 1.0}, "num_kv_blocks"),
         (NodeSettings, {"node_id": "has space"}, "node_id"),
         (NodeSettings, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
-        (
-            NodeSettings,
-            {"pipeline_parallel_size": 2, "role": "prefill"},
-            "pipeline_parallel_size 2",
-        ),
+        (NodeSettings, {"pipeline_parallel_size": 0}, "pipeline_parallel_size"),
     ],
 )
 def test_invalid_values_raise_settings_error_naming_the_field(
@@ -50,8 +46,9 @@ def test_invalid_values_raise_settings_error_naming_the_field(
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode", "colocated"])
-def test_every_role_takes_a_tensor_parallel_size(role: str) -> None:
-    assert load(NodeSettings, role=role, tensor_parallel_size=2).tensor_parallel_size == 2
+def test_every_role_takes_a_tensor_and_a_pipeline_parallel_size(role: str) -> None:
+    settings = load(NodeSettings, role=role, tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert (settings.tensor_parallel_size, settings.pipeline_parallel_size) == (2, 2)
 
 
 def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,8 +1,9 @@
-"""Prefill and decode pools of different tensor-parallel sizes through `splitserve up`: the
-openai client's answers equal the offline TP=1 engine's (the oracle every TP=1 cluster test
-matches), the decode node reads one copy of each prompt's KV (each head once), and Ctrl-C
-leaves no process, rank workers included. A tiny random Qwen2 model (4 heads, 2 KV heads)
-with the default model's tokenizer."""
+"""Prefill and decode pools of different tensor- and pipeline-parallel sizes through
+`splitserve up`: the openai client's answers equal the offline TP=1 engine's (the oracle
+every TP=1 cluster test matches), the decode node reads one copy of each prompt's KV (each
+layer and head once), a dead rank (tensor-parallel or pipeline stage) takes its node down
+with code 4, and Ctrl-C leaves no process, rank workers included. A tiny random Qwen2 model
+(3 layers, 4 heads, 2 KV heads) with the default model's tokenizer."""
 
 from __future__ import annotations
 
@@ -80,6 +81,39 @@ def test_mixed_tensor_parallel_pools_answer_like_tp1(
         assert counters["transfer_ok"] == len(PROMPTS)
         assert counters["transfer_bytes"] == one_copy_bytes(tiny_dir, prompt_tokens)
         assert_idle(up)
+    assert session_processes(up.proc.pid) == []
+
+
+def test_a_pipeline_parallel_prefill_pool_answers_like_one_rank_until_a_stage_dies(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """`--prefill-pp 2 --decode-pp 1`: the decode node reads each layer from the stage that
+    holds it (one copy of the KV); then SIGKILL the prefill node's stage 1: the node exits
+    with code 4 and Ctrl-C leaves no process."""
+    want = Oracle(tiny_dir).complete(PROMPTS, MAX_TOKENS)
+    args = ["--prefill", "1", "--decode", "1", "--prefill-pp", "2", "--decode-pp", "1"]
+    with running_cluster(tiny_dir, tmp_path / "run", *args, "--num-kv-blocks", "64",
+                         "--transfer", "tcp") as up:  # fmt: skip
+        client = up.openai_client()
+        model = client.models.list().data[0].id
+        prompt_tokens = []
+        for prompt, expected in zip(PROMPTS, want, strict=True):
+            got = client.completions.create(
+                model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+            )
+            assert got.choices[0].text == expected.text
+            assert got.usage is not None
+            prompt_tokens.append(got.usage.prompt_tokens)
+        counters = up.stats(up.node_names("decode")[0]).counters
+        assert counters["transfer_ok"] == len(PROMPTS)
+        assert counters["transfer_bytes"] == one_copy_bytes(tiny_dir, prompt_tokens)
+        assert_idle(up)
+        victim = up.pids["prefill-0"]
+        workers = rank_workers(victim)
+        assert len(workers) == 1  # stage 1 runs under the node
+        os.kill(workers[0], signal.SIGKILL)
+        wait_until(lambda: not alive(victim), "prefill-0 exits")
+        wait_until(lambda: "prefill-0 exited with code 4" in up.output(), "the launcher sees it")
     assert session_processes(up.proc.pid) == []
 
 

@@ -97,6 +97,24 @@ def test_each_pool_requests_a_gpu_per_rank_and_passes_its_tensor_parallel_size()
         assert arg_after(node, "--tensor-parallel-size") == str(ranks)
 
 
+def test_each_pool_requests_tp_times_pp_gpus_and_passes_its_pipeline_parallel_size() -> None:
+    values = {
+        "prefill": {"gpus": 1, "tensorParallelSize": 2, "pipelineParallelSize": 2},
+        "decode": {"gpus": 1, "pipelineParallelSize": 3},
+    }
+    docs = render(values)
+    prefill = main_container(deployments(docs)["prefill"])
+    assert _requested(prefill, GPU) == 4
+    assert arg_after(prefill, "--pipeline-parallel-size") == "2"
+    assert arg_after(prefill, "--tensor-parallel-size") == "2"
+    decode = main_container(deployments(docs)["decode"])
+    assert _requested(decode, GPU) == 3
+    assert arg_after(decode, "--pipeline-parallel-size") == "3"
+    assert "--tensor-parallel-size" not in decode["args"]
+    with pytest.raises(Exception, match="pipelineParallelSize"):
+        render({"prefill": {"pipelineParallelSize": 0}})
+
+
 def test_cpu_pools_split_over_ranks_request_no_gpu() -> None:
     docs = render({"prefill": {"tensorParallelSize": 2}})
     prefill = main_container(deployments(docs)["prefill"])

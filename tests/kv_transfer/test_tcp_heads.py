@@ -102,7 +102,7 @@ def test_nixl_descriptors_address_exactly_the_pieces_heads() -> None:
     the sending rank's heads of the asked blocks, and land on the receiving rank's."""
     full = torch.randn(BLOCKS, LAYERS, 2, BS, 4, HD)
     src, dst = split(full, 4, 8), split(torch.zeros_like(full), 2, 8)
-    plan = plan_heads(src.spans, dst.spans, 4)
+    plan = plan_heads(src.spans, dst.spans, 4, LAYERS)
     for piece in plan.reads:
         local, remote = read_descriptors(dst, src.rank_shards(), piece, [2, 7], [0, 5])
         assert len(local) == len(remote) == 2 * LAYERS * 2 * BS

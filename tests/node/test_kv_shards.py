@@ -50,7 +50,7 @@ def test_each_rank_tensor_holds_its_heads_of_the_whole_cache(
                 want = whole[:, :, :, :, span.start : span.stop]
                 torch.testing.assert_close(tensor, want, rtol=1e-4, atol=1e-5)
             assert model_layout(two).fingerprint() == model_layout(one).fingerprint()
-            assert layout_text(two).endswith("tp=2") and layout_text(one).endswith("tp=1")
+            assert layout_text(two).endswith("tp=2 pp=1") and layout_text(one).endswith("tp=1 pp=1")
         finally:
             two.close()
     finally:

@@ -107,6 +107,10 @@ spec:
             - --tensor-parallel-size
             - {{ $pool.tensorParallelSize | quote }}
             {{- end }}
+            {{- if gt (int ($pool.pipelineParallelSize | default 1)) 1 }}
+            - --pipeline-parallel-size
+            - {{ $pool.pipelineParallelSize | quote }}
+            {{- end }}
             {{- $spec := $pool.speculative | default dict }}
             {{- if and (eq .role "decode") (ne ($spec.method | default "none") "none") }}
             - --speculative-method
