@@ -121,9 +121,9 @@ def test_the_draft_loads_first_and_a_wrong_vocabulary_stops_before_the_target(
     real_load, real_plan = runner_module.load_weights, runner_module.plan_kv_cache
     real_allocate = runner_module.allocate_kv_cache
 
-    def load(model: Any, model_dir: Path) -> None:
+    def load(model: Any, model_dir: Path, *rest: Any) -> None:
         events.append(("load", Path(model_dir)))
-        real_load(model, model_dir)
+        real_load(model, model_dir, *rest)
 
     def plan(config: EngineConfig, layout: Any, measure: Any, shared: Any = ()) -> Any:
         draft_bytes = sum(cache.block_bytes for cache in shared)
