@@ -42,8 +42,9 @@ def _runtime(request: Request) -> DecodeRuntime:
 
 @routes.post(INTERNAL_GENERATE, dependencies=[Depends(accepting_work)])
 async def generate(body: DecodeRequest, request: Request) -> EventStream:
-    events, on_close = await _runtime(request).generate(body)
-    return EventStream(events, on_close)
+    runtime = _runtime(request)
+    events, on_close = await runtime.generate(body)
+    return EventStream(events, on_close, alive=runtime.engine_working)
 
 
 @routes.post(INTERNAL_ABORT)

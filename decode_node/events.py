@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
@@ -15,6 +16,10 @@ from engine.loop.stream import LoopOutput
 from engine.scheduler.request import FinishReason
 
 NDJSON = "application/x-ndjson"
+# While no event is due (a request queued behind others, a long step), an empty line goes out
+# this often, so the router's silence timeout (decode_idle_timeout_s, 30 s by default) tells a
+# dead or hung node from a busy one; the router skips empty lines.
+KEEPALIVE_S = 5.0
 
 
 def token_event(
@@ -65,19 +70,39 @@ def abort_event() -> TokenEvent:
 
 
 class EventStream(StreamingResponse):
-    """Streams pydantic events as NDJSON lines. Stops the event generator as soon as the
-    client disconnects, even while no event is due, then calls `on_close` (always, also
-    when the stream never started)."""
+    """Streams pydantic events as NDJSON lines, with an empty line every `keepalive_s` while
+    `alive()` says the engine is working and no event is due. Stops the event generator as
+    soon as the client disconnects, even while no event is due, then calls `on_close`
+    (always, also when the stream never started)."""
 
     def __init__(
-        self, events: AsyncGenerator[BaseModel, None], on_close: Callable[[], None]
+        self,
+        events: AsyncGenerator[BaseModel, None],
+        on_close: Callable[[], None],
+        alive: Callable[[], bool] = lambda: True,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self._events = events
         self._on_close = on_close
+        self._alive = alive
+        self._keepalive_s = keepalive_s
+        self._next: asyncio.Future[BaseModel] | None = None  # the event being awaited
         super().__init__(self._lines(), media_type=NDJSON)
 
     async def _lines(self) -> AsyncIterator[bytes]:
-        async for event in self._events:
+        while True:
+            if self._next is None:
+                self._next = asyncio.ensure_future(anext(self._events))
+            done, _ = await asyncio.wait((self._next,), timeout=self._keepalive_s)
+            if not done:
+                if self._alive():
+                    yield b"\n"
+                continue
+            future, self._next = self._next, None
+            try:
+                event = future.result()
+            except StopAsyncIteration:
+                return
             yield event.model_dump_json().encode() + b"\n"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,6 +119,9 @@ class EventStream(StreamingResponse):
                 group.cancel_scope.cancel()
         finally:
             try:
+                if self._next is not None:  # the generator is busy until its step is cancelled
+                    self._next.cancel()
+                    await asyncio.wait((self._next,))
                 await self._events.aclose()
             finally:
                 self._on_close()

@@ -127,6 +127,12 @@ class NodeCore:
     def healthy(self) -> bool:
         return self.loop.running
 
+    def engine_working(self, stalled_limit_s: float = 20.0) -> bool:
+        """The engine loop runs and its current step (if any) began under `stalled_limit_s`
+        ago: the streams' keepalives go out only while this holds, so a hung step goes
+        silent and the router's idle timeout ends its streams."""
+        return self.loop.stalled_for() < stalled_limit_s
+
     def on_fatal(self, callback: Callable[[str], None]) -> None:
         """A dead tensor-parallel rank is fatal (the engine loop stops on it first)."""
         ranks = self.loop.engine.ranks

@@ -71,6 +71,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._closed = False
         self._failure: str | None = None  # why the loop stopped by itself
+        self._step_started: float | None = None  # monotonic start of the step under way
         self._snapshot = LoopSnapshot(engine.stats(), dataclasses.replace(engine.counters))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -108,6 +109,14 @@ class EngineLoop:
     @property
     def running(self) -> bool:
         return self._thread.is_alive() and not self._closed
+
+    def stalled_for(self) -> float:
+        """Seconds the step under way has run (0 between steps); inf once the loop stopped.
+        Thread safe: the streams' keepalives stop when a step hangs."""
+        if not self.running:
+            return float("inf")
+        started = self._step_started
+        return 0.0 if started is None else time.monotonic() - started
 
     @property
     def snapshot(self) -> LoopSnapshot:
@@ -212,14 +221,16 @@ class EngineLoop:
 
     def _step(self) -> None:
         """One engine step; the snapshot is refreshed before its outputs go out."""
-        started = time.monotonic()
+        started = self._step_started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:
+            self._step_started = None
             log.exception("engine step failed; aborting its %d requests", len(self._sinks))
             self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}")
             self._refresh()
             return
+        self._step_started = None
         self._refresh()
         self._note_scheduled(started)
         for out in outputs:
