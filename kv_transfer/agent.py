@@ -10,6 +10,7 @@ asyncio.create_task(agent.serve())               # owner: releases and lease exp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -25,7 +26,8 @@ from kv_transfer.errors import LayoutMismatch, TransferError, TransferTimeout, T
 from kv_transfer.head_plan import HeadPlan, is_identity, plan_kv, sizes_text
 from kv_transfer.hugepages import use_hugepages
 from kv_transfer.lease import LeaseTable
-from kv_transfer.peer_info import Identity, PeerInfo
+from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
+from kv_transfer.rank_server import RankListener
 from kv_transfer.region import KVRegion, check_block_ids
 from kv_transfer.shards import KVShards
 from kv_transfer.tcp_heads import local_shards
@@ -127,6 +129,35 @@ class KVTransferAgent:
         self.counters.ok += 1
         self.counters.bytes += nbytes
         return TransferResult(nbytes, time.perf_counter() - start)
+
+    def rank_listeners(self) -> list[RankListener]:
+        """What ranks 1..N-1 need to serve their own KV shard over TCP from their own
+        processes (``rank_server.serve_rank_kv``); [] unless this is a multi-rank node on
+        the TCP transport."""
+        if self.shards is None or self.transport.kind is not TransportKind.TCP:
+            return []
+        shards, config = self.shards, self.config
+        return [
+            RankListener(
+                self.identity,
+                config.tcp_host,
+                config.dial_host,
+                shards.spans[rank],
+                shards.layers[rank],
+                shards.num_kv_heads,
+            )
+            for rank in range(1, shards.size)
+        ]
+
+    def use_rank_listeners(self, endpoints: Sequence[tuple[str, int]]) -> None:
+        """Advertise ranks 1..N-1's own listeners (host, port) in ``info``, before it is
+        published: readers then read each rank's cells from the rank itself."""
+        shards = list(self.info.shards)
+        if len(endpoints) != len(shards) - 1:
+            raise ValueError(f"{len(endpoints)} listeners for {len(shards) - 1} ranks")
+        for rank, (host, port) in enumerate(endpoints, start=1):
+            shards[rank] = dataclasses.replace(shards[rank], tcp_host=host, tcp_port=port)
+        self.info = dataclasses.replace(self.info, shards=tuple(shards))
 
     def _head_plan(self, peer: PeerInfo) -> HeadPlan | None:
         """The layer and head ranges to move when the two nodes split the KV differently;

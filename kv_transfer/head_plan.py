@@ -44,7 +44,9 @@ class RankKV(NamedTuple):
 @dataclass(frozen=True)
 class RankShard:
     """What a reader needs of one owner rank: its heads and layers, and where its blocks live
-    (``layer_start``, ``num_layers``: the pipeline stage's layers)."""
+    (``layer_start``, ``num_layers``: the pipeline stage's layers). ``tcp_host`` /
+    ``tcp_port``: the rank's own TCP listener, which serves its cells from its own process
+    (port 0: the node's block server serves them)."""
 
     start: int
     length: int
@@ -53,6 +55,8 @@ class RankShard:
     device_id: int
     layer_start: int
     num_layers: int
+    tcp_host: str = ""
+    tcp_port: int = 0
 
     @property
     def heads(self) -> HeadSpan:

@@ -49,8 +49,9 @@ class PeerInfo:
     nixl_metadata: the NIXL agent's metadata (NIXL transport). tcp_host / tcp_port: the block
     server's address (TCP transport). num_kv_heads / shards: a multi-rank owner's model KV
     heads and, per rank, the heads and layers it holds (its tensor-parallel share of its
-    pipeline stage's) and where its blocks live (rank 0's are the fields above); empty on a
-    node of one rank.
+    pipeline stage's), where its blocks live (rank 0's are the fields above) and, over TCP,
+    the rank's own listener when it serves its shard from its own process; empty on a node
+    of one rank.
     """
 
     node_name: str
@@ -129,6 +130,9 @@ class PeerInfo:
             fields["nixl_metadata"] = base64.b64encode(self.nixl_metadata).decode("ascii")
         if not self.shards:  # a node of one rank publishes what it did before ranks existed
             del fields["shards"], fields["num_kv_heads"]
+        for shard in fields.get("shards", ()):
+            if not shard["tcp_port"]:  # served by the node's block server, as before
+                del shard["tcp_host"], shard["tcp_port"]
         return json.dumps({"v": _VERSION, **fields}, separators=(",", ":"))
 
     @classmethod

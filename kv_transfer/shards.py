@@ -3,7 +3,9 @@
 Every rank's tensor is block-major, ``[num_blocks, layers, 2, block_size, heads, head_dim]``
 with its own number of layers (its pipeline stage's) and heads (its tensor-parallel share),
 and all share the block ids (one scheduler). Rank 0's process holds every rank's tensor
-(shared memory on the CPU, CUDA IPC on GPUs), so one transfer agent moves every rank's part.
+(shared memory on the CPU, CUDA IPC on GPUs), so one transfer agent plans and moves every
+rank's part; over TCP each sending rank's cells travel on their own connection (from the
+rank's own listener where it runs one), all at once.
 A piece (layers x heads) of a block is ``layers * 2 * block_size`` runs of ``heads *
 head_dim`` elements (one run per layer, K or V, and token; neighbouring runs merge when the
 piece spans the rank's every head); the wire carries a piece as ``[blocks, layers, 2,
@@ -88,6 +90,42 @@ class KVShards:
             )
             for t, span, held in zip(self.tensors, self.spans, self.layers, strict=True)
         )
+
+    def holds(self, rank: int, heads: HeadSpan, layers: LayerSpan) -> bool:
+        """Whether rank ``rank`` holds every cell of global ``layers`` x ``heads``."""
+        span, held = self.spans[rank], self.layers[rank]
+        return (
+            span.start <= heads.start
+            and heads.stop <= span.stop
+            and held.start <= layers.start
+            and layers.stop <= held.stop
+        )
+
+    def block_views(
+        self, rank: int, block_ids: Sequence[int], heads: HeadSpan, layers: LayerSpan
+    ) -> list[memoryview] | None:
+        """Per block, rank ``rank``'s ``layers`` x ``heads`` cells as one view of its
+        tensor's own memory (to send from or receive into, no copy), when they are one run:
+        the rank's every head, on the host. None otherwise."""
+        t, span, held = self.tensors[rank], self.spans[rank], self.layers[rank]
+        if t.device.type != "cpu" or heads != span or not self.holds(rank, heads, layers):
+            return None
+        layer_bytes = t[0, 0].numel() * t.element_size()
+        lo, n = (layers.start - held.start) * layer_bytes, layers.length * layer_bytes
+        raw = t.view(t.shape[0], -1).view(torch.uint8).numpy()  # [blocks, block_bytes]
+        return [raw[b, lo : lo + n].data for b in block_ids]
+
+    def gather_rank(
+        self, rank: int, block_ids: Sequence[int], heads: HeadSpan, layers: LayerSpan
+    ) -> torch.Tensor:
+        """Rank ``rank``'s global ``layers`` x ``heads`` of ``block_ids`` on the host (one
+        copy of just these cells): [blocks, layers.length, 2, block_size, heads.length,
+        head_dim]."""
+        t, span, held = self.tensors[rank], self.spans[rank], self.layers[rank]
+        h, la = heads.start - span.start, layers.start - held.start
+        index = torch.tensor(list(block_ids), dtype=torch.long, device=t.device)
+        cells = t[:, la : la + layers.length, :, :, h : h + heads.length]
+        return cells[index].cpu().contiguous()
 
     def gather(
         self, block_ids: Sequence[int], heads: HeadSpan, layers: LayerSpan | None = None

@@ -37,23 +37,26 @@ from kv_transfer.tcp_protocol import (
 
 
 class ConnectionPool:
-    """Idle, handshaken sockets per owner process (agent name). Thread safe."""
+    """Idle, handshaken sockets per owner endpoint: the owner process's block server (its
+    agent name) or one of its ranks' own listeners (``agent#rank``). Thread safe."""
 
     def __init__(self) -> None:
         self._idle: dict[str, list[socket.socket]] = {}
         self._lock = threading.Lock()
 
-    def take(self, peer: PeerInfo) -> socket.socket | None:
+    def take(self, peer: PeerInfo, key: str | None = None) -> socket.socket | None:
         with self._lock:
-            stale = [n for n in self._idle if n != peer.agent_name and _node(n) == peer.node_name]
+            stale = [
+                n for n in self._idle if _agent(n) != peer.agent_name and _node(n) == peer.node_name
+            ]
             for name in stale:  # the peer restarted: its old connections are useless
                 self._close(name)
-            idle = self._idle.get(peer.agent_name)
+            idle = self._idle.get(key or peer.agent_name)
             return idle.pop() if idle else None
 
-    def give_back(self, peer: PeerInfo, sock: socket.socket) -> None:
+    def give_back(self, peer: PeerInfo, sock: socket.socket, key: str | None = None) -> None:
         with self._lock:
-            self._idle.setdefault(peer.agent_name, []).append(sock)
+            self._idle.setdefault(key or peer.agent_name, []).append(sock)
 
     def forget(self, node_name: str) -> None:
         with self._lock:
@@ -86,6 +89,10 @@ class BlockRead:
         self.pool, self.region, self.identity = pool, region, identity
         self.peer, self.request_id, self.deadline = peer, request_id, deadline
         self.remote_ids, self.local_ids = ids
+        # where to dial, and the pool's name for it: the owner's block server by default
+        self.address: tuple[str | None, int | None] = (peer.tcp_host, peer.tcp_port)
+        self.key = peer.agent_name
+        self.label = peer.agent_name  # who this READ talks to, in errors
         self._sock: socket.socket | None = None
         self._aborted = False
 
@@ -99,15 +106,17 @@ class BlockRead:
         for attempt in (1, 2):  # a cached socket may have died idle: retry once on a new one
             if self._aborted:
                 raise TransferCancelled("transfer cancelled")
-            cached = self.pool.take(self.peer)
+            cached = self.pool.take(self.peer, self.key)
             try:
                 sock = cached or self._guarded(self._connect)
                 self._exchange_on(sock)
             except _StaleSocket:
-                if cached is None or attempt == 2 or self._aborted:
-                    raise PeerUnavailable(f"{self.peer.agent_name} closed the connection") from None
+                if self._aborted:
+                    raise TransferCancelled("transfer cancelled") from None
+                if cached is None or attempt == 2:
+                    raise PeerUnavailable(f"{self.label} closed the connection") from None
                 continue
-            self.pool.give_back(self.peer, sock)
+            self.pool.give_back(self.peer, sock, self.key)
             return
 
     def release_only(self) -> None:
@@ -148,19 +157,17 @@ class BlockRead:
             raise
         except TimeoutError:
             raise TransferTimeout(
-                f"READ from {self.peer.agent_name} exceeded its deadline of "
-                f"{self.deadline.budget_s:.3f} s"
+                f"READ from {self.label} exceeded its deadline of {self.deadline.budget_s:.3f} s"
             ) from None
         except (OSError, ValueError) as exc:
             if self._aborted:
                 raise TransferCancelled("transfer cancelled") from None
-            raise PeerUnavailable(f"{self.peer.agent_name} failed: {exc}") from None
+            raise PeerUnavailable(f"{self.label} failed: {exc}") from None
 
     def _connect(self) -> socket.socket:
-        assert self.peer.tcp_host is not None and self.peer.tcp_port is not None
-        family, kind, proto, _, address = socket.getaddrinfo(
-            self.peer.tcp_host, self.peer.tcp_port, type=socket.SOCK_STREAM
-        )[0]
+        host, port = self.address
+        assert host is not None and port is not None
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         self._sock = sock  # abort() can interrupt the connect and the handshake
         try:
@@ -240,5 +247,9 @@ def refusal_error(body: dict[str, object], local_layout: str, peer: PeerInfo) ->
     return TransferError(f"{peer.agent_name} refused the transfer: {message}")
 
 
-def _node(agent_name: str) -> str:
-    return agent_name.rsplit(".", 1)[0]
+def _agent(key: str) -> str:
+    return key.split("#", 1)[0]
+
+
+def _node(key: str) -> str:
+    return _agent(key).rsplit(".", 1)[0]

@@ -47,9 +47,13 @@ class BlockServer:
         port: int,
         on_release: Callable[[str], None],
         shards: KVShards | None = None,
+        first_rank: int = 0,
     ) -> None:
+        """``shards``: the ranks ``first_rank`` .. of the node whose cells this server sends
+        (a rank's own listener: its one tensor, ``first_rank`` its rank)."""
         self._region = region
         self._shards = shards
+        self._first_rank = first_rank
         self._identity = identity
         self._on_release = on_release
         self._listener = socket.create_server((host, port))  # SO_REUSEADDR: restart on a port
@@ -136,7 +140,7 @@ class BlockServer:
         except ValueError as exc:
             _refuse(conn, "bad_request", str(exc))
             return
-        problem = serve_heads(conn, body, shards)
+        problem = serve_heads(conn, body, shards, self._first_rank)
         if problem is not None:
             _refuse(conn, "bad_request", problem)
 

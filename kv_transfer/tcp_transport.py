@@ -1,7 +1,9 @@
 """The TCP fallback transport: the NIXL interface over plain sockets.
 
 Owner side: a BlockServer (tcp_server.py) serves the registered blocks from threads. Reader
-side: each READ is a BlockRead (tcp_client.py) on a small thread pool, awaited here.
+side: each READ is a BlockRead (tcp_client.py) on a small thread pool, awaited here; a READ
+between nodes that split the KV differently is one RankRead per (sending rank, receiving
+rank) pair (tcp_heads.py), all on the pool at once, each on its own connection.
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ from collections.abc import Callable, Iterator, Sequence
 
 from kv_transfer.config import TransferConfig
 from kv_transfer.deadline import Deadline
-from kv_transfer.errors import TransferTimeout
+from kv_transfer.errors import TransferCancelled, TransferTimeout
 from kv_transfer.head_plan import HeadPlan
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
 from kv_transfer.shards import KVShards
 from kv_transfer.tcp_client import BlockRead, ConnectionPool
-from kv_transfer.tcp_heads import HeadRead
+from kv_transfer.tcp_heads import RankRead, rank_spans
 from kv_transfer.tcp_server import BlockServer
 
-_READ_THREADS = 4
+_READ_THREADS = 16  # concurrent READs x sending ranks
 _STUCK_GRACE_S = 2.0  # beyond the deadline, stop waiting for a reader thread that hangs
 
 
@@ -48,6 +50,7 @@ class TcpTransport:
         self._pool = ConnectionPool()
         self._executor = cf.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="kv-tcp-read")
         self._inflight = 0
+        self.peak_inflight = 0  # the most reader threads (one per sending rank) busy at once
         self._lock = threading.Lock()
 
     def describe(self) -> str:
@@ -80,9 +83,39 @@ class TcpTransport:
     ) -> int:
         pair = (list(ids[0]), list(ids[1]))
         args = (self._pool, self._region, self._identity, peer, pair, request_id, deadline)
-        job = HeadRead(local, plan, *args)
-        await self._run(job, deadline)
-        return job.nbytes()
+        pairs = rank_spans(plan).items()
+        jobs = [RankRead(local, src, spans, *args) for (src, _), spans in pairs]
+        await self._run_all(jobs, deadline)
+        await self.release(peer, request_id, deadline)
+        return sum(job.nbytes() for job in jobs)
+
+    async def _run_all(self, jobs: list[RankRead], deadline: Deadline) -> None:
+        """Run every sending rank's READ at once, each on a reader thread, within the
+        deadline. The first failure aborts the others; once this raises, none writes into
+        the local blocks any more (bounded by a grace for a thread that hangs)."""
+        futures = [asyncio.wrap_future(self._executor.submit(self._counted, j)) for j in jobs]
+        wait_s = max(deadline.left(), 0.0) + _STUCK_GRACE_S
+        try:
+            first, pending = await asyncio.wait(
+                futures, timeout=wait_s, return_when=asyncio.FIRST_EXCEPTION
+            )
+        except asyncio.CancelledError:
+            for job in jobs:
+                job.abort()
+            await asyncio.wait(futures)
+            raise
+        if pending:
+            for job in jobs:
+                job.abort()
+            await asyncio.wait(pending, timeout=_STUCK_GRACE_S)
+        # the failures that ended the wait first, then those of the READs it aborted
+        finished = [f for f in futures if f in first] + [f for f in futures if f in pending]
+        errors = [e for f in finished if f.done() and (e := f.exception()) is not None]
+        real = [e for e in errors if not isinstance(e, TransferCancelled)] or errors
+        if real:
+            raise real[0]
+        if pending:
+            raise TransferTimeout("transfer exceeded its deadline (reader thread stalled)")
 
     async def _run(self, job: BlockRead, deadline: Deadline) -> None:
         """Run a READ on a reader thread within the deadline; abort it on cancellation."""
@@ -131,6 +164,7 @@ class TcpTransport:
     def _counting(self) -> Iterator[None]:
         with self._lock:
             self._inflight += 1
+            self.peak_inflight = max(self.peak_inflight, self._inflight)
         try:
             yield
         finally:

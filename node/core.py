@@ -25,7 +25,7 @@ from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
 from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
-from node.kv_shards import kv_shards, layout_text, model_layout
+from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards
 from node.metrics import NodeMetrics
 
 
@@ -88,7 +88,7 @@ class NodeCore:
 
     def _make_agent(self) -> KVTransferAgent:
         engine = self.loop.engine
-        return KVTransferAgent(
+        agent = KVTransferAgent(
             engine.runner.kv_cache,
             fingerprint=model_layout(engine).fingerprint(),
             layout=layout_text(engine),
@@ -96,6 +96,12 @@ class NodeCore:
             leases=self._leases(),
             shards=kv_shards(engine),
         )
+        try:
+            serve_rank_shards(engine, agent)
+        except BaseException:
+            agent.close()
+            raise
+        return agent
 
     # ---- NodeRuntime (node.server) ---------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """A node's KV cache as the cluster sees it: the whole model's layout (the same whatever the
 tensor- and pipeline-parallel sizes, so pools of different sizes match) and, on a node of
 several ranks, every rank's tensor with the layers (its pipeline stage's) and KV heads (its
-tensor-parallel share) it holds, for the transfer agent."""
+tensor-parallel share) it holds, for the transfer agent; over TCP each rank then serves its
+own shard from its own process."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from engine.engine import LLMEngine
 from engine.kv.cache import KVLayout
 from engine.model.shard import Shard
 from engine.model.stage import Stage
+from kv_transfer.agent import KVTransferAgent
 from kv_transfer.head_plan import HeadSpan, LayerSpan
+from kv_transfer.rank_server import serve_rank_kv
 from kv_transfer.shards import KVShards
 
 
@@ -42,3 +45,12 @@ def kv_shards(engine: LLMEngine) -> KVShards | None:
         layers.append(LayerSpan(*Stage.of(config.num_hidden_layers, rank // tp, pp).layers))
     tensors = [engine.runner.kv_cache, *engine.ranks.kv_caches()]
     return KVShards(tensors, heads, config.num_key_value_heads, layers)
+
+
+def serve_rank_shards(engine: LLMEngine, agent: KVTransferAgent) -> None:
+    """Start each rank's own TCP listener in its own process, serving its KV shard, and
+    advertise them in the agent's PeerInfo (nothing on one rank or over NIXL)."""
+    listeners = agent.rank_listeners()
+    if engine.ranks is None or not listeners:
+        return
+    agent.use_rank_listeners(engine.ranks.call_on_ranks(serve_rank_kv, listeners))

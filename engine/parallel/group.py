@@ -17,11 +17,11 @@ import multiprocessing.connection
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,9 @@ from engine.parallel.pipeline import StagePipe, StageTimes, stage_pipe
 from engine.step.batch import StepInputs
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RankCall = Callable[[torch.Tensor, int, Any], T]  # (the rank's KV cache, its rank, an arg)
 
 GROUP_TIMEOUT = timedelta(minutes=10)  # a collective's longest wait (a rank that hangs)
 _JOIN_S = 10.0  # a rank's time to exit after Stop before it is killed
@@ -101,8 +104,9 @@ class RankGroup:
         port = free_port()
         spawn = multiprocessing.get_context("spawn")
         threads = torch.get_num_threads()
-        # each rank hands rank 0 its KV tensor (shared memory / CUDA IPC) for the transfer agent
-        pipes = [spawn.Pipe(duplex=False) for _ in range(1, size)]
+        # each rank hands rank 0 its KV tensor (shared memory / CUDA IPC) for the transfer
+        # agent, then answers calls on it (call_on_ranks)
+        pipes = [spawn.Pipe(duplex=True) for _ in range(1, size)]
         self._kv_pipes = [receiver for receiver, _ in pipes]
         self._kv_caches: list[torch.Tensor] | None = None
         self.processes: list[BaseProcess] = [
@@ -148,6 +152,30 @@ class RankGroup:
                     raise RankFailed(self._dead() or f"rank {rank} closed its pipe") from None
             self._kv_caches = caches
         return self._kv_caches
+
+    def call_on_ranks(
+        self, fn: RankCall[T], args: Sequence[object], timeout_s: float = 60.0
+    ) -> list[T]:
+        """``fn(kv_cache, rank, args[rank - 1])`` run in the process of each rank 1..N-1 (a
+        module-level function: it travels by name), on its own KV cache; their answers.
+        RankFailed when a rank raises, is gone, or does not answer within ``timeout_s``."""
+        self.kv_caches(timeout_s)
+        if len(args) != len(self._kv_pipes):
+            raise ValueError(f"{len(args)} arguments for {len(self._kv_pipes)} ranks")
+        for pipe, arg in zip(self._kv_pipes, args, strict=True):
+            pipe.send((fn, arg))
+        answers = []
+        for rank, pipe in enumerate(self._kv_pipes, start=1):
+            if not pipe.poll(timeout_s):
+                raise RankFailed(self._dead() or f"rank {rank} did not answer a call")
+            try:
+                status, answer = pipe.recv()
+            except EOFError:
+                raise RankFailed(self._dead() or f"rank {rank} closed its pipe") from None
+            if status != "ok":
+                raise RankFailed(f"rank {rank} failed a call on its KV cache: {answer}")
+            answers.append(answer)
+        return answers
 
     def send_step(self, inputs: StepInputs) -> None:
         self._broadcast(StepPlan.of(inputs))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 from multiprocessing.connection import Connection
 
 import torch
@@ -30,7 +31,8 @@ def run_rank(
     kv_pipe: Connection | None = None,
 ) -> None:
     """The process body of rank ``rank`` (spawned by ``engine.parallel.group.RankGroup``);
-    its KV cache goes to rank 0 through ``kv_pipe``."""
+    its KV cache goes to rank 0 through ``kv_pipe``, which then carries rank 0's calls on
+    it (``RankGroup.call_on_ranks``)."""
     from engine.parallel.group import init_group, rank_device
 
     watch_parent(parent_pid)
@@ -46,7 +48,7 @@ def run_rank(
         pipe = stage_pipe(config, model_config, rank)
         runner = ModelRunner(config, model_config, shard=shard, pipe=pipe)
         if kv_pipe is not None:
-            share_kv_cache(runner, kv_pipe)
+            share_kv_cache(runner, kv_pipe, rank)
         serve(runner, pipe)
     except Exception:
         log.exception("engine rank %d failed", rank)
@@ -54,13 +56,36 @@ def run_rank(
     dist.destroy_process_group()
 
 
-def share_kv_cache(runner: ModelRunner, pipe: Connection) -> None:
+def share_kv_cache(runner: ModelRunner, pipe: Connection, rank: int) -> None:
     """Send the rank's KV cache to rank 0: moved into shared memory first on the CPU (the
-    cache is still empty), by CUDA IPC on a GPU; both processes then see the same blocks."""
+    cache is still empty), by CUDA IPC on a GPU; both processes then see the same blocks.
+    Then answer rank 0's calls on the cache on a thread of this process (e.g. serving it to
+    other nodes from here) until rank 0 closes the pipe."""
     if runner.kv_cache.device.type == "cpu":
         runner.kv_cache.share_memory_()
     pipe.send(runner.kv_cache)
-    pipe.close()
+    args = (runner.kv_cache, rank, pipe)
+    threading.Thread(target=answer_calls, args=args, name="kv-calls", daemon=True).start()
+
+
+def answer_calls(kv_cache: torch.Tensor, rank: int, pipe: Connection) -> None:
+    """Run each ``(fn, arg)`` rank 0 sends as ``fn(kv_cache, rank, arg)``; send back
+    ``("ok", answer)`` or ``("error", message)``."""
+    while True:
+        try:
+            message = pipe.recv()
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # a call that cannot be unpickled here
+            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+            continue
+        fn, arg = message
+        try:
+            answer = ("ok", fn(kv_cache, rank, arg))
+        except Exception as exc:
+            log.exception("call on rank %d's KV cache failed", rank)
+            answer = ("error", f"{type(exc).__name__}: {exc}")
+        pipe.send(answer)
 
 
 def serve(runner: ModelRunner, pipe: StagePipe | None = None) -> None:
