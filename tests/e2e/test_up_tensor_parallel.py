@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cluster_harness import Cluster, alive, running_cluster
-from oracle import Oracle
+from oracle import Expected, Oracle
 from prometheus_client.parser import text_string_to_metric_families
 from session_procs import rank_workers, session_processes
 
@@ -64,23 +64,9 @@ def test_mixed_tensor_parallel_pools_answer_like_tp1(
     want = Oracle(tiny_dir).complete(PROMPTS, MAX_TOKENS)
     args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64", "--transfer", "tcp"]
     with running_cluster(tiny_dir, tmp_path / "run", *args, check_clean_exit=True) as up:
-        client = up.openai_client()
-        model = client.models.list().data[0].id
-        prompt_tokens = []
-        for prompt, expected in zip(PROMPTS, want, strict=True):
-            got = client.completions.create(
-                model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
-            )
-            assert got.choices[0].text == expected.text
-            assert got.usage is not None and got.usage.completion_tokens == MAX_TOKENS
-            prompt_tokens.append(got.usage.prompt_tokens)
+        answer_like(up, want, tiny_dir)
         wide = up.node_names("prefill" if "--prefill-tp" in tp else "decode")[0]
         assert len(rank_workers(up.pids[wide])) == 1  # rank 1 runs under the node
-        decode = up.node_names("decode")[0]
-        counters = up.stats(decode).counters
-        assert counters["transfer_ok"] == len(PROMPTS)
-        assert counters["transfer_bytes"] == one_copy_bytes(tiny_dir, prompt_tokens)
-        assert_idle(up)
     assert session_processes(up.proc.pid) == []
 
 
@@ -94,20 +80,7 @@ def test_a_pipeline_parallel_prefill_pool_answers_like_one_rank_until_a_stage_di
     args = ["--prefill", "1", "--decode", "1", "--prefill-pp", "2", "--decode-pp", "1"]
     with running_cluster(tiny_dir, tmp_path / "run", *args, "--num-kv-blocks", "64",
                          "--transfer", "tcp") as up:  # fmt: skip
-        client = up.openai_client()
-        model = client.models.list().data[0].id
-        prompt_tokens = []
-        for prompt, expected in zip(PROMPTS, want, strict=True):
-            got = client.completions.create(
-                model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
-            )
-            assert got.choices[0].text == expected.text
-            assert got.usage is not None
-            prompt_tokens.append(got.usage.prompt_tokens)
-        counters = up.stats(up.node_names("decode")[0]).counters
-        assert counters["transfer_ok"] == len(PROMPTS)
-        assert counters["transfer_bytes"] == one_copy_bytes(tiny_dir, prompt_tokens)
-        assert_idle(up)
+        answer_like(up, want, tiny_dir)
         victim = up.pids["prefill-0"]
         workers = rank_workers(victim)
         assert len(workers) == 1  # stage 1 runs under the node
@@ -115,6 +88,26 @@ def test_a_pipeline_parallel_prefill_pool_answers_like_one_rank_until_a_stage_di
         wait_until(lambda: not alive(victim), "prefill-0 exits")
         wait_until(lambda: "prefill-0 exited with code 4" in up.output(), "the launcher sees it")
     assert session_processes(up.proc.pid) == []
+
+
+def answer_like(up: Cluster, want: list[Expected], tiny_dir: Path) -> None:
+    """The openai client's answers to PROMPTS equal the oracle's `want`; the decode node
+    moved one copy of each prompt's KV and every node ends idle with its blocks free."""
+    client = up.openai_client()
+    model = client.models.list().data[0].id
+    prompt_tokens = []
+    for prompt, expected in zip(PROMPTS, want, strict=True):
+        got = client.completions.create(
+            model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert got.choices[0].text == expected.text
+        assert got.usage is not None
+        assert got.usage.completion_tokens == expected.completion_tokens
+        prompt_tokens.append(got.usage.prompt_tokens)
+    counters = up.stats(up.node_names("decode")[0]).counters
+    assert counters["transfer_ok"] == len(PROMPTS)
+    assert counters["transfer_bytes"] == one_copy_bytes(tiny_dir, prompt_tokens)
+    assert_idle(up)
 
 
 def assert_idle(up: Cluster) -> None:
