@@ -70,12 +70,15 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
 
 
-def test_tp_reaches_colocated_nodes(tmp_path: Path) -> None:
-    args = _args("--colocated", "--tp", "2")
+@pytest.mark.parametrize(
+    ("flag", "field"), [("--tp", "tensor_parallel_size"), ("--pp", "pipeline_parallel_size")]
+)
+def test_parallel_sizes_reach_colocated_nodes(tmp_path: Path, flag: str, field: str) -> None:
+    args = _args("--colocated", flag, "2")
     launcher.check_args(args)
     for plan in up_plan.plan_nodes(args):
         parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
-        assert parsed.tensor_parallel_size == 2
+        assert getattr(parsed, field) == 2
 
 
 @pytest.mark.parametrize(
@@ -121,14 +124,6 @@ def test_each_pool_gets_its_pipeline_parallel_size(
     sizes = {role: p.pipeline_parallel_size for role, p in parsed.items()}
     assert sizes == {"prefill": prefill or None, "decode": decode or None}
     assert {p.tensor_parallel_size for p in parsed.values()} == {2}
-
-
-def test_pp_reaches_colocated_nodes(tmp_path: Path) -> None:
-    args = _args("--colocated", "--pp", "2")
-    launcher.check_args(args)
-    for plan in up_plan.plan_nodes(args):
-        parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
-        assert parsed.pipeline_parallel_size == 2
 
 
 @pytest.mark.parametrize(
