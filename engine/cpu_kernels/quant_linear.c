@@ -171,12 +171,23 @@ static void panel_rows(const float *a, int64_t lda, const qweight *w, int64_t p,
     }
 }
 
-/* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it). */
+/* quant_amx.c: 1 if it computed C on AMX tiles, 0 if it declined */
+int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const float *scales,
+                         const float *mins, int bits, int group, int M, int N, int K, float *c,
+                         int64_t ldc, int accumulate, int threads);
+
+/* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it). From
+   `amx_rows` rows on (0: never) the AMX kernel runs where it can (fp32-level, not bit for
+   bit this path). */
 void splitserve_linear_quant(
     const float *a, int64_t lda, const uint8_t *codes, const float *scales, const float *mins,
     int32_t bits, int32_t group, int32_t M, int32_t N, int32_t K, float *c, int64_t ldc,
-    int32_t accumulate, int32_t threads)
+    int32_t accumulate, int32_t threads, int32_t amx_rows)
 {
+    if (amx_rows > 0 && M >= amx_rows &&
+        splitserve_quant_amx(a, lda, codes, scales, mins, bits, group, M, N, K, c, ldc,
+                             accumulate, threads))
+        return;
     const qweight w = {codes, scales, mins, bits, group, K};
     const int panels = N / PANEL;
     const int parallel = (int64_t)M * N * K >= 1 << 16;
