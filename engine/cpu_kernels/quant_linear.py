@@ -20,11 +20,12 @@ from engine import cpu_kernels
 
 _I64, _I32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 # Rows from which the AMX kernel runs. On the 2-core dev machine (Xeon, AVX-512 + AMX, one
-# thread, loaded by other work) it beat the FMA path at every row count, one row included:
-# the default model's packed decode step at batch 1 took 52 ms against 208 on the FMA path
-# (fp32: 84). Decode steps against the fp32 path, interleaved in one process, CPU time per
-# step: batch 1 36.4 ms against 58.1 (1.59x), batch 32 84.8 against 169.6 (2.00x). With it
-# at 1 the packed model's products do not depend on how many rows share a call.
+# thread, loaded by other work) it ran even with the FMA path at one row (decode steps of the
+# default model at batch 1: 78 and 71 ms) and ahead from a few rows on (the layer 3072 x 576:
+# 78 GFLOP/s against 49 at 4 rows, 234 against 67 at 16). Decode steps against the fp32 path,
+# interleaved in one process, CPU time per step: batch 1 36.4 ms against 58.1 (1.59x),
+# batch 32 84.8 against 169.6 (2.00x). From one row, the packed model's products do not
+# depend on how many rows share a call (batches, speculative verification).
 AMX_ROWS = 1
 
 
