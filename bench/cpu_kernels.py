@@ -8,6 +8,10 @@ second against the same run's memcpy bandwidth (``bench.common.memcpy_gbps``). T
 has as many layers as the model and they are cycled, so the working set does not stay in
 the CPU caches. The model's linear layers from 1 to 512 rows: F.linear and the C kernel
 over packed weights (engine.model.linear), as GFLOP/s against the same run's matmul peak.
+The same layers packed as Q4_1 (4-bit codes, scale and min per 32 inputs, random), from 1
+to 1024 rows: the packed kernel (engine.cpu_kernels.quant_linear: AMX tiles where the machine
+has them, ``packed_fma`` its FMA path), the fp32 kernel, and F.linear in bf16 (oneDNN, AMX
+bf16 where present: what vLLM's CPU backend runs), against the same run's bf16 matmul peak.
 """
 
 from __future__ import annotations
@@ -116,6 +120,70 @@ def bench_linear(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+Layer = tuple[Any, torch.Tensor, torch.Tensor, int]  # QuantWeight, fp32 panels, bf16, in
+
+
+def packed_runs(
+    layers: list[Layer], x: dict[int, torch.Tensor], xb: dict[int, torch.Tensor]
+) -> dict[str, Callable[[int], object]]:
+    """One call of each path over every layer, x and xb by input width."""
+    from engine import cpu_kernels
+    from engine.cpu_kernels.quant_linear import quant_linear
+
+    return {
+        "packed": lambda _: [q.linear(x[k]) for q, _p, _b, k in layers],
+        "packed_fma": lambda _: [
+            quant_linear(x[k], q.codes, q.scales, q.mins, 4, 32, amx_rows=0)
+            for q, _p, _b, k in layers
+        ],
+        "fp32_kernel": lambda _: [cpu_kernels.linear(x[k], p) for _q, p, _b, k in layers],
+        "torch_bf16": lambda _: [F.linear(xb[k], b) for _q, _p, b, k in layers],
+    }
+
+
+def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
+    from engine import cpu_kernels
+    from engine.cpu_kernels.quant_linear import amx_available
+    from engine.model.quant.weight import QuantWeight, RowQuant
+
+    if not cpu_kernels.available():
+        print("C kernels unavailable here: packed linear skipped", file=sys.stderr)
+        return {}
+    peak = matmul_peak_gflops(torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    shapes = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+    layers: list[Layer] = []
+    for _ in range(args.layers):
+        for n, k in shapes.values():
+            codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+            scales = (torch.rand(n, k // 32, generator=gen) * 0.01).half().float()
+            mins = (-8 * scales).half().float()
+            q = QuantWeight(RowQuant(codes, scales, mins, 4, 32))
+            dense = q.dequantize()
+            panels = cpu_kernels.pack_linear_weight(dense)
+            assert panels is not None  # N is a multiple of 16
+            layers.append((q, panels, dense.bfloat16(), k))
+    out: dict[str, Any] = {"bf16_matmul_peak_gflop_s": peak, "amx": amx_available()}
+    for rows in tqdm(args.packed_rows, desc="packed linear", file=sys.stderr):
+        x = {k: torch.randn(rows, k) for k in {s[1] for s in shapes.values()}}
+        flops = 2 * rows * args.layers * sum(o * i for o, i in shapes.values())
+        runs = packed_runs(layers, x, {k: v.bfloat16() for k, v in x.items()})
+        row: dict[str, float] = {}
+        for name, fn in runs.items():
+            gflops = flops / best_seconds(fn, 1, repeats=3) / 1e9
+            row[f"{name}_gflop_s"], row[f"{name}_ratio_to_bf16_peak"] = gflops, gflops / peak
+        out[f"rows_{rows}"] = row
+    return out
+
+
+def print_rows(result: dict[str, Any], rows: list[int]) -> None:
+    for n in rows:
+        r = result[f"rows_{n}"]
+        cells = [f"{k.removesuffix('_gflop_s')} {v:6.1f}" for k, v in r.items() if "gflop" in k]
+        ratios = [f"{v:.2f}" for k, v in r.items() if "ratio" in k]
+        print(f"  {n:>4} rows: GFLOP/s {'  '.join(cells)}  (ratio {' / '.join(ratios)})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seqs", type=int, default=32)
@@ -127,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--layers", type=int, default=30, help="cache layers, cycled between calls")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 24, 32, 64, 256, 512])
+    ap.add_argument("--packed-rows", type=int, nargs="+", default=[1, 32, 256, 1024])
+    ap.add_argument("--only", choices=["attention", "linear", "packed"], nargs="+")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "cpu_kernels.json")
     args = ap.parse_args(argv)
     for name in ("seqs", "min_ctx", "max_ctx", "layers", "block_size"):
@@ -135,32 +205,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_ctx > args.max_ctx:
         ap.error(f"--min-ctx {args.min_ctx} is above --max-ctx {args.max_ctx}")
 
-    attention = bench_attention(args)
-    print(f"decode attention, memcpy {attention['memcpy_gb_s']:.1f} GB/s:")
-    for name in ("torch_gather_sdpa", "c_kernel"):
-        if name in attention:
-            r = attention[name]
-            print(
-                f"  {name:>18}: {r['ms_per_layer']:6.2f} ms/layer  {r['kv_gb_s']:5.1f} GB/s of "
-                f"K+V  ratio to memcpy {r['ratio_to_memcpy']:.2f}"
-            )
-    linear = bench_linear(args)
-    print(f"decoder linear layers, matmul peak {linear['matmul_peak_gflop_s']:.1f} GFLOP/s:")
-    for rows in args.rows:
-        r = linear[f"rows_{rows}"]
-        cells = [f"{k.removesuffix('_gflop_s')} {v:6.1f}" for k, v in r.items() if "gflop" in k]
-        ratios = [f"{v:.2f}" for k, v in r.items() if "ratio" in k]
-        print(f"  {rows:>4} rows: GFLOP/s {'  '.join(cells)}  (ratio {' / '.join(ratios)})")
-    write_json(
-        args.out,
-        {
-            "benchmark": "cpu_kernels",
-            "args": {k: v for k, v in vars(args).items() if k != "out"},
-            "environment": environment(),
-            "attention": attention,
-            "linear": linear,
-        },
-    )
+    only = set(args.only or ["attention", "linear", "packed"])
+    payload: dict[str, Any] = {
+        "benchmark": "cpu_kernels",
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "environment": environment(),
+    }
+    if "attention" in only:
+        attention = payload["attention"] = bench_attention(args)
+        print(f"decode attention, memcpy {attention['memcpy_gb_s']:.1f} GB/s:")
+        for name in ("torch_gather_sdpa", "c_kernel"):
+            if name in attention:
+                r = attention[name]
+                print(
+                    f"  {name:>18}: {r['ms_per_layer']:6.2f} ms/layer  {r['kv_gb_s']:5.1f} GB/s "
+                    f"of K+V  ratio to memcpy {r['ratio_to_memcpy']:.2f}"
+                )
+    if "linear" in only:
+        linear = payload["linear"] = bench_linear(args)
+        peak = linear["matmul_peak_gflop_s"]
+        print(f"decoder linear layers, matmul peak {peak:.1f} GFLOP/s:")
+        print_rows(linear, args.rows)
+    if "packed" in only and (packed := bench_packed_linear(args)):
+        payload["packed_linear"] = packed
+        print(
+            f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), bf16 matmul peak "
+            f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s:"
+        )
+        print_rows(packed, args.packed_rows)
+    write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 

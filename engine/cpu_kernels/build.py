@@ -25,6 +25,7 @@ SOURCES = tuple(
         "sampling.c",
         "moe.c",
         "quant_linear.c",
+        "quant_amx.c",
         "lora.c",
     )
 )

@@ -22,6 +22,10 @@
 #include "linear.h"
 #include "vecw.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #define NV (PANEL / VW) /* vectors per row of a panel */
 #define QTILE_ROWS 6
 #define ROW_BLOCK 512
@@ -37,9 +41,46 @@ typedef struct {
     int bits, group, K;
 } qweight;
 
-/* 4-bit codes of one panel row: byte j holds column j (low nibble) and j + 8 (high). */
-static inline __attribute__((always_inline)) void nibbles(u8x8 b, vw *q)
+/* Bytes to floats: GCC 12 turns __builtin_convertvector from 8 or 16 bytes into a byte at a
+   time (it took a one-row product to 6x the fp32 kernel's time), so x86 builds widen with
+   the instructions for it; the values are the same. */
+#if defined(__AVX512F__) && VW == 16
+static inline __attribute__((always_inline)) vw widen_u8(__m128i b)
 {
+    return (vw)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+}
+static inline __attribute__((always_inline)) vw widen_i8(__m128i b)
+{
+    return (vw)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+#define WIDEN_X86 1
+#elif defined(__AVX2__) && VW == 8
+static inline __attribute__((always_inline)) vw widen_u8(__m128i b)
+{
+    return (vw)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
+static inline __attribute__((always_inline)) vw widen_i8(__m128i b)
+{
+    return (vw)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+#define WIDEN_X86 1
+#endif
+
+/* 4-bit codes of one panel row: byte j holds column j (low nibble) and j + 8 (high). */
+static inline __attribute__((always_inline)) void nibbles(const uint8_t *row, vw *q)
+{
+#ifdef WIDEN_X86
+    const __m128i b = _mm_loadl_epi64((const __m128i *)row);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15));
+#if VW == 16
+    q[0] = widen_u8(_mm_unpacklo_epi64(lo, hi));
+#else
+    q[0] = widen_u8(lo);
+    q[1] = widen_u8(hi);
+#endif
+#else
+    const u8x8 b = *(const u8x8 *)row;
     const u8x8 lo = b & 15, hi = b >> 4;
 #if VW == 8
     q[0] = __builtin_convertvector(__builtin_convertvector(lo, vwi), vw);
@@ -56,6 +97,7 @@ static inline __attribute__((always_inline)) void nibbles(u8x8 b, vw *q)
         q[0][j + 8] = hi[j];
     }
 #endif
+#endif
 }
 
 /* Row k of panel p, w = code * scale + min, as NV vectors; s and m: the group's scales and
@@ -65,11 +107,17 @@ static inline __attribute__((always_inline)) void dequant_row(const qweight *w, 
                                                               vw *b)
 {
     if (w->bits == 4) {
-        nibbles(*(const u8x8 *)(w->codes + (p * w->K + k) * 8), b);
+        nibbles(w->codes + (p * w->K + k) * 8, b);
     } else {
         const int8_t *row = (const int8_t *)w->codes + (p * w->K + k) * 16;
+#ifdef WIDEN_X86
+        for (int j = 0; j < NV; j++)
+            b[j] = widen_i8(VW == 16 ? _mm_loadu_si128((const __m128i *)(row + j * VW))
+                                     : _mm_loadl_epi64((const __m128i *)(row + j * VW)));
+#else
         for (int j = 0; j < NV; j++)
             b[j] = __builtin_convertvector(__builtin_convertvector(*(const i8w *)(row + j * VW), vwi), vw);
+#endif
     }
     for (int j = 0; j < NV; j++) b[j] = b[j] * s[j] + m[j];
 }
@@ -171,12 +219,23 @@ static void panel_rows(const float *a, int64_t lda, const qweight *w, int64_t p,
     }
 }
 
-/* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it). */
+/* quant_amx.c: 1 if it computed C on AMX tiles, 0 if it declined */
+int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const float *scales,
+                         const float *mins, int bits, int group, int M, int N, int K, float *c,
+                         int64_t ldc, int accumulate, int threads);
+
+/* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it). From
+   `amx_rows` rows on (0: never) the AMX kernel runs where it can (fp32-level, not bit for
+   bit this path). */
 void splitserve_linear_quant(
     const float *a, int64_t lda, const uint8_t *codes, const float *scales, const float *mins,
     int32_t bits, int32_t group, int32_t M, int32_t N, int32_t K, float *c, int64_t ldc,
-    int32_t accumulate, int32_t threads)
+    int32_t accumulate, int32_t threads, int32_t amx_rows)
 {
+    if (amx_rows > 0 && M >= amx_rows &&
+        splitserve_quant_amx(a, lda, codes, scales, mins, bits, group, M, N, K, c, ldc,
+                             accumulate, threads))
+        return;
     const qweight w = {codes, scales, mins, bits, group, K};
     const int panels = N / PANEL;
     const int parallel = (int64_t)M * N * K >= 1 << 16;

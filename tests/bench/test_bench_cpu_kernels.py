@@ -23,6 +23,8 @@ def test_small_run_writes_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "2",
         "--rows",
         "4",
+        "--packed-rows",
+        "3",
         "--out",
         str(out),
     ]
@@ -32,7 +34,19 @@ def test_small_run_writes_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert attention["memcpy_gb_s"] > 0
     assert attention["torch_gather_sdpa"]["ratio_to_memcpy"] > 0
     assert result["linear"]["rows_4"]["f_linear_ratio_to_peak"] > 0
-    assert "ratio to memcpy" in capsys.readouterr().out
+    packed = result["packed_linear"]["rows_3"]
+    assert packed["packed_ratio_to_bf16_peak"] > 0 and packed["torch_bf16_gflop_s"] > 0
+    printed = capsys.readouterr().out
+    assert "ratio to memcpy" in printed and "packed as Q4_1" in printed
+
+
+def test_one_part_alone(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    args = ["--layers", "1", "--packed-rows", "2", "--only", "packed", "--out", str(out)]
+    assert cpu_kernels.main(args) == 0
+    result = json.loads(out.read_text())
+    assert "attention" not in result and "linear" not in result
+    assert result["packed_linear"]["rows_2"]["fp32_kernel_gflop_s"] > 0
 
 
 def test_bad_lengths_are_named(capsys: pytest.CaptureFixture[str]) -> None:
