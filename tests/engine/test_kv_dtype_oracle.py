@@ -9,7 +9,8 @@ groups of 16 channels with a scale each 9, a scale and a zero point per half row
 quarter pairs with an fp16 scale each 11 but 7 with fp32 scales (the count moves with the
 rounding of the scale alone: only the error's size, engine.kv.quant, ranks formats). The
 int8 cache as built (a bf16 scale and mid per half row, the C kernel's sums): 10 of 12, at
-the threshold; a change of the kernel's summation order may move it by one.
+the threshold; with the C kernels off (SPLITSERVE_CPU_KERNELS=0, torch's sums on both sides)
+8 of 12. A change of summation order moves the count.
 """
 
 from __future__ import annotations
