@@ -146,7 +146,7 @@ class NodeSettings(_Base):
     num_kv_blocks: int | None = Field(default=None, ge=1)
     kv_cache_memory_gb: float | None = Field(default=None, gt=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    # auto: the model dtype; int8 / fp8_e4m3: one-byte codes + an fp32 scale per token and head
+    # auto: the model dtype; int8 / fp8_e4m3: one-byte codes + a bf16 scale and mid per half row
     kv_cache_dtype: Literal["auto", "int8", "fp8_e4m3"] = "auto"
     # KV tiers below the device (engine.kv.offload): host GiB, and a directory with its GiB
     # for block files that survive a restart (needs the host tier)

@@ -62,7 +62,7 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     gpu_memory_utilization: float = 0.9
     # KV cache element type (engine.kv.quant): auto (the model dtype), int8 or fp8_e4m3
-    # (one-byte codes with an fp32 scale per token and KV head: about 3.8x the tokens of fp32).
+    # (one-byte codes, a bf16 scale and mid per half row: about 3.6x the tokens of fp32).
     kv_cache_dtype: str = "auto"
     max_num_seqs: int = 64  # engine_config(): 256 on CUDA
     max_num_batched_tokens: int = 2048  # token budget per step

@@ -39,7 +39,7 @@ _HELP: dict[str, str] = {
     "kv_cache_memory_gb": "memory for the KV cache, in GiB (default: on CUDA sized by "
     "--gpu-memory-utilization, on CPU 1)",
     "kv_cache_dtype": "KV cache dtype: auto (the model dtype), int8 or fp8_e4m3 (one-byte codes "
-    "with a scale per token and KV head: about 3.8x the tokens of float32)",
+    "with a scale and a mid per half row: about 3.6x the tokens of float32)",
     "gpu_memory_utilization": "CUDA: share of the GPU's memory for weights, activations and "
     "KV cache together, when neither --num-kv-blocks nor --kv-cache-memory-gb is set "
     "(default 0.9)",

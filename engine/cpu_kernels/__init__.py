@@ -37,6 +37,7 @@ from engine.cpu_kernels.build import (
     build,
     default_cache_dir,
 )
+from engine.kv.quant import SCALE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     kv_heads, head_dim = kv_cache.shape[4], q.shape[-1]
     return (
         q.stride(-1) == 1
-        and kv_cache.shape[5] == head_dim + (4 if kv_cache.dtype == torch.int8 else 0)
+        and kv_cache.shape[5] == head_dim + (SCALE_BYTES if kv_cache.dtype == torch.int8 else 0)
         and q.shape[1] % kv_heads == 0
         and q.shape[1] // kv_heads <= MAX_GROUP
         and head_dim in HEAD_DIMS
@@ -87,7 +88,7 @@ def paged_decode_attention(
 
     q: [seqs, heads, d] fp32 (any strides with the last one 1); kv_cache: the contiguous
     cache [num_blocks, layers, 2, block_size, kv_heads, d] fp32, or int8 with rows of d codes
-    + the fp32 scale (kv_cache_dtype int8: [..., d + 4]); block_tables: [seqs, >= blocks
+    + scales and mids (kv_cache_dtype int8: [..., d + 8]); block_tables: [seqs, >= blocks
     needed] int32 of valid block ids (the block manager's); context_lens: [seqs] int32.
     Returns [seqs, heads, d]. Tables too short for their contexts raise ValueError.
     """
@@ -150,14 +151,14 @@ def rope_write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Rotate the q and k heads of ``qkv`` in place and store K and V at their slots (as
-    int8 codes + a scale per token and head in an int8 cache: engine.kv.quant).
+    int8 codes + scales and mids per token and head in an int8 cache: engine.kv.quant).
 
     qkv: [tokens, (heads + 2 * kv_heads) * d] fp32 with unit last stride; positions and
     slot_mapping: [tokens] int64; cos, sin: [max_position, d / 2] contiguous.
     """
     lib = _require()
     quantized = kv_cache.dtype == torch.int8
-    tokens, head_dim = qkv.shape[0], kv_cache.shape[5] - (4 if quantized else 0)
+    tokens, head_dim = qkv.shape[0], kv_cache.shape[5] - (SCALE_BYTES if quantized else 0)
     if qkv.stride(-1) != 1 or qkv.shape[1] != (heads + 2 * kv_heads) * head_dim:
         raise ValueError(f"rope_write_kv: qkv of shape {tuple(qkv.shape)} does not match heads")
     positions = positions.to(torch.int64).contiguous()

@@ -55,20 +55,34 @@ void splitserve_rope_write_kv_f32(
     }
 }
 
-/* int8 KV (engine.kv.quant): each head's row becomes head_dim codes round(x / scale),
-   scale = absmax / 127, then the scale's 4 bytes; the same fp32 operations as the torch
-   quantize_rows, so both write the same bytes */
+/* int8 KV (engine.kv.quant): each head's row becomes head_dim codes round((x - mid) / scale),
+   then two bf16 scales and two bf16 mids (8 bytes), one of each per half of the row:
+   mid = (max + min) / 2 and scale = half range / 127, each rounded to bf16. The same fp32
+   operations as the torch quantize_rows, so both write the same bytes. */
 static inline void quantize_heads_i8(const float *x, int8_t *dst, int kv_heads, int head_dim)
 {
+    const int half = head_dim / 2;
     for (int h = 0; h < kv_heads; h++) {
         const float *src = x + (int64_t)h * head_dim;
-        int8_t *out = dst + (int64_t)h * (head_dim + 4);
-        float absmax = 0.0f;
-        for (int i = 0; i < head_dim; i++) absmax = fmaxf(absmax, fabsf(src[i]));
-        const float scale = absmax / 127.0f, divisor = scale > 0.0f ? scale : 1.0f;
-        for (int i = 0; i < head_dim; i++)
-            out[i] = (int8_t)fminf(fmaxf(nearbyintf(src[i] / divisor), -127.0f), 127.0f);
-        memcpy(out + head_dim, &scale, sizeof(float));
+        int8_t *out = dst + (int64_t)h * (head_dim + 8);
+        uint16_t params[4]; /* scale 0, scale 1, mid 0, mid 1 */
+        for (int g = 0; g < 2; g++) {
+            const float *xs = src + g * half;
+            float hi = xs[0], lo = xs[0];
+            for (int i = 1; i < half; i++) {
+                hi = fmaxf(hi, xs[i]);
+                lo = fminf(lo, xs[i]);
+            }
+            params[2 + g] = bf16_of((hi + lo) / 2.0f);
+            const float m = f32_of_bf16(params[2 + g]);
+            params[g] = bf16_of(fmaxf(hi - m, m - lo) / 127.0f);
+            const float sc = f32_of_bf16(params[g]), divisor = sc > 0.0f ? sc : 1.0f;
+            for (int i = 0; i < half; i++) {
+                const float q = nearbyintf((xs[i] - m) / divisor);
+                out[g * half + i] = (int8_t)fminf(fmaxf(q, -127.0f), 127.0f);
+            }
+        }
+        memcpy(out + head_dim, params, sizeof params);
     }
 }
 

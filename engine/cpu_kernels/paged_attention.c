@@ -16,8 +16,9 @@
  * be back in the pool). With a soft-cap C > 0 each score s becomes C * tanh(s / C) (Gemma 2).
  *
  * An int8 cache (kv_cache_dtype int8, engine.kv.quant) holds each (token, kv head) row as
- * head_dim codes and the fp32 scale after them: K codes are dotted with the query and the
- * score scaled once, V codes are weighted by softmax weight * scale.
+ * head_dim codes, then two bf16 scales and two bf16 mids, one of each per half of the row
+ * (x = code * scale + mid): K codes are dequantised in registers before the dot with the
+ * query, V codes are weighted by softmax weight * their half's scale, plus weight * mid.
  */
 #include <stdint.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #define CHUNK 4 /* vectors of head_dim accumulated at once in the P @ V pass */
 #define CHUNK_OF(ND) ((ND) < CHUNK ? (ND) : CHUNK) /* ND is 2 or a multiple of 4 */
 #define PREFETCH_AHEAD 2 /* blocks */
+#define KV_PARAM_BYTES 8 /* an int8 row's bf16 scales and mids, after its codes */
 
 #include "vec8.h"
 
@@ -40,11 +42,18 @@ static inline v8 load8_i8(const int8_t *p)
     return __builtin_convertvector(x, v8);
 }
 
-static inline float row_scale(const int8_t *row, int head_dim)
+/* the bf16 scales and mids after a row's head_dim codes: p[0], p[1] scales, p[2], p[3] mids */
+static inline void row_params(const int8_t *row, int head_dim, float p[4])
 {
-    float scale;
-    memcpy(&scale, row + head_dim, sizeof scale);
-    return scale;
+    uint16_t bits[4];
+    memcpy(bits, row + head_dim, sizeof bits);
+    for (int i = 0; i < 4; i++) p[i] = f32_of_bf16(bits[i]);
+}
+
+/* a half's value for vector j (8 channels) of a row: ND is even, ND / 2 vectors per half */
+static inline v8 per_half(int j, int ND, float first, float second)
+{
+    return splat8(j < ND / 2 ? first : second);
 }
 
 struct job {
@@ -70,11 +79,11 @@ static inline void soft_cap(float *p, int n, float cap)
 }
 
 /* One (sequence, kv head) pair; ND = head_dim / 8; Q: an int8 cache. Offsets and strides
-   count the cache's elements (4 or 1 bytes); a row is head_dim (+ 4 with Q) of them. */
+   count the cache's elements (4 or 1 bytes); a row is head_dim (+ KV_PARAM_BYTES with Q). */
 static inline __attribute__((always_inline)) void decode_pair(
     const struct job *jb, int s, int h, const int ND, const int Q)
 {
-    const int esz = Q ? 1 : 4, row = Q ? 8 * ND + 4 : 8 * ND;
+    const int esz = Q ? 1 : 4, row = Q ? 8 * ND + KV_PARAM_BYTES : 8 * ND;
     const char *cache = (const char *)jb->cache;
     v8 qs[MAX_GROUP][ND];
     v8 acc[MAX_GROUP][ND];
@@ -122,16 +131,22 @@ static inline __attribute__((always_inline)) void decode_pair(
                     __builtin_prefetch(nv + (t0 + t) * ts * esz + c);
                 }
                 v8 k[ND];
-                for (int j = 0; j < ND; j++)
-                    k[j] = Q ? load8_i8((const int8_t *)kt + 8 * j) : load8((const float *)kt + 8 * j);
-                const float ks = Q ? row_scale((const int8_t *)kt, 8 * ND) : 1.0f;
+                if (Q) {
+                    float pr[4];
+                    row_params((const int8_t *)kt, 8 * ND, pr);
+                    for (int j = 0; j < ND; j++)
+                        k[j] = load8_i8((const int8_t *)kt + 8 * j) * per_half(j, ND, pr[0], pr[1]) +
+                               per_half(j, ND, pr[2], pr[3]);
+                } else {
+                    for (int j = 0; j < ND; j++) k[j] = load8((const float *)kt + 8 * j);
+                }
                 for (int g = 0; g < group; g++) {
                     v8 d0 = qs[g][0] * k[0], d1 = zero;
                     for (int j = 1; j < ND; j += 2) {
                         d1 += qs[g][j] * k[j];
                         if (j + 1 < ND) d0 += qs[g][j + 1] * k[j + 1];
                     }
-                    part[g][t] = Q ? (d0 + d1) * ks : d0 + d1;
+                    part[g][t] = d0 + d1;
                 }
             }
             for (int g = 0; g < group; g++) store8(&p[g][t0], hsum8x8(part[g]));
@@ -165,8 +180,12 @@ static inline __attribute__((always_inline)) void decode_pair(
                     const char *vrow = vb + t * ts * esz;
                     if (Q) {
                         const int8_t *vt = (const int8_t *)vrow + 8 * j0;
-                        const float w = p[g][t] * row_scale((const int8_t *)vrow, 8 * ND);
-                        for (int c = 0; c < CHUNK_OF(ND); c++) a[c] += w * load8_i8(vt + 8 * c);
+                        float pr[4];
+                        row_params((const int8_t *)vrow, 8 * ND, pr);
+                        const float w = p[g][t];
+                        for (int c = 0; c < CHUNK_OF(ND); c++)
+                            a[c] += per_half(j0 + c, ND, w * pr[0], w * pr[1]) * load8_i8(vt + 8 * c) +
+                                    per_half(j0 + c, ND, w * pr[2], w * pr[3]);
                     } else {
                         const float *vt = (const float *)vrow + 8 * j0;
                         const float w = p[g][t];
@@ -200,7 +219,7 @@ int splitserve_paged_decode_f32(
     const float *q, int64_t q_seq_stride, int64_t q_head_stride,
     float *out,                /* [seqs, heads, head_dim], contiguous */
     const void *cache,         /* the whole paged cache: fp32, or int8 codes + scales */
-    int32_t quantized,         /* 1: int8 rows of head_dim codes + an fp32 scale */
+    int32_t quantized,         /* 1: int8 rows of head_dim codes + scales + mids */
     int64_t block_stride,      /* elements from one block to the next */
     int64_t k_offset,          /* elements from a block's start to this layer's K */
     int64_t v_offset,          /* ... and to its V; K/V tokens are [kv_heads, head_dim] */
@@ -213,7 +232,7 @@ int splitserve_paged_decode_f32(
     if (block_size <= 0 || block_size > MAX_BLOCK_SIZE) return -1;
     struct job jb = {
         q, q_seq_stride, q_head_stride, out, cache, quantized != 0, block_stride, k_offset,
-        v_offset, (int64_t)kv_heads * (head_dim + (quantized ? 4 : 0)), tables, table_stride, ctx_lens,
+        v_offset, (int64_t)kv_heads * (head_dim + (quantized ? KV_PARAM_BYTES : 0)), tables, table_stride, ctx_lens,
         heads, kv_heads, heads / kv_heads, block_size, scale, window, softcap,
     };
     const int64_t items = (int64_t)seqs * kv_heads;

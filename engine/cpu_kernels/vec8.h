@@ -6,10 +6,27 @@
 #define SPLITSERVE_VEC8_H
 
 #include <stdint.h>
+#include <string.h>
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned access */
+
+/* bf16 <-> fp32 (the quantized KV cache's scales, engine.kv.quant): round to nearest even,
+   as torch's float -> bfloat16 (NaN is never a scale) */
+static inline uint16_t bf16_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float f32_of_bf16(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 static inline v8 load8(const float *p) { return *(const v8u *)p; }
 static inline void store8(float *p, v8 v) { *(v8u *)p = v; }

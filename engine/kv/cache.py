@@ -4,7 +4,7 @@ engine.kv.sizing).
 Layout: ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``. One block of all
 layers (K and V) is one contiguous region, so moving a block between nodes is one descriptor.
 A quantized cache (``kv_cache_dtype`` int8 / fp8_e4m3, engine.kv.quant) has one-byte codes
-and a last dim of ``head_dim + 4``: each (token, KV head) row ends with its fp32 scale.
+and a last dim of ``head_dim + 8``: each (token, KV head) row ends with its bf16 scales and mids.
 Token ``t`` of a request lives at slot ``block_table[t // block_size] * block_size +
 t % block_size``.
 """
@@ -22,6 +22,7 @@ import torch
 from engine.config import parse_dtype
 from engine.kv.quant import (
     CODE_DTYPES,
+    ROW_FORMAT,
     check_kv_cache_dtype,
     convert_rows,
     is_quantized,
@@ -101,7 +102,7 @@ class KVLayout:
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
         """Shape of one block: ``[num_layers, 2, block_size, num_kv_heads, row]``; row is
-        head_dim, or head_dim + 4 (codes + the fp32 scale) in a quantized cache."""
+        head_dim, or head_dim + 8 (codes, scales and mids) in a quantized cache."""
         row = row_width(self.head_dim, self.kv_dtype)
         return (self.num_layers, 2, self.block_size, self.num_kv_heads, row)
 
@@ -126,8 +127,9 @@ class KVLayout:
             ]
             # windows only where some layer has one: full-attention layouts keep their hash
             + ([self.windows_text()] if self.layer_windows else [])
-            # the KV dtype only where it is not the model's: auto layouts keep their hash
-            + ([f"kv={self.kv_dtype}+fp32-scale-per-token-head"] if self.kv_dtype != "auto" else [])
+            # the KV dtype and its row format only where it is not the model's: auto layouts
+            # keep their hash, and a cache of another row format is never read as this one
+            + ([f"kv={self.kv_dtype}+{ROW_FORMAT}"] if self.kv_dtype != "auto" else [])
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -176,7 +178,7 @@ def write_kv(
     offsets = slot_mapping % block_size  # [tokens]
     if is_quantized(kv):
         kv_dtype = kv_dtype_of(kv)
-        k, v = quantize_rows(k, kv_dtype), quantize_rows(v, kv_dtype)  # [tokens, kv_heads, d + 4]
+        k, v = quantize_rows(k, kv_dtype), quantize_rows(v, kv_dtype)  # [tokens, kv_heads, d + 8]
     kv[:, layer, 0].index_put_((blocks, offsets), k)
     kv[:, layer, 1].index_put_((blocks, offsets), v)
 

@@ -165,7 +165,7 @@ def gather_blocks(
     if buffers is None or is_quantized(kv_cache):
         k = kv_cache[:, layer, 0].index_select(0, table)
         v = kv_cache[:, layer, 1].index_select(0, table)
-        if is_quantized(kv_cache):  # [n, block_size, kv_heads, d + 4] codes + scales
+        if is_quantized(kv_cache):  # [n, block_size, kv_heads, d + 8] codes, scales, mids
             k, v = dequantize_rows(k, torch.float32), dequantize_rows(v, torch.float32)
     else:
         k, v = buffers.take(table.shape[0], kv_cache)

@@ -125,14 +125,14 @@ def test_rope_write_kv_into_int8_cache_writes_torch_codes_and_scales() -> None:
     sin = torch.randn(100, d // 2, generator=gen)
     positions = torch.randint(0, 100, (tokens,), generator=gen)
     slots = torch.randperm(12 * block_size, generator=gen)[:tokens]
-    kv_got = torch.zeros(12, 2, 2, block_size, kv_heads, d + 4, dtype=torch.int8)
+    kv_got = torch.zeros(12, 2, 2, block_size, kv_heads, d + 8, dtype=torch.int8)
     kv_want = kv_got.clone()
     got = qkv.clone()
     cpu_kernels.rope_write_kv(got, heads, kv_heads, positions, cos, sin, kv_got, 1, slots)
     rows = got.view(tokens, -1, d)
     write_kv(kv_want, 1, rows[:, heads : heads + kv_heads], rows[:, heads + kv_heads :], slots)
     assert torch.equal(kv_got, kv_want)
-    assert kv_got[:, 1].abs().amax() == 127 and not kv_got[:, 0].any()
+    assert kv_got[:, 1, ..., :d].abs().amax() == 127 and not kv_got[:, 0].any()
 
 
 def test_rope_write_kv_refuses_indices_outside_the_cache() -> None:

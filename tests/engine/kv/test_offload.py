@@ -86,6 +86,6 @@ def test_quantized_blocks_move_through_the_tiers_with_their_scales(
     assert stats["host_hits"] + stats["disk_hits"] > 0
     assert tiered.counters.prefix_hit_tokens == roomy.counters.prefix_hit_tokens
     block_bytes = tiered.runner.layout.block_bytes
-    assert block_bytes == 2 * 2 * BS * 2 * (16 + 4)  # one-byte codes + a 4-byte scale per row
+    assert block_bytes == 2 * 2 * BS * 2 * (16 + 8)  # one-byte codes + 8 bytes of scales and mids
     assert stats["host_bytes_out"] == stats["host_loads"] * block_bytes
     back_to_start(tiered)

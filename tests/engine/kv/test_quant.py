@@ -1,4 +1,4 @@
-"""Quantized KV: codes + a scale per (token, head) row, the smaller blocks it sizes to, the
+"""Quantized KV: codes + scales and mids per (token, head) row, the smaller blocks it sizes to, the
 layout that names it, and converting blocks between KV dtypes."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import engine.kv.cache as cache_module
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache, copy_converted, write_kv
-from engine.kv.quant import dequantize_rows, quantize_rows, split_rows
+from engine.kv.quant import channel_groups, dequantize_rows, quantize_rows, split_rows
 from engine.kv.sizing import plan_kv_cache
 
 FP32 = KVLayout(  # the default model's KV shape
@@ -24,21 +25,37 @@ def _no_gpu() -> None:
 
 
 @pytest.mark.parametrize(("kv_dtype", "tolerance"), [("int8", 0.5 / 127), ("fp8_e4m3", 1 / 16)])
-# int8: half a step of absmax / 127; e4m3: 3 mantissa bits, half a step <= 1/16 of the value
+# int8: half a step of the half range / 127; e4m3: 3 mantissa bits, half a step <= 1/16 of the
+# value; either with the bf16 rounding of the scale and mid on top
 def test_rows_round_trip_within_the_code_step(kv_dtype: str, tolerance: float) -> None:
     torch.manual_seed(0)
-    x = torch.randn(50, 3, 64) * torch.logspace(-3, 2, 50)[:, None, None]  # rows of any range
+    x = torch.randn(50, 3, 64) * torch.logspace(-30, 30, 50)[:, None, None]  # rows of any range
+    x[..., 32:] = x[..., 32:] * 40 + 100 * x[..., 32:].abs().amax(-1, keepdim=True)  # offset half
     x[7, 1] = 0.0  # an all-zero row stays zero (no division by a zero scale)
+    x[8, 2, 32:] = 5.0  # a constant half is exact in int8 (its mid)
     rows = quantize_rows(x, kv_dtype)
-    assert rows.shape == (50, 3, 68) and rows.element_size() == 1
-    codes, scales = split_rows(rows)
-    assert scales.shape == (50, 3, 1)
-    peak = codes.float().abs().amax(-1)  # each non-zero row spans the code range
-    assert (peak[x.abs().amax(-1) > 0] == (127 if kv_dtype == "int8" else 448)).all()
+    assert rows.shape == (50, 3, 72) and rows.element_size() == 1
+    codes, scales, mids = split_rows(rows)
+    assert scales.shape == mids.shape == (50, 3, 2) and scales.dtype == torch.float32
+    groups = channel_groups(64)
+    assert groups.tolist() == [0] * 32 + [1] * 32
     back = dequantize_rows(rows, torch.float32)
-    absmax = x.abs().amax(-1, keepdim=True)
-    assert ((back - x).abs() <= tolerance * absmax + 1e-12).all()
+    for g in (0, 1):
+        xg, bg = x[..., groups == g], back[..., groups == g]
+        hi, lo = xg.amax(-1, keepdim=True), xg.amin(-1, keepdim=True)
+        span = (hi - lo) / 2 if kv_dtype == "int8" else xg.abs().amax(-1, keepdim=True)
+        err = (bg - xg).abs()
+        if kv_dtype == "int8":  # the offset half keeps int8's resolution: codes about the mid
+            mid_rounding = 2**-9 * (hi + lo).abs() / 2  # the bf16 mid widens the range
+            assert (err <= tolerance * (span + mid_rounding) * (1 + 2**-8)).all()
+        else:
+            assert (err <= tolerance * xg.abs() + 2**-9 * span).all()
     assert (back[7, 1] == 0).all()
+    assert (back[8, 2, 32:] == 5.0).all() or kv_dtype != "int8"
+    peak = codes[..., :32].float().abs().amax(-1)  # the codes span their range
+    assert (peak == (127 if kv_dtype == "int8" else 448)).sum() > 100
+    if kv_dtype == "fp8_e4m3":
+        assert (mids == 0).all()  # e4m3 codes are finest about 0
 
 
 def test_fixed_budget_holds_over_3_5x_the_tokens_of_fp32(tmp_path: Path) -> None:
@@ -48,15 +65,15 @@ def test_fixed_budget_holds_over_3_5x_the_tokens_of_fp32(tmp_path: Path) -> None
         for kv in ("auto", "int8", "fp8_e4m3")
     }
     assert tokens["int8"] == tokens["fp8_e4m3"]
-    assert tokens["int8"] / tokens["auto"] >= 3.5  # 4 * 64 / (64 + 4) = 3.76
-    assert FP32.with_kv_dtype("int8").block_bytes == 30 * 2 * 16 * 3 * 68
+    assert tokens["int8"] / tokens["auto"] >= 3.5  # 4 * 64 / (64 + 8) = 3.56
+    assert FP32.with_kv_dtype("int8").block_bytes == 30 * 2 * 16 * 3 * 72
 
 
 def test_layout_names_the_kv_dtype() -> None:
     int8, fp8 = FP32.with_kv_dtype("int8"), FP32.with_kv_dtype("fp8_e4m3")
     assert len({FP32.fingerprint(), int8.fingerprint(), fp8.fingerprint()}) == 3
     assert "kv_dtype=int8" in int8.describe() and "kv_dtype=fp8_e4m3" in fp8.describe()
-    assert int8.block_shape == (30, 2, 16, 3, 68) and int8.torch_dtype == torch.int8
+    assert int8.block_shape == (30, 2, 16, 3, 72) and int8.torch_dtype == torch.int8
     assert allocate_kv_cache(fp8, 2, "cpu").dtype == torch.float8_e4m3fn
     with pytest.raises(ValueError, match="kv_dtype"):
         FP32.with_kv_dtype("int4")
@@ -90,3 +107,12 @@ def test_copy_converted_refuses_layouts_that_differ_beyond_the_dtype() -> None:
     kv = allocate_kv_cache(dataclasses.replace(FP32, num_layers=1), 1, "cpu")
     with pytest.raises(ValueError, match=r"beyond the KV dtype.*kv_heads=3.*kv_heads=4"):
         copy_converted(kv, FP32, kv, other, [0], [0])
+
+
+def test_fingerprint_names_the_row_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache whose rows hold another scale format (e.g. the earlier one fp32 scale per row)
+    has another fingerprint: its blocks are converted or refused, never read as these."""
+    int8 = FP32.with_kv_dtype("int8")
+    before, auto = int8.fingerprint(), FP32.fingerprint()
+    monkeypatch.setattr(cache_module, "ROW_FORMAT", "fp32-scale-per-token-head")
+    assert int8.fingerprint() != before and FP32.fingerprint() == auto

@@ -25,7 +25,7 @@ def test_quantized_cache_equals_dequantised_reference(kv_dtype: str, group: int,
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
     _, exact, _ = run_step(MIXED, group)
     if path == "c":  # the C kernel took the int8 decodes (it takes no fp8 cache)
-        q, kv = torch.zeros(1, 2 * group, 16), torch.zeros(1, 1, 2, 4, 2, 20, dtype=torch.int8)
+        q, kv = torch.zeros(1, 2 * group, 16), torch.zeros(1, 1, 2, 4, 2, 24, dtype=torch.int8)
         assert cpu_kernels.supports(q, kv) and not cpu_kernels.supports(q, kv.float())
     assert not torch.allclose(expected, exact, atol=1e-4)  # quantisation shows
 
