@@ -27,6 +27,7 @@ from kv_transfer.head_plan import HeadPlan, is_identity, plan_kv, sizes_text
 from kv_transfer.hugepages import use_hugepages
 from kv_transfer.lease import LeaseTable
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
+from kv_transfer.rank_agent import RankAgent, RankAgentSetup
 from kv_transfer.rank_server import RankListener
 from kv_transfer.region import KVRegion, check_block_ids
 from kv_transfer.shards import KVShards
@@ -157,6 +158,31 @@ class KVTransferAgent:
             raise ValueError(f"{len(endpoints)} listeners for {len(shards) - 1} ranks")
         for rank, (host, port) in enumerate(endpoints, start=1):
             shards[rank] = dataclasses.replace(shards[rank], tcp_host=host, tcp_port=port)
+        self.info = dataclasses.replace(self.info, shards=tuple(shards))
+
+    def rank_agents(self) -> list[RankAgentSetup]:
+        """What ranks 1..N-1 need to serve their own KV shard with their own NIXL agents
+        from their own processes (``rank_agent.serve_rank_nixl``); [] unless this is a
+        multi-rank node on the NIXL transport."""
+        if self.shards is None or self.transport.kind is not TransportKind.NIXL:
+            return []
+        config = self.config
+        setup = RankAgentSetup(
+            self.identity.agent_name, config.ucx_tls, config.progress_wakeup_us,
+            config.poll_interval_s,
+        )  # fmt: skip
+        return [setup] * (self.shards.size - 1)
+
+    def use_rank_agents(self, agents: Sequence[RankAgent]) -> None:
+        """Advertise ranks 1..N-1's own NIXL agents in ``info``, before it is published:
+        readers then read each rank's cells from the rank's agent."""
+        shards = list(self.info.shards)
+        if len(agents) != len(shards) - 1:
+            raise ValueError(f"{len(agents)} NIXL agents for {len(shards) - 1} ranks")
+        for rank, (meta, address) in enumerate(agents, start=1):
+            shards[rank] = dataclasses.replace(
+                shards[rank], nixl_metadata=meta, agent_base_address=address
+            )
         self.info = dataclasses.replace(self.info, shards=tuple(shards))
 
     def _head_plan(self, peer: PeerInfo) -> HeadPlan | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
@@ -46,7 +46,10 @@ class RankShard:
     """What a reader needs of one owner rank: its heads and layers, and where its blocks live
     (``layer_start``, ``num_layers``: the pipeline stage's layers). ``tcp_host`` /
     ``tcp_port``: the rank's own TCP listener, which serves its cells from its own process
-    (port 0: the node's block server serves them)."""
+    (port 0: the node's block server serves them). ``nixl_metadata``: the rank's own NIXL
+    agent, which registers its tensor in its own process at ``agent_base_address`` (its
+    address there; ``base_address`` is where rank 0's process maps it), or None: the node's
+    agent, rank 0's, serves the rank's cells."""
 
     start: int
     length: int
@@ -57,6 +60,8 @@ class RankShard:
     num_layers: int
     tcp_host: str = ""
     tcp_port: int = 0
+    nixl_metadata: bytes | None = field(default=None, repr=False)
+    agent_base_address: int = 0
 
     @property
     def heads(self) -> HeadSpan:

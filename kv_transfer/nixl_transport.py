@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,17 +20,17 @@ import numpy as np
 from kv_transfer.config import TransferConfig
 from kv_transfer.deadline import Deadline
 from kv_transfer.errors import (
-    PeerUnavailable,
     TransferCancelled,
     TransferError,
     TransferTimeout,
     TransportUnavailable,
 )
-from kv_transfer.head_plan import HeadPlan
+from kv_transfer.head_plan import HeadPlan, Piece
 from kv_transfer.nixl_driver import NixlDriver, as_transfer_error
 from kv_transfer.nixl_loader import apply_ucx_settings, create_agent, load_nixl
+from kv_transfer.nixl_peers import NixlPeer, NixlPeers
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
-from kv_transfer.region import KVRegion, block_descriptors
+from kv_transfer.region import KVRegion
 from kv_transfer.shards import KVShards, read_descriptors
 from kv_transfer.transport import parse_release, release_message
 
@@ -39,14 +38,6 @@ logger = logging.getLogger(__name__)
 
 READER_SUFFIX = ".reader"
 _STUCK_GRACE_S = 2.0  # beyond the deadline, stop waiting for a driver that does not answer
-
-
-@dataclass
-class _Peer:
-    info: PeerInfo
-    dlist: Any  # prepared remote block list
-    inflight: int = 0
-    retired: bool = False
 
 
 class NixlTransport:
@@ -70,7 +61,7 @@ class NixlTransport:
         # every rank's tensor is registered: a head READ reads into and from any of them
         self._tensors = shards.tensors if shards is not None else [region.kv]
         self._releases: collections.deque[str] = collections.deque()
-        self._peers: dict[str, _Peer] = {}  # by agent name; touched on the driver thread only
+        self._peers = NixlPeers()  # touched on the driver thread only
         self._reading: Any = None
         self._local: Any = None
         self._driver = NixlDriver(identity.agent_name, config.poll_interval_s)
@@ -100,7 +91,7 @@ class NixlTransport:
             "NIXL_INIT_AGENT", self._region.descriptors(), self._region.mem_type
         )
         self._driver.watch_notifs(agent, self._on_stray_notif)  # progresses sent notices
-        self._reading = agent
+        self._peers.agent = self._reading = agent
 
     def _reading_agent(self) -> Any:
         """The reading agent (driver thread); TransportUnavailable if it failed to start."""
@@ -126,10 +117,11 @@ class NixlTransport:
         local = np.asarray(local_ids, dtype=np.int32)
         remote = np.asarray(remote_ids, dtype=np.int32)
 
-        def make(agent: Any, conn: _Peer) -> Any:
+        def make(agent: Any, conn: NixlPeer) -> Any:
             return agent.make_prepped_xfer("READ", self._local, local, conn.dlist, remote)
 
-        await self._read(peer, make, request_id, deadline)
+        message = release_message(request_id)
+        await self._read(lambda: self._peers.node(peer), make, deadline, release=message)
         return len(local_ids) * self._region.block_bytes
 
     async def read_heads(
@@ -141,37 +133,68 @@ class NixlTransport:
         request_id: str,
         deadline: Deadline,
     ) -> int:
-        """One READ of every piece: up to ``layers * 2 * block_size`` descriptors per block
-        and piece (fewer where runs follow each other on both sides), from the owner rank's
-        memory straight into the local rank's."""
-        remote_shards = peer.rank_shards(local.num_kv_heads, local.num_layers)
-        rows = [read_descriptors(local, remote_shards, p, ids[0], ids[1]) for p in plan.reads]
+        """One transfer per remote agent, all posted at once: a sending rank's pieces from
+        its own agent where it runs one (``rank_agent``), the rest from the node's. Each
+        piece is up to ``layers * 2 * block_size`` descriptors per block (fewer where runs
+        follow each other on both sides), straight from the sending rank's memory into the
+        local rank's. The release notice goes to the node's agent after the last."""
+        remote_shards = peer.agent_shards(local.num_kv_heads, local.num_layers)
+        groups: dict[str, list[Piece]] = {}
+        for piece in plan.reads:
+            groups.setdefault(peer.rank_agent(piece.src)[0], []).append(piece)
+        jobs = []
+        for pieces in groups.values():
+            rows = [read_descriptors(local, remote_shards, p, ids[0], ids[1]) for p in pieces]
+            ranks = sorted({p.src for p in pieces})
+            jobs.append(self._read_pieces(peer, ranks, rows, deadline))
+        await _all_or_none(jobs)
+        message = release_message(request_id)
+        self._driver.submit(lambda: self._notify(self._peers.node(peer), message))
+        return local.plan_bytes(plan, len(ids[1]))
+
+    async def _read_pieces(
+        self,
+        peer: PeerInfo,
+        ranks: list[int],
+        rows: list[tuple[np.ndarray, np.ndarray]],
+        deadline: Deadline,
+    ) -> None:
+        """One transfer of ``rows`` (local, remote descriptors) from the agent that serves
+        sending ranks ``ranks``; its failure names them."""
         mine = np.concatenate([r[0] for r in rows])
         theirs = np.concatenate([r[1] for r in rows])
 
-        def make(agent: Any, conn: _Peer) -> Any:
+        def make(agent: Any, conn: NixlPeer) -> Any:
             local_descs = agent.get_xfer_descs(mine, self._region.mem_type)
             remote_descs = agent.get_xfer_descs(theirs, peer.mem_type)
-            return agent.initialize_xfer("READ", local_descs, remote_descs, peer.agent_name)
+            return agent.initialize_xfer("READ", local_descs, remote_descs, conn.name)
 
-        await self._read(peer, make, request_id, deadline)
-        return local.plan_bytes(plan, len(ids[1]))
+        label = ""
+        if peer.shards:
+            label = f"{peer.agent_name} (sending rank{'s' if len(ranks) > 1 else ''} "
+            label += ", ".join(map(str, ranks)) + ")"
+        await self._read(lambda: self._peers.rank(peer, ranks[0]), make, deadline, label)
 
     async def _read(
-        self, peer: PeerInfo, make: Callable[[Any, _Peer], Any], request_id: str, deadline: Deadline
+        self,
+        connect: Callable[[], NixlPeer],
+        make: Callable[[Any, NixlPeer], Any],
+        deadline: Deadline,
+        label: str = "",
+        release: bytes | None = None,
     ) -> None:
-        """Post the transfer ``make`` creates on the driver thread and wait for it; tell the
-        owner when it completes."""
-        message = release_message(request_id)
-        used: list[_Peer] = []
+        """Post the transfer ``make`` creates on the connection ``connect`` gives (both on
+        the driver thread) and wait for it; send ``release`` to that agent when it
+        completes. A failure is a TransferError that starts with ``label``."""
+        used: list[NixlPeer] = []
 
         def make_handle() -> tuple[Any, Any]:
             agent = self._reading_agent()
-            conn = self._connection(agent, peer)
+            conn = connect()
             try:
                 handle = make(agent, conn)
             except Exception:
-                self._retire(conn)
+                self._peers.retire(conn)
                 raise
             conn.inflight += 1
             used.append(conn)
@@ -180,11 +203,11 @@ class NixlTransport:
         def on_finish(error: TransferError | None) -> None:
             conn = used[0]
             conn.inflight -= 1
-            if error is None:
-                self._notify(conn, message)
-            elif not isinstance(error, TransferCancelled):
-                self._retire(conn)  # reconnect from scratch next time
-            self._reap(conn)
+            if error is None and release is not None:
+                self._notify(conn, release)
+            elif error is not None and not isinstance(error, TransferCancelled):
+                self._peers.retire(conn)  # reconnect from scratch next time
+            self._peers.reap(conn)
 
         future = self._driver.transfer(make_handle, deadline, on_finish)
         try:
@@ -197,19 +220,25 @@ class NixlTransport:
         except TimeoutError:
             self._driver.cancel(future)
             logger.error("NIXL driver thread did not answer within the deadline")
-            raise TransferTimeout("transfer exceeded its deadline (driver stalled)") from None
+            stalled = TransferTimeout("transfer exceeded its deadline (driver stalled)")
+            raise _named(stalled, label) from None
+        except TransferError as exc:
+            raise _named(exc, label) from exc
 
     async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
         def notify() -> None:
-            self._notify(self._connection(self._reading_agent(), peer), release_message(request_id))
+            self._reading_agent()
+            self._notify(self._peers.node(peer), release_message(request_id))
 
         await self._on_driver(notify, peer, deadline)
 
     async def connect(self, peer: PeerInfo, deadline: Deadline) -> None:
         def setup() -> None:
             agent = self._reading_agent()
-            self._connection(agent, peer)
-            agent.make_connection(peer.agent_name)  # wireup completes as the driver progresses
+            names = {self._peers.node(peer).name}
+            names.update(self._peers.rank(peer, r).name for r in range(len(peer.shards)))
+            for name in sorted(names):
+                agent.make_connection(name)  # wireup completes as the driver progresses
 
         await self._on_driver(setup, peer, deadline)
 
@@ -227,60 +256,14 @@ class NixlTransport:
         except Exception as exc:
             raise as_transfer_error(exc) from exc
 
-    def _notify(self, conn: _Peer, message: bytes) -> None:
+    def _notify(self, conn: NixlPeer, message: bytes) -> None:
         """Tell the owner the READ is done. Sent after completion rather than attached to the
         transfer, so the READ does not wait for the owner to acknowledge it; a lost notice
         only delays the release until the lease expires."""
         try:
-            self._reading.send_notif(conn.info.agent_name, message)
+            self._reading.send_notif(conn.name, message)
         except Exception as exc:
-            logger.warning("release notice to %s failed: %s", conn.info.agent_name, exc)
-
-    def _connection(self, agent: Any, peer: PeerInfo) -> _Peer:
-        """The cached connection to this owner process, made on first use (driver thread)."""
-        conn = self._peers.get(peer.agent_name)
-        if conn is not None and not conn.retired:
-            return conn
-        if conn is not None:
-            raise PeerUnavailable(f"peer {peer.agent_name} failed and still has transfers")
-        for other in list(self._peers.values()):
-            if other.info.node_name == peer.node_name:
-                logger.info("peer %s restarted as %s", other.info.agent_name, peer.agent_name)
-                self._retire(other)
-        try:
-            loaded = agent.add_remote_agent(peer.nixl_metadata)
-        except Exception as exc:
-            raise PeerUnavailable(f"NIXL refused the metadata of {peer.agent_name}: {exc}") from exc
-        name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
-        if name != peer.agent_name:
-            agent.remove_remote_agent(name)
-            raise PeerUnavailable(f"metadata of {name} published as {peer.agent_name}")
-        descs = block_descriptors(
-            peer.base_address, peer.block_bytes, peer.num_blocks, peer.device_id
-        )
-        try:
-            dlist = agent.prep_xfer_dlist(name, descs, peer.mem_type)
-        except Exception as exc:
-            agent.remove_remote_agent(name)
-            raise PeerUnavailable(f"NIXL refused the blocks of {name}: {exc}") from exc
-        conn = self._peers[name] = _Peer(peer, dlist)
-        return conn
-
-    def _retire(self, conn: _Peer) -> None:
-        conn.retired = True
-        self._reap(conn)
-
-    def _reap(self, conn: _Peer) -> None:
-        if not conn.retired or conn.inflight > 0:
-            return
-        name = conn.info.agent_name
-        if self._peers.get(name) is conn:
-            del self._peers[name]
-        try:
-            conn.dlist.release()
-            self._reading.remove_remote_agent(name)
-        except Exception:
-            logger.exception("NIXL could not drop peer %s", name)
+            logger.warning("release notice to %s failed: %s", conn.name, exc)
 
     def _on_notif(self, sender: str, message: bytes) -> None:
         request_id = parse_release(message)
@@ -299,12 +282,7 @@ class NixlTransport:
         return out
 
     def forget(self, node_name: str) -> None:
-        def drop() -> None:
-            for conn in list(self._peers.values()):
-                if conn.info.node_name == node_name:
-                    self._retire(conn)
-
-        self._driver.submit(drop)
+        self._driver.submit(lambda: self._peers.forget(node_name))
 
     def inflight(self) -> int:
         """Blocks until the driver thread answers (for tests and diagnostics)."""
@@ -315,8 +293,8 @@ class NixlTransport:
         UCX's threads; left to interpreter exit, that can abort the process). Idempotent."""
 
         def teardown() -> None:
-            for conn in list(self._peers.values()):
-                self._retire(conn)
+            if self._reading is not None:
+                self._peers.close()
             if self._local is not None:
                 self._local.release()
             self._local = self._reading = None
@@ -328,3 +306,29 @@ class NixlTransport:
             self._driver.call(teardown)
         finally:
             self._driver.stop()
+
+
+def _named(exc: TransferError, label: str) -> TransferError:
+    """``exc`` with ``label`` in front of its message (same type), or as it is."""
+    if not label:
+        return exc
+    try:
+        return type(exc)(f"{label}: {exc}")
+    except TypeError:  # an error type with another constructor
+        return exc
+
+
+async def _all_or_none(jobs: Sequence[Coroutine[Any, Any, None]]) -> None:
+    """Run ``jobs`` at once; the first failure cancels the others and is raised once none
+    of them writes any more."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    real = [e for e in errors if not isinstance(e, asyncio.CancelledError | TransferCancelled)]
+    if real or errors:
+        raise (real or errors)[0]

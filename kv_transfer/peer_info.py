@@ -8,8 +8,10 @@ refused instead of reading from state that no longer exists.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from enum import StrEnum
 from typing import Any
 
@@ -49,9 +51,9 @@ class PeerInfo:
     nixl_metadata: the NIXL agent's metadata (NIXL transport). tcp_host / tcp_port: the block
     server's address (TCP transport). num_kv_heads / shards: a multi-rank owner's model KV
     heads and, per rank, the heads and layers it holds (its tensor-parallel share of its
-    pipeline stage's), where its blocks live (rank 0's are the fields above) and, over TCP,
-    the rank's own listener when it serves its shard from its own process; empty on a node
-    of one rank.
+    pipeline stage's), where its blocks live (rank 0's are the fields above) and the rank's
+    own endpoint when it serves its shard from its own process (a TCP listener, or a NIXL
+    agent named ``rank_agent_name``); empty on a node of one rank.
     """
 
     node_name: str
@@ -72,7 +74,7 @@ class PeerInfo:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transport", TransportKind(self.transport))
-        shards = tuple(s if isinstance(s, RankShard) else RankShard(**s) for s in self.shards)
+        shards = tuple(s if isinstance(s, RankShard) else _rank_shard(s) for s in self.shards)
         object.__setattr__(self, "shards", shards)
         if shards and self.num_kv_heads < 1:
             raise ValueError("PeerInfo.num_kv_heads must be >= 1 with shards")
@@ -133,6 +135,10 @@ class PeerInfo:
         for shard in fields.get("shards", ()):
             if not shard["tcp_port"]:  # served by the node's block server, as before
                 del shard["tcp_host"], shard["tcp_port"]
+            if shard["nixl_metadata"] is None:  # served by the node's agent, as before
+                del shard["nixl_metadata"], shard["agent_base_address"]
+            else:
+                shard["nixl_metadata"] = base64.b64encode(shard["nixl_metadata"]).decode("ascii")
         return json.dumps({"v": _VERSION, **fields}, separators=(",", ":"))
 
     @classmethod
@@ -147,10 +153,30 @@ class PeerInfo:
         meta = fields.get("nixl_metadata")
         if meta is not None:
             fields["nixl_metadata"] = base64.b64decode(meta)
+        for shard in fields.get("shards", ()):
+            if isinstance(shard, dict) and shard.get("nixl_metadata") is not None:
+                shard["nixl_metadata"] = base64.b64decode(shard["nixl_metadata"])
         try:
             return cls(**fields)
         except TypeError as exc:
             raise ValueError(f"PeerInfo fields are wrong: {exc}") from None
+
+    def agent_shards(self, num_kv_heads: int, num_layers: int) -> tuple[RankShard, ...]:
+        """Every rank's region where the NIXL agent that serves it registered it (a rank's
+        own agent: in the rank's process)."""
+        return tuple(
+            dataclasses.replace(s, base_address=s.agent_base_address) if s.nixl_metadata else s
+            for s in self.rank_shards(num_kv_heads, num_layers)
+        )
+
+    def rank_agent(self, rank: int) -> tuple[str, bytes]:
+        """(agent name, metadata) of the NIXL agent that serves rank ``rank``'s cells: the
+        rank's own where it runs one, else the node's."""
+        shard = self.shards[rank] if rank < len(self.shards) else None
+        if shard is not None and shard.nixl_metadata:
+            return rank_agent_name(self.agent_name, rank), shard.nixl_metadata
+        assert self.nixl_metadata is not None
+        return self.agent_name, self.nixl_metadata
 
     def to_bytes(self) -> bytes:
         return self.to_json().encode()
@@ -158,3 +184,17 @@ class PeerInfo:
     @classmethod
     def from_bytes(cls, data: bytes) -> PeerInfo:
         return cls.from_json(data)
+
+
+def rank_agent_name(agent_name: str, rank: int) -> str:
+    """The NIXL agent name of rank ``rank``'s own agent on the node ``agent_name``."""
+    return f"{agent_name}.rank{rank}"
+
+
+_SHARD_FIELDS = frozenset(f.name for f in dataclass_fields(RankShard))
+
+
+def _rank_shard(given: dict[str, Any]) -> RankShard:
+    """A shard from JSON; fields a newer sender adds are left out (each names a way to
+    serve the rank's cells that the node's own endpoint also serves)."""
+    return RankShard(**{k: v for k, v in given.items() if k in _SHARD_FIELDS})

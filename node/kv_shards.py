@@ -1,8 +1,8 @@
 """A node's KV cache as the cluster sees it: the whole model's layout (the same whatever the
 tensor- and pipeline-parallel sizes, so pools of different sizes match) and, on a node of
 several ranks, every rank's tensor with the layers (its pipeline stage's) and KV heads (its
-tensor-parallel share) it holds, for the transfer agent; over TCP each rank then serves its
-own shard from its own process."""
+tensor-parallel share) it holds, for the transfer agent; each rank then serves its own shard
+from its own process (its own TCP listener, or its own NIXL agent)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from engine.model.shard import Shard
 from engine.model.stage import Stage
 from kv_transfer.agent import KVTransferAgent
 from kv_transfer.head_plan import HeadSpan, LayerSpan
+from kv_transfer.rank_agent import serve_rank_nixl
 from kv_transfer.rank_server import serve_rank_kv
 from kv_transfer.shards import KVShards
 
@@ -48,9 +49,14 @@ def kv_shards(engine: LLMEngine) -> KVShards | None:
 
 
 def serve_rank_shards(engine: LLMEngine, agent: KVTransferAgent) -> None:
-    """Start each rank's own TCP listener in its own process, serving its KV shard, and
-    advertise them in the agent's PeerInfo (nothing on one rank or over NIXL)."""
-    listeners = agent.rank_listeners()
-    if engine.ranks is None or not listeners:
+    """Serve each rank's KV shard from its own process, advertised in the agent's PeerInfo:
+    over TCP on the rank's own listener, over NIXL with the rank's own agent (nothing on a
+    node of one rank)."""
+    if engine.ranks is None:
         return
-    agent.use_rank_listeners(engine.ranks.call_on_ranks(serve_rank_kv, listeners))
+    listeners = agent.rank_listeners()
+    if listeners:
+        agent.use_rank_listeners(engine.ranks.call_on_ranks(serve_rank_kv, listeners))
+    setups = agent.rank_agents()
+    if setups:
+        agent.use_rank_agents(engine.ranks.call_on_ranks(serve_rank_nixl, setups))

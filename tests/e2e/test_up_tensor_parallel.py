@@ -23,6 +23,7 @@ from oracle import Expected, Oracle
 from prometheus_client.parser import text_string_to_metric_families
 from session_procs import rank_workers, session_processes
 
+from kv_transfer import PeerInfo, nixl_available
 from tests.engine.model.tiny_families import save_family
 
 pytestmark = pytest.mark.e2e
@@ -57,16 +58,31 @@ def one_copy_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
     return blocks * block * head_dim * 4
 
 
-@pytest.mark.parametrize("tp", [["--prefill-tp", "2"], ["--decode-tp", "2"]], ids=["2x1", "1x2"])
+NIXL = pytest.mark.skipif(not nixl_available(), reason="needs NIXL")
+
+
+@pytest.mark.parametrize(
+    ("tp", "transfer"),
+    [
+        (["--prefill-tp", "2"], "tcp"),
+        (["--decode-tp", "2"], "tcp"),
+        pytest.param(["--prefill-tp", "2"], "nixl", marks=NIXL),  # rank 1's own NIXL agent
+    ],
+    ids=["2x1", "1x2", "2x1-nixl"],
+)
 def test_mixed_tensor_parallel_pools_answer_like_tp1(
-    tiny_dir: Path, tmp_path: Path, tp: list[str]
+    tiny_dir: Path, tmp_path: Path, tp: list[str], transfer: str
 ) -> None:
     want = Oracle(tiny_dir).complete(PROMPTS, MAX_TOKENS)
-    args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64", "--transfer", "tcp"]
+    args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64"]
+    args += ["--transfer", transfer]
     with running_cluster(tiny_dir, tmp_path / "run", *args, check_clean_exit=True) as up:
         answer_like(up, want, tiny_dir)
         wide = up.node_names("prefill" if "--prefill-tp" in tp else "decode")[0]
         assert len(rank_workers(up.pids[wide])) == 1  # rank 1 runs under the node
+        if transfer == "nixl":  # rank 1's cells came from its own agent
+            peer = PeerInfo.from_json(up.stats(wide).info.peer_info)
+            assert [s.nixl_metadata is not None for s in peer.shards] == [False, True]
     assert session_processes(up.proc.pid) == []
 
 

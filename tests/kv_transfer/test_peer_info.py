@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from kv_transfer import PeerInfo, TransferConfig, TransportKind
+from kv_transfer.head_plan import RankShard
 
 
 def nixl_info() -> PeerInfo:
@@ -32,6 +34,25 @@ def test_round_trips_through_json_and_bytes() -> None:
     )
     assert PeerInfo.from_json(tcp.to_json()) == tcp
     assert tcp.agent_name == "prefill-0.abc123"
+
+
+def test_rank_agents_round_trip_and_old_shards_stay_as_they_were() -> None:
+    """A rank's own NIXL agent travels per shard (base64); a shard without one publishes
+    the fields it did before rank agents; a shard field this reader does not know (a
+    newer sender's) is left out rather than refusing the whole PeerInfo."""
+    shard = RankShard(0, 1, 0x1000, 64, 0, 0, 2)
+    own = dataclasses.replace(shard, start=1, nixl_metadata=bytes(range(256)), agent_base_address=7)
+    info = dataclasses.replace(nixl_info(), num_kv_heads=2, shards=(shard, own))
+    again = PeerInfo.from_json(info.to_json())
+    assert again == info and again.shards[1].nixl_metadata == bytes(range(256))
+    assert again.rank_agent(0) == (info.agent_name, info.nixl_metadata)
+    assert again.rank_agent(1) == (f"{info.agent_name}.rank1", bytes(range(256)))
+    assert [s.base_address for s in again.agent_shards(2, 2)] == [0x1000, 7]
+    published = json.loads(info.to_json())["shards"]
+    assert "nixl_metadata" not in published[0] and "agent_base_address" not in published[0]
+    published[0]["from_a_newer_sender"] = 1
+    text = json.dumps({**json.loads(info.to_json()), "shards": published})
+    assert PeerInfo.from_json(text) == info
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
-"""Over TCP each rank of a multi-rank node serves its own KV shard from its own process
-(node.kv_shards.serve_rank_shards): a reader of another split gets one copy of the prompt's
-KV from rank 0's and rank 1's listeners, and once rank 1's process is killed the next READ
-fails naming it, well within its deadline. A tiny random Llama, TP = 2."""
+"""Each rank of a multi-rank node serves its own KV shard from its own process
+(node.kv_shards.serve_rank_shards; over TCP its own listener, over NIXL its own agent): a
+reader of another split gets one copy of the prompt's KV from rank 0 and rank 1, and once
+rank 1's process is killed the next READ fails naming it, well within its deadline. A tiny
+random Llama, TP = 2."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from kv_transfer import KVTransferAgent, PeerUnavailable, TransferConfig
+from kv_transfer import KVTransferAgent, PeerUnavailable, TransferConfig, nixl_available
 from kv_transfer.head_plan import HeadSpan
 from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards
 from tests.engine.tiny_llama import save_tiny_llama
@@ -27,11 +28,19 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def config(name: str) -> TransferConfig:
-    return TransferConfig(name, transport="tcp", poll_interval_s=0.01)
+TRANSPORTS = [
+    "tcp",
+    pytest.param("nixl", marks=pytest.mark.skipif(not nixl_available(), reason="needs NIXL")),
+]
 
 
-async def test_each_rank_serves_its_shard_from_its_own_process(tiny_dir: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_each_rank_serves_its_shard_from_its_own_process(
+    tiny_dir: Path, transport: str
+) -> None:
+    def config(name: str) -> TransferConfig:
+        return TransferConfig(name, transport=transport, poll_interval_s=0.01)
+
     prefill = LLMEngine(
         EngineConfig(model_dir=tiny_dir, role="prefill", tensor_parallel_size=2, **BASE)
     )
@@ -49,7 +58,8 @@ async def test_each_rank_serves_its_shard_from_its_own_process(tiny_dir: Path) -
             shards=kv_shards(prefill),
         )
         serve_rank_shards(prefill, owner)
-        assert [s.tcp_port > 0 for s in owner.info.shards] == [False, True]
+        own = [bool(s.tcp_port or s.nixl_metadata) for s in owner.info.shards]
+        assert own == [False, True]  # rank 1's own listener or NIXL agent
         kv = torch.zeros(BASE["num_kv_blocks"], 3, 2, BASE["block_size"], 2, 16)
         reader = KVTransferAgent(
             kv, fingerprint=layout.fingerprint(), layout=layout.describe(), config=config("d")
