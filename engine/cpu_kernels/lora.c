@@ -13,7 +13,7 @@
 #include "vec8.h"
 
 #define EXPAND_COLS 64 /* output columns per work item */
-#define PARALLEL_MACS (1 << 19) /* below this a step's pass runs on one thread (decodes) */
+#define PARALLEL_MACS (1 << 14) /* below this a pass runs on one thread */
 
 static inline float dot(const float *a, const float *b, int64_t n) {
     v8 acc0 = splat8(0.0f), acc1 = splat8(0.0f);
