@@ -6,14 +6,8 @@ sending rank whose process is killed fails the next READ naming it, within its d
 from __future__ import annotations
 
 import base64
-import json
-import select
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,11 +15,15 @@ import torch
 from kv_transfer import KVTransferAgent, LeaseTable, PeerInfo, PeerUnavailable, nixl_available
 from kv_transfer.rank_agent import RankAgent, close_rank_agents, serve_rank_nixl
 from kv_transfer.shards import KVShards
-from tests.kv_transfer.test_nixl_ranks_real import agent
+from tests.kv_transfer.test_rank_transfer import RankProcess
 from tests.kv_transfer.test_tcp_heads import BLOCKS, split, wait_released
+from tests.kv_transfer.test_tcp_heads import agent as tcp_heads_agent
 
 pytestmark = pytest.mark.skipif(not nixl_available(), reason="needs NIXL (nixl-cu12)")
-RANK_SCRIPT = Path(__file__).with_name("rank_process.py")
+
+
+def agent(name: str, shards: KVShards, leases: LeaseTable | None = None) -> KVTransferAgent:
+    return tcp_heads_agent(name, shards, leases, "nixl")
 
 
 @pytest.fixture(autouse=True)
@@ -76,31 +74,6 @@ async def test_each_sending_rank_is_read_from_its_own_agent(m: int, n: int) -> N
         reader.close()
 
 
-class RankProcess:
-    """Sending rank 1 with its own NIXL agent in a process of its own."""
-
-    def __init__(self, setup: dict[str, Any]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), "--setup", json.dumps(setup)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60.0)
-        line = self.proc.stdout.readline() if ready else ""
-        assert line, f"rank process said nothing (exit code {self.proc.poll()})"
-        answer = json.loads(line)
-        self.agent = RankAgent(base64.b64decode(answer["nixl_metadata"]), answer["address"])
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait(30.0)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
-
-
 async def test_a_killed_sending_rank_fails_the_read_naming_it_within_the_deadline() -> None:
     shape = (BLOCKS, 2, 2, 4, 1, 8)
     owner_shards = split(torch.zeros(*shape[:4], 2, shape[5]), 2, 4)
@@ -109,7 +82,8 @@ async def test_a_killed_sending_rank_fails_the_read_naming_it_within_the_deadlin
     (setup,) = owner.rank_agents()
     rank = RankProcess({"seed": 3, "shape": list(shape), "rank": 1, "nixl": vars(setup)})
     try:
-        owner.use_rank_agents([rank.agent])
+        metadata = base64.b64decode(rank.hello["nixl_metadata"])
+        owner.use_rank_agents([RankAgent(metadata, rank.hello["address"])])
         ids = list(range(BLOCKS))
         await reader.read_blocks(owner.info, ids, ids, request_id="warm")
         expected = torch.randn(shape, generator=torch.Generator().manual_seed(3))

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig, nixl_transport
+from kv_transfer import KVTransferAgent, LeaseTable, nixl_transport
 from tests.kv_transfer.test_stage_transfer import BLOCKS, split
+from tests.kv_transfer.test_tcp_heads import agent as tcp_heads_agent
 from tests.kv_transfer.test_tcp_heads import wait_released
 
 AGENTS: dict[str, FakeAgent] = {}
@@ -84,14 +85,7 @@ def fake_nixl(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def agent(name: str, shards: Any, leases: LeaseTable | None = None) -> KVTransferAgent:
-    return KVTransferAgent(
-        shards.tensors[0],
-        fingerprint="fp",
-        layout=f"layout fp {name}",
-        config=TransferConfig(name, transport="nixl", poll_interval_s=0.01),
-        leases=leases,
-        shards=shards if shards.size > 1 else None,
-    )
+    return tcp_heads_agent(name, shards, leases, "nixl")  # the fake agent stands in for NIXL's
 
 
 def rank_of(address: int, tensors: list[torch.Tensor]) -> int:

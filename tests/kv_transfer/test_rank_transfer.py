@@ -149,7 +149,8 @@ async def test_a_rank_listener_refuses_cells_it_does_not_hold(
 
 
 class RankProcess:
-    """A sending rank's own listener in a process of its own."""
+    """A sending rank in a process of its own (rank_process.py): its own TCP listener, or
+    its own NIXL agent; `hello` is its first answer (the port, or the agent's metadata)."""
 
     def __init__(self, setup: dict[str, Any]) -> None:
         self.proc = subprocess.Popen(
@@ -158,7 +159,7 @@ class RankProcess:
             stdout=subprocess.PIPE,
             text=True,
         )
-        self.port = int(self.line()["port"])
+        self.hello = self.line()
 
     def line(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -202,14 +203,14 @@ async def test_a_sending_rank_that_dies_mid_read_fails_the_read_within_its_deadl
 
     def recv_then_stop(sock: socket.socket, view: memoryview) -> None:
         real_recv(sock, view)
-        if sock.getpeername()[1] == rank.port and not stopped:
+        if sock.getpeername()[1] == int(rank.hello["port"]) and not stopped:
             assert rank.line() == {"stalled": True}  # mid-send, 6 blocks to go
             stopped.append(rank.proc.pid)
             rank.proc.send_signal(stop)
 
     monkeypatch.setattr(tcp_heads, "recv_into_exact", recv_then_stop)
     try:
-        owner.use_rank_listeners([("127.0.0.1", rank.port)])
+        owner.use_rank_listeners([("127.0.0.1", int(rank.hello["port"]))])
         start = time.monotonic()
         ids = list(range(8))
         with pytest.raises(error, match=r"sending rank 1|deadline") as caught:

@@ -12,10 +12,10 @@ import torch
 
 from engine.model.shard import Shard
 from engine.model.stage import Stage
-from kv_transfer import KVTransferAgent, LayoutMismatch, LeaseTable, PeerInfo, TransferConfig
+from kv_transfer import LayoutMismatch, LeaseTable, PeerInfo, nixl_available
 from kv_transfer.head_plan import HeadSpan, LayerSpan, plan_kv
 from kv_transfer.shards import KVShards, read_descriptors
-from tests.kv_transfer.test_tcp_heads import wait_released
+from tests.kv_transfer.test_tcp_heads import agent, wait_released
 
 BLOCKS, LAYERS, BS, HD, HEADS, KV_HEADS = 8, 5, 4, 8, 4, 2
 
@@ -32,32 +32,26 @@ def split(full: torch.Tensor, tp: int, pp: int) -> KVShards:
     return KVShards(tensors, heads, KV_HEADS, layers)
 
 
-def agent(name: str, shards: KVShards, leases: LeaseTable | None = None) -> KVTransferAgent:
-    config = TransferConfig(name, transport="tcp", poll_interval_s=0.01)
-    return KVTransferAgent(
-        shards.tensors[0],
-        fingerprint="fp",
-        layout=f"layout fp {name}",
-        config=config,
-        leases=leases,
-        shards=shards if shards.size > 1 else None,
-    )
+NIXL = pytest.mark.skipif(not nixl_available(), reason="needs NIXL (nixl-cu12)")
 
 
+@pytest.mark.parametrize("transport", ["tcp", pytest.param("nixl", marks=NIXL)])
 @pytest.mark.parametrize(
     ("src", "dst"),
     [((1, 2), (1, 1)), ((1, 1), (1, 2)), ((2, 1), (1, 2)), ((1, 2), (2, 1)), ((2, 2), (1, 3)),
-     ((1, 3), (2, 2))],
+     ((1, 3), (2, 2)), ((2, 1), (1, 1)), ((1, 1), (2, 1))],
     ids=lambda s: f"tp{s[0]}pp{s[1]}",
 )  # fmt: skip
 async def test_each_reader_rank_gets_its_layers_and_heads_and_bytes_are_one_copy(
-    src: tuple[int, int], dst: tuple[int, int]
+    src: tuple[int, int], dst: tuple[int, int], transport: str
 ) -> None:
+    """Over TCP and real NIXL (UCX over CMA / shared memory on one host)."""
     full = torch.randn(BLOCKS, LAYERS, 2, BS, KV_HEADS, HD)
     freed: list[str] = []
     leases = LeaseTable(on_free=lambda rid, _ids: freed.append(rid))
     reader_shards = split(torch.zeros_like(full), *dst)
-    owner, reader = agent("owner", split(full, *src), leases), agent("reader", reader_shards)
+    owner = agent("owner", split(full, *src), leases, transport)
+    reader = agent("reader", reader_shards, transport=transport)
     try:
         leases.grant("r1", [3, 5], 30.0)
         result = await reader.read_blocks(owner.info, [3, 5], [1, 6], request_id="r1")

@@ -26,13 +26,15 @@ def split(full: torch.Tensor, size: int, heads: int) -> KVShards:
     return KVShards(tensors, spans, kv_heads)
 
 
-def agent(name: str, shards: KVShards, leases: LeaseTable | None = None) -> KVTransferAgent:
-    config = TransferConfig(name, transport="tcp", poll_interval_s=0.01)
+def agent(
+    name: str, shards: KVShards, leases: LeaseTable | None = None, transport: str = "tcp"
+) -> KVTransferAgent:
+    """A node's transfer agent over `shards` (rank 0's tensor first), fingerprint "fp"."""
     return KVTransferAgent(
         shards.tensors[0],
         fingerprint="fp",
         layout="layout fp",
-        config=config,
+        config=TransferConfig(name, transport=transport, poll_interval_s=0.01),
         leases=leases,
         shards=shards if shards.size > 1 else None,
     )
