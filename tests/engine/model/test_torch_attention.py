@@ -1,13 +1,15 @@
-"""The torch backend over a quantized KV cache equals attention over the explicitly dequantised
-K/V (and a quantized cache changes the answer: the reference is not the fp32 one)."""
+"""The torch and Triton backends over a quantized KV cache equal attention over the explicitly
+dequantised K/V (and a quantized cache changes the answer: the reference is not the fp32 one)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_attention import LONG, MIXED, SPECS, run_step
+from test_attention import LONG, MIXED, SPECS, needs_triton, run_step
+from tiny_llama import TRITON_DEVICE
 
 from engine import cpu_kernels
+from engine.model.attention import TritonAttention
 from engine.model.backends import select_attention
 from engine.model.torch_attention import TorchAttention
 
@@ -38,8 +40,30 @@ def test_quantized_cache_with_windows_and_softcap(kv_dtype: str, path: str) -> N
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_quantized_cache_selects_torch_and_refuses_triton() -> None:
-    cpu = torch.device("cpu")
-    assert isinstance(select_attention("auto", cpu, kv_cache_dtype="int8"), TorchAttention)
-    with pytest.raises(ValueError, match="kv_cache_dtype int8"):
-        select_attention("triton", cpu, kv_cache_dtype="int8")
+def test_quantized_cache_does_not_steer_the_backend_choice() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # cuda: named, never touched
+    for kv_dtype in ("auto", "int8", "fp8_e4m3"):
+        assert isinstance(select_attention("auto", cpu, kv_cache_dtype=kv_dtype), TorchAttention)
+        assert isinstance(select_attention("torch", cuda, kv_cache_dtype=kv_dtype), TorchAttention)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        select_attention("auto", cpu, kv_cache_dtype="int4")
+    needs_triton()
+    for kv_dtype in ("auto", "int8", "fp8_e4m3"):
+        assert isinstance(select_attention("triton", cpu, kv_cache_dtype=kv_dtype), TritonAttention)
+        assert isinstance(select_attention("auto", cuda, kv_cache_dtype=kv_dtype), TritonAttention)
+
+
+# Decodes and chunks after a cached prefix: the Triton kernels read every key from the cache,
+# the torch backend a fresh prompt's from its fresh K/V, so fresh prompts are left out here.
+CACHED = [(9, 8), (4, 3), (1, 0), (21, 16), (13, 5), (30, 29)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+def test_triton_backend_over_a_quantized_cache(kv_dtype: str) -> None:
+    """The Triton kernels dequantize in registers what the torch writer quantized."""
+    needs_triton()
+    out, expected, meta = run_step(
+        CACHED, 3, backend=TritonAttention(), device=TRITON_DEVICE, kv_dtype=kv_dtype
+    )
+    assert meta.num_decodes == 3
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
