@@ -3,10 +3,12 @@ dequantised K/V (and a quantized cache changes the answer: the reference is not 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from test_attention import LONG, MIXED, SPECS, needs_triton, run_step
-from tiny_llama import TRITON_DEVICE
+from tiny_llama import TRITON_DEVICE, chunk, make_runner, save_tiny_llama, step
 
 from engine import cpu_kernels
 from engine.model.attention import TritonAttention
@@ -67,3 +69,28 @@ def test_triton_backend_over_a_quantized_cache(kv_dtype: str) -> None:
     )
     assert meta.num_decodes == 3
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_triton_runner_over_an_int8_cache_equals_the_torch_runner(tmp_path: Path) -> None:
+    """A tiny model through the runner, every attention over cached keys (prompts start with
+    a one-token step, which both backends read from the cache): the Triton path (fused RoPE +
+    quantized write, dequantizing attention) gives the torch path's logits."""
+    needs_triton()
+    save_tiny_llama(tmp_path)
+    a, c = [(7 * i + 3) % 128 for i in range(14)], [(3 * i + 1) % 128 for i in range(18)]
+    ta, tc = (9, 2, 30, 17, 5, 41), (33, 8, 21, 1, 14, 50, 6)
+    steps = [
+        (chunk("a", a, 0, 1, ta, False), chunk("c", c, 0, 1, tc, False)),
+        (chunk("a", a, 1, 13, ta, False), chunk("c", c, 1, 6, tc, False)),
+        (chunk("c", c, 6, 18, tc), chunk("a", a, 13, 14, ta)),
+    ]
+    logits = {}
+    for backend in ("torch", "triton"):
+        device = str(TRITON_DEVICE) if backend == "triton" else "cpu"
+        runner = make_runner(
+            tmp_path, attention_backend=backend, kv_cache_dtype="int8", device=device
+        )
+        assert runner.kv_cache.dtype == torch.int8 and runner.kv_cache.shape[-1] == 16 + 8
+        assert isinstance(runner.model.attention, TritonAttention) == (backend == "triton")
+        logits[backend] = [step(runner, *s).cpu() for s in steps][-1]
+    torch.testing.assert_close(logits["triton"], logits["torch"], atol=1e-4, rtol=0)
