@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv.quant import check_kv_cache_dtype
 from engine.model.attention import AttentionBackend, TritonAttention
 from engine.model.torch_attention import TorchAttention
 
@@ -13,16 +14,13 @@ def select_attention(
     name: str, device: torch.device, cpu_kernel: bool = True, kv_cache_dtype: str = "auto"
 ) -> AttentionBackend:
     """``torch``, ``triton``, or ``auto``: Triton on CUDA when it is importable, else torch.
-    A quantized KV cache (``kv_cache_dtype`` int8 / fp8_e4m3) is read by the torch backend
-    only: the Triton kernels take the model dtype's cache."""
+    Every backend reads every ``kv_cache_dtype`` (the Triton kernels quantize int8 / fp8_e4m3
+    rows as they write and dequantize them as they read), so it does not steer the choice;
+    an unknown one is refused by name."""
     if name not in ("auto", "torch", "triton"):
         raise ValueError(f"attention backend must be auto, torch or triton, got {name!r}")
-    if name == "triton" and kv_cache_dtype != "auto":
-        raise ValueError(
-            f"attention_backend 'triton' does not read a kv_cache_dtype {kv_cache_dtype} cache; "
-            "use attention_backend torch (or auto)"
-        )
-    if name == "torch" or kv_cache_dtype != "auto" or (name == "auto" and device.type != "cuda"):
+    check_kv_cache_dtype(kv_cache_dtype)
+    if name == "torch" or (name == "auto" and device.type != "cuda"):
         return TorchAttention(cpu_kernel)
     from engine.triton_kernels import triton_available
 

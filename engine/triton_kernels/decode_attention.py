@@ -5,7 +5,8 @@ slice of one sequence's context for one KV head, once, and serves every query he
 group with a ``tl.dot`` (the group is padded to 16 rows, the minimum dot size). Splits write a
 partial output and a log2-sum-exp; a second kernel merges them. With one split the first
 kernel writes the output directly. With a sliding window the splits cover only the window's
-keys, the last ``window`` tokens of each context.
+keys, the last ``window`` tokens of each context. A quantized cache (int8 / fp8 e4m3 rows)
+is dequantized in registers as each tile is read, then cast to q's dtype for the dots.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.triton_kernels.kv_quant import cache_views, load_kv_tile
 from engine.triton_kernels.layout import (
     check_attention_inputs,
     dot_precision,
@@ -32,7 +34,8 @@ _MAX_SPLITS = 64
 @triton.jit
 def _decode_split_kernel(
     q_ptr,  # [batch, heads, d]
-    kv_ptr,  # the whole cache
+    kv_ptr,  # the whole cache (its bytes when QUANT)
+    param_ptr,  # the cache as bf16 (scales and mids) when QUANT
     bt_ptr,  # [batch, max_blocks] int32
     ctx_ptr,  # [batch]
     out_ptr,  # [batch, heads, d], written when SINGLE
@@ -62,6 +65,7 @@ def _decode_split_kernel(
     SINGLE: tl.constexpr,  # one split: write the output, skip the partials
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    QUANT: tl.constexpr,  # 0: model dtype; 1: int8 rows; 2: fp8 e4m3 rows
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -91,8 +95,7 @@ def _decode_split_kernel(
         t_mask = tok < end
         block = tl.load(bt_row + tok // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
         row = head_base + block * stride_kb + (tok % BLOCK_SIZE) * stride_kt  # [TILE_N]
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(kv_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k = load_kv_tile(kv_ptr, param_ptr, row, d, t_mask, d_mask, HEAD_DIM, QUANT).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GROUP_PAD, TILE_N]
         if SOFTCAP:
             s = soft_cap(s, cap)
@@ -101,7 +104,8 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(kv_ptr + v_offset + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = load_kv_tile(kv_ptr, param_ptr, row + v_offset, d, t_mask, d_mask, HEAD_DIM, QUANT)
+        v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -174,7 +178,8 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context (itself included).
 
-    q: [batch, heads, d]; kv: [blocks, layers, 2, block, kv_heads, d]; block_tables:
+    q: [batch, heads, d]; kv: [blocks, layers, 2, block, kv_heads, d] (d + 8 bytes per row
+    when quantized, ``engine.kv.quant``); block_tables:
     [batch, max_blocks] int32; ctx_lens: [batch], each >= 1 and <= max_blocks * block.
     Returns [batch, heads, d] in q's dtype. No host sync: the split plan uses ``max_ctx_len``
     (the batch's longest context, known to the scheduler) or else the block table's width,
@@ -199,15 +204,16 @@ def paged_decode_attention(
     out = torch.empty_like(q)
     part_out = torch.empty((batch, heads, splits, head_pad), device=q.device, dtype=torch.float32)
     part_lse = torch.empty((batch, heads, splits), device=q.device, dtype=torch.float32)
+    codes, params = cache_views(kv)
     _decode_split_kernel[(batch, view.num_kv_heads, splits)](
-        q, kv, block_tables, ctx_lens, out, part_out, part_lse,
+        q, codes, params, block_tables, ctx_lens, out, part_out, part_lse,
         scale * _LOG2E, window, softcap * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
         view.head_stride, partition, splits,
         BLOCK_SIZE=view.block_size, GROUP=group, GROUP_PAD=pow2(group, 16),
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, TILE_N=tile_n, SINGLE=splits == 1,
-        PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0,
+        PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0, QUANT=view.quant,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if splits > 1:

@@ -8,13 +8,16 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.triton_kernels.kv_quant import quant_code, row_head_dim
+
 
 class KVLayerView(NamedTuple):
     """Element offsets into the block-major cache ``[blocks, layers, 2, block, kv_heads, d]``.
 
     K of token ``t`` in block ``b``, head ``h`` starts at
     ``layer_offset + b * block_stride + t * token_stride + h * head_stride``; V is ``v_offset``
-    further. The head dimension is contiguous.
+    further. The head dimension is contiguous. A quantized cache (``quant`` 1: int8, 2: fp8
+    e4m3, see ``kv_quant``) counts in bytes and its rows are ``head_dim`` + 8 bytes long.
     """
 
     layer_offset: int
@@ -25,6 +28,7 @@ class KVLayerView(NamedTuple):
     block_size: int
     num_kv_heads: int
     head_dim: int
+    quant: int = 0
 
 
 def kv_layer_view(kv: torch.Tensor, layer: int) -> KVLayerView:
@@ -46,7 +50,8 @@ def kv_layer_view(kv: torch.Tensor, layer: int) -> KVLayerView:
         head_stride=kv.stride(4),
         block_size=kv.shape[3],
         num_kv_heads=kv.shape[4],
-        head_dim=kv.shape[5],
+        head_dim=row_head_dim(kv),
+        quant=quant_code(kv),
     )
 
 
@@ -70,14 +75,16 @@ def check_attention_inputs(
 ) -> None:
     """Raise ValueError on inputs the attention kernels would misread.
 
-    q: [rows, heads, d] with heads a multiple of the cache's KV heads; same dtype as kv;
-    everything on one device; contiguous last dimensions.
+    q: [rows, heads, d] with heads a multiple of the cache's KV heads; same dtype as kv (a
+    float dtype over a quantized cache); everything on one device; contiguous last dimensions.
     """
     if q.dim() != 3 or q.shape[2] != view.head_dim or q.shape[1] % view.num_kv_heads:
         raise ValueError(
             f"q {tuple(q.shape)} does not fit kv heads={view.num_kv_heads} d={view.head_dim}"
         )
-    if q.dtype != kv.dtype:
+    if view.quant and q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"q dtype {q.dtype} cannot attend over a quantized cache")
+    if not view.quant and q.dtype != kv.dtype:
         raise ValueError(f"q dtype {q.dtype} differs from the cache dtype {kv.dtype}")
     tensors = {"q": q, "kv": kv, **index_tensors}
     devices = {name: t.device for name, t in tensors.items()}

@@ -11,6 +11,7 @@ group) pairs, so each K/V tile is read once for the whole group and both product
 keys its queries can see, in three runs of key tiles: those cut by the sliding window's lower
 edge (masked), those every query of the tile sees (no mask), and those on the causal
 diagonal (masked). Tiles past the last query or below the window are never visited.
+A quantized cache (int8 / fp8 e4m3 rows) is dequantized in registers as each tile is read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.triton_kernels.kv_quant import cache_views, load_kv_tile
 from engine.triton_kernels.layout import (
     check_attention_inputs,
     dot_precision,
@@ -42,6 +44,7 @@ def _key_tile(
     kv_end,  # keys at or past this are outside every query's view
     window,  # 0: full causal
     kv_ptr,
+    param_ptr,
     bt_row,
     head_base,
     v_offset,
@@ -56,13 +59,14 @@ def _key_tile(
     MASKED: tl.constexpr,  # False: every query of the tile sees every key of this tile
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     tok = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
     t_mask = tok < kv_end
     block = tl.load(bt_row + tok // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
     row = head_base + block * stride_kb + (tok % BLOCK_SIZE) * stride_kt  # [BLOCK_N]
-    kv_mask = t_mask[:, None] & d_mask[None, :]
-    k = tl.load(kv_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    k = load_kv_tile(kv_ptr, param_ptr, row, d, t_mask, d_mask, HEAD_DIM, QUANT).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
     if SOFTCAP:
         s = soft_cap(s, cap)
@@ -74,7 +78,8 @@ def _key_tile(
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
     p = tl.exp2(s - m_ref[:, None])
     alpha = tl.exp2(m_i - m_ref)
-    v = tl.load(kv_ptr + v_offset + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = load_kv_tile(kv_ptr, param_ptr, row + v_offset, d, t_mask, d_mask, HEAD_DIM, QUANT)
+    v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
@@ -82,7 +87,8 @@ def _key_tile(
 @triton.jit
 def _prefill_kernel(
     q_ptr,  # [tokens, heads, d]
-    kv_ptr,  # the whole cache
+    kv_ptr,  # the whole cache (its bytes when QUANT)
+    param_ptr,  # the cache as bf16 (scales and mids) when QUANT
     cu_q_ptr,  # [batch + 1] int32
     ctx_ptr,  # [batch]
     bt_ptr,  # [batch, max_blocks] int32
@@ -108,6 +114,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    QUANT: tl.constexpr,  # 0: model dtype; 1: int8 rows; 2: fp8 e4m3 rows
 ):
     tile_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest tiles start first
     seq = tl.program_id(1)
@@ -146,21 +153,21 @@ def _prefill_kernel(
     head_base = layer_offset + kv_head * stride_kh
     for start in range(kv_lo, lead_end, BLOCK_N):
         acc, m_i, l_i = _key_tile(
-            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
+            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, param_ptr, bt_row, head_base,
             v_offset, stride_kb, stride_kt, qk_scale, cap, d, d_mask,
-            BLOCK_SIZE, BLOCK_N, True, PRECISION, SOFTCAP,
+            BLOCK_SIZE, BLOCK_N, True, PRECISION, SOFTCAP, HEAD_DIM, QUANT,
         )  # fmt: skip
     for start in range(lead_end, mid_end, BLOCK_N):
         acc, m_i, l_i = _key_tile(
-            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
+            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, param_ptr, bt_row, head_base,
             v_offset, stride_kb, stride_kt, qk_scale, cap, d, d_mask,
-            BLOCK_SIZE, BLOCK_N, False, PRECISION, SOFTCAP,
+            BLOCK_SIZE, BLOCK_N, False, PRECISION, SOFTCAP, HEAD_DIM, QUANT,
         )  # fmt: skip
     for start in range(mid_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _key_tile(
-            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, bt_row, head_base,
+            acc, m_i, l_i, q, q_pos, start, kv_end, window, kv_ptr, param_ptr, bt_row, head_base,
             v_offset, stride_kb, stride_kt, qk_scale, cap, d, d_mask,
-            BLOCK_SIZE, BLOCK_N, True, PRECISION, SOFTCAP,
+            BLOCK_SIZE, BLOCK_N, True, PRECISION, SOFTCAP, HEAD_DIM, QUANT,
         )  # fmt: skip
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -183,7 +190,8 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """Causal attention of new tokens over their sequence's cached prefix and themselves.
 
-    q: [tokens, heads, d]; kv: [blocks, layers, 2, block, kv_heads, d]; cu_q: [batch + 1]
+    q: [tokens, heads, d]; kv: [blocks, layers, 2, block, kv_heads, d] (d + 8 bytes per row
+    when quantized, ``engine.kv.quant``); cu_q: [batch + 1]
     int32 query offsets; ctx_lens: [batch] cached + new tokens; block_tables: [batch,
     max_blocks] int32. ``max_q_len`` (the longest query run) avoids a host sync when given.
     ``window`` > 0 is a sliding window: a query at position p sees keys in (p - window, p].
@@ -208,15 +216,16 @@ def paged_prefill_attention(
     block_m = 16 if small else 128
     block_n = 16 if small else 64
     grid = (triton.cdiv(max_q_len * group, block_m), batch, view.num_kv_heads)
+    codes, params = cache_views(kv)
     _prefill_kernel[grid](
-        q, kv, cu_q, ctx_lens, block_tables, out,
+        q, codes, params, cu_q, ctx_lens, block_tables, out,
         scale * _LOG2E, window, softcap * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
         view.head_stride,
         BLOCK_SIZE=view.block_size, GROUP=group, HEAD_DIM=head_dim,
         HEAD_PAD=pow2(head_dim, 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0,
+        PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0, QUANT=view.quant,
         num_warps=4 if head_dim <= 64 else 8, num_stages=3,
     )  # fmt: skip
     return out

@@ -1,7 +1,8 @@
 """Rotate-half rotary embedding applied to q and k in place, one program per token.
 
 ``rope_write_kv`` also stores the rotated K and the V of each token in the paged cache in the
-same program, so the layer's K / V make one trip through memory instead of two.
+same program, so the layer's K / V make one trip through memory instead of two; into a
+quantized cache (int8 / fp8 e4m3 rows) it stores the rows ``quantize_rows`` would write.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.triton_kernels.kv_quant import cache_views, store_rows
 from engine.triton_kernels.layout import kv_layer_view, pow2
 
 
@@ -50,7 +52,8 @@ def _rope_kernel(
     v_ptr,  # [tokens, kv_heads, d], read when WRITE_KV
     pos_ptr,  # [tokens]
     cache_ptr,  # [max_position, d]: cos half | sin half
-    kv_ptr,  # the paged cache, written when WRITE_KV
+    kv_ptr,  # the paged cache (its bytes when QUANT), written when WRITE_KV
+    param_ptr,  # the cache as bf16 (scales and mids) when QUANT
     slot_ptr,  # [tokens] int64, read when WRITE_KV
     stride_qt,
     stride_qh,
@@ -72,6 +75,7 @@ def _rope_kernel(
     HALF_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     WRITE_KV: tl.constexpr,
+    QUANT: tl.constexpr,  # 0: model dtype; 1: int8 rows; 2: fp8 e4m3 rows
 ):
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
@@ -88,13 +92,28 @@ def _rope_kernel(
         h = tl.arange(0, K_HEADS_PAD)
         mask = (h < K_HEADS)[:, None] & (i < HALF)[None, :]
         cell = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
-        dst = kv_ptr + layer_offset + cell + h[:, None] * stride_ch + i[None, :]
-        elem = kv_ptr.dtype.element_ty
-        tl.store(dst, k1.to(elem), mask=mask)
-        tl.store(dst + HALF, k2.to(elem), mask=mask)
         src = v_ptr + row * stride_vt + h[:, None] * stride_vh + i[None, :]
-        tl.store(dst + v_offset, tl.load(src, mask=mask).to(elem), mask=mask)
-        tl.store(dst + v_offset + HALF, tl.load(src + HALF, mask=mask).to(elem), mask=mask)
+        v1 = tl.load(src, mask=mask)
+        v2 = tl.load(src + HALF, mask=mask)
+        if QUANT:
+            rows = layer_offset + cell + h * stride_ch  # [K_HEADS_PAD] bytes
+            h_mask = h < K_HEADS
+            f32 = tl.float32
+            store_rows(
+                kv_ptr, param_ptr, rows, k1.to(f32), k2.to(f32), mask, h_mask, HALF, HALF_PAD,
+                QUANT,
+            )  # fmt: skip
+            store_rows(
+                kv_ptr, param_ptr, rows + v_offset, v1.to(f32), v2.to(f32), mask, h_mask, HALF,
+                HALF_PAD, QUANT,
+            )  # fmt: skip
+        else:
+            dst = kv_ptr + layer_offset + cell + h[:, None] * stride_ch + i[None, :]
+            elem = kv_ptr.dtype.element_ty
+            tl.store(dst, k1.to(elem), mask=mask)
+            tl.store(dst + HALF, k2.to(elem), mask=mask)
+            tl.store(dst + v_offset, v1.to(elem), mask=mask)
+            tl.store(dst + v_offset + HALF, v2.to(elem), mask=mask)
 
 
 def _check(
@@ -131,9 +150,9 @@ def apply_rope(
     if q.shape[0] == 0:
         return q, k
     _rope_kernel[(q.shape[0],)](
-        q, k, k, positions, cos_sin_cache, k, positions,
+        q, k, k, positions, cos_sin_cache, k, k, positions,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, cos_sin_cache.stride(0),
-        0, 0, 0, 0, 0, **_heads(q, k), BLOCK_SIZE=1, WRITE_KV=False, num_warps=1,
+        0, 0, 0, 0, 0, **_heads(q, k), BLOCK_SIZE=1, WRITE_KV=False, QUANT=0, num_warps=1,
     )  # fmt: skip
     return q, k
 
@@ -151,7 +170,8 @@ def rope_write_kv(
     """``apply_rope(q, k, ...)`` and ``write_kv(k, v, kv, layer, slot_mapping)`` in one pass.
 
     q: [tokens, heads, d], k, v: [tokens, kv_heads, d] (strided views allowed); q and k are
-    rotated in place; kv: [blocks, layers, 2, block, kv_heads, d]; slot_mapping: [tokens]
+    rotated in place; kv: [blocks, layers, 2, block, kv_heads, d] (or quantized rows, see
+    ``kv_write``); slot_mapping: [tokens]
     int64, ``block_id * block_size + offset``, every slot valid.
     """
     _check(q, k, positions, cos_sin_cache)
@@ -165,10 +185,12 @@ def rope_write_kv(
         raise ValueError("slot_mapping must be [tokens] and v needs a contiguous last dimension")
     if q.shape[0] == 0:
         return
+    codes, params = cache_views(kv)
     _rope_kernel[(q.shape[0],)](
-        q, k, v, positions, cos_sin_cache, kv, slot_mapping,
+        q, k, v, positions, cos_sin_cache, codes, params, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos_sin_cache.stride(0), view.layer_offset, view.v_offset, view.block_stride,
         view.token_stride, view.head_stride,
-        **_heads(q, k), BLOCK_SIZE=view.block_size, WRITE_KV=True, num_warps=1,
+        **_heads(q, k), BLOCK_SIZE=view.block_size, WRITE_KV=True, QUANT=view.quant,
+        num_warps=1,
     )  # fmt: skip

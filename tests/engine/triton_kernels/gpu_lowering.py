@@ -27,6 +27,8 @@ _FLOAT_ARGS = ("qk_scale", "eps")
 _INT_PTRS = {"bt_ptr": "*i32", "ctx_ptr": "*i32", "cu_q_ptr": "*i32", "slot_ptr": "*i64"}
 _INT_PTRS |= {"pos_ptr": "*i64"}
 _FP32_PTRS = ("part_out_ptr", "part_lse_ptr", "cache_ptr")
+# A quantized cache (QUANT 1 or 2) is passed as bytes (codes) and as bf16 (scales, mids).
+_QUANT_PTRS = {"kv_ptr": "*u8", "param_ptr": "*bf16"}
 
 
 def signature(fn: Any, dtype: str, consts: dict[str, Any]) -> dict[str, str]:
@@ -35,6 +37,8 @@ def signature(fn: Any, dtype: str, consts: dict[str, Any]) -> dict[str, str]:
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
+        elif consts.get("QUANT") and name in _QUANT_PTRS:
+            sig[name] = _QUANT_PTRS[name]
         elif name in _INT_PTRS:
             sig[name] = _INT_PTRS[name]
         elif name in _FP32_PTRS:
@@ -49,12 +53,14 @@ def signature(fn: Any, dtype: str, consts: dict[str, Any]) -> dict[str, str]:
 def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
     """(kernel, dtype, constexprs, num_warps) at the default model's shapes and the tests'."""
     decode = {"BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 16, "HEAD_DIM": 64, "HEAD_PAD": 64}
-    decode |= {"TILE_N": 64, "SINGLE": False, "PRECISION": "tf32"}
+    decode |= {"TILE_N": 64, "SINGLE": False, "PRECISION": "tf32", "QUANT": 0}
     decode_fp32 = decode | {"HEAD_DIM": 16, "HEAD_PAD": 16, "SINGLE": True, "PRECISION": "ieee"}
     prefill = {"BLOCK_SIZE": 16, "GROUP": 3, "HEAD_DIM": 64, "HEAD_PAD": 64, "BLOCK_M": 128}
-    prefill |= {"BLOCK_N": 64, "PRECISION": "tf32"}
+    prefill |= {"BLOCK_N": 64, "PRECISION": "tf32", "QUANT": 0}
     rope_consts = {"Q_HEADS": 9, "Q_HEADS_PAD": 16, "K_HEADS": 3, "K_HEADS_PAD": 4}
-    rope_consts |= {"HALF": 32, "HALF_PAD": 32, "BLOCK_SIZE": 16}
+    rope_consts |= {"HALF": 32, "HALF_PAD": 32, "BLOCK_SIZE": 16, "QUANT": 0}
+    write = {"BLOCK_SIZE": 16, "KV_HEADS": 3, "HEADS_PAD": 4, "HEAD_DIM": 64, "HEAD_PAD": 64}
+    write |= {"QUANT": 0}
     prefill_fp32 = prefill | {"GROUP": 8, "HEAD_DIM": 16, "HEAD_PAD": 16, "PRECISION": "ieee"}
     return [
         (decode_attention._decode_split_kernel, "bf16", decode, 4),
@@ -67,15 +73,18 @@ def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
         ),
         (prefill_attention._prefill_kernel, "bf16", prefill, 4),
         (prefill_attention._prefill_kernel, "fp32", prefill_fp32, 4),
-        (
-            kv_write._write_kv_kernel,
-            "bf16",
-            {"BLOCK_SIZE": 16, "KV_HEADS": 3, "HEADS_PAD": 4, "HEAD_DIM": 64, "HEAD_PAD": 64},
-            1,
-        ),
+        (kv_write._write_kv_kernel, "bf16", write, 1),
         (norm._rms_norm_kernel, "bf16", {"HIDDEN": 576, "BLOCK": 1024, "HAS_RESIDUAL": True}, 4),
         (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": False}, 1),
         (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": True}, 1),
+        # int8 and fp8 e4m3 rows (engine.kv.quant): quantized writes, dequantizing reads
+        (decode_attention._decode_split_kernel, "bf16", decode | {"QUANT": 1}, 4),
+        (decode_attention._decode_split_kernel, "bf16", decode | {"QUANT": 2}, 4),
+        (prefill_attention._prefill_kernel, "bf16", prefill | {"QUANT": 1}, 4),
+        (prefill_attention._prefill_kernel, "bf16", prefill | {"QUANT": 2}, 4),
+        (kv_write._write_kv_kernel, "bf16", write | {"QUANT": 1}, 1),
+        (kv_write._write_kv_kernel, "bf16", write | {"QUANT": 2}, 1),
+        (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": True, "QUANT": 2}, 1),
     ]
 
 
@@ -86,7 +95,10 @@ def main() -> int:
     for fn, dtype, consts, warps in cases():
         source = ASTSource(fn, signature(fn, dtype, consts), consts)
         compiled = triton.compile(source, target=target, options={"num_warps": warps})
-        print(f"ok {fn.__name__} {dtype} shared={compiled.metadata.shared}", flush=True)
+        quant = consts.get("QUANT", 0)
+        print(
+            f"ok {fn.__name__} {dtype} quant={quant} shared={compiled.metadata.shared}", flush=True
+        )
     return 0
 
 

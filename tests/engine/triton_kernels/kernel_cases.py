@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from engine.kv.quant import quantize_rows
+
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16] if CUDA else [torch.float32, torch.float16]
@@ -70,3 +72,14 @@ def poison_keys_before(cache: PagedCache, first_seen: Sequence[int]) -> torch.Te
         blocks = cache.block_tables[b].long()[pos // block_size]
         kv[blocks, LAYER, :, pos % block_size] = float("nan")
     return kv
+
+
+def quantize_cache(cache: PagedCache, kv_dtype: str) -> PagedCache:
+    """``cache`` with every row quantized (``quantize_rows``); the rows that held NaN (unused
+    slots) get NaN scales and mids, so a kernel that reads one shows it in its output."""
+    kv = cache.kv
+    unused = kv.isnan().any(-1)  # [blocks, layers, 2, block, kv_heads]
+    rows = quantize_rows(torch.nan_to_num(kv, nan=0.0), kv_dtype)
+    params = rows.view(torch.bfloat16)[..., kv.shape[-1] // 2 :]  # scales and mids
+    params[unused] = float("nan")
+    return PagedCache(rows, cache.block_tables, cache.ctx_lens)
