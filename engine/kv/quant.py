@@ -18,6 +18,15 @@ prompts' prefill, bf16 KV: 0.008): one fp32 scale per row 0.048, four groups of 
 scale each 0.027, these two groups with a scale and a mid each 0.023 (keys have per-channel
 offsets that a symmetric code spends its range on). The greedy counts:
 tests/engine/test_kv_dtype_oracle.py.
+
+Per-channel key scales (KIVI-style: keys divided by a fixed table ``s``, queries multiplied by
+it) do not help here (``python -m bench.kv_quant_error``, same score error): a weight-only
+table from the row norms of ``W_k * input_norm`` with the two channels of each RoPE pair
+sharing a value (so that it commutes with the fused rotary kernels) gives 0.024, a table from
+the keys' own absmax under that constraint 0.034: in a low-frequency pair one channel carries
+a large key offset and the other the largest queries, so a shared scale coarsens the channel
+that matters. Scales free of the pair constraint (applied after RoPE) with the keys' mean
+subtracted, both fitted on the measured prompts themselves, reach 0.0095: still above bf16's.
 """
 
 from __future__ import annotations
