@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -35,28 +35,25 @@ class _Plan(ctypes.Structure):
 
 
 def supports(x: torch.Tensor, out: torch.Tensor) -> bool:
-    """True when the kernel takes these tensors (fp32 on the CPU, unit last strides)."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and out.dtype == torch.float32
-        and x.stride(-1) == 1
-        and out.stride(-1) == 1
-        and cpu_kernels.available()
-    )
+    """True when ``add_`` takes these tensors (fp32 on the CPU, unit last strides); the
+    kernels themselves are checked when a ``CpuMatrix`` is made."""
+    f32 = torch.float32
+    return x.dtype == f32 and out.dtype == f32 and x.is_cpu and x.stride(-1) == out.stride(-1) == 1
 
 
 class CpuMatrix:
     """One fused matrix's slots as the kernel reads them; the tensors must stay in place
     (filled in place by ``engine.lora.slots``).
 
-    a: [slots, subs * rank, in] contiguous; bt: [slots, rank, cols] contiguous; ends: the
+    a: [slots, subs * rank, in] and bt: [slots, rank, cols], contiguous fp32; ends: the
     column end of each sub-matrix (the last is cols)."""
 
     def __init__(self, a: torch.Tensor, bt: torch.Tensor, ends: Sequence[int]) -> None:
         if not (a.is_contiguous() and bt.is_contiguous() and a.dtype == bt.dtype == torch.float32):
             raise ValueError("CpuMatrix needs contiguous fp32 A and B")
-        self.a, self.bt = a, bt
+        if not cpu_kernels.available():
+            raise RuntimeError("the CPU kernels are not available (see the log for why)")
+        self.a, self.bt, self.rows = a, bt, a.shape[1]
         self.ends = torch.tensor(ends, dtype=torch.int64)
         self.struct = _Matrix(
             a.data_ptr(), bt.data_ptr(), self.ends.data_ptr(), a.stride(0), bt.stride(0),
@@ -89,14 +86,14 @@ class CpuPlan:
 def add_(out: torch.Tensor, x: torch.Tensor, matrix: CpuMatrix, plan: CpuPlan) -> None:
     """out [T, cols] += the LoRA delta of `matrix` for x [T, in], every token under its slot
     (rows of `x` and `out` may be strided, their last dimension unit-strided)."""
-    if matrix.a.shape[1] > plan.max_rows:
-        raise ValueError(f"the plan's scratch has {plan.max_rows} rows, A has {matrix.a.shape[1]}")
+    if matrix.rows > plan.max_rows:
+        raise ValueError(f"the plan's scratch has {plan.max_rows} rows, A has {matrix.rows}")
     _fn()(matrix.ref, plan.ref, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0))
 
 
 @functools.cache
-def _fn() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+def _fn() -> Callable[..., None]:
     fn = cpu_kernels._require().splitserve_lora_add_f32
     fn.restype = None
     fn.argtypes = [_P, _P, _P, _I64, _P, _I64]  # matrix, plan, x, its stride, out, its stride
-    return fn
+    return fn  # type: ignore[no-any-return]
