@@ -158,6 +158,20 @@ void splitserve_lora_add_f32(const lora_matrix *m, const lora_plan *p, const flo
         chunks += (m->ends[s] - start + width - 1) / width, start = m->ends[s];
     const int64_t macs = tokens * m->rows * (int64_t)m->in + tokens * m->cols * (int64_t)m->rank;
     const int threads = p->threads > 0 ? p->threads : 1;
+    if (groups >= 2 * threads || (groups >= threads && groups % threads == 0)) {
+        /* enough slot groups to share out whole: a thread runs its groups' shrink and expand
+           with no barrier between them */
+#pragma omp parallel for num_threads(threads) schedule(static) if (macs >= PARALLEL_MACS)
+        for (int64_t g = 0; g < groups; g++) {
+            for (int64_t k = 0; k < m->rows; k++) shrink_item(m, p, x, x_stride, g, k);
+            for (int64_t c = 0; c < chunks; c++) {
+                int64_t lo = 0, hi = 0;
+                const int32_t sub = expand_chunk(m, c, &lo, &hi);
+                expand_item(m, p, out, out_stride, g, sub, lo, hi);
+            }
+        }
+        return;
+    }
 #pragma omp parallel num_threads(threads) if (macs >= PARALLEL_MACS)
     {
 #pragma omp for schedule(static)

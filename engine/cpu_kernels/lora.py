@@ -64,9 +64,12 @@ class CpuMatrix:
 
 class CpuPlan:
     """A step's tokens grouped by slot (tokens with a negative slot in no group), with the
-    shrink's scratch for up to `max_rows` rows a token."""
+    shrink's scratch for up to `max_rows` rows a token; `threads` (default torch's) share the
+    work: whole groups each where there are enough, else the rows and columns of every group."""
 
-    def __init__(self, token_slots: torch.Tensor, max_rows: int) -> None:
+    def __init__(
+        self, token_slots: torch.Tensor, max_rows: int, threads: int | None = None
+    ) -> None:
         slots = token_slots.to("cpu", torch.int64)
         order = torch.argsort(slots, stable=True)  # [T]
         order = order[slots[order] >= 0].contiguous()  # [n]
@@ -78,7 +81,7 @@ class CpuPlan:
         self.y = torch.empty(max(len(order), 1), max_rows, dtype=torch.float32)
         self.struct = _Plan(
             order.data_ptr(), self.starts.data_ptr(), self.slot.data_ptr(), self.y.data_ptr(),
-            max_rows, len(counts), torch.get_num_threads(),
+            max_rows, len(counts), threads or torch.get_num_threads(),
         )  # fmt: skip
         self.ref = ctypes.byref(self.struct)
 

@@ -82,12 +82,13 @@ def add_delta_(
     out: torch.Tensor, x: torch.Tensor, matrix: MatrixSlots, batch: LoraBatch, kernel: str
 ) -> None:
     """out [T, N] += the step's LoRA delta of `matrix` for x [T, in], in place."""
-    ends, slots = matrix.layout.ends, batch.token_slots
     if kernel == "cpu":
-        if matrix.cpu is not None and batch.plan is not None and cpu_lora.supports(x, out):
-            cpu_lora.add_(out, x, matrix.cpu, batch.plan)
+        cpu, plan = matrix.cpu, batch.plan
+        if cpu is not None and plan is not None and cpu_lora.supports(x, out):
+            cpu_lora.add_(out, x, cpu, plan)
             return
-    elif kernel == "triton":
+    ends, slots = matrix.layout.ends, batch.token_slots
+    if kernel == "triton":
         from engine.triton_kernels.lora import lora_expand_add_, lora_shrink
 
         x = x if x.stride(-1) == 1 else x.contiguous()

@@ -16,18 +16,22 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _c_delta(case: DeltaCase, x: torch.Tensor, out: torch.Tensor) -> None:
+def _c_delta(case: DeltaCase, x: torch.Tensor, out: torch.Tensor, threads: int = 2) -> None:
     matrix = cpu_lora.CpuMatrix(case.a, case.b.transpose(1, 2).contiguous(), case.ends)
-    plan = cpu_lora.CpuPlan(case.token_slots, case.a.shape[1])
+    plan = cpu_lora.CpuPlan(case.token_slots, case.a.shape[1], threads)
     cpu_lora.add_(out, x, matrix, plan)
 
 
+# whole slot groups per thread (1 thread; 2 threads over 2 groups), or the rows and columns of
+# every group shared (2 threads over 1 or 3 groups; 5 threads)
+@pytest.mark.parametrize("threads", [1, 2, 5])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("slots", list(SLOT_CASES))
-def test_c_delta_equals_token_by_token(layout: str, slots: str) -> None:
-    case = make_case(layout, SLOT_CASES[slots])
+@pytest.mark.parametrize("slots", [*SLOT_CASES, "two_groups"])
+def test_c_delta_equals_token_by_token(layout: str, slots: str, threads: int) -> None:
+    token_slots = SLOT_CASES.get(slots) or [2, -1, 0, 0, 2, -1, 2] * 40
+    case = make_case(layout, token_slots)
     out = case.out.clone()
-    _c_delta(case, case.x, out)
+    _c_delta(case, case.x, out, threads)
     torch.testing.assert_close(out.double(), reference(case), atol=1e-4, rtol=1e-4)
 
 
