@@ -26,6 +26,7 @@ class LoraBatch:
 
     token_slots: torch.Tensor  # [tokens] int64 on the device; negative: no adapter
     slots: tuple[int, ...]  # the distinct slots of the step's tokens, ascending
+    plan: cpu_lora.CpuPlan | None = None  # the tokens grouped by slot, for the C kernel
 
     def uses(self, matrix: MatrixSlots) -> bool:
         """Some adapter of the step has weights for this matrix."""
@@ -81,13 +82,13 @@ def add_delta_(
     out: torch.Tensor, x: torch.Tensor, matrix: MatrixSlots, batch: LoraBatch, kernel: str
 ) -> None:
     """out [T, N] += the step's LoRA delta of `matrix` for x [T, in], in place."""
-    ends, slots = matrix.layout.ends, batch.token_slots
     if kernel == "cpu":
-        if cpu_lora.supports(x, out):
-            y = cpu_lora.shrink(x, matrix.a, slots)
-            cpu_lora.expand_add_(out, y, matrix.b, slots, matrix.ends_host)
+        cpu, plan = matrix.cpu, batch.plan
+        if cpu is not None and plan is not None and cpu_lora.supports(x, out):
+            cpu_lora.add_(out, x, cpu, plan)
             return
-    elif kernel == "triton":
+    ends, slots = matrix.layout.ends, batch.token_slots
+    if kernel == "triton":
         from engine.triton_kernels.lora import lora_expand_add_, lora_shrink
 
         x = x if x.stride(-1) == 1 else x.contiguous()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.cpu_kernels.lora import CpuPlan
 from engine.lora.adapter import LoraAdapter, LoraLoadError, load_adapter
 from engine.lora.delta import LoraBatch, PackedLora, StepLora
 from engine.lora.request import LoRARequest
@@ -64,7 +65,7 @@ class LoraManager:
     ) -> None:
         self.max_rank = max_rank
         self.max_cpu_loras = max_cpu_loras
-        self.slots = LoraSlots(config, max_loras, max_rank, dtype, device)
+        self.slots = LoraSlots(config, max_loras, max_rank, dtype, device, kernel == "cpu")
         self.step = StepLora(kernel)
         self.stats = LoraStats()
         self._device = device
@@ -162,7 +163,8 @@ class LoraManager:
         )  # [tokens]
         if self._device.type != "cpu":
             token_slots = token_slots.pin_memory().to(self._device, non_blocking=True)
-        return LoraBatch(token_slots, tuple(sorted(set(slot_of.values()))))
+        plan = CpuPlan(token_slots, self.slots.max_rows) if self.step.kernel == "cpu" else None
+        return LoraBatch(token_slots, tuple(sorted(set(slot_of.values()))), plan)
 
     def _acquire(self, lora: LoRARequest, step: dict[str, LoRARequest]) -> int:
         """The adapter's slot, loaded into a free one or the least recently used one that

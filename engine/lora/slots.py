@@ -1,7 +1,8 @@
 """Device slots: every loaded adapter's matrices stacked per fused matrix of every layer.
 
 A fused matrix (``qkv``, ``o_proj``, ``gate_up``, ``down``) gets ``a`` [slots, subs * rank,
-in] and ``b`` [slots, out, rank]: sub-matrix i (q, k, v; gate, up) owns rows
+in] and ``b`` [slots, out, rank] (for the C kernel a view of ``bt`` [slots, rank, out], so its
+expand runs along output columns): sub-matrix i (q, k, v; gate, up) owns rows
 ``i * rank .. (i + 1) * rank`` of ``a`` and the columns ``ends[i - 1] .. ends[i]`` of the fused
 output, so its delta lands where its base projection does. Smaller ranks and modules an
 adapter leaves out are zeros; ``targeted`` says which slots hold any weight for a matrix, so a
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cpu_kernels.lora import CpuMatrix
 from engine.lora.adapter import LoraAdapter, LoraLoadError
 from engine.model.config import ModelConfig
 
@@ -54,14 +56,20 @@ class MatrixSlots:
         rank: int,
         dtype: torch.dtype,
         device: torch.device,
+        cpu_kernel: bool = False,
     ) -> None:
         self.layout = layout
         self.rank = rank
         subs, out = len(layout.modules), layout.ends[-1]
         self.a = torch.zeros(num_slots, subs * rank, layout.in_features, dtype=dtype, device=device)
-        self.b = torch.zeros(num_slots, out, rank, dtype=dtype, device=device)
+        self.cpu: CpuMatrix | None = None
+        if cpu_kernel:
+            bt = torch.zeros(num_slots, rank, out, dtype=dtype, device=device)
+            self.b = bt.transpose(1, 2)  # [slots, out, rank], a view
+            self.cpu = CpuMatrix(self.a, bt, layout.ends)
+        else:
+            self.b = torch.zeros(num_slots, out, rank, dtype=dtype, device=device)
         self.targeted = [False] * num_slots
-        self.ends_host = torch.tensor(layout.ends, dtype=torch.int64)  # for the C kernel
 
     def fill(self, slot: int, layer: int, adapter: LoraAdapter) -> None:
         self.a[slot].zero_()
@@ -89,16 +97,19 @@ class LoraSlots:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device,
+        cpu_kernel: bool = False,
     ) -> None:
+        """``cpu_kernel``: lay the matrices out for ``engine.cpu_kernels.lora``."""
         self.num_slots = num_slots
         self.rank = -(-max_rank // RANK_MULTIPLE) * RANK_MULTIPLE
         self.layers = [
             {
-                name: MatrixSlots(layout, num_slots, self.rank, dtype, device)
+                name: MatrixSlots(layout, num_slots, self.rank, dtype, device, cpu_kernel)
                 for name, layout in layer_layouts(config, i).items()
             }
             for i in range(config.num_hidden_layers)
         ]
+        self.max_rows = max(m.a.shape[1] for layer in self.layers for m in layer.values())
 
     def check(self, adapter: LoraAdapter) -> None:
         """LoraLoadError naming the adapter's file when its matrices do not fit the model."""
