@@ -247,10 +247,27 @@ static inline float span_sum(const float *a, int n)
     return _mm512_reduce_add_ps(s);
 }
 
-/* R rows times panels [p0, p0 + NP) over the whole of K; C (+)= the product. */
+#ifndef PREFETCH_GROUPS
+#define PREFETCH_GROUPS 1
+#endif
+/* Group g of panels [p0, p0 + np) into the cache ahead of use. */
+static inline __attribute__((always_inline)) void prefetch_group(const qweight *w, int64_t p0,
+                                                                 int np, int g)
+{
+    const int groups = w->K / w->group, row_bytes = w->bits == 4 ? 8 : 16;
+    for (int j = 0; j < np; j++) {
+        const char *q = (const char *)w->codes + ((p0 + j) * w->K + g * w->group) * row_bytes;
+        for (int b = 0; b < w->group * row_bytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w->scales + ((p0 + j) * groups + g) * 16), _MM_HINT_T0);
+        if (w->mins) _mm_prefetch((const char *)(w->mins + ((p0 + j) * groups + g) * 16), _MM_HINT_T0);
+    }
+}
+
+/* R rows times panels [p0, p0 + NP) over the whole of K; C (+)= the product. Panels up to
+   `last` (exclusive) may be prefetched. */
 static inline __attribute__((always_inline)) void small_panels(
-    const float *a, int64_t lda, const qweight *w, int64_t p0, float *c, int64_t ldc,
-    int load_c, const int R, const int NP)
+    const float *a, int64_t lda, const qweight *w, int64_t p0, int64_t last, float *c,
+    int64_t ldc, int load_c, const int R, const int NP)
 {
     const int groups = w->K / w->group;
     __m512 out[SMALL_ROWS][SMALL_PANELS];
@@ -261,6 +278,10 @@ static inline __attribute__((always_inline)) void small_panels(
     const __m512i m15 = _mm512_set1_epi32(15);
     for (int g = 0; g < groups; g++) {
         const int k0 = g * w->group, k1 = k0 + w->group;
+        if (g + PREFETCH_GROUPS < groups)
+            prefetch_group(w, p0, NP, g + PREFETCH_GROUPS);
+        else if (p0 + 2 * NP <= last) /* the next panels' first groups */
+            prefetch_group(w, p0 + NP, NP, g + PREFETCH_GROUPS - groups);
         __m512 lo[SMALL_ROWS][SMALL_PANELS], hi[SMALL_ROWS][SMALL_PANELS];
         for (int r = 0; r < R; r++)
             for (int j = 0; j < NP; j++) lo[r][j] = hi[r][j] = _mm512_setzero_ps();
@@ -326,10 +347,10 @@ static inline __attribute__((always_inline)) void small_range(
     int p = lo;
     if (R <= 1)
         for (; hi - p >= SMALL_PANELS; p += SMALL_PANELS)
-            small_panels(a, lda, w, p, c, ldc, load_c, R, SMALL_PANELS);
-    for (; hi - p >= 4; p += 4) small_panels(a, lda, w, p, c, ldc, load_c, R, 4);
-    if (hi - p >= 2) small_panels(a, lda, w, p, c, ldc, load_c, R, 2), p += 2;
-    if (hi - p >= 1) small_panels(a, lda, w, p, c, ldc, load_c, R, 1);
+            small_panels(a, lda, w, p, hi, c, ldc, load_c, R, SMALL_PANELS);
+    for (; hi - p >= 4; p += 4) small_panels(a, lda, w, p, hi, c, ldc, load_c, R, 4);
+    if (hi - p >= 2) small_panels(a, lda, w, p, hi, c, ldc, load_c, R, 2), p += 2;
+    if (hi - p >= 1) small_panels(a, lda, w, p, hi, c, ldc, load_c, R, 1);
 }
 
 /* 1 if it computed C (1 <= M <= SMALL_ROWS), else 0. */
