@@ -358,13 +358,12 @@ static int quant_small(const float *a, int64_t lda, const qweight *w, int M, int
                        int64_t ldc, int accumulate, int threads)
 {
     if (M < 1 || M > SMALL_ROWS) return 0;
-    const int panels = N / PANEL, chunks = (panels + SMALL_PANELS - 1) / SMALL_PANELS;
+    const int panels = N / PANEL;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if ((int64_t)M * N * w->K >= 1 << 16)
     {
+        /* even shares of the panels (a thread's last few run 4, 2 or 1 at a time) */
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const int lo = (int)((int64_t)chunks * id / nt) * SMALL_PANELS;
-        const int end = (int)((int64_t)chunks * (id + 1) / nt) * SMALL_PANELS;
-        const int hi = end < panels ? end : panels;
+        const int lo = (int)((int64_t)panels * id / nt), hi = (int)((int64_t)panels * (id + 1) / nt);
         switch (M) {
         case 1: small_range(a, lda, w, lo, hi, c, ldc, accumulate, 1); break;
         case 2: small_range(a, lda, w, lo, hi, c, ldc, accumulate, 2); break;
