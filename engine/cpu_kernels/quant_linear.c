@@ -275,7 +275,7 @@ static inline __attribute__((always_inline)) void small_panels(
         for (int j = 0; j < NP; j++)
             out[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + (p0 + j) * 16) : _mm512_setzero_ps();
     const __m512i pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i m15 = _mm512_set1_epi32(15);
+    const __m512 values = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int g = 0; g < groups; g++) {
         const int k0 = g * w->group, k1 = k0 + w->group;
         if (g + PREFETCH_GROUPS < groups)
@@ -294,8 +294,9 @@ static inline __attribute__((always_inline)) void small_panels(
                 for (int j = 0; j < NP; j++) {
                     const __m512i v = _mm512_cvtepu8_epi32(
                         _mm_loadu_si128((const __m128i *)(w->codes + ((p0 + j) * w->K + k) * 8)));
-                    const __m512 ql = _mm512_cvtepi32_ps(_mm512_and_si512(v, m15));
-                    const __m512 qh = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+                    /* a permute reads the low 4 bits of each index: the code's value */
+                    const __m512 ql = _mm512_permutexvar_ps(v, values);
+                    const __m512 qh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), values);
                     for (int r = 0; r < R; r++) {
                         lo[r][j] = _mm512_fmadd_ps(x[r], ql, lo[r][j]);
                         hi[r][j] = _mm512_fmadd_ps(x[r], qh, hi[r][j]);
