@@ -15,6 +15,10 @@
  * thread dequantizes the whole panel into its scratch ([K][16] floats, in L2) and runs the
  * fp32 panel kernel over it: the dequantization is shared by all rows, and the kernel reads
  * the panel from cache instead of memory. Threads split the panels.
+ *
+ * Unless the caller asks for this path alone (amx_rows 0), two fp32-level kernels take over
+ * where they are built: quant_small (below) up to SMALL_ROWS rows, the decode steps, and the
+ * AMX tiles (quant_amx.c) from amx_rows rows on.
  */
 #include <stdint.h>
 #include <stdlib.h>
