@@ -6,7 +6,9 @@ gives output tokens per second. Batch-1 decode reads every weight once a step, s
 is set against the same-run limit of reading the weights at copy speed (the weight bytes over
 2x the memcpy bandwidth, as bench.decode_step counts copy traffic). When ``llama_cpp``
 (llama-cpp-python, the optional ``bench-llamacpp`` extra) imports, the same GGUF is timed
-through it at batch 1, same threads, same number of tokens.
+through it at batch 1 in a child process (bench.llama_cpp_decode), same prompt token ids,
+same threads, same number of timed decode steps; the JSON gives ours / llama.cpp and which
+mode llama.cpp ran in (``no_extra_bufts`` when its default mode crashed).
 
     python -m bench.quant [--model smollm2] [--batches 1 32] [--steps 16]
 """
@@ -16,12 +18,12 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench import llama_cpp_decode
 from bench.common import RESULTS_DIR, environment, memcpy_gbps, write_json
 from bench.decode_step import time_decode_steps
 from engine.config import engine_config
@@ -45,7 +47,7 @@ def bench_engine(model_dir: Path, quantization: str, args: argparse.Namespace) -
         )
     )  # fmt: skip
     weight_bytes = engine.runner.model.weight_bytes()[0]
-    vocab = engine.runner.model_config.vocab_size
+    vocab = args.vocab = engine.runner.model_config.vocab_size
     row: dict[str, Any] = {"weight_bytes": weight_bytes}
     for batch in args.batches:
         timing = time_decode_steps(
@@ -63,22 +65,14 @@ def bench_engine(model_dir: Path, quantization: str, args: argparse.Namespace) -
 
 
 def bench_llama_cpp(gguf: Path, args: argparse.Namespace) -> dict[str, Any] | None:
-    """Batch-1 greedy decode tok/s of llama.cpp on the same GGUF, or None without it."""
-    try:
-        from llama_cpp import Llama  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
+    """Batch-1 greedy decode tok/s of llama.cpp on the same GGUF, prompt (token ids), threads
+    and timed decode steps as ours, in a child process (bench.llama_cpp_decode: a crash of
+    llama.cpp's repacked kernels is retried with them off); None without llama_cpp."""
+    if not llama_cpp_decode.importable():
         return None
     threads = torch.get_num_threads()
-    llm = Llama(model_path=str(gguf), n_threads=threads, n_ctx=1024, verbose=False)
-    prompt = prompts(1, args.prompt_len, llm.n_vocab(), 1)[0]
-    tokens = args.steps + 4
-    start = time.perf_counter()
-    for i, _ in enumerate(llm.generate(prompt, top_k=1, temp=0.0)):
-        if i == 0:
-            start = time.perf_counter()  # prefill done: decode only from here
-        if i + 1 == tokens:
-            break
-    return {"batch_1": {"tok_s": (tokens - 1) / (time.perf_counter() - start)}, "threads": threads}
+    prompt = prompts(1, args.prompt_len, args.vocab, 1)[0]  # bench_engine's batch-1 prompt
+    return {"batch_1": llama_cpp_decode.run(gguf, prompt, threads, args.steps)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,17 +113,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         results[f"gguf_over_none_batch_{batch}"] = speedup
         print(f"  batch {batch}: packed / fp32 {speedup:.2f}x")
-    llama = bench_llama_cpp(gguf, args)
+    llama = bench_llama_cpp(gguf, args) if 1 in args.batches else None
     if llama is not None:
         results["llama_cpp"] = llama
         ratio = results["gguf"]["batch_1"]["tok_s"] / llama["batch_1"]["tok_s"]
         results["gguf_over_llama_cpp_batch_1"] = ratio
-        print(f"  llama.cpp batch 1: {llama['batch_1']['tok_s']:.1f} tok/s; ours / it {ratio:.2f}x")
-    else:
+        mode = llama["batch_1"]["mode"]
+        print(
+            f"  llama.cpp ({mode}) batch 1: {llama['batch_1']['tok_s']:.1f} tok/s; ours / it "
+            f"{ratio:.2f}x"
+        )
+    elif 1 in args.batches:
         print("  llama.cpp: llama_cpp not importable (the bench-llamacpp extra), skipped")
     payload = {
         "benchmark": "quant",
-        "args": {k: v for k, v in vars(args).items() if k not in ("out", "traffic")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "traffic", "vocab")},
         "environment": environment(),
         "copy_traffic_gb_s": args.traffic / 1e9,
         "model": str(model_dir.name),

@@ -2,11 +2,14 @@
 reads: the weights stay packed in memory (``engine.model.quant.weight.QuantWeight``). Same
 library as the other kernels (``engine.cpu_kernels``).
 
-From ``AMX_ROWS`` rows on, where the build targets AMX and the OS grants the tile state,
-the product runs on AMX tiles (``quant_amx.c``): codes exact in
-bf16 times each activation split into three bf16 terms, summed in fp32 per group and scaled
-in fp32. That is fp32-level accurate but not bit for bit the FMA path (which runs on machines
-without AMX, and for the groups of 16 the AMX kernel does not take).
+Up to ``small_rows()`` rows (decode; 4 where the build targets AVX-512, else none) a kernel
+made for them runs: per group, the codes widened to fp32 times the activations, summed, then
+scaled once, many panels at a time. From ``AMX_ROWS`` rows on, where the build targets AMX
+and the OS grants the tile state, the product runs on AMX tiles (``quant_amx.c``): codes
+exact in bf16 times each activation split into three bf16 terms, summed in fp32 per group
+and scaled in fp32. Both are fp32-level accurate but not bit for bit the FMA path (which
+runs where neither does, and with ``amx_rows=0``), nor each other: a row's result depends on
+whether it came in a call of up to ``small_rows()`` rows or of more.
 """
 
 from __future__ import annotations
@@ -24,14 +27,27 @@ _I64, _I32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 # default model at batch 1: 78 and 71 ms) and ahead from a few rows on (the layer 3072 x 576:
 # 78 GFLOP/s against 49 at 4 rows, 234 against 67 at 16). Decode steps against the fp32 path,
 # interleaved in one process, CPU time per step: batch 1 36.4 ms against 58.1 (1.59x),
-# batch 32 84.8 against 169.6 (2.00x). From one row, the packed model's products do not
-# depend on how many rows share a call (batches, speculative verification).
+# batch 32 84.8 against 169.6 (2.00x). Up to small_rows() rows the small-row kernel runs
+# before it: at one row 2.3x the FMA path (the layer 3072 x 576: 68 against 160 us, the Q8_0
+# lm_head 1.2 against 2.5 ms, one thread, same run), at 4 rows still ahead of the tiles at 5.
 AMX_ROWS = 1
 
 
 def amx_available() -> bool:
     """Whether the kernels were built with the AMX path and this process may use the tiles."""
     return cpu_kernels.available() and bool(_lib().splitserve_amx_available())
+
+
+def small_rows() -> int:
+    """Up to how many rows the small-row kernel computes the product (0: none in this build)."""
+    return int(_lib().splitserve_quant_small_rows()) if cpu_kernels.available() else 0
+
+
+def exact_path(rows: int, amx_rows: int = AMX_ROWS) -> bool:
+    """Whether ``quant_linear`` of ``rows`` rows runs the FMA path, bit for bit the fp32
+    kernel over the dequantized weights (else a fp32-level kernel)."""
+    fast = rows <= small_rows() or (amx_available() and rows >= amx_rows)
+    return amx_rows <= 0 or not fast
 
 
 def quant_linear(
@@ -47,29 +63,57 @@ def quant_linear(
     """``x @ W.T`` for x [M, K] fp32 (unit last stride) and W [N, K] packed in panels:
     ``codes`` [N / 16, K, 8] uint8 (two 4-bit codes a byte) or [N / 16, K, 16] int8,
     ``scales`` and ``mins`` [N / 16, K / group, 16] fp32 (w = code * scale + min). With
-    ``out`` [M, N] (unit last stride) the product is added to it in place. From ``amx_rows``
-    rows on (0: never) the AMX kernel computes it where there is one."""
-    lib = _lib()
-    panels, k = codes.shape[0], codes.shape[1]
-    m, n = x.shape[0], panels * cpu_kernels.PANEL
-    if bits not in (4, 8) or codes.shape[2] != (8 if bits == 4 else 16):
-        raise ValueError(f"quant_linear: codes {tuple(codes.shape)} are not {bits}-bit panels")
-    if group % 16 or k % group or scales.shape != (panels, k // group, 16):
-        raise ValueError(f"quant_linear: scales {tuple(scales.shape)} do not fit group {group}")
-    if mins is not None and mins.shape != scales.shape:
-        raise ValueError(f"quant_linear: mins {tuple(mins.shape)} differ from the scales")
-    if x.shape[1] != k or x.stride(-1) != 1 or x.dtype != torch.float32:
-        raise ValueError(f"quant_linear: x {tuple(x.shape)} does not fit a weight of {n}x{k}")
-    if out is not None and (out.shape != (m, n) or out.stride(-1) != 1):
-        raise ValueError(f"quant_linear: out {tuple(out.shape)} is not a [{m}, {n}] view")
-    accumulate = out is not None
-    out = torch.empty(m, n, dtype=x.dtype) if out is None else out
-    lib.splitserve_linear_quant(
-        x.data_ptr(), x.stride(0), codes.data_ptr(), scales.data_ptr(),
-        None if mins is None else mins.data_ptr(), bits, group, m, n, k,
-        out.data_ptr(), out.stride(0), int(accumulate), torch.get_num_threads(), amx_rows,
-    )  # fmt: skip
-    return out
+    ``out`` [M, N] (unit last stride) the product is added to it in place. With ``amx_rows``
+    > 0 the small-row kernel takes up to ``small_rows()`` rows and the AMX kernel from
+    ``amx_rows`` rows on, where the build has them; 0: the FMA path for every row count."""
+    return QuantLinear(codes, scales, mins, bits, group)(x, out, amx_rows)
+
+
+class QuantLinear:
+    """``quant_linear`` over one packed weight, checked once: a decode step of the default
+    model makes 121 products, and the checks cost more than the call (6 us against 2 a
+    product on the 2-core dev machine). The tensors must not change while it lives."""
+
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        mins: torch.Tensor | None,
+        bits: int,
+        group: int,
+    ) -> None:
+        panels, k = codes.shape[0], codes.shape[1]
+        if bits not in (4, 8) or codes.shape[2] != (8 if bits == 4 else 16):
+            raise ValueError(f"quant_linear: codes {tuple(codes.shape)} are not {bits}-bit panels")
+        if group % 16 or k % group or scales.shape != (panels, k // group, 16):
+            raise ValueError(f"quant_linear: scales {tuple(scales.shape)} do not fit group {group}")
+        if mins is not None and mins.shape != scales.shape:
+            raise ValueError(f"quant_linear: mins {tuple(mins.shape)} differ from the scales")
+        self.tensors = (codes, scales, mins)  # kept alive for the pointers
+        self.n, self.k = panels * cpu_kernels.PANEL, k
+        mins_ptr = None if mins is None else mins.data_ptr()
+        self._weight = (codes.data_ptr(), scales.data_ptr(), mins_ptr, bits, group)
+        self._kernel = _lib().splitserve_linear_quant
+
+    def __call__(
+        self, x: torch.Tensor, out: torch.Tensor | None = None, amx_rows: int = AMX_ROWS
+    ) -> torch.Tensor:
+        """As ``quant_linear(x, ..., out, amx_rows)``."""
+        m, n, k = x.shape[0], self.n, self.k
+        if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or x.dtype != torch.float32:
+            raise ValueError(f"quant_linear: x {tuple(x.shape)} does not fit a weight of {n}x{k}")
+        if out is None:
+            out, accumulate = torch.empty(m, n, dtype=x.dtype), 0
+        elif out.shape != (m, n) or out.stride(-1) != 1:
+            raise ValueError(f"quant_linear: out {tuple(out.shape)} is not a [{m}, {n}] view")
+        else:
+            accumulate = 1
+        codes, scales, mins, bits, group = self._weight
+        self._kernel(
+            x.data_ptr(), x.stride(0), codes, scales, mins, bits, group, m, n, k,
+            out.data_ptr(), out.stride(0), accumulate, torch.get_num_threads(), amx_rows,
+        )  # fmt: skip
+        return out
 
 
 @functools.cache
@@ -83,4 +127,6 @@ def _lib() -> ctypes.CDLL:
     ]  # fmt: skip
     lib.splitserve_amx_available.restype = _I32
     lib.splitserve_amx_available.argtypes = []
+    lib.splitserve_quant_small_rows.restype = _I32
+    lib.splitserve_quant_small_rows.argtypes = []
     return lib

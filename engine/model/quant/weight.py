@@ -11,6 +11,7 @@ bit for bit, whether computed as a fused multiply-add (the C kernel) or not (tor
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import cpu_kernels
-from engine.cpu_kernels.quant_linear import quant_linear
+from engine.cpu_kernels.quant_linear import QuantLinear
 
 PANEL = cpu_kernels.PANEL
 
@@ -136,20 +137,30 @@ class QuantWeight(PackedMatrix):
         """``x @ W.T`` for x [M, K]; with ``out`` [M, N] the product is added into it."""
         if self.perm is not None:
             x = x.index_select(1, self.perm)
-        if self._kernel_takes(x, out):
-            return quant_linear(x, self.codes, self.scales, self.mins, self.bits, self.group, out)
+        kernel = self._cpu_kernel
+        if (
+            kernel is not None
+            and x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and x.stride(-1) == 1
+            and (out is None or out.stride(-1) == 1)
+        ):
+            return kernel(x, out)
         w = self.dequantize().to(x.dtype)
         return torch.nn.functional.linear(x, w) if out is None else out.addmm_(x, w.t())
 
-    def _kernel_takes(self, x: torch.Tensor, out: torch.Tensor | None) -> bool:
-        return (
-            x.device.type == "cpu"
-            and self.codes.device.type == "cpu"
-            and x.dtype == torch.float32
-            and x.stride(-1) == 1
+    @functools.cached_property
+    def _cpu_kernel(self) -> QuantLinear | None:
+        """The C kernel bound to these weights, or None where it cannot take them."""
+        takes = (
+            self.codes.device.type == "cpu"
             and self.out_features % PANEL == 0
-            and (out is None or out.stride(-1) == 1)
             and cpu_kernels.available()
+        )
+        return (
+            QuantLinear(self.codes, self.scales, self.mins, self.bits, self.group)
+            if takes
+            else None
         )
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
