@@ -149,29 +149,26 @@ def rope_write_kv(
     kv_cache: torch.Tensor,
     layer: int,
     slot_mapping: torch.Tensor,
+    checked: bool = False,
 ) -> None:
     """Rotate the q and k heads of ``qkv`` in place and store K and V at their slots (as
     int8 codes + scales and mids per token and head in an int8 cache: engine.kv.quant).
 
     qkv: [tokens, (heads + 2 * kv_heads) * d] fp32 with unit last stride; positions and
-    slot_mapping: [tokens] int64; cos, sin: [max_position, d / 2] contiguous.
+    slot_mapping: [tokens] int64; cos, sin: [max_position, d / 2] contiguous. ``checked``:
+    positions and slot_mapping come from ``rope_indices`` for this cache and these tables
+    (a step's layers share them: checked once, not once a layer).
     """
     lib = _require()
     quantized = kv_cache.dtype == torch.int8
     tokens, head_dim = qkv.shape[0], kv_cache.shape[5] - (SCALE_BYTES if quantized else 0)
     if qkv.stride(-1) != 1 or qkv.shape[1] != (heads + 2 * kv_heads) * head_dim:
         raise ValueError(f"rope_write_kv: qkv of shape {tuple(qkv.shape)} does not match heads")
-    positions = positions.to(torch.int64).contiguous()
-    slots = slot_mapping.to(torch.int64).contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
-    # the C side trusts these: an index out of range would write outside the cache
-    slot_range = kv_cache.shape[0] * kv_cache.shape[3]
-    if positions.shape != (tokens,) or slots.shape != (tokens,):
+    if not checked:
+        positions, slot_mapping = rope_indices(positions, slot_mapping, kv_cache, cos)
+    if positions.shape != (tokens,):
         raise ValueError(f"rope_write_kv: {tokens} tokens need as many positions and slots")
-    if tokens and not (int(slots.min()) >= 0 and int(slots.max()) < slot_range):
-        raise ValueError(f"rope_write_kv: a slot outside the cache's {slot_range} slots")
-    if tokens and not (int(positions.min()) >= 0 and int(positions.max()) < cos.shape[0]):
-        raise ValueError(f"rope_write_kv: a position beyond the {cos.shape[0]} rotary rows")
+    cos, sin, slots = cos.contiguous(), sin.contiguous(), slot_mapping
     k_offset = layer * kv_cache.stride(1)
     write = lib.splitserve_rope_write_kv_i8 if quantized else lib.splitserve_rope_write_kv_f32
     write(
@@ -180,6 +177,25 @@ def rope_write_kv(
         kv_cache.data_ptr(), kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
         kv_cache.stride(3), slots.data_ptr(), kv_cache.shape[3], _threads(),
     )  # fmt: skip
+
+
+def rope_indices(
+    positions: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, cos: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions and slot_mapping as contiguous int64, checked against the cache's slots and
+    the rotary table's rows: the C side trusts them (an index out of range would write
+    outside the cache)."""
+    positions = positions.to(torch.int64).contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    tokens = positions.shape[0]
+    slot_range = kv_cache.shape[0] * kv_cache.shape[3]
+    if positions.dim() != 1 or slots.shape != (tokens,):
+        raise ValueError(f"rope_write_kv: {tokens} tokens need as many positions and slots")
+    if tokens and not (int(slots.min()) >= 0 and int(slots.max()) < slot_range):
+        raise ValueError(f"rope_write_kv: a slot outside the cache's {slot_range} slots")
+    if tokens and not (int(positions.min()) >= 0 and int(positions.max()) < cos.shape[0]):
+        raise ValueError(f"rope_write_kv: a position beyond the {cos.shape[0]} rotary rows")
+    return positions, slots
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -225,55 +241,6 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out: torch.Tensor | None = Non
         int(accumulate), _threads(),
     )  # fmt: skip
     return out
-
-
-def sample(
-    logits: torch.Tensor,
-    greedy: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    seed: torch.Tensor,
-    draws: torch.Tensor,
-) -> torch.Tensor:
-    """One token per row of logits [rows, vocab] fp32 (unit last stride): the first argmax
-    of greedy rows, else a draw after temperature, top-k (>= vocab: off), top-p and min-p with
-    the uniform number splitmix64(seed, draws) (see engine.sampling.sampler). The settings are
-    [rows] tensors (bool, float32, int64, float32, float32, int64, int64). Returns [rows]
-    int64."""
-    lib = _require()
-    rows, vocab = logits.shape
-    if logits.dtype != torch.float32 or logits.stride(-1) != 1 or logits.device.type != "cpu":
-        raise ValueError("sample: logits must be fp32 on the CPU with a unit last stride")
-    settings = (greedy, temperature, top_k, top_p, min_p, seed, draws)
-    f32, i64 = torch.float32, torch.int64
-    dtypes = (torch.bool, f32, i64, f32, f32, i64, i64)
-    args = []
-    for t, dtype in zip(settings, dtypes, strict=True):
-        if t.shape != (rows,):
-            raise ValueError(f"sample: {rows} rows of logits need [{rows}] settings")
-        args.append(t.to(dtype).contiguous())
-    args[0] = args[0].view(torch.uint8)
-    out = torch.empty(rows, dtype=torch.int64)
-    if rows == 0:
-        return out
-    rc = lib.splitserve_sample_f32(
-        logits.data_ptr(), logits.stride(0), rows, vocab, *(a.data_ptr() for a in args),
-        out.data_ptr(), _threads(),
-    )  # fmt: skip
-    if rc != 0:
-        raise MemoryError(f"sample: no scratch memory for a vocabulary of {vocab}")
-    return out
-
-
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The first argmax of each row of logits [rows, vocab] fp32 (unit last stride), in one
-    pass without a copy (torch's CPU argmax is several times slower). Returns [rows] int64."""
-    rows = logits.shape[0]
-    greedy = torch.ones(rows, dtype=torch.bool)
-    ones, zeros = torch.ones(rows), torch.zeros(rows, dtype=torch.int64)
-    return sample(logits, greedy, ones, zeros, ones, ones * 0, zeros, zeros)
 
 
 def vec_width() -> int:
@@ -325,6 +292,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 from engine.cpu_kernels.norms import head_norm_, rms_norm  # noqa: E402 (they use the above)
+from engine.cpu_kernels.sampling_ops import argmax, sample  # noqa: E402
 
 __all__ = [
     "CACHE_ENV",
@@ -342,6 +310,7 @@ __all__ = [
     "pack_linear_weight",
     "paged_decode_attention",
     "rms_norm",
+    "rope_indices",
     "rope_write_kv",
     "sample",
     "silu_mul",

@@ -140,9 +140,23 @@ class CpuKernelOps:
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         self.cos, self.sin = cos, sin
+        # the last step's (metadata, cache) and its checked indices: every layer shares them
+        self._indexed: tuple[AttentionMetadata, torch.Tensor] | None = None
+        self._indices = (torch.empty(0), torch.empty(0))
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return cpu_kernels.rms_norm(x, weight, eps)
+
+    def _rope_indices(
+        self, meta: AttentionMetadata, kv_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        indexed = self._indexed
+        if indexed is None or indexed[0] is not meta or indexed[1] is not kv_cache:
+            self._indices = cpu_kernels.rope_indices(
+                meta.positions, meta.slot_mapping, kv_cache, self.cos
+            )
+            self._indexed = (meta, kv_cache)
+        return self._indices
 
     def rope_write_kv(
         self,
@@ -153,10 +167,10 @@ class CpuKernelOps:
         layer: int,
         meta: AttentionMetadata,
     ) -> QKV:
+        positions, slots = self._rope_indices(meta, kv_cache)
         cpu_kernels.rope_write_kv(
-            qkv, heads, kv_heads, meta.positions, self.cos, self.sin, kv_cache, layer,
-            meta.slot_mapping,
-        )  # fmt: skip
+            qkv, heads, kv_heads, positions, self.cos, self.sin, kv_cache, layer, slots, True
+        )
         return _split(qkv, heads, kv_heads)
 
     def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:

@@ -113,3 +113,26 @@ def test_triton_fused_ops_greedy_equals_the_torch_path(
     assert triton_tokens == torch_tokens
     assert all(len(t) == 6 for t in triton_tokens.values())
     assert calls["rms_norm"] > 0 and calls["rope_write_kv"] > 0
+
+
+def test_c_ops_check_each_steps_indices_once_and_never_reuse_them() -> None:
+    """The layers of a step share its positions and slots, checked once; a new step's
+    metadata is checked again (a slot outside the cache is refused) and written where it
+    says, never at the previous step's slots."""
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler here")
+    cpu = torch.device("cpu")
+    width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    first = AttentionMetadata.build([2], [0], [[3]], BLOCK, cpu)
+    ops = _ops("c", cpu, first)
+    kv = torch.zeros(8, 2, 2, BLOCK, KV_HEADS, HEAD_DIM)
+    for layer in (0, 1):
+        ops.rope_write_kv(torch.ones(2, width), HEADS, KV_HEADS, kv, layer, first)
+    assert kv[3].abs().sum() > 0 and kv[5].abs().sum() == 0
+    outside = AttentionMetadata.build([1], [0], [[99]], BLOCK, cpu)
+    with pytest.raises(ValueError, match="a slot outside"):
+        ops.rope_write_kv(torch.ones(1, width), HEADS, KV_HEADS, kv, 0, outside)
+    second = AttentionMetadata.build([1], [0], [[5]], BLOCK, cpu)
+    before = kv[3].clone()
+    ops.rope_write_kv(torch.full((1, width), 2.0), HEADS, KV_HEADS, kv, 0, second)
+    assert torch.equal(kv[3], before) and kv[5, 0].abs().sum() > 0
