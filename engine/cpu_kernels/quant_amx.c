@@ -12,7 +12,8 @@
  * values below 2^-110 or so lose their last bits, which the hardware flushes). TDPBF16PS
  * multiplies those exactly and sums in fp32, so per group g and column n
  *     D[m, n, g] = sum over k in g of a[m, k] * code[n, k]
- * comes out at fp32 accuracy; then, in fp32 vector registers,
+ * comes out at fp32 accuracy; then, in fp32 vector registers (scales and mins widened from
+ * fp16 where the packing stored them so, see quant_linear.c),
  *     C[m, n] += scale[n, g] * D[m, n, g] + min[n, g] * sum over k in g of a[m, k].
  * The result is not bit for bit the FMA path's (the sums run in another order) but within a
  * few fp32 roundings of it.
@@ -203,9 +204,16 @@ static void unpack_codes(const uint8_t *codes, int bits, int64_t p, int K, int k
 }
 
 typedef struct {
-    const float *scales, *mins;
-    int K, group;
+    const void *scales, *mins;
+    int K, group, halves; /* halves: bit 0 fp16 scales, bit 1 fp16 mins */
 } groups_t;
+
+/* 16 scales or mins from element `at` of p (fp16 where `half`), as fp32 (exact) */
+static inline __m512 load16(const void *p, int half, int64_t at)
+{
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)))
+                : _mm512_loadu_ps((const float *)p + at);
+}
 
 /* MT m-tiles (1 or 2) from `at` (tiles of split_tile, whole K) times NP panels (1 or 2) from
    p over the k-steps [s0, s0 + ks) (whole groups), whose B tiles are b[NP] ([ks][512]); c and
@@ -248,8 +256,8 @@ static inline __attribute__((always_inline)) void block(
         __m512 scale[KB_STEPS], min[KB_STEPS];
         for (int e = 0; e < ng; e++) {
             const int64_t at_g = ((p + j) * groups + g0 + e) * 16;
-            scale[e] = _mm512_loadu_ps(w->scales + at_g);
-            min[e] = w->mins ? _mm512_loadu_ps(w->mins + at_g) : _mm512_setzero_ps();
+            scale[e] = load16(w->scales, w->halves & 1, at_g);
+            min[e] = w->mins ? load16(w->mins, w->halves & 2, at_g) : _mm512_setzero_ps();
         }
         for (int i = 0; i < MT; i++) {
             const float *sum = sums + ((int64_t)i * groups + g0) * 16;
@@ -270,9 +278,9 @@ int32_t splitserve_amx_available(void) { return amx_permitted(); }
 
 /* 1 if it computed C, 0 if it declined (no AMX here or refused by the kernel, a group that
    is not a multiple of 32, or no memory): then the caller computes C. */
-int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const float *scales,
-                         const float *mins, int bits, int group, int M, int N, int K, float *c,
-                         int64_t ldc, int accumulate, int threads)
+int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const void *scales,
+                         const void *mins, int halves, int bits, int group, int M, int N, int K,
+                         float *c, int64_t ldc, int accumulate, int threads)
 {
     if (group % KSTEP || K % group || N % 16 || !amx_permitted()) return 0;
     const int steps = K / KSTEP, groups = K / group, panels = N / 16, pairs = (panels + 1) / 2;
@@ -284,7 +292,7 @@ int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, cons
     uint16_t *split = grow(&split_buf, &split_cap, (size_t)block_tiles * steps * 3 * TILE_BYTES);
     float *sums = grow(&sums_buf, &sums_cap, (size_t)block_tiles * groups * 16 * sizeof(float));
     if (!split || !sums) return 0;
-    const groups_t w = {scales, mins, K, group};
+    const groups_t w = {scales, mins, K, group, halves};
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if ((int64_t)M * N * K >= 1 << 16)
     {
@@ -353,11 +361,12 @@ int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, cons
 
 int32_t splitserve_amx_available(void) { return 0; }
 
-int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const float *scales,
-                         const float *mins, int bits, int group, int M, int N, int K, float *c,
-                         int64_t ldc, int accumulate, int threads)
+int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const void *scales,
+                         const void *mins, int halves, int bits, int group, int M, int N, int K,
+                         float *c, int64_t ldc, int accumulate, int threads)
 {
-    (void)a, (void)lda, (void)codes, (void)scales, (void)mins, (void)bits, (void)group;
+    (void)a, (void)lda, (void)codes, (void)scales, (void)mins, (void)halves, (void)bits;
+    (void)group;
     (void)M, (void)N, (void)K, (void)c, (void)ldc, (void)accumulate, (void)threads;
     return 0;
 }

@@ -4,9 +4,11 @@
  *   bits 4: [N / 16][K][8] bytes; byte j of row k holds column j in its low nibble and
  *           column j + 8 in its high one (unsigned codes 0..15);
  *   bits 8: [N / 16][K][16] int8 codes.
- * Both have fp32 scales [N / 16][K / group][16] and optional fp32 mins of the same shape:
- * w = code * scale + min, one fused multiply-add, which for every GGUF type this serves is
- * exactly the value ggml dequantizes (the product code * scale is exact in fp32).
+ * Both have scales [N / 16][K / group][16] and optional mins of the same shape, each fp32 or
+ * fp16 (bit 0 of `halves`: the scales are fp16, bit 1: the mins; the packing stores fp16 where
+ * it holds the values exactly, and they are widened to fp32 in registers, so the results are
+ * the same bits): w = code * scale + min, one fused multiply-add, which for every GGUF type
+ * this serves is exactly the value ggml dequantizes (the product code * scale is exact in fp32).
  *
  * The weights go through the same FMAs, in the same order over K, as the fp32 kernel
  * (linear.c) over the dequantized matrix, so the outputs are bit for bit the fp32 path's.
@@ -44,9 +46,49 @@ typedef uint8_t u8x8 __attribute__((vector_size(8), aligned(1)));
 
 typedef struct {
     const uint8_t *codes;
-    const float *scales, *mins; /* mins may be NULL */
-    int bits, group, K;
+    const void *scales, *mins; /* mins may be NULL */
+    int bits, group, K, halves; /* halves: bit 0 fp16 scales, bit 1 fp16 mins */
 } qweight;
+
+#define HALF_SCALES 1
+#define HALF_MINS 2
+
+/* An fp16 value as fp32 (exact), for builds without F16C. */
+static inline float half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 0x3ff;
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in fp32 */
+        v.f = (float)man * 5.9604644775390625e-08f;
+        v.u |= sign;
+    } else if (exp == 31) {
+        v.u = sign | 0x7f800000u | (man << 13);
+    } else {
+        v.u = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    return v.f;
+}
+
+/* VW scales or mins from element `at` of p (fp16 where `half`), as fp32. */
+static inline __attribute__((always_inline)) vw load_param(const void *p, int half, int64_t at)
+{
+    if (!half) return loadw((const float *)p + at);
+    const uint16_t *h = (const uint16_t *)p + at;
+#if defined(__AVX512F__) && VW == 16
+    return (vw)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+#else
+    float f[VW] __attribute__((aligned(64)));
+#ifdef __F16C__
+    for (int i = 0; i < VW; i += 8) _mm256_store_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#else
+    for (int i = 0; i < VW; i++) f[i] = half_to_float(h[i]);
+#endif
+    return loadw(f);
+#endif
+}
 
 /* Bytes to floats: GCC 12 turns __builtin_convertvector from 8 or 16 bytes into a byte at a
    time (it took a one-row product to 6x the fp32 kernel's time), so x86 builds widen with
@@ -135,8 +177,8 @@ static inline __attribute__((always_inline)) void group_vectors(const qweight *w
 {
     const int64_t at = (p * (w->K / w->group) + g) * 16;
     for (int j = 0; j < NV; j++) {
-        s[j] = loadw(w->scales + at + j * VW);
-        m[j] = w->mins ? loadw(w->mins + at + j * VW) : splatw(0.0f);
+        s[j] = load_param(w->scales, w->halves & HALF_SCALES, at + j * VW);
+        m[j] = w->mins ? load_param(w->mins, w->halves & HALF_MINS, at + j * VW) : splatw(0.0f);
     }
 }
 
@@ -238,6 +280,17 @@ static void panel_rows(const float *a, int64_t lda, const qweight *w, int64_t p,
 #define SMALL_ROWS 4
 #define SMALL_PANELS 8
 
+/* 16 scales or mins from element `at` of p (fp16 where `half`), as fp32; and their address */
+static inline __attribute__((always_inline)) __m512 load16(const void *p, int half, int64_t at)
+{
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + at)))
+                : _mm512_loadu_ps((const float *)p + at);
+}
+static inline const char *param_at(const void *p, int half, int64_t at)
+{
+    return (const char *)p + at * (half ? 2 : 4);
+}
+
 static inline __attribute__((always_inline)) __m512 fold_pairs(__m512 lo, __m512 hi)
 {
     return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, 0x44), _mm512_shuffle_f32x4(lo, hi, 0xEE));
@@ -262,8 +315,9 @@ static inline __attribute__((always_inline)) void prefetch_group(const qweight *
     for (int j = 0; j < np; j++) {
         const char *q = (const char *)w->codes + ((p0 + j) * w->K + g * w->group) * row_bytes;
         for (int b = 0; b < w->group * row_bytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w->scales + ((p0 + j) * groups + g) * 16), _MM_HINT_T0);
-        if (w->mins) _mm_prefetch((const char *)(w->mins + ((p0 + j) * groups + g) * 16), _MM_HINT_T0);
+        const int64_t at = ((p0 + j) * groups + g) * 16;
+        _mm_prefetch(param_at(w->scales, w->halves & HALF_SCALES, at), _MM_HINT_T0);
+        if (w->mins) _mm_prefetch(param_at(w->mins, w->halves & HALF_MINS, at), _MM_HINT_T0);
     }
 }
 
@@ -330,10 +384,10 @@ static inline __attribute__((always_inline)) void small_panels(
             for (int r = 0; r < R; r++) sums[r] = span_sum(a + r * lda + k0, w->group);
         for (int j = 0; j < NP; j++) {
             const int64_t at = ((p0 + j) * groups + g) * 16;
-            const __m512 scale = _mm512_loadu_ps(w->scales + at);
+            const __m512 scale = load16(w->scales, w->halves & HALF_SCALES, at);
             for (int r = 0; r < R; r++) out[r][j] = _mm512_fmadd_ps(lo[r][j], scale, out[r][j]);
             if (w->mins) {
-                const __m512 min = _mm512_loadu_ps(w->mins + at);
+                const __m512 min = load16(w->mins, w->halves & HALF_MINS, at);
                 for (int r = 0; r < R; r++)
                     out[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r]), min, out[r][j]);
             }
@@ -392,23 +446,24 @@ static int quant_small(const float *a, int64_t lda, const qweight *w, int M, int
 #endif
 
 /* quant_amx.c: 1 if it computed C on AMX tiles, 0 if it declined */
-int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const float *scales,
-                         const float *mins, int bits, int group, int M, int N, int K, float *c,
-                         int64_t ldc, int accumulate, int threads);
+int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const void *scales,
+                         const void *mins, int halves, int bits, int group, int M, int N, int K,
+                         float *c, int64_t ldc, int accumulate, int threads);
 
-/* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it). With
+/* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it); `halves`
+   says which of the scales and mins are fp16 (HALF_SCALES, HALF_MINS). With
    `amx_rows` > 0, up to SMALL_ROWS rows run quant_small where the build has it, and from
    `amx_rows` rows on the AMX kernel runs where it can (both fp32-level, not bit for bit this
    path); amx_rows 0 keeps this path for every row count. */
 void splitserve_linear_quant(
-    const float *a, int64_t lda, const uint8_t *codes, const float *scales, const float *mins,
-    int32_t bits, int32_t group, int32_t M, int32_t N, int32_t K, float *c, int64_t ldc,
-    int32_t accumulate, int32_t threads, int32_t amx_rows)
+    const float *a, int64_t lda, const uint8_t *codes, const void *scales, const void *mins,
+    int32_t halves, int32_t bits, int32_t group, int32_t M, int32_t N, int32_t K, float *c,
+    int64_t ldc, int32_t accumulate, int32_t threads, int32_t amx_rows)
 {
-    const qweight w = {codes, scales, mins, bits, group, K};
+    const qweight w = {codes, scales, mins, bits, group, K, halves};
     if (amx_rows > 0 && quant_small(a, lda, &w, M, N, c, ldc, accumulate, threads)) return;
     if (amx_rows > 0 && M >= amx_rows &&
-        splitserve_quant_amx(a, lda, codes, scales, mins, bits, group, M, N, K, c, ldc,
+        splitserve_quant_amx(a, lda, codes, scales, mins, halves, bits, group, M, N, K, c, ldc,
                              accumulate, threads))
         return;
     const int panels = N / PANEL;

@@ -62,7 +62,8 @@ def quant_linear(
 ) -> torch.Tensor:
     """``x @ W.T`` for x [M, K] fp32 (unit last stride) and W [N, K] packed in panels:
     ``codes`` [N / 16, K, 8] uint8 (two 4-bit codes a byte) or [N / 16, K, 16] int8,
-    ``scales`` and ``mins`` [N / 16, K / group, 16] fp32 (w = code * scale + min). With
+    ``scales`` and ``mins`` [N / 16, K / group, 16], each fp32 or fp16 (read as fp32: the same
+    results for the same values), w = code * scale + min. With
     ``out`` [M, N] (unit last stride) the product is added to it in place. With ``amx_rows``
     > 0 the small-row kernel takes up to ``small_rows()`` rows and the AMX kernel from
     ``amx_rows`` rows on, where the build has them; 0: the FMA path for every row count."""
@@ -89,10 +90,13 @@ class QuantLinear:
             raise ValueError(f"quant_linear: scales {tuple(scales.shape)} do not fit group {group}")
         if mins is not None and mins.shape != scales.shape:
             raise ValueError(f"quant_linear: mins {tuple(mins.shape)} differ from the scales")
+        halves = _halves(scales, 1) | (0 if mins is None else _halves(mins, 2))
+        if not all(t is None or t.is_contiguous() for t in (codes, scales, mins)):
+            raise ValueError("quant_linear: codes, scales and mins must be contiguous")
         self.tensors = (codes, scales, mins)  # kept alive for the pointers
         self.n, self.k = panels * cpu_kernels.PANEL, k
         mins_ptr = None if mins is None else mins.data_ptr()
-        self._weight = (codes.data_ptr(), scales.data_ptr(), mins_ptr, bits, group)
+        self._weight = (codes.data_ptr(), scales.data_ptr(), mins_ptr, halves, bits, group)
         self._kernel = _lib().splitserve_linear_quant
 
     def __call__(
@@ -108,12 +112,19 @@ class QuantLinear:
             raise ValueError(f"quant_linear: out {tuple(out.shape)} is not a [{m}, {n}] view")
         else:
             accumulate = 1
-        codes, scales, mins, bits, group = self._weight
+        codes, scales, mins, halves, bits, group = self._weight
         self._kernel(
-            x.data_ptr(), x.stride(0), codes, scales, mins, bits, group, m, n, k,
+            x.data_ptr(), x.stride(0), codes, scales, mins, halves, bits, group, m, n, k,
             out.data_ptr(), out.stride(0), accumulate, torch.get_num_threads(), amx_rows,
         )  # fmt: skip
         return out
+
+
+def _halves(t: torch.Tensor, bit: int) -> int:
+    """``bit`` where ``t`` is fp16 (0 for fp32; any other dtype is refused)."""
+    if t.dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"quant_linear: scales and mins are fp32 or fp16, not {t.dtype}")
+    return bit if t.dtype == torch.float16 else 0
 
 
 @functools.cache
@@ -122,7 +133,7 @@ def _lib() -> ctypes.CDLL:
     lib.splitserve_linear_quant.restype = None
     lib.splitserve_linear_quant.argtypes = [
         _P, _I64, _P, _P, _P,  # x, its row stride, codes, scales, mins (or NULL)
-        _I32, _I32, _I32, _I32, _I32,  # bits, group, M, N, K
+        _I32, _I32, _I32, _I32, _I32, _I32,  # fp16 bits (1 scales, 2 mins), bits, group, M, N, K
         _P, _I64, _I32, _I32, _I32,  # out, its row stride, accumulate, threads, AMX rows
     ]  # fmt: skip
     lib.splitserve_amx_available.restype = _I32

@@ -74,9 +74,9 @@ def concat_rows(parts: Sequence[RowQuant]) -> RowQuant:
 def _dequantize(
     codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group: int
 ) -> torch.Tensor:
-    # codes: [rows, K]; scales, mins: [rows, K / group]
-    w = codes.float() * scales.repeat_interleave(group, dim=1)
-    return w if mins is None else w.add_(mins.repeat_interleave(group, dim=1))
+    # codes: [rows, K]; scales, mins: [rows, K / group] (fp32 or fp16: read as fp32)
+    w = codes.float() * scales.float().repeat_interleave(group, dim=1)
+    return w if mins is None else w.add_(mins.float().repeat_interleave(group, dim=1))
 
 
 class PackedMatrix:
@@ -102,8 +102,11 @@ class PackedMatrix:
 class QuantWeight(PackedMatrix):
     """A quantized matrix [N, K] packed in 16-row panels for ``quant_linear.c``: codes
     [N' / 16, K, 8] uint8 (4 bits: row j of a panel in the low nibble of byte j, row j + 8
-    in its high nibble) or [N' / 16, K, 16] int8, scales and mins [N' / 16, K / group, 16]
-    fp32, N' = N rounded up to 16 (the padding rows are zero). With ``perm`` (GPTQ's
+    in its high nibble) or [N' / 16, K, 16] int8, scales and mins [N' / 16, K / group, 16],
+    N' = N rounded up to 16 (the padding rows are zero). With ``half_scales`` the scales and
+    the mins are each kept in fp16 where that holds every value exactly (the GGUF Q4_0 / Q4_1
+    / Q8_0 and AWQ / GPTQ scales; 4 bytes a group fewer to read), else fp32: the kernels widen
+    them to fp32 as they read, so the results are the same bits. With ``perm`` (GPTQ's
     activation order) code column j multiplies input column ``perm[j]``: the inputs are
     gathered into the codes' order first."""
 
@@ -112,6 +115,7 @@ class QuantWeight(PackedMatrix):
         rows: RowQuant,
         device: torch.device | str = "cpu",
         perm: torch.Tensor | None = None,
+        half_scales: bool = True,
     ) -> None:
         self.perm = None if perm is None else perm.to(device)
         n, k = rows.shape
@@ -124,9 +128,9 @@ class QuantWeight(PackedMatrix):
         if self.bits == 4:
             codes = (codes[..., :8] | (codes[..., 8:] << 4)).to(torch.uint8)
         self.codes = codes.contiguous().to(device)
-        self.scales = _panels(_pad(rows.scales, pad)).contiguous().to(device)
+        self.scales = _packed_params(rows.scales, pad, half_scales).to(device)
         mins = rows.mins
-        self.mins = None if mins is None else _panels(_pad(mins, pad)).contiguous().to(device)
+        self.mins = None if mins is None else _packed_params(mins, pad, half_scales).to(device)
 
     @property
     def nbytes(self) -> int:
@@ -177,6 +181,15 @@ class QuantWeight(PackedMatrix):
     def dequantize(self) -> torch.Tensor:
         """W [N, K] fp32."""
         return self.rows(torch.arange(self.out_features, device=self.codes.device))
+
+
+def _packed_params(t: torch.Tensor, pad: int, half: bool) -> torch.Tensor:
+    """Scales or mins [N, G] fp32 as panels [N' / 16, G, 16]: fp16 where ``half`` and that is
+    exact for every value, else fp32."""
+    t = _panels(_pad(t.float(), pad)).contiguous()
+    if half and torch.equal(t.half().float(), t):
+        return t.half()
+    return t
 
 
 def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from gguf import GGMLQuantizationType as T
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.model.quant.weight import QuantWeight
 from tests.engine.model.quant.tiny_gguf import save_tiny_gguf
 from tests.engine.model.test_families import NEW_TOKENS, PROMPTS, engine_greedy
 from tests.engine.model.tiny_families import hf_greedy
@@ -47,8 +49,11 @@ def test_weights_stay_packed(tmp_path: Path) -> None:
     model = LLMEngine(config).runner.model
     total, _ = model.weight_bytes()
     matrices = sum(q.out_features * q.in_features for q in model.quantized_weights())
-    # 4-bit codes, fp32 scale and min per 32: 6 bits a weight; the norms are few
-    assert matrices * 6 / 8 <= total < matrices * 6 / 8 * 1.05
+    # 4-bit codes, fp16 scale and min per 32 (Q4_1's own, exact in fp16): 5 bits a weight,
+    # as in the GGUF; the norms are few
+    assert matrices * 5 / 8 <= total < matrices * 5 / 8 * 1.05
+    packed = model.quantized_weights()
+    assert all(isinstance(q, QuantWeight) and q.scales.dtype == torch.float16 for q in packed)
     assert all(p.is_meta for p in (model.embed, model.layers[0].attn.qkv))
 
 
