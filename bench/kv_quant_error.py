@@ -26,22 +26,10 @@ from pathlib import Path
 
 import torch
 
+from bench.oracle_prompts import PROMPTS as ORACLE_PROMPTS
 from engine.kv.quant import dequantize_rows, quantize_rows
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a hash table is in two sentences.",
-    "List three prime numbers greater than 100.",
-    "Translate 'good morning' into Spanish and German.",
-    "What is 17 times 23?",
-    "Give me a short recipe for pancakes.",
-    "Who wrote Pride and Prejudice?",
-    "Write a Python function that reverses a string.",
-    "Why is the sky blue? Answer briefly.",
-    "Summarize the plot of Romeo and Juliet in one paragraph.",
-    "What are the three states of matter?",
-]
+PROMPTS = ORACLE_PROMPTS[:12]  # the int8 KV oracle test's 12
 
 Record = dict[int, list[tuple[torch.Tensor, torch.Tensor]]]  # layer -> [(q, k)] per prompt
 

@@ -8,34 +8,12 @@ import pytest
 import torch
 from lora_adapters import hf_greedy, merged_model
 
+from bench.oracle_prompts import PROMPTS
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.llm import LLM
 from models.sampling_params import SamplingParams
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a hash table is in two sentences.",
-    "List three prime numbers greater than 100.",
-    "Translate 'good morning' into Spanish and German.",
-    "What is 17 times 23?",
-    "Give me a short recipe for pancakes.",
-    "Who wrote Pride and Prejudice?",
-    "Write a Python function that reverses a string.",
-    "Why is the sky blue? Answer briefly.",
-    "Summarize the plot of Romeo and Juliet in one paragraph.",
-    "What are the three states of matter?",
-    "Suggest a name for a friendly robot.",
-    "How many continents are there? Name them.",
-    "Describe the taste of a lemon to someone who never had one.",
-    "What does HTTP stand for?",
-    "Écris une phrase en français sur le printemps.",
-    "What is the boiling point of water at sea level in Celsius and Fahrenheit?",
-    "Tell me a fun fact about octopuses. " * 6,
-    "Here is a list of fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, "
-    "kiwi, lemon, mango, nectarine, orange, papaya. Which of them are citrus fruits?",
-]
 NEW_TOKENS = 64
 
 
