@@ -53,6 +53,13 @@ class LoopSnapshot:
 _STOP = object()
 
 
+def _build_into(config: EngineConfig, built: cf.Future[LLMEngine]) -> None:
+    try:
+        built.set_result(LLMEngine(config))
+    except BaseException as exc:  # the launcher's await raises it
+        built.set_exception(exc)
+
+
 class EngineLoop:
     """Runs an LLMEngine in a dedicated thread. Async methods are called from one event loop
     thread; `post` and `snapshot` from any thread."""
@@ -79,10 +86,22 @@ class EngineLoop:
 
     @classmethod
     async def launch(cls, config: EngineConfig, torch_threads: int | None = None) -> EngineLoop:
-        """Build the engine (loads the model) off the event loop, then start its thread."""
+        """Build the engine (loads the model) off the event loop, then start its thread.
+
+        The engine is built in a thread of its own that ends once it is built, not in the
+        event loop's executor, whose threads live on: an OpenMP runtime keeps a worker pool
+        per thread that ran a parallel region, and with more pooled threads than cores
+        (libgomp) every pool stops spinning between regions and sleeps, so each of a step's
+        hundreds of parallel kernels pays a wake-up (a batch-1 decode step took 2x as long)."""
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
-        engine = await asyncio.to_thread(LLMEngine, config)
+        built: cf.Future[LLMEngine] = cf.Future()
+        builder = threading.Thread(
+            target=_build_into, args=(config, built), name="engine-build", daemon=True
+        )
+        builder.start()
+        engine = await asyncio.wrap_future(built)
+        await asyncio.to_thread(builder.join)  # its OpenMP pool goes with it
         loop = cls(engine, torch_threads)
         loop.start()
         return loop

@@ -4,6 +4,7 @@ engine failure ends the streams instead of hanging them, and an idle loop sleeps
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 from tiny_llama import save_tiny_llama
 
+import engine.loop.engine_loop as engine_loop
 from engine.config import EngineConfig, Role, engine_config
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
@@ -208,3 +210,32 @@ def test_engine_config_resolves_auto_and_drops_unset_options(tiny_dir: Path) -> 
     assert str(config.device) == want_device
     assert config.dtype == (torch.bfloat16 if want_device == "cuda" else torch.float32)
     assert (config.role, config.num_kv_blocks, config.max_num_seqs) == (Role.PREFILL, None, 3)
+
+
+async def test_launch_builds_the_engine_in_a_thread_that_ends(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine is built in a thread that is gone once launch returns (not a pooled
+    executor thread that would keep an OpenMP pool beside the loop's), and a failed build
+    raises at the caller."""
+
+    builders: list[threading.Thread] = []
+
+    class Recording(LLMEngine):
+        def __init__(self, config: EngineConfig) -> None:
+            builders.append(threading.current_thread())
+            super().__init__(config)
+
+    monkeypatch.setattr(engine_loop, "LLMEngine", Recording)
+    config = EngineConfig(model_dir=tiny_dir, block_size=4, num_kv_blocks=64)
+    loop = await EngineLoop.launch(config, torch_threads=1)
+    try:
+        assert len(builders) == 1 and builders[0] is not threading.main_thread()
+        assert not builders[0].is_alive()
+        stream = await loop.open("r", lambda e: e.add_request("r", PROMPTS[0], GREEDY))
+        assert (await _collect(stream))[0] == _offline(tiny_dir, PROMPTS[0], GREEDY)
+    finally:
+        loop.stop()
+    bad = EngineConfig(model_dir=tiny_dir / "missing", block_size=4, num_kv_blocks=64)
+    with pytest.raises(Exception, match="missing"):
+        await EngineLoop.launch(bad, torch_threads=1)
