@@ -6,8 +6,6 @@ take go to the FMA path unchanged."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -34,14 +32,6 @@ ROWS = [1, 2, 15, 16, 17, 31, 32, 33, 50, 128, 129, 300]
 # fp32 sums of K terms carry errors of a few times 2^-24 times the sum of |terms| (the FMA
 # path's run about 3e-7 on these shapes, the AMX kernel's about 1e-7)
 TOLERANCE = 1e-6
-
-
-@pytest.fixture(params=[1, 2], ids=["threads1", "threads2"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:

@@ -73,31 +73,25 @@ def test_packing_keeps_fp16_where_exact(
     assert torch.equal(half.rows(torch.tensor([0, 1, n - 1])), q.dequantize()[[0, 1, n - 1]])
 
 
-@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("bits", "group", "scales", "mins", "n", "k"), CASES)
 def test_fp16_storage_gives_the_same_bits(
     bits: int, group: int, scales: str, mins: str | None, n: int, k: int, threads: int
 ) -> None:
     q = rows_of(bits, group, scales, mins, n, k)
     half, full = QuantWeight(q), QuantWeight(q, half_scales=False)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        gen = torch.Generator().manual_seed(threads)
-        for m in ROWS:
-            x = torch.randn(m, k, generator=gen)
-            h = torch.randn(m, n, generator=gen)
-            for amx_rows in (1, 0):
-                for out in (None, h):
-                    a, b = (
-                        quant_linear(x, w.codes, w.scales, w.mins, bits, group,
-                                     out=None if out is None else out.clone(), amx_rows=amx_rows)
-                        for w in (half, full)
-                    )  # fmt: skip
-                    assert torch.equal(a, b), (m, amx_rows, out is None)
-            assert torch.equal(half.linear(x), full.linear(x)), m
-    finally:
-        torch.set_num_threads(before)
+    gen = torch.Generator().manual_seed(threads)
+    for m in ROWS:
+        x = torch.randn(m, k, generator=gen)
+        h = torch.randn(m, n, generator=gen)
+        for amx_rows in (1, 0):
+            for out in (None, h):
+                a, b = (
+                    quant_linear(x, w.codes, w.scales, w.mins, bits, group,
+                                 out=None if out is None else out.clone(), amx_rows=amx_rows)
+                    for w in (half, full)
+                )  # fmt: skip
+                assert torch.equal(a, b), (m, amx_rows, out is None)
+        assert torch.equal(half.linear(x), full.linear(x)), m
 
 
 TARGETS = {

@@ -6,8 +6,6 @@ without it (8 lanes) gives the FMA path's bits."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -25,14 +23,6 @@ CASES = [
     (8, 16, True, 48, 272),
 ]
 TOLERANCE = 1e-6  # of the sum of |terms| (measured about 5e-8)
-
-
-@pytest.fixture(params=[1, 2], ids=["threads1", "threads2"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(("bits", "group", "mins", "n", "k"), CASES)
