@@ -38,7 +38,6 @@ from bench.serve import DEFAULT_SLO, MULTITURN, SMOLLM2_VOCAB, ServeConfig, run_
 from bench.serve_client import LoadOptions
 from bench.serve_stats import summarize
 from cluster.auth import CLUSTER_TOKEN_ENV, cluster_headers, new_token
-from cluster.redis_server import free_port
 
 UP_TIMEOUT_S = 300.0
 POLICIES = ("round_robin", "least_loaded", "kv_aware")
@@ -48,10 +47,10 @@ class Up:
     """One `splitserve up` child, started with cold caches and stopped with SIGINT."""
 
     def __init__(self, policy: str, args: argparse.Namespace, run_dir: Path) -> None:
-        self.port, self.run_dir = free_port(), run_dir
+        self.run_dir = run_dir
         argv = [sys.executable, "-m", "cluster.cli", "up", "--policy", policy]
         argv += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
-        argv += ["--port", str(self.port), "--run-dir", str(run_dir), *args.up_args]
+        argv += ["--port", "0", "--run-dir", str(run_dir), *args.up_args]
         if args.threads_per_node:
             argv += ["--threads-per-node", str(args.threads_per_node)]
         run_dir.mkdir(parents=True, exist_ok=True)

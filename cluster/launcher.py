@@ -1,8 +1,10 @@
 """`splitserve up`: a whole cluster on this machine, in child processes.
 
 Pulls the model when missing, starts an embedded Redis (unless --redis), the router and
-N prefill + M decode nodes (default 1 + 1; --colocated: M colocated nodes instead), each on
-a free port, and waits until every node and the router are ready. Then it prints the URL
+N prefill + M decode nodes (default 1 + 1; --colocated: M colocated nodes instead), and
+waits until every node and the router are ready. The launcher binds every child's port
+itself and hands the socket over (cluster.listen), so no other process can take it in
+between; `--port 0` lets the kernel pick the router's. Then it prints the URL
 and an example request, and runs until Ctrl-C or SIGTERM, when it stops every process it
 started (SIGTERM, then SIGKILL after a grace period), Redis last.
 A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -37,8 +40,9 @@ from types import FrameType
 import httpx
 
 from cluster.auth import CLUSTER_TOKEN_ENV, new_token
+from cluster.listen import bound_port, open_listener
 from cluster.process import Child, stop_all
-from cluster.redis_server import EmbeddedRedis, free_port
+from cluster.redis_server import EmbeddedRedis
 from cluster.redis_supervisor import RedisSupervisor
 from cluster.scaler import LocalScaler
 from cluster.up_args import API_KEY_ENV, check_args
@@ -65,8 +69,19 @@ class LaunchError(RuntimeError):
 def run(args: argparse.Namespace) -> int:
     try:
         check_args(args)
+    except ValueError as exc:
+        print(f"splitserve up: {exc}", file=sys.stderr)
+        return 2
+    try:
+        router_sock = open_listener(args.host, args.port)  # a port in use fails before the pull
+    except OSError as exc:
+        print(f"splitserve up: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    args.port = bound_port(router_sock)  # --port 0: the kernel's pick, announced when up
+    try:
         model = _ensure_model(args)
-    except (ValueError, LaunchError) as exc:
+    except LaunchError as exc:
+        router_sock.close()
         print(f"splitserve up: {exc}", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="splitserve-up-")).absolute()
@@ -74,12 +89,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"logs: {run_dir}", flush=True)
     with _stop_on_sigterm():
         try:
-            return _run_cluster(args, model, run_dir)
+            return _run_cluster(args, model, run_dir, router_sock)
         except KeyboardInterrupt:
             return 0
         except LaunchError as exc:
             print(f"splitserve up: {exc}", file=sys.stderr, flush=True)
             return 1
+        finally:
+            router_sock.close()  # a no-op once the router holds it
 
 
 def _ensure_model(args: argparse.Namespace) -> Path:
@@ -112,7 +129,9 @@ def _stop_on_sigterm() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
+def _run_cluster(
+    args: argparse.Namespace, model: Path, run_dir: Path, router_sock: socket.socket
+) -> int:
     redis = None
     children: list[Child] = []
     scaler: LocalScaler | None = None
@@ -128,14 +147,17 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
             redis_url = redis.url
         nodes = plan_nodes(args)
         router_env = router_environment(args, env)
-        children.append(_spawn(run_dir, "router", router_argv(args, model, redis_url), router_env))
+        argv = router_argv(args, model, redis_url)
+        children.append(_spawn(run_dir, "router", argv, router_env, router_sock))
         for node in nodes:
             argv = node_argv(args, model, redis_url, node)
-            children.append(_spawn(run_dir, node.name, argv, env))
+            children.append(_spawn(run_dir, node.name, argv, env, node.listener))
         planner_url = None
         if args.planner:
-            port = free_port()
-            children.append(_spawn(run_dir, "planner", planner_argv(args, redis_url, port), env))
+            sock = open_listener("127.0.0.1", 0)
+            port = bound_port(sock)
+            argv = planner_argv(args, redis_url, port)
+            children.append(_spawn(run_dir, "planner", argv, env, sock))
             planner_url = f"http://127.0.0.1:{port}"
         layout = UpLayout(run_dir, args, redis_url, nodes, children, redis, planner_url)
         layout.write()
@@ -144,7 +166,8 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
         if planner_url is not None:
 
             def start(plan: NodePlan) -> Child:
-                return _spawn(run_dir, plan.name, node_argv(args, model, redis_url, plan), env)
+                argv = node_argv(args, model, redis_url, plan)
+                return _spawn(run_dir, plan.name, argv, env, plan.listener)
 
             scaler = LocalScaler(planner_url, start, nodes, children, layout.write)
         return _supervise(children, redis, run_dir, scaler)
@@ -162,8 +185,14 @@ def _run_cluster(args: argparse.Namespace, model: Path, run_dir: Path) -> int:
             print("stopped", flush=True)
 
 
-def _spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> Child:
-    return Child(name, argv, run_dir / f"{name}.log", env)
+def _spawn(
+    run_dir: Path,
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    sock: socket.socket | None = None,
+) -> Child:
+    return Child(name, argv, run_dir / f"{name}.log", env, sock)
 
 
 def _wait_ready(args: argparse.Namespace, children: list[Child], nodes: list[NodePlan]) -> None:

@@ -12,11 +12,14 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from cluster.listen import handed_env
 
 _PR_SET_PDEATHSIG = 1
 
@@ -38,24 +41,35 @@ def die_with_parent_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None
 
 
 class Child:
-    """One child process with a name and a log file."""
+    """One child process with a name and a log file. A `listener` (cluster.listen) is handed
+    to the child, which serves on it, and closed here once the child holds it."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str]
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str],
+        listener: socket.socket | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                start_new_session=True,
-                preexec_fn=die_with_parent_hook(),
-            )
+        try:
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=handed_env(dict(env), listener),
+                    start_new_session=True,
+                    preexec_fn=die_with_parent_hook(),
+                    pass_fds=() if listener is None else (listener.fileno(),),
+                )
+        finally:
+            if listener is not None:
+                listener.close()
 
     @property
     def pid(self) -> int:

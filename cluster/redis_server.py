@@ -81,11 +81,23 @@ class EmbeddedRedis:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> EmbeddedRedis:
-        """Spawn redis-server and wait until it answers PING."""
+        """Spawn redis-server and wait until it answers PING. A port picked here that another
+        process takes before redis-server binds it is picked again (up to 3 times)."""
         if self.running:
             return self
-        if self.port is None:
+        if self.port is not None:
+            return self._start_once()
+        for attempt in range(3):
             self.port = free_port(self.host)
+            try:
+                return self._start_once()
+            except RedisStartError as exc:
+                if attempt == 2 or "Address already in use" not in str(exc):
+                    self.port = None
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> EmbeddedRedis:
         self._dir = tempfile.mkdtemp(prefix="splitserve-redis-")
         with open(Path(self._dir) / "redis.log", "wb") as log:
             self._proc = subprocess.Popen(
@@ -125,7 +137,7 @@ class EmbeddedRedis:
                 try:
                     if client.ping():
                         return
-                except redis.ConnectionError:
+                except (redis.ConnectionError, redis.TimeoutError):  # not up, or not ours
                     time.sleep(0.02)
         finally:
             client.close()

@@ -22,7 +22,6 @@ from pydantic import ValidationError
 
 from cluster.planner_status import PlannerStatus, PoolStatus
 from cluster.process import Child
-from cluster.redis_server import free_port
 from cluster.up_plan import NodePlan
 
 log = logging.getLogger("splitserve.launcher")
@@ -105,7 +104,7 @@ class LocalScaler:
 
     def _start(self, pool: str) -> None:
         used = [_index(n.name) for n in self.nodes if n.role == pool]
-        plan = NodePlan(f"{pool}-{max(used, default=-1) + 1}", pool, pool, free_port())
+        plan = NodePlan.bound(f"{pool}-{max(used, default=-1) + 1}", pool, pool)
         child = self._start_node(plan)
         self.nodes.append(plan)
         self.children.append(child)

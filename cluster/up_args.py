@@ -33,7 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--redis", default=None, help="use this Redis URL, not an embedded one")
     parser.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="router port (default 8000; 0: any free port, printed when up)",
+    )
     parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
@@ -149,8 +154,8 @@ def check_args(args: argparse.Namespace) -> None:
                 f"--prefill-{short} / --decode-{short} size the two pools: "
                 f"use --{short} with --colocated"
             )
-    if not 1 <= args.port <= 65535:
-        raise ValueError("--port must be in [1, 65535]")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535] (0: any free port), got {args.port}")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
     k = args.num_speculative_tokens

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.redis_server import free_port
+from cluster.listen import bound_port, open_listener
 from cluster.up_args import API_KEY_ENV
 
 
@@ -19,6 +20,14 @@ class NodePlan:
     command: str  # "prefill" or "decode"
     role: str
     port: int
+    # bound on `port` by the launcher and handed to the node's process (cluster.listen)
+    listener: socket.socket | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def bound(cls, name: str, command: str, role: str) -> NodePlan:
+        """A plan whose port is bound now (on 127.0.0.1, the kernel's pick)."""
+        sock = open_listener("127.0.0.1", 0)
+        return cls(name, command, role, bound_port(sock), sock)
 
     @property
     def url(self) -> str:
@@ -34,12 +43,12 @@ def plan_nodes(args: argparse.Namespace) -> list[NodePlan]:
     nodes: list[NodePlan] = []
     if args.colocated:
         for i in range(args.decode):
-            nodes.append(NodePlan(f"colocated-{i}", "decode", "colocated", free_port()))
+            nodes.append(NodePlan.bound(f"colocated-{i}", "decode", "colocated"))
         return nodes
     for i in range(args.prefill):
-        nodes.append(NodePlan(f"prefill-{i}", "prefill", "prefill", free_port()))
+        nodes.append(NodePlan.bound(f"prefill-{i}", "prefill", "prefill"))
     for i in range(args.decode):
-        nodes.append(NodePlan(f"decode-{i}", "decode", "decode", free_port()))
+        nodes.append(NodePlan.bound(f"decode-{i}", "decode", "decode"))
     return nodes
 
 

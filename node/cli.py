@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import NodeSettings, SettingsError, load
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
@@ -131,25 +132,11 @@ def run_node(
         return 2
     configure_logging(settings.log_level)
     try:
-        sock = listen_socket(settings.host, settings.port)
+        sock = listener(settings.host, settings.port)
     except OSError as exc:
         print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
     return serve(app_factory(settings), sock, settings)
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def serve(app: Any, sock: socket.socket, settings: NodeSettings) -> int:

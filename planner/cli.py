@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import DEFAULT_REDIS_URL
 from planner.config import PlannerConfig, PoolLimits
@@ -72,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"splitserve planner: {exc}", file=sys.stderr)
         return 2
+    try:
+        sock = listener(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"splitserve planner: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 1
     import httpx
     import uvicorn
 
@@ -89,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     )
     membership = Membership(args.redis_url, poll_s=config.interval_s)
     service = PlannerService(Planner(config), membership, source)
-    uvicorn.run(
-        create_app(service), host=args.host, port=args.port, log_config=None,
-        log_level=args.log_level, access_log=False,
-    )  # fmt: skip
+    server_config = uvicorn.Config(
+        create_app(service), log_config=None, log_level=args.log_level, access_log=False
+    )
+    uvicorn.Server(server_config).run(sockets=[sock])
     return 0

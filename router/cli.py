@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import RouterSettings, SettingsError, load
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
@@ -60,18 +61,22 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    try:
+        sock = listener(settings.host, settings.port)
+    except OSError as exc:
+        print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return 1
     import uvicorn
 
     from router.app import create_app
 
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
-        host=settings.host,
-        port=settings.port,
         loop="uvloop",
         log_config=None,
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
+    uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -2,8 +2,8 @@
 ranks, hands them each step, watches them, and stops them.
 
 The ranks are spawned processes joined in one ``torch.distributed`` group (gloo on the CPU,
-NCCL on CUDA) over a free local port. They belong to the engine: a rank that exits makes
-the next step (or the one running) raise ``RankFailed`` naming it, and calls the
+NCCL on CUDA) through rank 0's store on a local port. They belong to the engine: a rank that
+exits makes the next step (or the one running) raise ``RankFailed`` naming it, and calls the
 ``on_failure`` callbacks at once (an engine loop stops on it); ``close`` stops them, kills
 those that do not stop, and a rank whose parent is gone exits by itself
 (``engine.parallel.watchdog``). One multi-rank engine per process (the default group).
@@ -15,7 +15,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,10 +46,13 @@ class RankFailed(RuntimeError):
     step any more."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def master_store(config: EngineConfig) -> dist.TCPStore:
+    """Rank 0's rendezvous store, on a port the kernel picks as it binds (so no other
+    process can take it between the choice and the bind); the ranks join it at its port."""
+    return dist.TCPStore(
+        "127.0.0.1", 0, world_size(config), is_master=True,
+        timeout=GROUP_TIMEOUT, wait_for_workers=False,
+    )  # fmt: skip
 
 
 def backend_for(device: str) -> str:
@@ -61,14 +63,19 @@ def world_size(config: EngineConfig) -> int:
     return config.tensor_parallel_size * config.pipeline_parallel_size
 
 
-def init_group(rank: int, config: EngineConfig, port: int, device: str) -> Shard:
-    """Join the group as global ``rank``; its tensor-parallel shard, whose collectives take
-    tensors on ``device`` and span the ranks of its pipeline stage
-    (``engine.parallel.pipeline`` numbers them)."""
+def init_group(
+    rank: int, config: EngineConfig, port: int, device: str, store: dist.Store | None = None
+) -> Shard:
+    """Join the group as global ``rank`` (through rank 0's ``store``, or at ``port`` where
+    rank 0 serves it); its tensor-parallel shard, whose collectives take tensors on
+    ``device`` and span the ranks of its pipeline stage (``engine.parallel.pipeline``
+    numbers them)."""
     tp = config.tensor_parallel_size
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, world_size(config), False, GROUP_TIMEOUT)
     dist.init_process_group(
         backend_for(device),
-        init_method=f"tcp://127.0.0.1:{port}",
+        store=store,
         rank=rank,
         world_size=world_size(config),
         timeout=GROUP_TIMEOUT,
@@ -101,7 +108,8 @@ class RankGroup:
         self.pipe: StagePipe | None = stage_pipe(config, ModelConfig.from_dir(config.model_dir), 0)
         if dist.is_initialized():
             raise RuntimeError("a multi-rank engine is already running in this process")
-        port = free_port()
+        store = master_store(config)
+        port = store.port
         spawn = multiprocessing.get_context("spawn")
         threads = torch.get_num_threads()
         # each rank hands rank 0 its KV tensor (shared memory / CUDA IPC) for the transfer
@@ -128,7 +136,7 @@ class RankGroup:
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
         self._monitor.start()
         try:
-            self.shard = init_group(0, config, port, rank_device(config.device, 0))
+            self.shard = init_group(0, config, port, rank_device(config.device, 0), store)
         except Exception:
             self._kill()
             raise

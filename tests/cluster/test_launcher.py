@@ -8,6 +8,7 @@ import argparse
 import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -222,8 +223,35 @@ def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
 def test_bad_arguments_exit_2_with_a_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert launcher.run(_args(*argv)) == 2
+    assert launcher.run(_args(*argv, "--port", "0")) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_busy_router_port_exits_1_before_the_model_is_pulled(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        args = _args("--port", str(port), "--model", "./no/such/model")
+        assert launcher.run(args) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "no/such/model" not in err
+
+
+def test_port_0_is_accepted_and_a_negative_port_is_named() -> None:
+    launcher.check_args(_args("--port", "0"))
+    with pytest.raises(ValueError, match="--port must be in"):
+        launcher.check_args(_args("--port", "-1"))
+
+
+def test_planned_node_ports_are_held_until_handed_over() -> None:
+    plans = up_plan.plan_nodes(_args("--prefill", "2", "--decode", "1"))
+    assert len({p.port for p in plans}) == 3
+    for plan in plans:
+        assert plan.listener is not None and plan.listener.getsockname()[1] == plan.port
+        with pytest.raises(OSError):  # nobody else can take it before the node starts
+            socket.create_server(("127.0.0.1", plan.port))
+        plan.listener.close()
 
 
 def test_stop_all_terminates_then_kills(tmp_path: Path) -> None:

@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from cluster.listen import open_listener
 from cluster.protocol import DecodeRequest, NodeStats, TokenEvent
 from cluster.redis_server import EmbeddedRedis, free_port
 from cluster.settings import NodeSettings
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from models.sampling_params import SamplingParams
-from node.cli import listen_socket
 
 VOCAB = 128
 TINY: dict[str, Any] = {
@@ -96,7 +96,7 @@ def node_settings(model_dir: Path, redis_url: str, role: str, **overrides: Any) 
 @asynccontextmanager
 async def serving(app: Any, settings: NodeSettings) -> AsyncIterator[httpx.AsyncClient]:
     """Run the node app (lifespan included) until the block ends; yields a client for it."""
-    sock = listen_socket(settings.host, settings.port)
+    sock = open_listener(settings.host, settings.port)
     config = uvicorn.Config(
         app, lifespan="on", loop="asyncio", log_level="warning", timeout_graceful_shutdown=5
     )

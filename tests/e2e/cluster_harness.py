@@ -20,7 +20,6 @@ import openai
 
 from cluster.auth import CLUSTER_TOKEN_ENV, CLUSTER_TOKEN_HEADER
 from cluster.protocol import NodeStats
-from cluster.redis_server import free_port
 
 UP_TIMEOUT_S = 240.0
 # the clusters' token (the launcher keeps one it finds in its environment): /stats needs it
@@ -99,9 +98,9 @@ def _idle(stats: NodeStats) -> bool:
 def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
     """`splitserve up` on the CPU in float32 (the oracle's settings), 1 torch thread per node;
     returns once it reports ready."""
-    port = free_port()
     argv = [sys.executable, "-m", "cluster.cli", "up", "--model", str(model_dir)]
-    argv += ["--port", str(port), "--device", "cpu", "--dtype", "float32"]
+    # port 0: the launcher binds one and writes the router's URL in cluster.json
+    argv += ["--port", "0", "--device", "cpu", "--dtype", "float32"]
     argv += ["--threads-per-node", "1", "--run-dir", str(run_dir), *args]
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "launcher.out"

@@ -21,6 +21,8 @@ import httpx
 import pytest
 from cluster_harness import Cluster, alive, running_cluster
 
+from cluster.listen import LISTEN_FD_ENV
+
 pytestmark = pytest.mark.e2e
 
 DRAIN_S = "1"
@@ -94,10 +96,12 @@ class Load:
 
 
 def _restart(cluster: Cluster, name: str, pid: int) -> subprocess.Popen[bytes]:
-    """SIGTERM `pid`, wait for it to exit, start the same command with the same env."""
+    """SIGTERM `pid`, wait for it to exit, start the same command with the same env (less
+    the socket hand-off: the new process binds the port itself)."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     raw_env = Path(f"/proc/{pid}/environ").read_bytes().rstrip(b"\0").split(b"\0")
     env = dict(item.decode().split("=", 1) for item in raw_env)
+    env.pop(LISTEN_FD_ENV, None)  # the launcher's socket went with the old process: bind anew
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 60
     while alive(pid):
