@@ -84,8 +84,10 @@ class EngineConfig:
     # "awq", "gptq", "fp8": what a checkpoint's quantization_config declares ("auto" too).
     quantization: str = "auto"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
-    # step late, same output). Off in the prefill role.
-    async_scheduling: bool = True
+    # step late, same output). Off in the prefill role. None: on where the device runs
+    # the step asynchronously (CUDA); on the CPU the forward runs in the calling thread, so
+    # overlap would only hand each token out one step later.
+    async_scheduling: bool | None = None
     # Speculative decoding (engine.speculative): "none", "ngram" (prompt lookup) or "draft"
     # (a smaller model of the same vocabulary in draft_model). Up to num_speculative_tokens
     # guesses per decoding request are verified in one forward; a step that proposes runs

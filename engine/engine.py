@@ -104,8 +104,12 @@ class LLMEngine:
         )
         self.counters = EngineCounters()
         # overlapped scheduling: plan step N + 1 while step N runs (the prefill role pins
-        # every request after one token, nothing to overlap)
-        overlap = config.async_scheduling and config.role is not Role.PREFILL
+        # every request after one token, nothing to overlap); by default only where the
+        # forward runs asynchronously to the host (EngineConfig.async_scheduling)
+        overlap = config.async_scheduling
+        if overlap is None:
+            overlap = self.runner.device.type == "cuda"
+        overlap = overlap and config.role is not Role.PREFILL
         hooks: list[StepHook] = [GrammarHook(self.grammars)]
         self.speculator: Speculator | None = None
         if speculates:

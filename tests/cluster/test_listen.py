@@ -61,7 +61,9 @@ def test_without_a_handed_socket_it_binds_and_a_busy_port_fails() -> None:
 def test_a_child_serves_on_the_handed_port_and_its_exit_frees_it(tmp_path: Path) -> None:
     sock = open_listener("127.0.0.1", 0)
     port = bound_port(sock)
-    child = Child("server", [sys.executable, "-c", SERVE_ONCE], tmp_path / "s.log", os.environ, sock)
+    child = Child(
+        "server", [sys.executable, "-c", SERVE_ONCE], tmp_path / "s.log", os.environ, sock
+    )
     assert sock.fileno() == -1  # the launcher's copy is closed: only the child holds the port
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
         conn.settimeout(30)

@@ -107,6 +107,7 @@ def _run(
         "max_num_batched_tokens": 48,
         "speculative_method": method,
         "num_speculative_tokens": 4,
+        "async_scheduling": overlap or None,  # on the CPU only when asked
     }
     engine = LLMEngine(EngineConfig(**(config | options)))
     if engine.speculator is not None:
@@ -177,7 +178,7 @@ def test_quiet_stretches_overlap_and_guessing_resumes_after_them(
     monkeypatch.setattr(StepCost, "allocate", in_waves)
     monkeypatch.setattr(speculative, "_OVERLAP_STEPS", 2)  # short stretches: many turns
     monkeypatch.setattr(speculative, "_OVERLAP_MAX", 4)
-    plain, _ = _run(tiny_dir, "none")
+    plain, _ = _run(tiny_dir, "none", overlap=True)
     assert plain["overlapped"] > 0  # plain decoding overlaps its steps
     spec, engine = _run(tiny_dir, "ngram", overlap=True)
     stats = engine.speculative_stats

@@ -4,6 +4,7 @@ penalties, logprobs."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,17 @@ def test_overlapped_engine_gives_the_synchronous_tokens(tiny_dir: Path) -> None:
         assert e.runner.batch.num_rows == 0
     # overlapped: the first step's tokens come out one call later, and no extra sync path
     assert engine.counters.steps >= sync_engine.counters.steps
+
+
+@pytest.mark.parametrize(("asked", "overlapped"), [(None, False), (True, True), (False, False)])
+def test_on_the_cpu_a_prefill_hands_out_its_token_unless_overlap_is_asked(
+    tiny_dir: Path, asked: bool | None, overlapped: bool
+) -> None:
+    """The CPU forward runs in the engine's thread: by default the step that computed the
+    first token returns it (time to first token), and overlap is there only when asked."""
+    config = EngineConfig(model_dir=tiny_dir, block_size=4, num_kv_blocks=16)
+    engine = LLMEngine(dataclasses.replace(config, async_scheduling=asked))
+    engine.add_request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3, temperature=0.0))
+    first = engine.step()
+    assert [o.request_id for o in first] == ([] if overlapped else ["a"])
+    assert engine.pipeline.overlap is overlapped
