@@ -19,6 +19,7 @@ from collections import Counter
 
 import torch
 
+from engine.cpu_kernels.threads import serial_torch_ops
 from engine.kv.cache import KVLayout
 from engine.kv.disk_store import DiskStore
 from engine.kv.tier_book import CopyKind, CopyOrder
@@ -124,6 +125,7 @@ class TierCopier:
             raise TimeoutError(f"KV tier copies not done after {timeout_s} s")
 
     def _run(self) -> None:
+        serial_torch_ops()  # no OpenMP pool beside the engine's (engine.cpu_kernels.threads)
         while (item := self._queue.get()) is not None:
             seq, order, event = item
             try:

@@ -25,6 +25,8 @@ import llguidance.numpy
 import numpy as np
 import torch
 
+from engine.cpu_kernels.threads import serial_torch_ops
+
 
 class GrammarMasks(NamedTuple):
     """The masks of one step's constrained rows."""
@@ -127,7 +129,9 @@ class Grammars:
         if not rows:
             return MaskJob(None)
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix="grammar-mask", initializer=serial_torch_ops
+            )
         return MaskJob(self._pool.submit(self._masks, rows, len(request_ids), device))
 
     def close(self) -> None:
