@@ -88,6 +88,18 @@ async def test_request_done_at_the_first_token_holds_no_lease(node: httpx.AsyncC
     assert now.load.leases_held == 0 and now.load.free_blocks == NUM_BLOCKS
 
 
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b""])
+async def test_a_body_that_is_no_prefill_request_answers_400(
+    node: httpx.AsyncClient, raw: bytes
+) -> None:
+    headers = {"content-type": "application/json"}
+    resp = await node.post("/internal/prefill", content=raw, headers=headers)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "bad_request" and error["message"].startswith("invalid request")
+    assert error["param"] is None
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
