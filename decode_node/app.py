@@ -17,6 +17,7 @@ from cluster.protocol import (
 from cluster.settings import NodeSettings
 from decode_node.events import EventStream
 from decode_node.runtime import DecodeRuntime
+from node.body import read_body
 from node.server import accepting_work, create_node_app, node_route_paths, runtime_of
 
 routes = APIRouter()
@@ -41,7 +42,8 @@ def _runtime(request: Request) -> DecodeRuntime:
 
 
 @routes.post(INTERNAL_GENERATE, dependencies=[Depends(accepting_work)])
-async def generate(body: DecodeRequest, request: Request) -> EventStream:
+async def generate(request: Request) -> EventStream:
+    body = await read_body(request, DecodeRequest)
     runtime = _runtime(request)
     events, on_close = await runtime.generate(body)
     return EventStream(events, on_close, alive=runtime.engine_working)

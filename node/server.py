@@ -106,8 +106,10 @@ def begin_drain(app: FastAPI) -> None:
     )  # fmt: skip
 
 
-def accepting_work(request: Request) -> None:
-    """503 "draining" for new requests once the node drains (aborts and releases still go)."""
+async def accepting_work(request: Request) -> None:
+    """503 "draining" for new requests once the node drains (aborts and releases still go).
+    A coroutine, as require_cluster_token: FastAPI runs a plain function dependency in its
+    thread pool, a hop per call on the path of every request's first token."""
     if node_state(request).drain_deadline is not None:
         raise NodeError(503, "draining", "the node is shutting down; try another node")
 
@@ -117,7 +119,7 @@ def node_state(request: Request) -> NodeState:
     return state
 
 
-def require_cluster_token(request: Request) -> None:
+async def require_cluster_token(request: Request) -> None:
     """401 unless the call carries the cluster token (when the node has one)."""
     expected = node_state(request).settings.cluster_token
     if not token_ok(request.headers.get(CLUSTER_TOKEN_HEADER), expected):

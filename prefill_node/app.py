@@ -5,7 +5,7 @@ the lifespan."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from cluster.protocol import (
     INTERNAL_PREFILL,
@@ -15,6 +15,7 @@ from cluster.protocol import (
     ReleaseRequest,
 )
 from cluster.settings import NodeSettings
+from node.body import read_body
 from node.server import accepting_work, create_node_app, node_route_paths, runtime_of
 from prefill_node.runtime import PrefillRuntime
 
@@ -39,9 +40,9 @@ def _runtime(request: Request) -> PrefillRuntime:
 
 
 @routes.post(INTERNAL_PREFILL, dependencies=[Depends(accepting_work)])
-async def prefill(body: PrefillRequest, request: Request) -> JSONResponse:
-    response = await _runtime(request).prefill(body)
-    return JSONResponse(response.model_dump(mode="json"))
+async def prefill(request: Request) -> Response:
+    response = await _runtime(request).prefill(await read_body(request, PrefillRequest))
+    return Response(response.model_dump_json(), media_type="application/json")
 
 
 @routes.post(INTERNAL_RELEASE)

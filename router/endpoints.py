@@ -53,9 +53,10 @@ def get_state(request: Request) -> RouterState:
     return state
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     """401 unless `Authorization: Bearer <key>` names one of the keys (when keys are set).
-    The key's name (`anonymous` without keys) is what usage and limits count by."""
+    The key's name (`anonymous` without keys) is what usage and limits count by. A coroutine:
+    FastAPI runs a plain function dependency in its thread pool, a hop per request."""
     keys = get_state(request).api_keys
     request.state.key_name = ANONYMOUS
     if not keys:

@@ -227,6 +227,14 @@ async def test_colocated_node_prefills_alone(nodes: Nodes, expected: list[int]) 
     await nodes.prefill.post("/internal/release", json={"request_id": "colo-kv"})
 
 
+async def test_a_body_that_is_no_decode_request_answers_400(nodes: Nodes) -> None:
+    for raw, param in [(b"{not json", None), (b'{"request_id": "x"}', "prompt_token_ids")]:
+        resp = await nodes.decode.post("/internal/generate", content=raw, headers=JSON)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "bad_request" and error["param"] == param, error
+
+
 async def test_bad_requests_answer_400(nodes: Nodes) -> None:
     answer = await _prefill(nodes.prefill, "bad", PROMPT)
     assert answer.kv is not None

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio.to_thread
 import httpx
 import pytest
 import pytest_asyncio
@@ -86,6 +87,34 @@ async def test_request_done_at_the_first_token_holds_no_lease(node: httpx.AsyncC
     assert answer.finished and answer.kv is None and answer.finish_reason == "length"
     now = await stats(node)
     assert now.load.leases_held == 0 and now.load.free_blocks == NUM_BLOCKS
+
+
+@pytest.mark.timeout(60)
+async def test_a_prefill_needs_no_worker_thread(node: httpx.AsyncClient) -> None:
+    """The endpoint's checks are coroutines, not FastAPI thread-pool calls: a prefill is
+    answered while every worker thread of the pool is taken."""
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    holders = [object() for _ in range(int(limiter.total_tokens))]
+    for holder in holders:
+        await limiter.acquire_on_behalf_of(holder)
+    try:
+        answer = await _prefill(node, "no-thread", max_tokens=1)
+    finally:
+        for holder in holders:
+            limiter.release_on_behalf_of(holder)
+    assert answer.finished and answer.finish_reason == "length"
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b""])
+async def test_a_body_that_is_no_prefill_request_answers_400(
+    node: httpx.AsyncClient, raw: bytes
+) -> None:
+    headers = {"content-type": "application/json"}
+    resp = await node.post("/internal/prefill", content=raw, headers=headers)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "bad_request" and error["message"].startswith("invalid request")
+    assert error["param"] is None
 
 
 @pytest.mark.parametrize(

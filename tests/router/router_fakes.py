@@ -112,7 +112,7 @@ class FakeNode:
         app.post(p.INTERNAL_RELEASE)(self._release)
         return app
 
-    def _check_token(self, request: Request) -> None:
+    async def _check_token(self, request: Request) -> None:
         if self.token is not None and request.headers.get(CLUSTER_TOKEN_HEADER) != self.token:
             self.unauthorized += 1
             raise HTTPException(401, "missing or wrong cluster token")

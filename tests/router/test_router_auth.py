@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio.to_thread
 import httpx
 import pytest
 from router_fakes import ANSWER, FakeNode, fake_cluster
@@ -12,6 +13,7 @@ from router_fakes import ANSWER, FakeNode, fake_cluster
 from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 
+IDS = {"model": "smollm2", "prompt": [1, 2, 3, 4]}
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
 TOKEN = "cluster-token-0123456789abcdef"
 pytestmark = pytest.mark.timeout(60)
@@ -47,6 +49,26 @@ async def test_every_configured_api_key_works_and_others_get_401(
             assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
             assert set(error) == {"message", "type", "param", "code"}
         assert (await client.get("/health")).status_code == 200  # probes need no key
+
+
+async def test_a_request_needs_no_worker_thread(tokenizer: Tokenizer, script: list[int]) -> None:
+    """The key check and the nodes' checks are coroutines, not FastAPI thread-pool calls: a
+    request is answered while every worker thread of the pool is taken."""
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    holders = [object() for _ in range(int(limiter.total_tokens))]
+    for holder in holders:
+        await limiter.acquire_on_behalf_of(holder)
+    try:
+        async with (
+            fake_cluster(tokenizer, _nodes(script, None), api_key="key-one") as c,
+            httpx.AsyncClient(base_url=c.router_url) as client,
+        ):
+            headers = {"Authorization": "Bearer key-one"}
+            resp = await client.post("/v1/completions", json=IDS, headers=headers)
+    finally:
+        for holder in holders:
+            limiter.release_on_behalf_of(holder)
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == ANSWER
 
 
 def test_a_missing_or_empty_key_file_fails_at_start(tmp_path: Path) -> None:
