@@ -190,6 +190,36 @@ static inline vw soft_capw(vw x, float cap)
     default: CALL(JCLAMP(6)); break;    \
     }
 
+/* dst[j][0..8) = src[0..8)[j] for 8 rows of 8 floats: dst_j at dst + j * dst_stride, row i
+   at src[i] (scaled by mul[i]) */
+static inline void transpose8(const float *const src[8], const float mul[8], float *dst,
+                              int64_t dst_stride)
+{
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SHUF __builtin_shufflevector
+    v8 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = load8(src[i]) * mul[i];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = SHUF(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = SHUF(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = SHUF(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = SHUF(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = SHUF(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = SHUF(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int j = 0; j < 4; j++) {
+        store8(dst + j * dst_stride, SHUF(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+        store8(dst + (j + 4) * dst_stride, SHUF(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+    }
+#undef SHUF
+#else
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++) dst[j * dst_stride + i] = src[i][j] * mul[i];
+#endif
+}
+
 static void prefill_item(const struct pjob *jb, const struct bufs *b, int s, int h, int tile)
 {
     const int d = jb->d, group = jb->group;
@@ -198,19 +228,26 @@ static void prefill_item(const struct pjob *jb, const struct bufs *b, int s, int
     const int i0 = tile * jb->tile_tokens;
     const int i1 = i0 + jb->tile_tokens < n ? i0 + jb->tile_tokens : n;
     const int rows = (i1 - i0) * group, nrv = (rows + VW - 1) / VW;
-    /* Q^T, scaled; pad rows are zero, positioned as the last query (never all masked) */
+    /* Q^T, scaled, 8 x 8 blocks at a time; pad rows are zero, positioned as the last query
+       (so never wholly masked) */
     int pos[ROWS];
-    float m[ROWS], l[ROWS], corr[ROWS];
+    float m[ROWS], l[ROWS], corr[ROWS], mul[ROWS];
+    const float *src[ROWS];
     for (int r = 0; r < nrv * VW; r++) {
         const int tok = r < rows ? i0 + r / group : i1 - 1;
         pos[r] = prefix + tok;
         m[r] = NEG;
         l[r] = 0.0f;
-        const float *src = jb->q + (int64_t)(jb->qsl[s] + tok) * jb->q_tok +
-                           (int64_t)(h * group + r % group) * jb->q_head;
-        const float sc = r < rows ? jb->scale : 0.0f;
-        for (int c = 0; c < d; c++) b->qt[c * ROWS + r] = src[c] * sc;
+        src[r] = jb->q + (int64_t)(jb->qsl[s] + tok) * jb->q_tok +
+                 (int64_t)(h * group + r % group) * jb->q_head;
+        mul[r] = r < rows ? jb->scale : 0.0f;
     }
+    for (int r0 = 0; r0 < nrv * VW; r0 += 8)
+        for (int c0 = 0; c0 < d; c0 += 8) {
+            const float *rows8[8];
+            for (int i = 0; i < 8; i++) rows8[i] = src[r0 + i] + c0;
+            transpose8(rows8, mul + r0, b->qt + c0 * ROWS + r0, ROWS);
+        }
     for (int c = 0; c < d; c++) memset(b->ot + c * ROWS, 0, sizeof(float) * nrv * VW);
     const int window = jb->window;
     const int khi = prefix + i1; /* keys < khi */
@@ -272,11 +309,27 @@ static void prefill_item(const struct pjob *jb, const struct bufs *b, int s, int
 #undef PV
             }
     }
-    for (int r = 0; r < rows; r++) {
-        float *dst = jb->out + ((int64_t)(jb->qsl[s] + i0 + r / group) * jb->heads +
-                                h * group + r % group) * d;
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        for (int c = 0; c < d; c++) dst[c] = b->ot[c * ROWS + r] * inv;
+    /* O = (O^T)^T / l, 8 x 8 blocks at a time, the rows past the last multiple of 8 alone */
+    float inv[ROWS];
+    for (int r = 0; r < rows; r++) inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+        float *dst[8];
+        for (int i = 0; i < 8 && r0 + i < rows; i++)
+            dst[i] = jb->out + ((int64_t)(jb->qsl[s] + i0 + (r0 + i) / group) * jb->heads +
+                                h * group + (r0 + i) % group) * d;
+        if (r0 + 8 > rows) {
+            for (int i = 0; r0 + i < rows; i++)
+                for (int c = 0; c < d; c++) dst[i][c] = b->ot[c * ROWS + r0 + i] * inv[r0 + i];
+            continue;
+        }
+        for (int c0 = 0; c0 < d; c0 += 8) {
+            const float *cols[8];
+            float tmp[64];
+            const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+            for (int j = 0; j < 8; j++) cols[j] = b->ot + (c0 + j) * ROWS + r0;
+            transpose8(cols, ones, tmp, 8);
+            for (int i = 0; i < 8; i++) store8(dst[i] + c0, load8(tmp + 8 * i) * inv[r0 + i]);
+        }
     }
 }
 
@@ -329,7 +382,7 @@ int splitserve_paged_prefill_f32(
             b.k = b.st + KC * ROWS;
             b.v = b.k + (size_t)KC * head_dim;
         }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
         for (int64_t item = 0; item < items; item++) {
             if (!mem) continue;
             int s = 0;
