@@ -1,5 +1,8 @@
 """CPU kernels in C, built with the machine's C compiler on first use and called via ctypes.
 
+- ``paged_prefill_attention`` (``prefill.py``, ``prefill_attention.c``): causal attention of
+  the prefill chunks, flash-attention style over the cache in place: one call for a step's
+  chunks instead of one SDPA per chunk.
 - ``paged_decode_attention``: the torch attention backend gathers each decode's KV blocks
   into a padded buffer and runs SDPA over it: two extra passes over the whole KV of the
   batch, plus the padding to the longest context. This reads the blocks where they lie
@@ -292,6 +295,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 from engine.cpu_kernels.norms import head_norm_, rms_norm  # noqa: E402 (they use the above)
+from engine.cpu_kernels.prefill import paged_prefill_attention, prefill_supported  # noqa: E402
 from engine.cpu_kernels.sampling_ops import argmax, sample  # noqa: E402
 
 __all__ = [
@@ -309,6 +313,8 @@ __all__ = [
     "linear",
     "pack_linear_weight",
     "paged_decode_attention",
+    "paged_prefill_attention",
+    "prefill_supported",
     "rms_norm",
     "rope_indices",
     "rope_write_kv",

@@ -20,6 +20,7 @@ SOURCES = tuple(
     Path(__file__).with_name(n)
     for n in (
         "paged_attention.c",
+        "prefill_attention.c",
         "fused_ops.c",
         "linear.c",
         "sampling.c",

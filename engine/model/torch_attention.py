@@ -48,7 +48,9 @@ class TorchAttention:
 
     On the CPU the decodes go to the C kernel of ``engine.cpu_kernels`` when it is built and
     takes the shapes (fp32): it reads the blocks in place instead of gathering and padding
-    them, and was measured at 4-5x the gather + SDPA path. ``cpu_kernel=False`` keeps torch.
+    them, and was measured at 4-5x the gather + SDPA path. The prefill chunks go to the C
+    prefill kernel (``engine.cpu_kernels.prefill``, flash-attention style, K/V read once per
+    group of query heads), all in one call. ``cpu_kernel=False`` keeps torch.
     """
 
     def __init__(self, cpu_kernel: bool = True) -> None:
@@ -71,6 +73,8 @@ class TorchAttention:
         d = meta.num_decodes
         if d == meta.num_tokens:
             return self._decodes(q, kv_cache, layer, meta, scale, window, cap)
+        if self.cpu_kernel and cpu_kernels.prefill_supported(q, k, v, kv_cache):
+            return self._with_prefill_kernel(q, k, v, kv_cache, layer, meta, scale, window, cap)
         out = torch.empty_like(q)  # [tokens, heads, d]
         if d:
             out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap)
@@ -89,6 +93,32 @@ class TorchAttention:
                     kc, vc = gather_blocks(kv_cache, layer, table, self.buffers)
                 out[start:end] = attend(q[start:end], kc[:ctx], vc[:ctx], mask, scale, cap)
             start = end
+        return out
+
+    def _with_prefill_kernel(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer: int,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int,
+        cap: float,
+    ) -> torch.Tensor:
+        """All prefill chunks in one call of the C prefill kernel, the decodes in the decode
+        kernel: the same answers as SDPA per chunk (a fresh prompt over its fresh K/V)."""
+        d = meta.num_decodes
+        prefill = cpu_kernels.paged_prefill_attention(
+            q[d:], k[d:], v[d:], kv_cache, layer, meta.prefill_query_start_loc,
+            meta.context_lens[d:], meta.block_tables[d:], scale, window, cap,
+        )  # fmt: skip
+        if not d:
+            return prefill
+        out = torch.empty_like(q)  # [tokens, heads, d]
+        out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap)
+        out[d:] = prefill
         return out
 
     def _decodes(

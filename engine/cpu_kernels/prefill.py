@@ -1,0 +1,113 @@
+"""Paged prefill attention (``prefill_attention.c``): the query tokens of prefill chunks over
+the paged cache, causal after a cached prefix, in one flash-attention-style call for all
+chunks of a step. On the CPU it is the prefill half of the default attention backend
+(engine.model.torch_attention); its reference is the torch path (SDPA over gathered blocks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from engine import cpu_kernels
+
+_I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
+
+
+def prefill_supported(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
+) -> bool:
+    """True when ``paged_prefill_attention`` takes these tensors (else keep the torch path):
+    the decode kernel's conditions, and fresh K/V in fp32 with a unit last stride."""
+    return (
+        cpu_kernels.supports(q, kv_cache)
+        and k.dtype == v.dtype == torch.float32
+        and k.stride(-1) == 1
+        and v.stride(-1) == 1
+    )
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    layer: int,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """Attention of prefill chunks: sequence i owns query tokens ``query_start_loc[i] ..
+    query_start_loc[i + 1] - 1``, the last of its ``context_lens[i]`` positions, and attends
+    causally to its earlier positions (within ``window`` when > 0, scores soft-capped at
+    ``softcap`` when > 0). A sequence without a cached prefix reads its keys from the step's
+    fresh ``k``, ``v``; the others read the cache (fp32, or int8 rows dequantised).
+
+    q: [tokens, heads, d] fp32; k, v: [tokens, kv_heads, d] fp32 (unit last strides);
+    kv_cache as ``cpu_kernels.paged_decode_attention``; query_start_loc: [seqs + 1] from 0;
+    context_lens: [seqs]; block_tables: [seqs, >= blocks needed]. Returns [tokens, heads, d].
+    """
+    lib = _lib()
+    tokens, heads, head_dim = q.shape
+    _, _, _, block_size, kv_heads, _ = kv_cache.shape
+    qsl = query_start_loc.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    tables = block_tables.to(torch.int32)
+    tables = tables if tables.stride(-1) == 1 else tables.contiguous()
+    seqs = lens.shape[0]
+    # the C side trusts these: a short table or a bad offset would read outside memory
+    if qsl.shape != (seqs + 1,) or tables.shape[0] != seqs or k.shape != v.shape:
+        raise ValueError(
+            f"paged_prefill_attention: {seqs} context lengths, {qsl.shape[0]} query offsets, "
+            f"{tables.shape[0]} block tables"
+        )
+    if k.shape[0] != tokens or k.shape[1:] != (kv_heads, head_dim):
+        raise ValueError(f"paged_prefill_attention: k {tuple(k.shape)} does not match q")
+    if seqs:
+        n = qsl[1:] - qsl[:-1]
+        if int(qsl[0]) != 0 or int(qsl[-1]) != tokens or bool((n < 1).any()):
+            raise ValueError("paged_prefill_attention: query offsets do not cover the tokens")
+        if bool((lens < n).any()) or int(lens.max()) > tables.shape[1] * block_size:
+            raise ValueError(
+                "paged_prefill_attention: a context shorter than its chunk or longer than its "
+                "block table"
+            )
+    out = torch.empty(tokens, heads, head_dim, dtype=q.dtype)
+    k_offset = layer * kv_cache.stride(1)
+    rc = lib.splitserve_paged_prefill_f32(
+        q.data_ptr(), q.stride(0), q.stride(1),
+        k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+        out.data_ptr(), kv_cache.data_ptr(), int(kv_cache.dtype == torch.int8),
+        kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
+        tables.data_ptr(), tables.stride(0), qsl.data_ptr(), lens.data_ptr(), seqs,
+        heads, kv_heads, head_dim, block_size, scale, window, softcap,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(
+            f"paged_prefill_attention: unsupported shape or out of memory (rc {rc}: heads "
+            f"{heads}, kv_heads {kv_heads}, head_dim {head_dim})"
+        )
+    return out
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    lib = cpu_kernels._require()
+    fn = lib.splitserve_paged_prefill_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [
+        _P, _I64, _I64,  # q and its strides
+        _P, _I64, _I64, _P, _I64, _I64,  # fresh k, v and their strides
+        _P, _P, _I32,  # out, cache, quantized
+        _I64, _I64, _I64,  # block stride, K and V offsets
+        _P, _I64, _P, _P, _I32,  # tables, table stride, query offsets, context lengths, seqs
+        _I32, _I32, _I32, _I32,  # heads, kv heads, head dim, block size
+        _F32, _I32, _F32, _I32,  # scale, window, soft-cap, threads
+    ]  # fmt: skip
+    return lib
