@@ -34,6 +34,22 @@
  * at 32 and 290-340 at 128-512, where the fp32 kernel ran 65-75 and the FMA path 24-70. The
  * tile unit alone would allow about 1100 (3 TDPBF16PS per product at 3.3 TFLOP/s): the rest
  * goes to the per-group stores and scaling (about a third) and unpacking the codes.
+ *
+ * Where the time goes at 384 rows (the default model's four shapes, Q4_1, one thread, CPU
+ * time, same process, the kernel compiled with parts cut out; 2-core dev machine, loaded):
+ * whole kernel 8.8-9.2 ms, without the per-group tile stores and scaling 7.7, without them
+ * and the unpacking 6.9; the tile products alone (loads included) 5.6, 4.7 without the
+ * unpacking; everything but the products 6.9. The tile unit itself runs about 3 TFLOP/s of
+ * bf16 per core (4 C tiles, A and B reloaded from L1 or L2 alike), but a store and zero of the
+ * C tiles after every k-step halves that (1.5). Tried and dropped, none faster: AMX_ROW_BLOCK
+ * 64 / 256, KB_STEPS 2 / 8, SB_PAIRS 4 / 16 (the three can be set with -D to compare); the
+ * A and B reloads issued early, between the products; two sets of C tiles taking the groups
+ * in turn (2 m-tiles x 1 panel each); the scaling of a block deferred until the next block's
+ * products were issued; and, as an upper bound for codes * scale split in two bf16 terms
+ * (no per-group stores, 5 products per term pair instead of 3, scaling once a k-block, the
+ * heavier unpacking and the min term left out), within 6% of this kernel. Both the tile
+ * work and the vector work per group bound it; a gain needs less of both (e.g. int8 tiles,
+ * twice the products per instruction, with per-row-and-group activation scales).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -52,11 +68,17 @@
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
+#ifndef AMX_ROW_BLOCK
 #define AMX_ROW_BLOCK 128 /* rows split at a time: 128 * K * 6 bytes, in L2 */
+#endif
 #define KSTEP 32          /* bf16 along K in one tile step */
 #define TILE_BYTES 1024
+#ifndef KB_STEPS
 #define KB_STEPS 4 /* k-steps in a k-block (fewer where a group is longer) */
+#endif
+#ifndef SB_PAIRS
 #define SB_PAIRS 8 /* panel pairs whose k-block of codes is unpacked at a time */
+#endif
 
 /* Linux hands out the tile state only on request, once per process; the request is
    idempotent, so threads racing here all get the same answer. */
