@@ -59,24 +59,7 @@ static inline vw bcastw(float x)
 static inline vw selectw(vwi mask, vw a, vw b) { return (vw)(((vwi)a & mask) | ((vwi)b & ~mask)); }
 
 /* e^x per lane (exp8 of vec8.h at the machine's width) */
-static inline vw expw(vw x)
-{
-    x = selectw(x < splatw(-87.0f), splatw(-87.0f), x);
-    x = selectw(x > splatw(88.0f), splatw(88.0f), x);
-    const vw t = x * 1.4426950408889634f + 0.5f;
-    vwi n = __builtin_convertvector(t, vwi);
-    n += (vwi)(__builtin_convertvector(n, vw) > t);
-    const vw f = (x * 1.4426950408889634f - __builtin_convertvector(n, vw)) * 0.6931471805599453f;
-    vw p = splatw(1.0f / 5040);
-    p = 1.0f / 720 + f * p;
-    p = 1.0f / 120 + f * p;
-    p = 1.0f / 24 + f * p;
-    p = 1.0f / 6 + f * p;
-    p = 0.5f + f * p;
-    p = 1.0f + f * p;
-    p = 1.0f + f * p;
-    return p * (vw)((n + 127) << 23);
-}
+SPLITSERVE_DEFINE_EXP(expw, vw, vwi, splatw, selectw)
 
 struct pjob {
     const float *q;

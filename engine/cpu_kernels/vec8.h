@@ -62,24 +62,30 @@ static inline v8 hsum8x8(const v8 *a) {
 }
 
 /* e^x per lane, x clamped to [-87, 88]: 2^n * e^f with n = round(x log2 e), |f| <= ln2 / 2,
-   and a degree-7 Taylor polynomial for e^f. Relative error below 2e-7. */
-static inline v8 exp8(v8 x) {
-    x = select8(x < splat8(-87.0f), splat8(-87.0f), x);
-    x = select8(x > splat8(88.0f), splat8(88.0f), x);
-    const v8 t = x * 1.4426950408889634f + 0.5f;
-    v8i n = __builtin_convertvector(t, v8i);             /* truncates toward zero ... */
-    n += (v8i)(__builtin_convertvector(n, v8) > t);      /* ... so step down below zero */
-    const v8 f = (x * 1.4426950408889634f - __builtin_convertvector(n, v8)) * 0.6931471805599453f;
-    v8 p = splat8(1.0f / 5040);
-    p = 1.0f / 720 + f * p;
-    p = 1.0f / 120 + f * p;
-    p = 1.0f / 24 + f * p;
-    p = 1.0f / 6 + f * p;
-    p = 0.5f + f * p;
-    p = 1.0f + f * p;
-    p = 1.0f + f * p;
-    return p * (v8)((n + 127) << 23);
-}
+   and a degree-7 Taylor polynomial for e^f. Relative error below 2e-7. Defined for a float
+   vector type V, its int32 vector type VI and their splat / select (vecw.h's width uses it
+   too). */
+#define SPLITSERVE_DEFINE_EXP(NAME, V, VI, SPLAT, SELECT)                                    \
+    static inline V NAME(V x) {                                                            \
+        x = SELECT(x < SPLAT(-87.0f), SPLAT(-87.0f), x);                                   \
+        x = SELECT(x > SPLAT(88.0f), SPLAT(88.0f), x);                                     \
+        const V t = x * 1.4426950408889634f + 0.5f;                                        \
+        VI n = __builtin_convertvector(t, VI); /* truncates toward zero ... */             \
+        n += (VI)(__builtin_convertvector(n, V) > t); /* ... so step down below zero */    \
+        const V f = (x * 1.4426950408889634f - __builtin_convertvector(n, V)) *            \
+                    0.6931471805599453f;                                                   \
+        V p = SPLAT(1.0f / 5040);                                                          \
+        p = 1.0f / 720 + f * p;                                                            \
+        p = 1.0f / 120 + f * p;                                                            \
+        p = 1.0f / 24 + f * p;                                                             \
+        p = 1.0f / 6 + f * p;                                                              \
+        p = 0.5f + f * p;                                                                  \
+        p = 1.0f + f * p;                                                                  \
+        p = 1.0f + f * p;                                                                  \
+        return p * (V)((n + 127) << 23);                                                   \
+    }
+
+SPLITSERVE_DEFINE_EXP(exp8, v8, v8i, splat8, select8)
 
 static inline float exp1(float x) { return exp8(splat8(x))[0]; }
 
