@@ -81,8 +81,6 @@ class TierCopier:
         """Queue a step's orders; `evicted`: device blocks it reuses (their copies out must
         finish before its forward)."""
         barrier = self._barrier
-        for block_id in evicted:
-            barrier = max(barrier, self._last_save.pop(block_id, 0))
         event = None
         if self._stream is not None and orders:
             event = torch.cuda.Event()
@@ -95,6 +93,9 @@ class TierCopier:
                 barrier = self._submitted
             self._writes_submitted += order.kind is CopyKind.HOST_TO_DISK
             self._queue.put((self._submitted, order, event))
+        # after the orders: a block saved and reused within one step waits for that save too
+        for block_id in evicted:
+            barrier = max(barrier, self._last_save.pop(block_id, 0))
         self._barrier = barrier
         if len(self._last_save) > 4 * self.kv_cache.shape[0]:
             done = self._done
