@@ -140,6 +140,8 @@ class NodeSettings(_Base):
     # (the checkpoint's quantization_config), none (its fp32 safetensors), auto (the
     # checkpoint's declared method, else gguf on a CPU fp32 node when the directory has one)
     quantization: Literal["auto", "none", "gguf", "awq", "gptq", "fp8"] = "auto"
+    # torch's names: medium lets packed layers on AMX tiles take bf16 products (engine.config)
+    float32_matmul_precision: Literal["highest", "medium"] = "highest"
     block_size: int = Field(default=16, ge=1, le=1024)
     # KV cache size: num_kv_blocks or kv_cache_memory_gb when set (not both); else on CUDA
     # gpu_memory_utilization of the device's memory minus the weights and activations; else 1 GiB

@@ -110,6 +110,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         "--device": args.device,
         "--dtype": args.dtype,
         "--quantization": args.quantization,
+        "--float32-matmul-precision": args.float32_matmul_precision,
         "--torch-threads": args.threads_per_node,
         "--tensor-parallel-size": node_parallel(args, node, "tp"),
         "--pipeline-parallel-size": node_parallel(args, node, "pp"),

@@ -43,6 +43,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
+# float32_matmul_precision: torch.set_float32_matmul_precision's values ("high" is not built)
+MATMUL_PRECISIONS = ("highest", "medium")
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
 
 
@@ -83,6 +85,11 @@ class EngineConfig:
     # packed; "auto" picks it on a CPU fp32 engine when the directory has one; "none": fp32.
     # "awq", "gptq", "fp8": what a checkpoint's quantization_config declares ("auto" too).
     quantization: str = "auto"
+    # torch's name and values: "highest" keeps every product fp32-accurate; "medium" lets
+    # the decoder layers' packed products on AMX tiles (prefill chunks, decode batches over
+    # a few rows) take bf16 inputs, summed in fp32: a bf16 model's precision, about 3x the
+    # speed. Elsewhere (no AMX, unpacked weights, CUDA) the products stay as they are.
+    float32_matmul_precision: str = "highest"
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role. None: on where the device runs
     # the step asynchronously (CUDA); on the CPU the forward runs in the calling thread, so
@@ -152,6 +159,11 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.quantization must be one of {', '.join(QUANTIZATIONS)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.float32_matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"EngineConfig.float32_matmul_precision must be one of "
+                f"{', '.join(MATMUL_PRECISIONS)}, got {self.float32_matmul_precision!r}"
             )
         check_speculative(self)
         check_offload(self)

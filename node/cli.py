@@ -35,6 +35,9 @@ _HELP: dict[str, str] = {
     "gptq or fp8 (what the checkpoint's quantization_config declares), none (fp32 "
     "safetensors) or auto (the checkpoint's declared method; else gguf on a CPU float32 node "
     "when the directory has a GGUF)",
+    "float32_matmul_precision": "highest (every product fp32-accurate) or medium (torch's "
+    "name: on AMX CPUs the packed layers' products over many rows take bf16 inputs, summed in "
+    "fp32: a bf16 model's precision, prefill about 2x faster)",
     "block_size": "tokens per KV block",
     "num_kv_blocks": "KV blocks to allocate (else sized by memory)",
     "kv_cache_memory_gb": "memory for the KV cache, in GiB (default: on CUDA sized by "

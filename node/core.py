@@ -228,6 +228,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "device": settings.device,
         "dtype": settings.dtype,
         "quantization": settings.quantization,
+        "float32_matmul_precision": settings.float32_matmul_precision,
         "block_size": settings.block_size,
         "num_kv_blocks": settings.num_kv_blocks,
         "kv_cache_memory_gb": settings.kv_cache_memory_gb,

@@ -27,10 +27,11 @@ SOURCES = tuple(
         "moe.c",
         "quant_linear.c",
         "quant_amx.c",
+        "quant_amx_bf16.c",
         "lora.c",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "vecw.h", "linear.h"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "vecw.h", "linear.h", "amx.h"))
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 # 8 or 16: build the kernels for that vector width instead of the machine's (vecw.h); the tests
 # use it to run the other width's code on any machine.

@@ -445,23 +445,32 @@ static int quant_small(const float *a, int64_t lda, const qweight *w, int M, int
 }
 #endif
 
-/* quant_amx.c: 1 if it computed C on AMX tiles, 0 if it declined */
+/* quant_amx.c, quant_amx_bf16.c: 1 if it computed C on AMX tiles, 0 if it declined */
 int splitserve_quant_amx(const float *a, int64_t lda, const uint8_t *codes, const void *scales,
                          const void *mins, int halves, int bits, int group, int M, int N, int K,
                          float *c, int64_t ldc, int accumulate, int threads);
+int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
+                              const void *scales, const void *mins, int halves, int bits,
+                              int group, int M, int N, int K, float *c, int64_t ldc,
+                              int accumulate, int threads);
 
 /* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it); `halves`
    says which of the scales and mins are fp16 (HALF_SCALES, HALF_MINS). With
    `amx_rows` > 0, up to SMALL_ROWS rows run quant_small where the build has it, and from
    `amx_rows` rows on the AMX kernel runs where it can (both fp32-level, not bit for bit this
-   path); amx_rows 0 keeps this path for every row count. */
+   path); amx_rows 0 keeps this path for every row count. With `bf16_products` the AMX rows
+   run in bf16 products instead (quant_amx_bf16.c: bf16(A) times bf16(W), summed in fp32). */
 void splitserve_linear_quant(
     const float *a, int64_t lda, const uint8_t *codes, const void *scales, const void *mins,
     int32_t halves, int32_t bits, int32_t group, int32_t M, int32_t N, int32_t K, float *c,
-    int64_t ldc, int32_t accumulate, int32_t threads, int32_t amx_rows)
+    int64_t ldc, int32_t accumulate, int32_t threads, int32_t amx_rows, int32_t bf16_products)
 {
     const qweight w = {codes, scales, mins, bits, group, K, halves};
     if (amx_rows > 0 && quant_small(a, lda, &w, M, N, c, ldc, accumulate, threads)) return;
+    if (amx_rows > 0 && M >= amx_rows && bf16_products &&
+        splitserve_quant_amx_bf16(a, lda, codes, scales, mins, halves, bits, group, M, N, K, c,
+                                  ldc, accumulate, threads))
+        return;
     if (amx_rows > 0 && M >= amx_rows &&
         splitserve_quant_amx(a, lda, codes, scales, mins, halves, bits, group, M, N, K, c, ldc,
                              accumulate, threads))

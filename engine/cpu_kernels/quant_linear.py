@@ -59,6 +59,7 @@ def quant_linear(
     group: int,
     out: torch.Tensor | None = None,
     amx_rows: int = AMX_ROWS,
+    bf16_products: bool = False,
 ) -> torch.Tensor:
     """``x @ W.T`` for x [M, K] fp32 (unit last stride) and W [N, K] packed in panels:
     ``codes`` [N / 16, K, 8] uint8 (two 4-bit codes a byte) or [N / 16, K, 16] int8,
@@ -66,8 +67,10 @@ def quant_linear(
     results for the same values), w = code * scale + min. With
     ``out`` [M, N] (unit last stride) the product is added to it in place. With ``amx_rows``
     > 0 the small-row kernel takes up to ``small_rows()`` rows and the AMX kernel from
-    ``amx_rows`` rows on, where the build has them; 0: the FMA path for every row count."""
-    return QuantLinear(codes, scales, mins, bits, group)(x, out, amx_rows)
+    ``amx_rows`` rows on, where the build has them; 0: the FMA path for every row count. With
+    ``bf16_products`` the AMX rows are bf16(x) times bf16(W) summed in fp32 over the whole K
+    (``quant_amx_bf16.c``; float32_matmul_precision "medium")."""
+    return QuantLinear(codes, scales, mins, bits, group)(x, out, amx_rows, bf16_products)
 
 
 class QuantLinear:
@@ -100,9 +103,13 @@ class QuantLinear:
         self._kernel = _lib().splitserve_linear_quant
 
     def __call__(
-        self, x: torch.Tensor, out: torch.Tensor | None = None, amx_rows: int = AMX_ROWS
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor | None = None,
+        amx_rows: int = AMX_ROWS,
+        bf16_products: bool = False,
     ) -> torch.Tensor:
-        """As ``quant_linear(x, ..., out, amx_rows)``."""
+        """As ``quant_linear(x, ..., out, amx_rows, bf16_products)``."""
         m, n, k = x.shape[0], self.n, self.k
         if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or x.dtype != torch.float32:
             raise ValueError(f"quant_linear: x {tuple(x.shape)} does not fit a weight of {n}x{k}")
@@ -116,6 +123,7 @@ class QuantLinear:
         self._kernel(
             x.data_ptr(), x.stride(0), codes, scales, mins, halves, bits, group, m, n, k,
             out.data_ptr(), out.stride(0), accumulate, torch.get_num_threads(), amx_rows,
+            int(bf16_products),
         )  # fmt: skip
         return out
 
@@ -135,6 +143,7 @@ def _lib() -> ctypes.CDLL:
         _P, _I64, _P, _P, _P,  # x, its row stride, codes, scales, mins (or NULL)
         _I32, _I32, _I32, _I32, _I32, _I32,  # fp16 bits (1 scales, 2 mins), bits, group, M, N, K
         _P, _I64, _I32, _I32, _I32,  # out, its row stride, accumulate, threads, AMX rows
+        _I32,  # bf16 products on the AMX rows
     ]  # fmt: skip
     lib.splitserve_amx_available.restype = _I32
     lib.splitserve_amx_available.argtypes = []

@@ -209,6 +209,15 @@ class DecoderModel(nn.Module):
         self.cpu_kernels = enable and self._on_cpu_fp32() and cpu_kernels.available()
         return self.cpu_kernels
 
+    def use_bf16_products(self, enable: bool) -> int:
+        """Let the decoder layers' packed products run in bf16 (``QuantWeight.bf16_products``:
+        float32_matmul_precision "medium"); the lm_head and the embedding stay as they are.
+        Returns how many weights take bf16 products here (the AMX kernel built and allowed)."""
+        heads = {id(self.packed_embed), id(self.packed_lm_head)}
+        layers = [w for w in self.quantized_weights() if id(w) not in heads]
+        on = [w for w in layers if isinstance(w, QuantWeight) and w.allow_bf16_products(enable)]
+        return len(on)
+
     def pack_cpu_weights(self) -> bool:
         """Pack the linear weights for the CPU kernel (after loading); False where this
         model cannot (not CPU fp32, or no kernels built here)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -33,6 +34,8 @@ from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
 from engine.step.memory_profile import measure_device_memory, profile_lengths
+
+log = logging.getLogger(__name__)
 
 
 class StepBroadcast(Protocol):
@@ -106,6 +109,9 @@ def load_model(
         load_weights(model, config.model_dir, engine_quantization(config))
     packed = config.pack_cpu_weights and model.pack_cpu_weights()
     model.use_cpu_kernels(config.cpu_kernels)
+    if config.float32_matmul_precision == "medium":
+        taken = model.use_bf16_products(True)
+        log.info("float32_matmul_precision medium: %d packed weights take bf16 products", taken)
     local = stage_config(shard_config(model_config, shard or Shard()), model.stage)
     layout = KVLayout.for_model(local, config.dtype, config.block_size, config.kv_cache_dtype)
     return LoadedModel(model_config, model, max_model_len, layout, packed)

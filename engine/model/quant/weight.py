@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import cpu_kernels
-from engine.cpu_kernels.quant_linear import QuantLinear
+from engine.cpu_kernels.quant_linear import QuantLinear, amx_available
 
 PANEL = cpu_kernels.PANEL
 
@@ -131,6 +131,7 @@ class QuantWeight(PackedMatrix):
         self.scales = _packed_params(rows.scales, pad, half_scales).to(device)
         mins = rows.mins
         self.mins = None if mins is None else _packed_params(mins, pad, half_scales).to(device)
+        self.bf16_products = False  # float32_matmul_precision "medium" (allow_bf16_products)
 
     @property
     def nbytes(self) -> int:
@@ -149,9 +150,16 @@ class QuantWeight(PackedMatrix):
             and x.stride(-1) == 1
             and (out is None or out.stride(-1) == 1)
         ):
-            return kernel(x, out)
+            return kernel(x, out, bf16_products=self.bf16_products)
         w = self.dequantize().to(x.dtype)
         return torch.nn.functional.linear(x, w) if out is None else out.addmm_(x, w.t())
+
+    def allow_bf16_products(self, allow: bool) -> bool:
+        """Let products of the C kernel's AMX rows be bf16(x) times bf16(W), summed in fp32
+        (``quant_amx_bf16.c``), where this build and the OS have the tiles; returns whether
+        they now are. Decode rows up to ``small_rows()`` stay fp32-level either way."""
+        self.bf16_products = allow and self._cpu_kernel is not None and amx_available()
+        return self.bf16_products
 
     @functools.cached_property
     def _cpu_kernel(self) -> QuantLinear | None:

@@ -119,14 +119,15 @@ def test_each_build_target_reads_fp16(target: str, tmp_path: Path) -> None:
     if target != "portable" and not _cpu_flags():
         pytest.skip("no /proc/cpuinfo: cannot tell what -march=native targets")
     lib_path = tmp_path / f"quant_{target}.so"
-    sources = [str(KERNELS / n) for n in ("quant_linear.c", "quant_amx.c", "linear.c")]
+    names = ("quant_linear.c", "quant_amx.c", "quant_amx_bf16.c", "linear.c")
+    sources = [str(KERNELS / n) for n in names]
     flags = ["-O2", "-std=gnu11", "-ffp-contract=fast", "-fPIC", "-shared", "-fopenmp"]
     cmd = [cc, *flags, "-Wno-psabi", *TARGETS[target], "-o", str(lib_path), *sources, "-lm"]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     lib = ctypes.CDLL(str(lib_path))
     fn = lib.splitserve_linear_quant
     i64, i32, p = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-    fn.argtypes = [p, i64, p, p, p, *[i32] * 6, p, i64, i32, i32, i32]
+    fn.argtypes = [p, i64, p, p, p, *[i32] * 6, p, i64, i32, i32, i32, i32]
     fn.restype = None
     for bits, group, scales, mins, n, k in CASES:
         q = rows_of(bits, group, scales, mins, n, k)
@@ -142,7 +143,7 @@ def test_each_build_target_reads_fp16(target: str, tmp_path: Path) -> None:
                 for amx_rows in (1, 0):
                     out = torch.full((m, n), 0.5)
                     fn(x.data_ptr(), k, w.codes.data_ptr(), w.scales.data_ptr(), mins_ptr, flag,
-                       bits, group, m, n, k, out.data_ptr(), n, 1, 2, amx_rows)  # fmt: skip
+                       bits, group, m, n, k, out.data_ptr(), n, 1, 2, amx_rows, 0)  # fmt: skip
                     got.append(out)
             assert torch.equal(got[0], got[2]) and torch.equal(got[1], got[3]), (target, m)
             dense = 0.5 + x.double() @ q.dequantize().double().T
