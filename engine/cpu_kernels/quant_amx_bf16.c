@@ -13,14 +13,18 @@
  * columns) and takes them a few at a time (as many as fit BF_B_BYTES): it dequantizes their
  * whole K into the VNNI bf16 layout of B tiles (each weight once per row block), then for
  * each pair of m-tiles and each panel pair runs per k-step 2 A and 2 B loads and 4 TDPBF16PS
- * into 4 C tiles, and stores those once, at the end of K.
+ * into 4 C tiles, and stores those once, at the end of K. A gated MLP's gate_up product can
+ * take each gate panel with its up panel and write silu(gate) * up alone (the gate_up
+ * output, twice the size, is never stored; the values are silu_mul's on the unfused output).
  */
 #include "amx.h"
 
 #ifdef SPLITSERVE_HAS_AMX
 
+#include "vec8.h"
+
 #ifndef BF_ROW_BLOCK
-#define BF_ROW_BLOCK 1024 /* rows rounded at a time: 256 * K * 2 bytes */
+#define BF_ROW_BLOCK 512 /* rows rounded at a time: 512 * K * 2 bytes, in L2 */
 #endif
 #ifndef BF_B_BYTES
 #define BF_B_BYTES (384 << 10) /* dequantized B tiles a thread holds at a time */
@@ -93,26 +97,27 @@ static void dequantize_panel(const uint8_t *codes, const groups_t *w, int bits, 
    rows: the first row of the m-tiles in C and how many are real; accumulate: add to C.
    Tiles: C 0-3 (m-tile i, panel j: 2 i + j), A 4-5, B 6-7. The C tiles start from C (or
    zero) and go back to it, in place where all 16 MT rows are real, else through d (the real
-   rows copied in and out): a row's sums run in the same order whatever its batch. */
+   rows copied in and out): a row's sums run in the same order whatever its batch. With GLU
+   (panel 0 a gate, panel 1 its up) only silu(gate) * up goes out, 16 columns. */
 static inline __attribute__((always_inline)) void block_bf16(
     const uint16_t *at, const uint16_t *const *b, int steps, float *c, int64_t ldc, int rows,
-    int accumulate, const int MT, const int NP)
+    int accumulate, const int MT, const int NP, const int GLU)
 {
     float d[2][16][32] __attribute__((aligned(64))); /* [m-tile][row][2 panels] */
     const int64_t tile_stride = (int64_t)steps * 512; /* uint16 per m-tile */
-    const int whole = rows >= 16 * MT;
+    const int whole = !GLU && rows >= 16 * MT;
     float *base = whole ? c : &d[0][0][0];
     const int64_t ld = whole ? ldc : 32;
     const size_t stride = (size_t)ld * sizeof(float);
-    if (!whole)
+    if (accumulate && !whole)
         for (int i = 0; i < MT; i++)
             for (int r = 0; r < 16; r++)
                 for (int j = 0; j < NP; j++) {
-                    const int real = accumulate && 16 * i + r < rows;
+                    const int real = 16 * i + r < rows;
                     _mm512_store_ps(d[i][r] + 16 * j, real ? _mm512_loadu_ps(c + (16 * i + r) * ldc + 16 * j)
                                                            : _mm512_setzero_ps());
                 }
-    if (accumulate || !whole) {
+    if (accumulate) {
         _tile_loadd(0, base, stride);
         if (NP > 1) _tile_loadd(1, base + 16, stride);
         if (MT > 1) _tile_loadd(2, base + 16 * ld, stride);
@@ -137,7 +142,14 @@ static inline __attribute__((always_inline)) void block_bf16(
     if (NP > 1) _tile_stored(1, base + 16, stride);
     if (MT > 1) _tile_stored(2, base + 16 * ld, stride);
     if (MT > 1 && NP > 1) _tile_stored(3, base + 16 * ld + 16, stride);
-    if (!whole)
+    if (GLU) /* panel 0 gate, panel 1 up: 16 columns of silu(gate) * up, as silu_mul does */
+        for (int i = 0; i < MT; i++)
+            for (int r = 0; r < 16 && 16 * i + r < rows; r++)
+                for (int h = 0; h < 16; h += 8) {
+                    const v8 g = load8(d[i][r] + h), u = load8(d[i][r] + 16 + h);
+                    store8(c + (16 * i + r) * ldc + h, g / (1.0f + exp8(-g)) * u);
+                }
+    else if (!whole)
         for (int i = 0; i < MT; i++)
             for (int r = 0; r < 16 && 16 * i + r < rows; r++)
                 for (int j = 0; j < NP; j++)
@@ -146,13 +158,14 @@ static inline __attribute__((always_inline)) void block_bf16(
 
 /* 1 if it computed C, 0 if it declined (no AMX here or refused by the kernel, K not a
    multiple of 32, an odd group, or no memory): then the caller computes C. */
-int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
-                              const void *scales, const void *mins, int halves, int bits,
-                              int group, int M, int N, int K, float *c, int64_t ldc,
-                              int accumulate, int threads)
+static int quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes, const void *scales,
+                          const void *mins, int halves, int bits, int group, int M, int N, int K,
+                          float *c, int64_t ldc, int accumulate, int threads, int glu)
 {
-    if (K % KSTEP || group % 2 || K % group || N % 16 || !amx_permitted()) return 0;
-    const int steps = K / KSTEP, panels = N / 16, pairs = (panels + 1) / 2;
+    if (K % KSTEP || group % 2 || K % group || N % (glu ? 32 : 16) || !amx_permitted()) return 0;
+    const int steps = K / KSTEP, panels = N / 16;
+    /* a pair: panels 2 pp and 2 pp + 1, or with glu gate panel pp and its up panel */
+    const int pairs = glu ? panels / 2 : (panels + 1) / 2, second = glu ? panels / 2 : 1;
     const int block_tiles = (BF_ROW_BLOCK < M ? BF_ROW_BLOCK : M + 15) / 16;
     const size_t pair_words = (size_t)2 * steps * 512;
     const int sb_pairs = BF_B_BYTES / (int)(pair_words * 2) > 1 ? BF_B_BYTES / (int)(pair_words * 2) : 1;
@@ -184,10 +197,12 @@ int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
                 }
                 for (int sb = lo; sb < hi; sb += sb_pairs) {
                     const int se = hi - sb < sb_pairs ? hi : sb + sb_pairs;
-                    for (int pp = sb; pp < se; pp++)
-                        for (int j = 0; j < 2 && 2 * pp + j < panels; j++)
-                            dequantize_panel(codes, &w, bits, 2 * pp + j,
+                    for (int pp = sb; pp < se; pp++) {
+                        const int64_t first = glu ? pp : 2 * pp;
+                        for (int j = 0; j < 2 && first + j * second < panels; j++)
+                            dequantize_panel(codes, &w, bits, first + j * second,
                                              bb + (pp - sb) * pair_words + j * steps * 512);
+                    }
                     for (int t = 0; t < tiles; t += 2) {
                         const uint16_t *at = abf + (size_t)t * steps * 512;
                         const int left = rows - 16 * t;
@@ -195,16 +210,20 @@ int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
                             const int64_t p = 2 * pp;
                             const uint16_t *b[2] = {bb + (pp - sb) * pair_words,
                                                     bb + (pp - sb) * pair_words + steps * 512};
-                            float *ct = c + (int64_t)(m0 + 16 * t) * ldc + p * 16;
+                            float *ct = c + (int64_t)(m0 + 16 * t) * ldc + (glu ? pp : p) * 16;
                             const int two_m = tiles - t > 1, two_p = panels - p > 1;
-                            if (two_m && two_p)
-                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 2, 2);
+                            if (glu && two_m)
+                                block_bf16(at, b, steps, ct, ldc, left, 0, 2, 2, 1);
+                            else if (glu)
+                                block_bf16(at, b, steps, ct, ldc, left, 0, 1, 2, 1);
+                            else if (two_m && two_p)
+                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 2, 2, 0);
                             else if (two_m)
-                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 2, 1);
+                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 2, 1, 0);
                             else if (two_p)
-                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 1, 2);
+                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 1, 2, 0);
                             else
-                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 1, 1);
+                                block_bf16(at, b, steps, ct, ldc, left, accumulate, 1, 1, 0);
                         }
                     }
                 }
@@ -214,6 +233,27 @@ int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
         }
     }
     return !failed;
+}
+
+int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
+                              const void *scales, const void *mins, int halves, int bits,
+                              int group, int M, int N, int K, float *c, int64_t ldc,
+                              int accumulate, int threads)
+{
+    return quant_amx_bf16(a, lda, codes, scales, mins, halves, bits, group, M, N, K, c, ldc,
+                          accumulate, threads, 0);
+}
+
+/* out[M, N / 2] = silu(A @ gate^T) * (A @ up^T) in bf16 products, W = [gate; up] [N, K] (N a
+   multiple of 32): the gate and up panels of each output panel go through the tiles
+   together, and only their product is written. 1 if computed, 0 if declined. */
+int32_t splitserve_quant_amx_bf16_silu_mul(
+    const float *a, int64_t lda, const uint8_t *codes, const void *scales, const void *mins,
+    int32_t halves, int32_t bits, int32_t group, int32_t M, int32_t N, int32_t K, float *out,
+    int64_t ldo, int32_t threads)
+{
+    return quant_amx_bf16(a, lda, codes, scales, mins, halves, bits, group, M, N, K, out, ldo, 0,
+                          threads, 1);
 }
 
 #else /* no AMX in this build */
@@ -226,6 +266,16 @@ int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
     (void)a, (void)lda, (void)codes, (void)scales, (void)mins, (void)halves, (void)bits;
     (void)group;
     (void)M, (void)N, (void)K, (void)c, (void)ldc, (void)accumulate, (void)threads;
+    return 0;
+}
+
+int32_t splitserve_quant_amx_bf16_silu_mul(
+    const float *a, int64_t lda, const uint8_t *codes, const void *scales, const void *mins,
+    int32_t halves, int32_t bits, int32_t group, int32_t M, int32_t N, int32_t K, float *out,
+    int64_t ldo, int32_t threads)
+{
+    (void)a, (void)lda, (void)codes, (void)scales, (void)mins, (void)halves, (void)bits;
+    (void)group, (void)M, (void)N, (void)K, (void)out, (void)ldo, (void)threads;
     return 0;
 }
 

@@ -127,6 +127,25 @@ class QuantLinear:
         )  # fmt: skip
         return out
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(x @ gate.T) * (x @ up.T)`` for this weight = [gate; up], in bf16 products
+        on AMX tiles (``quant_amx_bf16.c``: only the product is written); None where that
+        kernel declines (no AMX, up to ``small_rows()`` rows, N not a multiple of 32)."""
+        m, k = x.shape[0], self.k
+        if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or x.dtype != torch.float32:
+            raise ValueError(
+                f"quant_linear: x {tuple(x.shape)} does not fit a weight of {self.n}x{k}"
+            )
+        if m <= small_rows() or self.n % 32:
+            return None
+        out = torch.empty(m, self.n // 2, dtype=x.dtype)
+        codes, scales, mins, halves, bits, group = self._weight
+        done = _lib().splitserve_quant_amx_bf16_silu_mul(
+            x.data_ptr(), x.stride(0), codes, scales, mins, halves, bits, group, m, self.n, k,
+            out.data_ptr(), out.stride(0), torch.get_num_threads(),
+        )  # fmt: skip
+        return out if done else None
+
 
 def _halves(t: torch.Tensor, bit: int) -> int:
     """``bit`` where ``t`` is fp16 (0 for fp32; any other dtype is refused)."""
@@ -144,6 +163,12 @@ def _lib() -> ctypes.CDLL:
         _I32, _I32, _I32, _I32, _I32, _I32,  # fp16 bits (1 scales, 2 mins), bits, group, M, N, K
         _P, _I64, _I32, _I32, _I32,  # out, its row stride, accumulate, threads, AMX rows
         _I32,  # bf16 products on the AMX rows
+    ]  # fmt: skip
+    lib.splitserve_quant_amx_bf16_silu_mul.restype = _I32
+    lib.splitserve_quant_amx_bf16_silu_mul.argtypes = [
+        _P, _I64, _P, _P, _P,  # x, its row stride, codes, scales, mins (or NULL)
+        _I32, _I32, _I32, _I32, _I32, _I32,  # fp16 bits, bits, group, M, N (gate + up), K
+        _P, _I64, _I32,  # out [M, N / 2], its row stride, threads
     ]  # fmt: skip
     lib.splitserve_amx_available.restype = _I32
     lib.splitserve_amx_available.argtypes = []

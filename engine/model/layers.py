@@ -179,6 +179,10 @@ class GatedMlp(Packed):
 
     def hidden_act(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         """x: [tokens, hidden] (normed) -> [tokens, inter], the down projection's input."""
+        if self.activation == "silu" and self.lora is None:
+            fused = cpu_linear.silu_mul_linear(x, self.packed.get("gate_up"))
+            if fused is not None:
+                return fused
         return ops.act_mul(self.project(x, "gate_up", None), self.activation)
 
     def weight_targets(self, prefix: str) -> dict[str, torch.Tensor]:

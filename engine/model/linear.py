@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
-from engine.model.quant.weight import PackedMatrix
+from engine.model.quant.weight import PackedMatrix, QuantWeight
 
 Packed = torch.Tensor | PackedMatrix
 
@@ -47,3 +47,9 @@ def add_linear_(
     if packed is not None and x.stride(-1) == 1 and h.stride(-1) == 1:
         return cpu_kernels.linear(x, packed, out=h)
     return h.addmm_(x, weight.t())
+
+
+def silu_mul_linear(x: torch.Tensor, packed: Packed | None) -> torch.Tensor | None:
+    """``silu(x @ gate.T) * (x @ up.T)`` in one kernel for a packed [gate; up] weight that
+    offers it (``QuantWeight.silu_mul``), else None."""
+    return packed.silu_mul(x) if isinstance(packed, QuantWeight) else None

@@ -154,6 +154,17 @@ class QuantWeight(PackedMatrix):
         w = self.dequantize().to(x.dtype)
         return torch.nn.functional.linear(x, w) if out is None else out.addmm_(x, w.t())
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(x @ gate.T) * (x @ up.T)`` for W = [gate; up] in one pass, where this
+        weight takes bf16 products and the C kernel takes ``x`` (else None: project, then
+        ``silu_mul``); the same values as those two steps."""
+        kernel = self._cpu_kernel
+        if not self.bf16_products or kernel is None or self.perm is not None:
+            return None
+        if x.device.type != "cpu" or x.dtype != torch.float32 or x.stride(-1) != 1:
+            return None
+        return kernel.silu_mul(x)
+
     def allow_bf16_products(self, allow: bool) -> bool:
         """Let products of the C kernel's AMX rows be bf16(x) times bf16(W), summed in fp32
         (``quant_amx_bf16.c``), where this build and the OS have the tiles; returns whether

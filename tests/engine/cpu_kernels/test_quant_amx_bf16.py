@@ -136,3 +136,20 @@ def test_the_weight_takes_bf16_products_only_when_allowed() -> None:
                                           bf16_products=True))  # fmt: skip
     assert not weight.allow_bf16_products(False)
     assert torch.equal(weight.linear(x), fp32)
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 128), (96, 160), (3072, 576)])
+def test_fused_silu_mul_is_the_two_steps_bit_for_bit(n: int, k: int, threads: int) -> None:
+    """gate_up's product with silu(gate) * up in its epilogue writes what the product and
+    then silu_mul write (gate rows 0..n/2, up rows n/2..n, as the loader fuses them)."""
+    weight = random_weight(n, k, 4, 32, True, seed=n)
+    assert weight.silu_mul(torch.randn(40, k)) is None  # fp32-level weights: not fused
+    weight.allow_bf16_products(True)
+    gen = torch.Generator().manual_seed(n + threads)
+    for m in [small_rows() + 1, 16, 17, 40, 129]:
+        x = torch.randn(m, k, generator=gen)
+        fused = weight.silu_mul(x)
+        assert fused is not None and fused.shape == (m, n // 2)
+        assert torch.equal(fused, cpu_kernels.silu_mul(weight.linear(x))), m
+    if small_rows():
+        assert weight.silu_mul(torch.randn(small_rows(), k)) is None  # decode rows
