@@ -28,6 +28,7 @@ SOURCES = tuple(
         "quant_linear.c",
         "quant_amx.c",
         "quant_amx_bf16.c",
+        "prefill_attention_amx.c",
         "lora.c",
     )
 )

@@ -211,11 +211,14 @@ class DecoderModel(nn.Module):
 
     def use_bf16_products(self, enable: bool) -> int:
         """Let the decoder layers' packed products run in bf16 (``QuantWeight.bf16_products``:
-        float32_matmul_precision "medium"); the lm_head and the embedding stay as they are.
+        float32_matmul_precision "medium"), and the CPU backend's prefill attention of whole
+        prompts with them; the lm_head and the embedding stay as they are.
         Returns how many weights take bf16 products here (the AMX kernel built and allowed)."""
         heads = {id(self.packed_embed), id(self.packed_lm_head)}
         layers = [w for w in self.quantized_weights() if id(w) not in heads]
         on = [w for w in layers if isinstance(w, QuantWeight) and w.allow_bf16_products(enable)]
+        if hasattr(self.attention, "bf16_prefill"):  # the CPU backend's prefill on AMX tiles
+            self.attention.bf16_prefill = enable and bool(on)
         return len(on)
 
     def pack_cpu_weights(self) -> bool:

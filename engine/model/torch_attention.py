@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
+from engine.cpu_kernels.prefill_amx import prefill_attention_bf16
 from engine.kv.quant import dequantize_rows, is_quantized
 from engine.model.attention import AttentionMetadata, AttentionSpec
 
@@ -50,12 +51,17 @@ class TorchAttention:
     takes the shapes (fp32): it reads the blocks in place instead of gathering and padding
     them, and was measured at 4-5x the gather + SDPA path. The prefill chunks go to the C
     prefill kernel (``engine.cpu_kernels.prefill``, flash-attention style, K/V read once per
-    group of query heads), all in one call. ``cpu_kernel=False`` keeps torch.
+    group of query heads), all in one call. ``cpu_kernel=False`` keeps torch. With
+    ``bf16_prefill`` (float32_matmul_precision "medium") a step whose prompts all start
+    without a cached prefix, with no window or soft-cap, runs them on AMX tiles in bf16
+    products instead (``engine.cpu_kernels.prefill_amx``) where the build has the tiles.
     """
 
     def __init__(self, cpu_kernel: bool = True) -> None:
         self.buffers = GatherBuffers()
         self.cpu_kernel = cpu_kernel
+        self.bf16_prefill = False
+        self._fresh: tuple[AttentionMetadata, bool] | None = None
 
     def __call__(
         self,
@@ -110,16 +116,31 @@ class TorchAttention:
         """All prefill chunks in one call of the C prefill kernel, the decodes in the decode
         kernel: the same answers as SDPA per chunk (a fresh prompt over its fresh K/V)."""
         d = meta.num_decodes
-        prefill = cpu_kernels.paged_prefill_attention(
-            q[d:], k[d:], v[d:], kv_cache, layer, meta.prefill_query_start_loc,
-            meta.context_lens[d:], meta.block_tables[d:], scale, window, cap,
-        )  # fmt: skip
+        prefill = None
+        if self.bf16_prefill and not window and not cap and self._all_fresh(meta):
+            prefill = prefill_attention_bf16(
+                q[d:], k[d:], v[d:], meta.prefill_query_start_loc, scale
+            )
+        if prefill is None:
+            prefill = cpu_kernels.paged_prefill_attention(
+                q[d:], k[d:], v[d:], kv_cache, layer, meta.prefill_query_start_loc,
+                meta.context_lens[d:], meta.block_tables[d:], scale, window, cap,
+            )  # fmt: skip
         if not d:
             return prefill
         out = torch.empty_like(q)  # [tokens, heads, d]
         out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap)
         out[d:] = prefill
         return out
+
+    def _all_fresh(self, meta: AttentionMetadata) -> bool:
+        """Whether every prefill chunk of the step is a whole prompt (no cached prefix),
+        worked out once per step."""
+        if self._fresh is None or self._fresh[0] is not meta:
+            d, lens = meta.num_decodes, meta.context_lens_host
+            fresh = all(lens[i] == meta.query_lens[i] for i in range(d, len(meta.query_lens)))
+            self._fresh = (meta, fresh)
+        return self._fresh[1]
 
     def _decodes(
         self,

@@ -1,12 +1,13 @@
 """float32_matmul_precision "medium" on the default model: the packed layers' products over
-many rows take bf16 inputs (quant_amx_bf16.c), so greedy tokens may leave float32's only
-where float32's own top two choices were nearly tied, and they stay closer to float32's
-than transformers running the model in bfloat16 (a bf16 model's precision, what vLLM's CPU
-backend serves). Where the build has no AMX tiles "medium" changes nothing.
+many rows and the prefill attention of whole prompts take bf16 inputs (quant_amx_bf16.c,
+prefill_attention_amx.c), so greedy tokens may leave float32's only where float32's own top
+two choices were nearly tied, and they stay closer to float32's than transformers running the
+model in bfloat16 (a bf16 model's precision, what vLLM's CPU backend serves). Where the build
+has no AMX tiles "medium" changes nothing.
 
-Measured on a 2-core Xeon (AVX-512 + AMX): 9 of the first 12 oracle prompts kept float32's 48
-tokens (divergences at top-2 gaps of 0.026, 0.013 and 0.003 nats); transformers in bfloat16
-kept 7.
+Measured on a 2-core Xeon (AVX-512 + AMX), the products and the prefill attention in bf16: 10
+of the first 12 oracle prompts kept float32's 48 tokens (divergences at top-2 gaps of 0.026
+and 0.003 nats); transformers in bfloat16 kept 7.
 """
 
 from __future__ import annotations
