@@ -200,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--random-model", choices=sorted(RANDOM_SHAPES), help="random weights")
     ap.add_argument("--decode-steps", type=int, default=32, help="CUDA: decode steps timed")
+    ap.add_argument(
+        "--float32-matmul-precision", choices=["highest", "medium"], default="highest",
+        help="the engine's (medium: bf16 products on AMX tiles where the build has them)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
     ap.add_argument(
         "--speculative-method", choices=["ngram", "draft"], default=None,
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     tmp = tempfile.TemporaryDirectory()
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"float32_matmul_precision": args.float32_matmul_precision}
     if args.random_model:
         default_dir = ensure_model("smollm2")  # the tokenizer
         model_dir = write_random_model_dir(args.random_model, Path(tmp.name), default_dir)

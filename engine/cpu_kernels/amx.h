@@ -71,6 +71,26 @@ static inline void *grow(void **buf, size_t *cap, size_t bytes)
     return *buf;
 }
 
+/* In a parallel region, every thread: its buffer of `bytes` (kept in *buf for the next call)
+   and the tile configuration loaded, once all threads have theirs; NULL in every thread
+   when one of them ran out of memory (*failed, shared, is then set). */
+static inline void *thread_tiles(void **buf, size_t *cap, size_t bytes, int *failed)
+{
+    void *b = grow(buf, cap, bytes);
+    if (!b) __atomic_store_n(failed, 1, __ATOMIC_RELAXED);
+#pragma omp barrier
+    if (__atomic_load_n(failed, __ATOMIC_RELAXED)) return NULL;
+    load_tile_config();
+    return b;
+}
+
+/* The share [*lo, *hi) of n items of this thread of the parallel region */
+static inline void thread_share(int n, int *lo, int *hi)
+{
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    *lo = (int)((int64_t)n * id / nt), *hi = (int)((int64_t)n * (id + 1) / nt);
+}
+
 /* x rounded to bf16 (nearest even), as 16 words; and words of bf16 back to fp32 (exact) */
 static inline __m256i bf16_bits(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 static inline __m512 bf16_value(__m256i h)

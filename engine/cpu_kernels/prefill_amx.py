@@ -16,11 +16,24 @@ from engine import cpu_kernels
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
 
+def prompt_offsets(query_start_loc: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``query_start_loc`` checked to cover ``tokens`` tokens in prompts of at least one,
+    as the int32 offsets ``prefill_attention_bf16`` takes (once per step: the C side trusts
+    them, and a bad offset would read outside memory)."""
+    offsets = query_start_loc.to(torch.int32).contiguous()
+    n = offsets[1:] - offsets[:-1]
+    if offsets.dim() != 1 or offsets.shape[0] < 1 or int(offsets[0]) != 0:
+        raise ValueError("prefill_attention_bf16: query offsets must start at 0")
+    if int(offsets[-1]) != tokens or bool((n < 1).any()):
+        raise ValueError("prefill_attention_bf16: query offsets do not cover the tokens")
+    return offsets
+
+
 def prefill_attention_bf16(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_start_loc: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, scale: float
 ) -> torch.Tensor | None:
     """Attention of whole prompts over their own K/V, causal: prompt i owns tokens
-    ``query_start_loc[i] .. query_start_loc[i + 1] - 1``. q: [tokens, heads, d], k, v:
+    ``offsets[i] .. offsets[i + 1] - 1`` (``prompt_offsets``). q: [tokens, heads, d], k, v:
     [tokens, kv_heads, d], fp32 with unit last strides. Q, K, V and the softmax weights are
     rounded to bf16, scores and sums fp32. Returns [tokens, heads, d], or None where the
     kernel declines (no AMX here, d not a multiple of 32 or over 256)."""
@@ -30,16 +43,13 @@ def prefill_attention_bf16(
         raise ValueError("prefill_attention_bf16: q, k, v must be fp32 with unit last strides")
     if k.shape != v.shape or k.shape[0] != tokens or k.shape[2] != head_dim:
         raise ValueError(f"prefill_attention_bf16: k {tuple(k.shape)} does not match q")
-    qsl = query_start_loc.to(torch.int32).contiguous()
-    seqs = qsl.shape[0] - 1
-    n = qsl[1:] - qsl[:-1]
-    if seqs < 0 or int(qsl[0]) != 0 or int(qsl[-1]) != tokens or bool((n < 1).any()):
-        raise ValueError("prefill_attention_bf16: query offsets do not cover the tokens")
+    if offsets.dtype != torch.int32 or not offsets.is_contiguous() or offsets.dim() != 1:
+        raise ValueError("prefill_attention_bf16: offsets must come from prompt_offsets")
     out = torch.empty(tokens, heads, head_dim, dtype=q.dtype)
     rc = _lib().splitserve_prefill_attention_amx(
         q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
-        v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), qsl.data_ptr(), seqs,
-        heads, kv_heads, head_dim, scale, torch.get_num_threads(),
+        v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), offsets.data_ptr(),
+        offsets.shape[0] - 1, heads, kv_heads, head_dim, scale, torch.get_num_threads(),
     )  # fmt: skip
     if rc == 2:
         raise MemoryError("prefill_attention_bf16: out of memory")

@@ -4,14 +4,16 @@
  * K/V), no window, no soft-cap; anything else is declined and runs the fp32 kernel
  * (prefill_attention.c).
  *
- * K and V of each (sequence, kv head) are rounded once to bf16 in the B-tile layouts:
- * K as [16-key block][32-dim step][16 dim pairs][16 keys x 2] for S = Q K^T, V as [32-key
- * block][16-dim tile][16 key pairs][16 dims x 2] for O = P V. Work items are (sequence,
- * query head, 16 query tokens), the longest first. An item keeps its queries (scaled, bf16)
- * as A tiles and walks the key blocks of 32 up to its last token: S in two C tiles, the
- * causal mask and an online-softmax step per row in fp32 vectors, P rounded to bf16 as an A
- * tile, then P V in up to four C tiles at a time, added to fp32 accumulators rescaled by
- * the softmax correction. Scores, softmax statistics and sums are fp32.
+ * The products run transposed, so that one vector lane is one query row and the online
+ * softmax is plain vector work down the keys (no reductions across lanes). K and V of each
+ * (sequence, kv head) are rounded once to bf16 as A tiles: K as [16-key block][32-dim
+ * step][16 keys][32 dims] for S^T = K Q^T, V^T as [32-key block][16-dim tile][16 dims][32
+ * keys] for O^T = V^T P^T. Work items are (sequence, query head, 16 query tokens), the
+ * longest first. An item keeps its queries (scaled, bf16) as B tiles and walks the key
+ * blocks of 32 up to its last token: S^T in two C tiles, the causal mask and the softmax step
+ * in fp32 vectors, P^T rounded to bf16 as a B tile, O^T in up to four C tiles at a time,
+ * added to fp32 accumulators rescaled by the softmax correction. Scores, softmax statistics
+ * and sums are fp32.
  */
 #include "amx.h"
 
@@ -33,43 +35,47 @@ static inline v16 ld16(const float *p) { return *(const v16u *)p; }
 static inline void st16(float *p, v16 v) { *(v16u *)p = v; }
 SPLITSERVE_DEFINE_EXP(exp16, v16, v16i, splat16, select16)
 
-/* n keys (rows of x, `tok` floats apart) of one head as K tiles (see above), zero-padded to
-   a multiple of KBLK keys */
-static void k_tiles(const float *x, int64_t tok, int n, int npad, int D, uint16_t *dst)
+/* word 2n + t of the result: word n of a (t = 0) or of b (t = 1), from both = (b: high, a: low) */
+static inline __m512i interleave_words(__m512 a, __m512 b)
 {
-    const int steps = D / 32;
-    const __m512i pair_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8,
-                                                                  7, 6, 5, 4, 3, 2, 1, 0),
-                                                 _mm512_set1_epi32(16));
-    for (int key = 0; key < npad; key++) {
-        uint32_t *block = (uint32_t *)(dst + (int64_t)(key / 16) * steps * 512);
-        for (int s = 0; s < steps; s++) {
-            __m512i pairs = _mm512_setzero_si512();
-            if (key < n) {
-                const float *row = x + key * tok + 32 * s;
-                pairs = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 16), _mm512_loadu_ps(row));
-            }
-            /* dim pair i of this key goes to pair row i, slot key % 16 */
-            _mm512_i32scatter_epi32(block + s * 256 + key % 16, pair_rows, pairs, 4);
-        }
-    }
-}
-
-/* n values (rows of x) of one head as V tiles (see above), zero-padded to npad keys */
-static void v_tiles(const float *x, int64_t tok, int n, int npad, int D, uint16_t *dst)
-{
-    const int dtiles = D / 16;
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+/* n keys (rows of x, `tok` floats apart) of one head as A tiles [16-key block][32-dim
+   step][16 keys][32 dims], zero-padded to npad keys */
+static void k_tiles(const float *x, int64_t tok, int n, int npad, int D, uint16_t *dst)
+{
+    const int steps = D / 32;
+    for (int key = 0; key < npad; key++)
+        for (int s = 0; s < steps; s++) {
+            uint16_t *row = dst + ((int64_t)(key / 16) * steps + s) * 512 + (key % 16) * 32;
+            __m512i bits = _mm512_setzero_si512();
+            if (key < n) {
+                const float *in = x + key * tok + 32 * s;
+                bits = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(in + 16), _mm512_loadu_ps(in));
+            }
+            _mm512_store_si512(row, bits);
+        }
+}
+
+/* n values of one head as V^T A tiles [32-key block][16-dim tile][16 dims][32 keys],
+   zero-padded to npad keys: key pair (2i, 2i + 1) of a block is uint32 column i of each
+   dim's row */
+static void v_tiles(const float *x, int64_t tok, int n, int npad, int D, uint16_t *dst)
+{
+    const int dtiles = D / 16;
+    const __m512i rows = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
     for (int key = 0; key < npad; key += 2) {
-        uint16_t *block = dst + (int64_t)(key / KBLK) * dtiles * 512 + (key % KBLK) / 2 * 32;
+        uint32_t *block = (uint32_t *)(dst + (int64_t)(key / KBLK) * dtiles * 512) + (key % KBLK) / 2;
         for (int j = 0; j < dtiles; j++) {
             const __m512 a = key < n ? _mm512_loadu_ps(x + key * tok + 16 * j) : _mm512_setzero_ps();
             const __m512 b = key + 1 < n ? _mm512_loadu_ps(x + (key + 1) * tok + 16 * j)
                                          : _mm512_setzero_ps();
-            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* a: words 0-15 */
-            _mm512_store_si512(block + j * 512, _mm512_permutexvar_epi16(idx, both));
+            _mm512_i32scatter_epi32(block + j * 256, rows, interleave_words(a, b), 4);
         }
     }
 }
@@ -82,105 +88,106 @@ typedef struct {
     float scale;
 } job_t;
 
-/* One item: query tokens t0 .. t0 + rows - 1 of a sequence of n tokens, head h, over kt /
-   vt of its kv head; out rows as q's (contiguous [tokens, heads, D]). */
-static void item(const job_t *j, int64_t first, int n, int t0, int h, const uint16_t *kt,
-                 const uint16_t *vt)
+/* One item: query tokens t0 .. t0 + rows - 1 of a sequence of n tokens (from token `first`
+   of the step), head h, over ka / va of its kv head. Everything runs transposed, one lane
+   per query row: S^T = K Q^T [keys][rows] in two C tiles, the softmax over the keys down the
+   columns in fp32 vectors, O^T = V^T P^T [dims][rows] in up to four C tiles at a time. */
+static void item(const job_t *j, int64_t first, int n, int t0, int h, const uint16_t *ka,
+                 const uint16_t *va)
 {
     const int D = j->D, steps = D / 32, dtiles = D / 16;
     const int rows = n - t0 < QT ? n - t0 : QT;
-    uint16_t qa[MAX_D / 32][QT * 32] __attribute__((aligned(64)));
-    uint16_t pa[QT * KBLK] __attribute__((aligned(64)));
-    float s[QT][KBLK] __attribute__((aligned(64)));
-    float ob[QT][64] __attribute__((aligned(64)));
-    float acc[QT][MAX_D] __attribute__((aligned(64)));
-    float m[QT], l[QT], corr[QT];
-    for (int r = 0; r < QT; r++) {
+    uint32_t qb[MAX_D / 32][256] __attribute__((aligned(64))); /* Q^T B tiles, dim pairs */
+    uint16_t pb[512] __attribute__((aligned(64)));              /* P^T B tile, key pairs */
+    float s[KBLK][QT] __attribute__((aligned(64)));
+    float ob[64][QT] __attribute__((aligned(64)));
+    v16 acc[MAX_D];
+    const __m512i lanes16 = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
+    memset(qb, 0, sizeof qb);
+    for (int r = 0; r < rows; r++) {
         const float *row = j->q + (first + t0 + r) * j->q_tok + h * j->q_head;
         for (int st = 0; st < steps; st++) {
-            __m512 lo = _mm512_setzero_ps(), hi = lo;
-            if (r < rows) {
-                lo = _mm512_mul_ps(_mm512_loadu_ps(row + 32 * st), _mm512_set1_ps(j->scale));
-                hi = _mm512_mul_ps(_mm512_loadu_ps(row + 32 * st + 16), _mm512_set1_ps(j->scale));
-            }
-            _mm512_store_si512(qa[st] + r * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(row + 32 * st), _mm512_set1_ps(j->scale));
+            const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(row + 32 * st + 16), _mm512_set1_ps(j->scale));
+            _mm512_i32scatter_epi32(qb[st] + r, lanes16, (__m512i)_mm512_cvtne2ps_pbh(hi, lo), 4);
         }
-        m[r] = NEG_INF, l[r] = 0.0f;
-        for (int d = 0; d < D; d += 16) st16(acc[r] + d, splat16(0.0f));
     }
-    memset(pa, 0, sizeof pa);
+    for (int d = 0; d < D; d++) acc[d] = splat16(0.0f);
+    v16 m = splat16(NEG_INF), l = splat16(0.0f);
+    const v16 token = splat16((float)t0) + (v16){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const int last = t0 + rows - 1, blocks = last / KBLK + 1;
     for (int kb = 0; kb < blocks; kb++) {
         _tile_zero(0);
         _tile_zero(1);
         for (int st = 0; st < steps; st++) {
-            _tile_loadd(2, qa[st], 64);
-            _tile_loadd(4, kt + ((int64_t)(2 * kb) * steps + st) * 512, 64);
-            _tile_loadd(5, kt + ((int64_t)(2 * kb + 1) * steps + st) * 512, 64);
-            _tile_dpbf16ps(0, 2, 4);
-            _tile_dpbf16ps(1, 2, 5);
+            _tile_loadd(6, qb[st], 64);
+            _tile_loadd(4, ka + ((int64_t)(2 * kb) * steps + st) * 512, 64);
+            _tile_loadd(5, ka + ((int64_t)(2 * kb + 1) * steps + st) * 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 5, 6);
         }
-        _tile_stored(0, &s[0][0], KBLK * 4);
-        _tile_stored(1, &s[0][16], KBLK * 4);
-        const int k0 = kb * KBLK;
-        const v16 keys_lo = splat16((float)k0) + (v16){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-        const v16 keys_hi = keys_lo + 16.0f;
-        for (int r = 0; r < rows; r++) {
-            v16 a = ld16(s[r]), b = ld16(s[r] + 16);
-            const v16 token = splat16((float)(t0 + r));
-            const v16i late_a = keys_lo > token, late_b = keys_hi > token; /* causal mask */
-            a = select16(late_a, splat16(NEG_INF), a);
-            b = select16(late_b, splat16(NEG_INF), b);
-            const float top = _mm512_reduce_max_ps((__m512)select16(a > b, a, b));
-            const float mx = top > m[r] ? top : m[r];
-            v16 pa_ = exp16(a - mx), pb_ = exp16(b - mx);
-            pa_ = select16(late_a, splat16(0.0f), pa_);
-            pb_ = select16(late_b, splat16(0.0f), pb_);
-            corr[r] = exp16(splat16(m[r] - mx))[0];
-            l[r] = l[r] * corr[r] + _mm512_reduce_add_ps((__m512)(pa_ + pb_));
-            m[r] = mx;
-            _mm512_store_si512(pa + r * KBLK, (__m512i)_mm512_cvtne2ps_pbh((__m512)pb_, (__m512)pa_));
+        _tile_stored(0, &s[0][0], 64);
+        _tile_stored(1, &s[16][0], 64);
+        const int k0 = kb * KBLK, diagonal = k0 + KBLK - 1 > t0;
+        v16 mx = m;
+        for (int c = 0; c < KBLK; c++) {
+            v16 x = ld16(s[c]);
+            if (diagonal) x = select16(splat16((float)(k0 + c)) > token, splat16(NEG_INF), x);
+            st16(s[c], x);
+            mx = select16(x > mx, x, mx);
         }
-        _tile_loadd(6, pa, 64);
+        const v16 corr = exp16(m - mx);
+        v16 sum = splat16(0.0f);
+        for (int c = 0; c < KBLK; c += 2) {
+            v16 p0 = exp16(ld16(s[c]) - mx), p1 = exp16(ld16(s[c + 1]) - mx);
+            if (diagonal) {
+                p0 = select16(splat16((float)(k0 + c)) > token, splat16(0.0f), p0);
+                p1 = select16(splat16((float)(k0 + c + 1)) > token, splat16(0.0f), p1);
+            }
+            sum += p0 + p1;
+            _mm512_store_si512(pb + c / 2 * 32, interleave_words((__m512)p0, (__m512)p1));
+        }
+        l = l * corr + sum;
+        m = mx;
+        _tile_loadd(6, pb, 64);
         for (int j0 = 0; j0 < dtiles; j0 += 4) {
             const int nt = dtiles - j0 < 4 ? dtiles - j0 : 4;
-            const uint16_t *vb = vt + ((int64_t)kb * dtiles + j0) * 512;
+            const uint16_t *vb = va + ((int64_t)kb * dtiles + j0) * 512;
             _tile_zero(0);
-            _tile_loadd(7, vb, 64);
-            _tile_dpbf16ps(0, 6, 7);
+            _tile_loadd(4, vb, 64);
+            _tile_dpbf16ps(0, 4, 6);
             if (nt > 1) {
                 _tile_zero(1);
-                _tile_loadd(7, vb + 512, 64);
-                _tile_dpbf16ps(1, 6, 7);
+                _tile_loadd(5, vb + 512, 64);
+                _tile_dpbf16ps(1, 5, 6);
             }
             if (nt > 2) {
                 _tile_zero(2);
-                _tile_loadd(7, vb + 1024, 64);
-                _tile_dpbf16ps(2, 6, 7);
+                _tile_loadd(4, vb + 1024, 64);
+                _tile_dpbf16ps(2, 4, 6);
             }
             if (nt > 3) {
                 _tile_zero(3);
-                _tile_loadd(7, vb + 1536, 64);
-                _tile_dpbf16ps(3, 6, 7);
+                _tile_loadd(5, vb + 1536, 64);
+                _tile_dpbf16ps(3, 5, 6);
             }
-            _tile_stored(0, &ob[0][0], 256);
-            if (nt > 1) _tile_stored(1, &ob[0][16], 256);
-            if (nt > 2) _tile_stored(2, &ob[0][32], 256);
-            if (nt > 3) _tile_stored(3, &ob[0][48], 256);
-            for (int r = 0; r < rows; r++) {
-                const v16 c = splat16(corr[r]);
-                for (int t = 0; t < nt; t++) {
-                    float *o = acc[r] + 16 * (j0 + t);
-                    st16(o, ld16(o) * c + ld16(ob[r] + 16 * t));
-                }
-            }
+            _tile_stored(0, &ob[0][0], 64);
+            if (nt > 1) _tile_stored(1, &ob[16][0], 64);
+            if (nt > 2) _tile_stored(2, &ob[32][0], 64);
+            if (nt > 3) _tile_stored(3, &ob[48][0], 64);
+            for (int d = 0; d < 16 * nt; d++)
+                acc[16 * j0 + d] = acc[16 * j0 + d] * corr + ld16(ob[d]);
         }
     }
-    for (int r = 0; r < rows; r++) {
-        float *o = j->out + ((first + t0 + r) * j->heads + h) * (int64_t)D;
-        const v16 inv = splat16(1.0f / l[r]);
-        for (int d = 0; d < D; d += 16) st16(o + d, ld16(acc[r] + d) * inv);
-    }
+    /* out[token t0 + r, h, d] = acc[d][r] / l[r], lanes of the real rows */
+    const __mmask16 real = (__mmask16)((1u << rows) - 1);
+    const __m512i at = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(j->heads * D));
+    float *o = j->out + ((first + t0) * j->heads + h) * (int64_t)D;
+    const v16 inv = 1.0f / l;
+    for (int d = 0; d < D; d++) _mm512_mask_i32scatter_ps(o + d, real, at, (__m512)(acc[d] * inv), 4);
 }
 
 /* 0 if it computed out [tokens, heads, head_dim] (contiguous) for the prompts (sequence i:

@@ -179,13 +179,10 @@ static int quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes, con
     {
         static __thread void *b_buf;
         static __thread size_t b_cap;
-        uint16_t *bb = grow(&b_buf, &b_cap, sb_pairs * pair_words * sizeof(uint16_t));
-        if (!bb) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-#pragma omp barrier
-        if (!__atomic_load_n(&failed, __ATOMIC_RELAXED)) {
-            load_tile_config();
-            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            const int lo = (int)((int64_t)pairs * id / nt), hi = (int)((int64_t)pairs * (id + 1) / nt);
+        uint16_t *bb = thread_tiles(&b_buf, &b_cap, sb_pairs * pair_words * 2, &failed);
+        if (bb) {
+            int lo, hi;
+            thread_share(pairs, &lo, &hi);
             for (int m0 = 0; m0 < M; m0 += BF_ROW_BLOCK) {
                 const int rows = M - m0 < BF_ROW_BLOCK ? M - m0 : BF_ROW_BLOCK;
                 const int tiles = (rows + 15) / 16;

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
-from engine.cpu_kernels.prefill_amx import prefill_attention_bf16
+from engine.cpu_kernels.prefill_amx import prefill_attention_bf16, prompt_offsets
 from engine.kv.quant import dequantize_rows, is_quantized
 from engine.model.attention import AttentionMetadata, AttentionSpec
 
@@ -61,7 +61,7 @@ class TorchAttention:
         self.buffers = GatherBuffers()
         self.cpu_kernel = cpu_kernel
         self.bf16_prefill = False
-        self._fresh: tuple[AttentionMetadata, bool] | None = None
+        self._fresh: tuple[AttentionMetadata, torch.Tensor | None] | None = None
 
     def __call__(
         self,
@@ -117,10 +117,9 @@ class TorchAttention:
         kernel: the same answers as SDPA per chunk (a fresh prompt over its fresh K/V)."""
         d = meta.num_decodes
         prefill = None
-        if self.bf16_prefill and not window and not cap and self._all_fresh(meta):
-            prefill = prefill_attention_bf16(
-                q[d:], k[d:], v[d:], meta.prefill_query_start_loc, scale
-            )
+        offsets = self._fresh_offsets(meta) if self.bf16_prefill and not (window or cap) else None
+        if offsets is not None:
+            prefill = prefill_attention_bf16(q[d:], k[d:], v[d:], offsets, scale)
         if prefill is None:
             prefill = cpu_kernels.paged_prefill_attention(
                 q[d:], k[d:], v[d:], kv_cache, layer, meta.prefill_query_start_loc,
@@ -133,13 +132,15 @@ class TorchAttention:
         out[d:] = prefill
         return out
 
-    def _all_fresh(self, meta: AttentionMetadata) -> bool:
-        """Whether every prefill chunk of the step is a whole prompt (no cached prefix),
-        worked out once per step."""
+    def _fresh_offsets(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """The prefill chunks' offsets for ``prefill_attention_bf16`` when every chunk of the
+        step is a whole prompt (no cached prefix), else None; worked out once per step."""
         if self._fresh is None or self._fresh[0] is not meta:
             d, lens = meta.num_decodes, meta.context_lens_host
             fresh = all(lens[i] == meta.query_lens[i] for i in range(d, len(meta.query_lens)))
-            self._fresh = (meta, fresh)
+            tokens = meta.num_tokens - d
+            offsets = prompt_offsets(meta.prefill_query_start_loc, tokens) if fresh else None
+            self._fresh = (meta, offsets)
         return self._fresh[1]
 
     def _decodes(

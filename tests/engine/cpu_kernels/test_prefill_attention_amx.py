@@ -10,15 +10,10 @@ import math
 import pytest
 import torch
 
-from engine import cpu_kernels
-from engine.cpu_kernels.prefill_amx import prefill_attention_bf16
-from engine.cpu_kernels.quant_linear import amx_available
+from engine.cpu_kernels.prefill_amx import prefill_attention_bf16, prompt_offsets
+from tests.engine.cpu_kernels.amx_marks import requires_amx
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.available() or not amx_available(),
-    reason="no AMX here: the kernels were not built for AMX-TILE/AMX-BF16 (-march=native on a "
-    "machine without them) or the OS refused the tile state",
-)
+pytestmark = requires_amx
 # the softmax weights are rounded to bf16 (2^-9) before P V: measured up to 1e-3 of the
 # outputs' scale against this reference
 TOLERANCE = 5e-3
@@ -54,7 +49,7 @@ def test_against_float64_over_bf16_inputs(
     q = torch.randn(tokens, heads, d, generator=gen)
     kv = torch.randn(tokens, 2, kv_heads, d, generator=gen)  # strided k and v, as qkv views
     k, v = kv[:, 0], kv[:, 1]
-    starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    starts = prompt_offsets(torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]), tokens)
     scale = 1 / math.sqrt(d)
     got = prefill_attention_bf16(q, k, v, starts, scale)
     assert got is not None and got.shape == q.shape
@@ -71,10 +66,14 @@ def test_against_float64_over_bf16_inputs(
 def test_declines_head_sizes_off_the_tile_steps() -> None:
     for d in (48, 288):
         q, k = torch.randn(8, 2, d), torch.randn(8, 1, d)
-        assert prefill_attention_bf16(q, k, k.clone(), torch.tensor([0, 8]), 0.1) is None
+        offsets = prompt_offsets(torch.tensor([0, 8]), 8)
+        assert prefill_attention_bf16(q, k, k.clone(), offsets, 0.1) is None
 
 
 def test_refuses_offsets_that_miss_tokens() -> None:
+    for bad in ([0, 5], [1, 8], [0, 4, 4, 8]):
+        with pytest.raises(ValueError, match="offsets"):
+            prompt_offsets(torch.tensor(bad), 8)
     q, k = torch.randn(8, 2, 32), torch.randn(8, 1, 32)
-    with pytest.raises(ValueError, match="offsets"):
-        prefill_attention_bf16(q, k, k.clone(), torch.tensor([0, 5]), 0.1)
+    with pytest.raises(ValueError, match="prompt_offsets"):
+        prefill_attention_bf16(q, k, k.clone(), torch.tensor([0, 8]), 0.1)  # int64

@@ -9,15 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import cpu_kernels
-from engine.cpu_kernels.quant_linear import AMX_ROWS, amx_available, quant_linear
+from engine.cpu_kernels.quant_linear import AMX_ROWS, quant_linear
+from tests.engine.cpu_kernels.amx_marks import requires_amx
 from tests.engine.cpu_kernels.test_quant_linear import random_weight
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.available() or not amx_available(),
-    reason="no AMX here: the kernels were not built for AMX-TILE/AMX-BF16 (-march=native on a "
-    "machine without them) or the OS refused the tile state",
-)
+pytestmark = requires_amx
 # (bits, group, mins, N, K): K of 96 and 160 end in a part k-block (128 inputs), N = 48 and
 # 80 in a lone panel, N = 304 has 9.5 panel pairs (more than one thread's 8 at a time)
 CASES = [

@@ -11,15 +11,12 @@ import pytest
 import torch
 
 from engine import cpu_kernels
-from engine.cpu_kernels.quant_linear import amx_available, quant_linear, small_rows
+from engine.cpu_kernels.quant_linear import quant_linear, small_rows
 from engine.model.quant.weight import QuantWeight
+from tests.engine.cpu_kernels.amx_marks import requires_amx
 from tests.engine.cpu_kernels.test_quant_linear import random_weight
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.available() or not amx_available(),
-    reason="no AMX here: the kernels were not built for AMX-TILE/AMX-BF16 (-march=native on a "
-    "machine without them) or the OS refused the tile state",
-)
+pytestmark = requires_amx
 # (bits, group, mins, N, K): N = 48 and 80 end in a lone panel, K = 32 is one tile step,
 # N = 304 and K = 1536 are more panel pairs than a thread dequantizes at a time
 CASES = [

@@ -1,0 +1,15 @@
+"""The skip mark of the tests of the AMX kernels (quant_amx.c, quant_amx_bf16.c,
+prefill_attention_amx.c)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import cpu_kernels
+from engine.cpu_kernels.quant_linear import amx_available
+
+requires_amx = pytest.mark.skipif(
+    not cpu_kernels.available() or not amx_available(),
+    reason="no AMX here: the kernels were not built for AMX-TILE/AMX-BF16 (-march=native on a "
+    "machine without them) or the OS refused the tile state",
+)
