@@ -59,6 +59,7 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
     args = _args(
         "--threads-per-node", "2", "--num-kv-blocks", "64", "--transfer", "tcp",
         "--device", "cpu", "--dtype", "bfloat16", "--quantization", "none",
+        "--float32-matmul-precision", "medium",
     )  # fmt: skip
     plans = up_plan.plan_nodes(args)
     assert [(p.name, p.role) for p in plans] == [("prefill-0", "prefill"), ("decode-0", "decode")]
@@ -67,6 +68,7 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
         assert (parsed.port, parsed.node_id, parsed.model) == (plan.port, plan.name, str(tmp_path))
         assert (parsed.torch_threads, parsed.num_kv_blocks, parsed.transfer) == (2, 64, "tcp")
         assert (parsed.device, parsed.dtype, parsed.quantization) == ("cpu", "bfloat16", "none")
+        assert parsed.float32_matmul_precision == "medium"
     router = _parse_child(up_plan.router_argv(args, tmp_path, "redis://h:1/0"))
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
 

@@ -34,6 +34,11 @@ def _greedy(model_dir: Path, precision: str) -> tuple[list[list[int]], list[Gene
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2)
     out = llm.generate(prompts, params)
     assert llm.engine.stats().free_blocks == llm.engine.stats().total_blocks
+    model = llm.engine.runner.model
+    taken = [w for w in model.quantized_weights() if getattr(w, "bf16_products", False)]
+    medium = precision == "medium" and amx_available()
+    assert len(taken) == (4 * len(model.decoder_layers()) if medium else 0)  # qkv, o, gate_up, down
+    assert model.attention.bf16_prefill == medium
     return prompts, out
 
 

@@ -56,6 +56,16 @@ def test_quantization_reaches_the_engine_config(tmp_path: Path) -> None:
         _parse("--quantization", "int3")
 
 
+def test_float32_matmul_precision_reaches_the_engine_config(tmp_path: Path) -> None:
+    settings = settings_from_args(_parse("--float32-matmul-precision", "medium"), "prefill")
+    config = engine_config(tmp_path, **engine_options(settings))
+    assert config.float32_matmul_precision == "medium"
+    default = settings_from_args(_parse(), "decode")
+    assert engine_config(tmp_path, **engine_options(default)).float32_matmul_precision == "highest"
+    with pytest.raises(argparse.ArgumentError):
+        _parse("--float32-matmul-precision", "high")
+
+
 @pytest.mark.parametrize("bad", ["0", "1.2"])
 def test_gpu_memory_utilization_outside_zero_one_exits_2(
     bad: str, capsys: pytest.CaptureFixture[str]

@@ -19,6 +19,13 @@ def test_unknown_names_are_refused(tmp_path: Path) -> None:
         EngineConfig(model_dir=tmp_path, quantization="awq4")
 
 
+def test_matmul_precisions_other_than_highest_and_medium_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"float32_matmul_precision must be one of highest, medium, got 'high'"
+    ):
+        EngineConfig(model_dir=tmp_path, float32_matmul_precision="high")
+
+
 def test_auto_serves_the_gguf_on_a_cpu_fp32_engine(tmp_path: Path) -> None:
     assert resolve_quantization("auto", tmp_path, "cpu", fp32=True) == "none"
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
