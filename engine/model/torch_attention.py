@@ -56,6 +56,9 @@ class TorchAttention:
     def __init__(self, cpu_kernel: bool = True) -> None:
         self.buffers = GatherBuffers()
         self.cpu_kernel = cpu_kernel
+        # the C prefill kernel's index of the last step, checked once and read by every layer
+        # (the step's metadata is kept alive with it, so ``is`` cannot match a newer step)
+        self._index: tuple[AttentionMetadata, int, cpu_kernels.PrefillIndex] | None = None
 
     def __call__(
         self,
@@ -110,9 +113,19 @@ class TorchAttention:
         """All prefill chunks in one call of the C prefill kernel, the decodes in the decode
         kernel: the same answers as SDPA per chunk (a fresh prompt over its fresh K/V)."""
         d = meta.num_decodes
+        block_size = kv_cache.shape[3]
+        cached = self._index
+        if cached is not None and cached[0] is meta and cached[1] == block_size:
+            index = cached[2]
+        else:
+            index = cpu_kernels.prefill_index(
+                meta.prefill_query_start_loc, meta.context_lens[d:], meta.block_tables[d:],
+                q.shape[0] - d, block_size,
+            )  # fmt: skip
+            self._index = (meta, block_size, index)
         prefill = cpu_kernels.paged_prefill_attention(
-            q[d:], k[d:], v[d:], kv_cache, layer, meta.prefill_query_start_loc,
-            meta.context_lens[d:], meta.block_tables[d:], scale, window, cap,
+            q[d:], k[d:], v[d:], kv_cache, layer, index.query_start_loc, index.context_lens,
+            index.block_tables, scale, window, cap, index=index,
         )  # fmt: skip
         if not d:
             return prefill
