@@ -295,7 +295,12 @@ def _library() -> ctypes.CDLL | None:
 
 
 from engine.cpu_kernels.norms import head_norm_, rms_norm  # noqa: E402 (they use the above)
-from engine.cpu_kernels.prefill import paged_prefill_attention, prefill_supported  # noqa: E402
+from engine.cpu_kernels.prefill import (  # noqa: E402
+    PrefillIndex,
+    paged_prefill_attention,
+    prefill_index,
+    prefill_supported,
+)
 from engine.cpu_kernels.sampling_ops import argmax, sample  # noqa: E402
 
 __all__ = [
@@ -304,6 +309,7 @@ __all__ = [
     "HEADERS",
     "SOURCES",
     "KernelBuildError",
+    "PrefillIndex",
     "argmax",
     "available",
     "build",
@@ -314,6 +320,7 @@ __all__ = [
     "pack_linear_weight",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "prefill_index",
     "prefill_supported",
     "rms_norm",
     "rope_indices",

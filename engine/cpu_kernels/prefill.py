@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +30,53 @@ def prefill_supported(
     )
 
 
+@dataclass(frozen=True)
+class PrefillIndex:
+    """A step's prefill offsets, context lengths and block tables as int32 (unit last stride),
+    checked against each other once so that every layer's call can trust them."""
+
+    query_start_loc: torch.Tensor  # [seqs + 1] int32
+    context_lens: torch.Tensor  # [seqs] int32
+    block_tables: torch.Tensor  # [seqs, blocks] int32
+    tokens: int
+    block_size: int
+
+    @property
+    def seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+
+def prefill_index(
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    tokens: int,
+    block_size: int,
+) -> PrefillIndex:
+    """Converts and checks the per-step index tensors of ``paged_prefill_attention`` (the C
+    side trusts them: a short table or a bad offset would read outside memory)."""
+    qsl = query_start_loc.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    tables = block_tables.to(torch.int32)
+    tables = tables if tables.stride(-1) == 1 else tables.contiguous()
+    seqs = lens.shape[0]
+    if qsl.shape != (seqs + 1,) or tables.shape[0] != seqs:
+        raise ValueError(
+            f"paged_prefill_attention: {seqs} context lengths, {qsl.shape[0]} query offsets, "
+            f"{tables.shape[0]} block tables"
+        )
+    if seqs:
+        n = qsl[1:] - qsl[:-1]
+        if int(qsl[0]) != 0 or int(qsl[-1]) != tokens or bool((n < 1).any()):
+            raise ValueError("paged_prefill_attention: query offsets do not cover the tokens")
+        if bool((lens < n).any()) or int(lens.max()) > tables.shape[1] * block_size:
+            raise ValueError(
+                "paged_prefill_attention: a context shorter than its chunk or longer than its "
+                "block table"
+            )
+    return PrefillIndex(qsl, lens, tables, tokens, block_size)
+
+
 def paged_prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -41,6 +89,7 @@ def paged_prefill_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    index: PrefillIndex | None = None,
 ) -> torch.Tensor:
     """Attention of prefill chunks: sequence i owns query tokens ``query_start_loc[i] ..
     query_start_loc[i + 1] - 1``, the last of its ``context_lens[i]`` positions, and attends
@@ -51,32 +100,27 @@ def paged_prefill_attention(
     q: [tokens, heads, d] fp32; k, v: [tokens, kv_heads, d] fp32 (unit last strides);
     kv_cache as ``cpu_kernels.paged_decode_attention``; query_start_loc: [seqs + 1] from 0;
     context_lens: [seqs]; block_tables: [seqs, >= blocks needed]. Returns [tokens, heads, d].
+    ``index``: ``prefill_index`` of the same three tensors, built and checked once per step
+    and shared by the layers (the three tensors are then not read again).
     """
     lib = _lib()
     tokens, heads, head_dim = q.shape
     _, _, _, block_size, kv_heads, _ = kv_cache.shape
-    qsl = query_start_loc.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
-    tables = block_tables.to(torch.int32)
-    tables = tables if tables.stride(-1) == 1 else tables.contiguous()
-    seqs = lens.shape[0]
-    # the C side trusts these: a short table or a bad offset would read outside memory
-    if qsl.shape != (seqs + 1,) or tables.shape[0] != seqs or k.shape != v.shape:
+    if index is None:
+        index = prefill_index(query_start_loc, context_lens, block_tables, tokens, block_size)
+    elif index.tokens != tokens or index.block_size != block_size:
         raise ValueError(
-            f"paged_prefill_attention: {seqs} context lengths, {qsl.shape[0]} query offsets, "
-            f"{tables.shape[0]} block tables"
+            f"paged_prefill_attention: index for {index.tokens} tokens in blocks of "
+            f"{index.block_size}, called with {tokens} tokens in blocks of {block_size}"
         )
-    if k.shape[0] != tokens or k.shape[1:] != (kv_heads, head_dim):
+    qsl, lens, tables, seqs = (
+        index.query_start_loc,
+        index.context_lens,
+        index.block_tables,
+        index.seqs,
+    )
+    if k.shape != v.shape or k.shape[0] != tokens or k.shape[1:] != (kv_heads, head_dim):
         raise ValueError(f"paged_prefill_attention: k {tuple(k.shape)} does not match q")
-    if seqs:
-        n = qsl[1:] - qsl[:-1]
-        if int(qsl[0]) != 0 or int(qsl[-1]) != tokens or bool((n < 1).any()):
-            raise ValueError("paged_prefill_attention: query offsets do not cover the tokens")
-        if bool((lens < n).any()) or int(lens.max()) > tables.shape[1] * block_size:
-            raise ValueError(
-                "paged_prefill_attention: a context shorter than its chunk or longer than its "
-                "block table"
-            )
     out = torch.empty(tokens, heads, head_dim, dtype=q.dtype)
     k_offset = layer * kv_cache.stride(1)
     rc = lib.splitserve_paged_prefill_f32(

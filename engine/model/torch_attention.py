@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
-from engine.cpu_kernels.prefill_amx import prefill_attention_bf16, prompt_offsets
+from engine.cpu_kernels.prefill_amx import prefill_attention_bf16
 from engine.kv.quant import dequantize_rows, is_quantized
 from engine.model.attention import AttentionMetadata, AttentionSpec
 
@@ -61,7 +61,10 @@ class TorchAttention:
         self.buffers = GatherBuffers()
         self.cpu_kernel = cpu_kernel
         self.bf16_prefill = False
-        self._fresh: tuple[AttentionMetadata, torch.Tensor | None] | None = None
+        # the C prefill kernels' index of the last step, checked once and read by every layer,
+        # and whether all its prefill chunks are whole prompts (the step's metadata is kept
+        # alive with it, so ``is`` cannot match a newer step)
+        self._index: tuple[AttentionMetadata, int, cpu_kernels.PrefillIndex, bool] | None = None
 
     def __call__(
         self,
@@ -116,14 +119,14 @@ class TorchAttention:
         """All prefill chunks in one call of the C prefill kernel, the decodes in the decode
         kernel: the same answers as SDPA per chunk (a fresh prompt over its fresh K/V)."""
         d = meta.num_decodes
+        index, fresh = self._step_index(q, kv_cache, meta)
         prefill = None
-        offsets = self._fresh_offsets(meta) if self.bf16_prefill and not (window or cap) else None
-        if offsets is not None:
-            prefill = prefill_attention_bf16(q[d:], k[d:], v[d:], offsets, scale)
+        if fresh and self.bf16_prefill and not (window or cap):
+            prefill = prefill_attention_bf16(q[d:], k[d:], v[d:], index.query_start_loc, scale)
         if prefill is None:
             prefill = cpu_kernels.paged_prefill_attention(
-                q[d:], k[d:], v[d:], kv_cache, layer, meta.prefill_query_start_loc,
-                meta.context_lens[d:], meta.block_tables[d:], scale, window, cap,
+                q[d:], k[d:], v[d:], kv_cache, layer, index.query_start_loc, index.context_lens,
+                index.block_tables, scale, window, cap, index=index,
             )  # fmt: skip
         if not d:
             return prefill
@@ -132,16 +135,22 @@ class TorchAttention:
         out[d:] = prefill
         return out
 
-    def _fresh_offsets(self, meta: AttentionMetadata) -> torch.Tensor | None:
-        """The prefill chunks' offsets for ``prefill_attention_bf16`` when every chunk of the
-        step is a whole prompt (no cached prefix), else None; worked out once per step."""
-        if self._fresh is None or self._fresh[0] is not meta:
-            d, lens = meta.num_decodes, meta.context_lens_host
+    def _step_index(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[cpu_kernels.PrefillIndex, bool]:
+        """The step's prefill index (``cpu_kernels.prefill_index``) and whether every prefill
+        chunk is a whole prompt (no cached prefix), worked out on the step's first layer."""
+        d, block_size = meta.num_decodes, kv_cache.shape[3]
+        cached = self._index
+        if cached is None or cached[0] is not meta or cached[1] != block_size:
+            index = cpu_kernels.prefill_index(
+                meta.prefill_query_start_loc, meta.context_lens[d:], meta.block_tables[d:],
+                q.shape[0] - d, block_size,
+            )  # fmt: skip
+            lens = meta.context_lens_host
             fresh = all(lens[i] == meta.query_lens[i] for i in range(d, len(meta.query_lens)))
-            tokens = meta.num_tokens - d
-            offsets = prompt_offsets(meta.prefill_query_start_loc, tokens) if fresh else None
-            self._fresh = (meta, offsets)
-        return self._fresh[1]
+            cached = self._index = (meta, block_size, index, fresh)
+        return cached[2], cached[3]
 
     def _decodes(
         self,

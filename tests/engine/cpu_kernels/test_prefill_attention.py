@@ -183,3 +183,18 @@ def test_each_vector_width_equals_float64(width: int) -> None:
         timeout=600,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_a_shared_index_gives_the_same_answer_and_must_match_the_call() -> None:
+    torch.manual_seed(0)
+    kv = torch.randn(4, 2, 2, 4, 1, 16)
+    q, k, v = torch.randn(5, 2, 16), torch.randn(5, 1, 16), torch.randn(5, 1, 16)
+    table = torch.tensor([[1, 2]], dtype=torch.int32)
+    qsl, lens = torch.tensor([0, 5], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    call = cpu_kernels.paged_prefill_attention
+    want = call(q, k, v, kv, 1, qsl, lens, table, 0.25)
+    index = cpu_kernels.prefill_index(qsl, lens, table, 5, 4)
+    got = call(q, k, v, kv, 1, qsl, lens, table, 0.25, index=index)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="index for 4 tokens"):
+        call(q, k, v, kv, 1, qsl, lens, table, 0.25, index=index.__class__(qsl, lens, table, 4, 4))
