@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.cpu_kernels.prefill_amx import prefill_attention_bf16, prompt_offsets
-from tests.engine.cpu_kernels.amx_marks import requires_amx
+from tests.engine.cpu_kernels.amx_helpers import requires_amx
 
 pytestmark = requires_amx
 # the softmax weights are rounded to bf16 (2^-9) before P V: measured up to 1e-3 of the

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.cpu_kernels.quant_linear import AMX_ROWS, quant_linear
-from tests.engine.cpu_kernels.amx_marks import requires_amx
+from tests.engine.cpu_kernels.amx_helpers import relative_error, requires_amx
 from tests.engine.cpu_kernels.test_quant_linear import random_weight
 
 pytestmark = requires_amx
@@ -28,11 +28,6 @@ ROWS = [1, 2, 15, 16, 17, 31, 32, 33, 50, 128, 129, 300]
 # fp32 sums of K terms carry errors of a few times 2^-24 times the sum of |terms| (the FMA
 # path's run about 3e-7 on these shapes, the AMX kernel's about 1e-7)
 TOLERANCE = 1e-6
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
-    """Largest error over the sum of |terms| that made the element."""
-    return float(((got.double() - want) / scale.clamp_min(1e-30)).abs().max())
 
 
 @pytest.mark.parametrize(("bits", "group", "mins", "n", "k"), CASES)

@@ -13,7 +13,7 @@ import torch
 from engine import cpu_kernels
 from engine.cpu_kernels.quant_linear import quant_linear, small_rows
 from engine.model.quant.weight import QuantWeight
-from tests.engine.cpu_kernels.amx_marks import requires_amx
+from tests.engine.cpu_kernels.amx_helpers import relative_error, requires_amx
 from tests.engine.cpu_kernels.test_quant_linear import random_weight
 
 pytestmark = requires_amx
@@ -56,11 +56,6 @@ def _per_k(params: torch.Tensor, j: torch.Tensor, group: torch.Tensor) -> torch.
     """[N, K] of per-group ``params`` [P, G, 16] (row n: panel n // 16, lane n % 16)."""
     picked = params[torch.arange(j.numel()) // 16, :, j]  # [N, G]
     return picked[:, group].double()
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
-    """Largest error over the sum of |terms| that made the element."""
-    return float(((got.double() - want) / scale.clamp_min(1e-30)).abs().max())
 
 
 @pytest.mark.parametrize(("bits", "group", "mins", "n", "k"), CASES)
