@@ -46,6 +46,15 @@ class PrefillIndex:
         return self.context_lens.shape[0]
 
 
+def check_query_offsets(offsets: torch.Tensor, tokens: int, kernel: str) -> torch.Tensor:
+    """Checks that ``offsets`` [seqs + 1] (from 0) cover ``tokens`` tokens in chunks of at
+    least one; returns the chunks' lengths. The prefill kernels trust their offsets."""
+    n = offsets[1:] - offsets[:-1]
+    if int(offsets[0]) != 0 or int(offsets[-1]) != tokens or bool((n < 1).any()):
+        raise ValueError(f"{kernel}: query offsets do not cover the tokens")
+    return n
+
+
 def prefill_index(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
@@ -66,9 +75,7 @@ def prefill_index(
             f"{tables.shape[0]} block tables"
         )
     if seqs:
-        n = qsl[1:] - qsl[:-1]
-        if int(qsl[0]) != 0 or int(qsl[-1]) != tokens or bool((n < 1).any()):
-            raise ValueError("paged_prefill_attention: query offsets do not cover the tokens")
+        n = check_query_offsets(qsl, tokens, "paged_prefill_attention")
         if bool((lens < n).any()) or int(lens.max()) > tables.shape[1] * block_size:
             raise ValueError(
                 "paged_prefill_attention: a context shorter than its chunk or longer than its "

@@ -12,20 +12,19 @@ import functools
 import torch
 
 from engine import cpu_kernels
+from engine.cpu_kernels.prefill import check_query_offsets
 
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
 
 def prompt_offsets(query_start_loc: torch.Tensor, tokens: int) -> torch.Tensor:
     """``query_start_loc`` checked to cover ``tokens`` tokens in prompts of at least one,
-    as the int32 offsets ``prefill_attention_bf16`` takes (once per step: the C side trusts
-    them, and a bad offset would read outside memory)."""
+    as the int32 offsets ``prefill_attention_bf16`` takes (the engine passes its step's
+    ``PrefillIndex.query_start_loc``, checked the same way)."""
     offsets = query_start_loc.to(torch.int32).contiguous()
-    n = offsets[1:] - offsets[:-1]
-    if offsets.dim() != 1 or offsets.shape[0] < 1 or int(offsets[0]) != 0:
-        raise ValueError("prefill_attention_bf16: query offsets must start at 0")
-    if int(offsets[-1]) != tokens or bool((n < 1).any()):
-        raise ValueError("prefill_attention_bf16: query offsets do not cover the tokens")
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError("prefill_attention_bf16: query offsets must be [prompts + 1]")
+    check_query_offsets(offsets, tokens, "prefill_attention_bf16")
     return offsets
 
 

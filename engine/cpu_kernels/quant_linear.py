@@ -111,8 +111,7 @@ class QuantLinear:
     ) -> torch.Tensor:
         """As ``quant_linear(x, ..., out, amx_rows, bf16_products)``."""
         m, n, k = x.shape[0], self.n, self.k
-        if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or x.dtype != torch.float32:
-            raise ValueError(f"quant_linear: x {tuple(x.shape)} does not fit a weight of {n}x{k}")
+        self._check_input(x)
         if out is None:
             out, accumulate = torch.empty(m, n, dtype=x.dtype), 0
         elif out.shape != (m, n) or out.stride(-1) != 1:
@@ -132,10 +131,7 @@ class QuantLinear:
         on AMX tiles (``quant_amx_bf16.c``: only the product is written); None where that
         kernel declines (no AMX, up to ``small_rows()`` rows, N not a multiple of 32)."""
         m, k = x.shape[0], self.k
-        if x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1 or x.dtype != torch.float32:
-            raise ValueError(
-                f"quant_linear: x {tuple(x.shape)} does not fit a weight of {self.n}x{k}"
-            )
+        self._check_input(x)
         if m <= small_rows() or self.n % 32:
             return None
         out = torch.empty(m, self.n // 2, dtype=x.dtype)
@@ -145,6 +141,13 @@ class QuantLinear:
             out.data_ptr(), out.stride(0), torch.get_num_threads(),
         )  # fmt: skip
         return out if done else None
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """x must be [M, K] fp32 with a unit last stride."""
+        if x.dim() != 2 or x.shape[1] != self.k or x.stride(1) != 1 or x.dtype != torch.float32:
+            raise ValueError(
+                f"quant_linear: x {tuple(x.shape)} does not fit a weight of {self.n}x{self.k}"
+            )
 
 
 def _halves(t: torch.Tensor, bit: int) -> int:
