@@ -4,7 +4,9 @@
 
 Decode attention: bytes of K+V read for all contexts / kernel time, against the DRAM
 traffic of a device-to-device ``copy_`` of the same number of bytes (a copy reads and writes
-each byte, so its traffic is 2 x bytes / time). Prefill attention: FLOP/s against a same-run
+each byte, so its traffic is 2 x bytes / time); with ``--kv-cache-dtype int8`` (or fp8_e4m3) the
+cache holds quantized rows (head_dim code bytes + 8 bytes of scales, engine.kv.quant) and the
+bytes read are those rows. Prefill attention: FLOP/s against a same-run
 square matmul. Kernels are timed inside a CUDA graph (the engine replays decode that way), so
 Python launch cost is not counted. The layers of the cache are cycled so that L2 does not hold
 the working set. Without CUDA it runs a tiny config under TRITON_INTERPRET=1 only to show that
@@ -43,10 +45,16 @@ class Shape:
     dtype: torch.dtype
     prefill_seqs: int
     prefill_new: int
+    kv_cache_dtype: str = "auto"
 
     @property
-    def elem(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+    def row_bytes(self) -> int:
+        """Bytes of one (token, KV head) row of K or V in the cache."""
+        if self.kv_cache_dtype != "auto":
+            from engine.kv.quant import row_width
+
+            return row_width(self.head_dim, self.kv_cache_dtype)
+        return self.head_dim * torch.empty((), dtype=self.dtype).element_size()
 
 
 def time_ms(fn: Callable[[], object], iters: int, cuda: bool) -> float:
@@ -82,6 +90,10 @@ def make_cache(shape: Shape, lens: list[int], device: torch.device) -> tuple[tor
     kv = torch.randn(
         (num_blocks, shape.layers, 2, bs, shape.kv_heads, shape.head_dim), device=device
     ).to(shape.dtype)
+    if shape.kv_cache_dtype != "auto":
+        from engine.kv.quant import quantize_rows
+
+        kv = quantize_rows(kv, shape.kv_cache_dtype)
     tables = torch.randperm(num_blocks, device=device).view(len(lens), per_seq).to(torch.int32)
     ctx = torch.tensor(lens, dtype=torch.int32, device=device)
     return kv, tables, ctx
@@ -96,7 +108,7 @@ def bench_decode(shape: Shape, iters: int, device: torch.device) -> dict[str, An
     kv, tables, ctx = make_cache(shape, [shape.ctx] * shape.batch, device)
     q = torch.randn(shape.batch, shape.heads, shape.head_dim, device=device).to(shape.dtype)
     scale = shape.head_dim**-0.5
-    nbytes = shape.batch * shape.ctx * 2 * shape.kv_heads * shape.head_dim * shape.elem
+    nbytes = shape.batch * shape.ctx * 2 * shape.kv_heads * shape.row_bytes
     auto = plan_splits(shape.batch, shape.kv_heads, tables.shape[1] * shape.block_size, 64, device)
     sweep: dict[int, float] = {}
     for splits in sorted({auto, 1, 2, 4, 8, 16} if cuda else {1, 2}):
@@ -108,7 +120,13 @@ def bench_decode(shape: Shape, iters: int, device: torch.device) -> dict[str, An
 
         sweep[splits] = nbytes / (time_ms(run, iters, cuda) * 1e-3) / 1e9
     out = paged_decode_attention(q, kv, 0, tables, ctx, scale)
-    err = (out.float() - decode_attention_ref(q, kv, 0, tables, ctx, scale).float()).abs().max()
+    ref_kv = kv
+    if shape.kv_cache_dtype != "auto":  # the oracle reads the dequantized rows
+        from engine.kv.quant import dequantize_rows
+
+        ref_kv = dequantize_rows(kv, torch.float32).to(shape.dtype)
+    ref = decode_attention_ref(q, ref_kv, 0, tables, ctx, scale)
+    err = (out.float() - ref.float()).abs().max()
     return {
         "bytes": nbytes,
         "auto_splits": auto,
@@ -164,6 +182,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4, help="cache layers, cycled between calls")
     ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    ap.add_argument(
+        "--kv-cache-dtype", choices=["auto", "int8", "fp8_e4m3"], default="auto",
+        help="rows of the cache: the model dtype, or quantized rows (engine.kv.quant)",
+    )  # fmt: skip
     ap.add_argument("--prefill-seqs", type=int, default=4)
     ap.add_argument("--prefill-new", type=int, default=512, help="new tokens per sequence")
     ap.add_argument("--iters", type=int, default=50)
@@ -175,10 +197,11 @@ def shape_from(args: argparse.Namespace, cuda: bool) -> Shape:
     if args.prefill_new > args.ctx:
         raise ValueError(f"--prefill-new ({args.prefill_new}) must be <= --ctx ({args.ctx})")
     if not cuda:  # the interpreter runs each program in Python: keep it tiny
-        return Shape(2, 40, 4, 2, 16, 4, 2, torch.float32, 2, 8)
+        return Shape(2, 40, 4, 2, 16, 4, 2, torch.float32, 2, 8, args.kv_cache_dtype)
     return Shape(
         args.batch, args.ctx, args.heads, args.kv_heads, args.head_dim, args.block_size,
         args.layers, getattr(torch, args.dtype), args.prefill_seqs, args.prefill_new,
+        args.kv_cache_dtype,
     )  # fmt: skip
 
 
@@ -187,6 +210,7 @@ def report(result: dict[str, Any]) -> None:
     if not result["cuda"]:
         print("no CUDA: tiny config under TRITON_INTERPRET=1; these figures mean nothing")
     print(f"{'what':<34}{'value':>14}")
+    print(f"{'KV cache dtype':<34}{result['shape']['kv_cache_dtype']:>14}")
     print(f"{'decode bytes read (K+V)':<34}{d['bytes']:>14,}")
     for splits, gbps in d["gbps_by_splits"].items():
         print(f"{'decode GB/s, splits=' + splits:<34}{gbps:>14.1f}")

@@ -2,7 +2,9 @@
 
 The interpreter accepts programs that the GPU compiler rejects (dot sizes, layouts, types), so
 the CPU suite also lowers each kernel to a cubin with the ptxas bundled in the triton wheel.
-Prints one ``ok <kernel> <registers>`` line per kernel; exits non-zero on the first failure.
+Prints one ``ok <kernel> <dtype> quant=<0|1|2> shared=<bytes> byte_loads=<n>`` line per kernel
+(``byte_loads``: global loads of one byte, which a quantized cache's aligned rows must not
+need); exits non-zero on the first failure.
 
     python tests/engine/triton_kernels/gpu_lowering.py [--arch 90]
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -96,8 +99,11 @@ def main() -> int:
         source = ASTSource(fn, signature(fn, dtype, consts), consts)
         compiled = triton.compile(source, target=target, options={"num_warps": warps})
         quant = consts.get("QUANT", 0)
+        byte_loads = len(re.findall(r"ld\.global(?:\.[a-z]+)*\.[bsu]8\b", compiled.asm["ptx"]))
         print(
-            f"ok {fn.__name__} {dtype} quant={quant} shared={compiled.metadata.shared}", flush=True
+            f"ok {fn.__name__} {dtype} quant={quant} shared={compiled.metadata.shared} "
+            f"byte_loads={byte_loads}",
+            flush=True,
         )
     return 0
 
