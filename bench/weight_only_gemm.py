@@ -1,0 +1,337 @@
+"""Weight-only GEMMs on CUDA (int4 w4a16, FP8 e4m3) against limits measured in the same run.
+
+    python -m bench.weight_only_gemm --out bench/results/weight_only_gemm.json
+
+For each projection shape (Llama-3-8B's by default) and each row count M, three products of
+the same weight, in bf16 activations:
+- ``bf16``: torch's ``F.linear`` on the dequantized weight (cuBLAS), the baseline;
+- ``w4a16``: ``engine.triton_kernels.w4a16`` (GPTQ packing, a scale and zero per 128 inputs);
+- ``fp8``: ``engine.triton_kernels.fp8_linear`` (e4m3 codes, a scale per output channel).
+Few rows are bound by reading the weight: the figure is weight bytes / time against the
+same-run DRAM traffic of a device-to-device copy (``read / copy``). Many rows are bound by
+compute: TFLOP/s against the same-run bf16 matmul of 8192^3 (``/ peak``). Every case also
+reports its speed-up over the bf16 product and its error against it. Weights are cycled
+through enough copies that L2 never holds the working set; each case is timed as CUDA-graph
+replays (``bench.kernels.time_ms``). Without CUDA it runs a tiny case under TRITON_INTERPRET=1
+only to show that the code path works: those figures are meaningless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import RESULTS_DIR, environment, write_json
+from bench.kernels import bench_copy, time_ms
+
+# (name, out features N, in features K): Llama-3-8B's projections (q/k/v and gate/up fused)
+LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+L2_FLUSH_BYTES = 512 << 20  # the weights a case cycles through, well above any L2
+GROUP = 128
+CROSSOVER_ROWS = [32, 64, 128, 256, 512]
+SWEEP_ROWS = [1, 16]
+
+
+def act_dtype(device: torch.device) -> torch.dtype:
+    """bf16 activations; fp16 under the interpreter, whose bf16 dots are not exact."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float16
+
+
+def make_weights(n: int, k: int, device: torch.device) -> dict[str, Any]:
+    """One random weight in the three forms: int4 (random codes, scales, zeros), its fp8
+    rounding with a scale per output channel, and bf16 copies of what each dequantizes to."""
+    from engine.model.quant.fp8_checkpoint import Fp8Weight
+    from engine.model.quant.int4_checkpoint import Int4Weight
+    from engine.triton_kernels.w4a16 import pack_int4
+
+    groups = k // GROUP
+    int4 = Int4Weight(
+        codes=torch.randint(0, 16, (n, k), dtype=torch.uint8),
+        scales=torch.rand(n, groups) * 0.02 + 0.001,
+        zeros=torch.randint(0, 16, (n, groups)).float(),
+        group_size=GROUP,
+        perm=None,
+    )
+    dense = int4.dequantize(torch.float32)
+    scale = dense.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 448.0
+    fp8 = Fp8Weight(
+        codes=(dense / scale).to(torch.float8_e4m3fn).to(device),
+        scales=scale.to(device),
+        block=(1, k),
+    )
+    return {
+        "int4": pack_int4(int4, act_dtype(device), device),
+        "fp8": fp8,
+        "bf16_int4": dense.to(device, act_dtype(device)),
+        "bf16_fp8": fp8.dequantize(torch.float32).to(act_dtype(device)),
+    }
+
+
+def weight_bytes(w: dict[str, Any]) -> dict[str, int]:
+    """Bytes each product reads for its weight."""
+
+    def size(*ts: torch.Tensor) -> int:
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    q, f = w["int4"], w["fp8"]
+    return {
+        "bf16": size(w["bf16_int4"]),
+        "w4a16": size(q.qweight, q.scales, q.zeros),
+        "fp8": size(f.codes, f.scales),
+    }
+
+
+def products(w: dict[str, Any], **how: Any) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """The three products of one weight; ``how`` (``fused``, ``dequant``) goes to
+    ``weight_only_linear`` (default: its own choice, as the engine calls it)."""
+    from engine.triton_kernels.weight_only import FP8, INT4, weight_only_linear
+
+    q, f = w["int4"], w["fp8"]
+
+    def w4a16(x: torch.Tensor) -> torch.Tensor:
+        n = q.qweight.shape[1]
+        return weight_only_linear(x, n, INT4, q.qweight, q.scales, q.zeros, q.group, **how)
+
+    def fp8(x: torch.Tensor) -> torch.Tensor:
+        n = f.codes.shape[0]
+        return weight_only_linear(x, n, FP8, f.codes, f.scales.float(), tile=f.block, **how)
+
+    return {
+        "bf16": lambda x: torch.nn.functional.linear(x, w["bf16_int4"]),
+        "w4a16": w4a16,
+        "fp8": fp8,
+    }
+
+
+def timed(
+    weights: list[dict[str, Any]], kind: str, x: torch.Tensor, iters: int, cuda: bool, **how: Any
+) -> float:
+    """Milliseconds of one product, cycling through the weight copies."""
+    calls = [products(w, **how)[kind] for w in weights]
+    turn = itertools.count()
+    return time_ms(lambda: calls[next(turn) % len(calls)](x), iters, cuda)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+def bench_shape(
+    name: str, n: int, k: int, rows: list[int], iters: int, device: torch.device, copy_gbps: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cases of one shape, and the weight copies they cycled through."""
+    cuda = device.type == "cuda"
+    first = make_weights(n, k, device)
+    nbytes = weight_bytes(first)
+    copies = max(1, min(32, -(-L2_FLUSH_BYTES // nbytes["w4a16"]))) if cuda else 1
+    weights = [first] + [make_weights(n, k, device) for _ in range(copies - 1)]
+    calls = products(first)
+    out = []
+    for m in rows:
+        x = torch.randn(m, k, device=device).to(act_dtype(device))
+        # the error of each kernel against cuBLAS on the weight it dequantizes to
+        errors = {
+            "w4a16": rel_err(calls["w4a16"](x), x @ first["bf16_int4"].t()),
+            "fp8": rel_err(calls["fp8"](x), x @ first["bf16_fp8"].t()),
+        }
+        case: dict[str, Any] = {"shape": name, "n": n, "k": k, "m": m, "weight_copies": copies}
+        for kind in ("bf16", "w4a16", "fp8"):
+            ms = timed(weights, kind, x, iters, cuda)
+            case[kind] = {
+                "time_ms": ms,
+                "tflops": 2 * m * n * k / (ms * 1e-3) / 1e12,
+                "weight_gbps": nbytes[kind] / (ms * 1e-3) / 1e9,
+                "read_over_copy": nbytes[kind] / (ms * 1e-3) / 1e9 / copy_gbps,
+                "weight_bytes": nbytes[kind],
+            }
+        for kind in ("w4a16", "fp8"):
+            case[kind]["speedup_vs_bf16"] = case["bf16"]["time_ms"] / case[kind]["time_ms"]
+            case[kind]["rel_err_vs_cublas"] = errors[kind]
+        out.append(case)
+    return out, weights
+
+
+def crossover(
+    weights: list[dict[str, Any]], k: int, rows: list[int], iters: int, cuda: bool
+) -> list[dict[str, Any]]:
+    """Fused kernel against dequantize-then-matmul at each row count (``DEQUANT_ROWS``)."""
+    out = []
+    device = weights[0]["bf16_int4"].device
+    for m in rows:
+        x = torch.randn(m, k, device=device).to(act_dtype(device))
+        case: dict[str, Any] = {"m": m}
+        for kind in ("w4a16", "fp8"):
+            case[kind] = {
+                "fused_ms": timed(weights, kind, x, iters, cuda, dequant=False),
+                "dequant_ms": timed(weights, kind, x, iters, cuda, dequant=True),
+            }
+        out.append(case)
+    return out
+
+
+def sweep(
+    weights: list[dict[str, Any]], k: int, rows: list[int], iters: int, cuda: bool
+) -> list[dict[str, Any]]:
+    """The fused kernel's tiles and input splits at each row count: the best and the plan's."""
+    from triton.runtime.errors import OutOfResources
+
+    from engine.triton_kernels.weight_only import FP8, INT4, FusedConfig, plan_fused
+
+    out = []
+    device = weights[0]["bf16_int4"].device
+    n = weights[0]["bf16_int4"].shape[0]
+    grid = [
+        (bn, bk, sp, st)
+        for bn in (32, 64, 128)
+        for bk in (128, 256)
+        for sp in (1, 2, 4, 8)
+        for st in (2, 3)
+    ]
+    if not cuda:
+        grid = grid[:2]
+    for m in rows:
+        x = torch.randn(m, k, device=device).to(act_dtype(device))
+        for kind in ("w4a16", "fp8"):
+            times = {}
+            for cfg in grid:
+                try:
+                    how = {"fused": FusedConfig(*cfg), "dequant": False}
+                    times[cfg] = timed(weights, kind, x, iters, cuda, **how)
+                except OutOfResources:  # too many stages of too large tiles
+                    continue
+            best = min(times, key=lambda c: times[c])
+            fmt = INT4 if kind == "w4a16" else FP8
+            plan = plan_fused(m, n, k, fmt, act_dtype(device), device)
+            planned = timed(weights, kind, x, iters, cuda, fused=plan, dequant=False)
+            out.append(
+                {
+                    "m": m,
+                    "kind": kind,
+                    "best": {"config": list(best), "ms": times[best]},
+                    "plan": {"config": list(plan), "ms": planned},
+                    "all": {"/".join(map(str, c)): t for c, t in times.items()},
+                }
+            )
+    return out
+
+
+def matmul_peak_tflops(n: int, iters: int, device: torch.device) -> float:
+    a = torch.randn(n, n, device=device).to(act_dtype(device))
+    b = torch.randn(n, n, device=device).to(act_dtype(device))
+    ms = time_ms(lambda: a @ b, iters, device.type == "cuda")
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def report(result: dict[str, Any]) -> None:
+    if not result["cuda"]:
+        print("no CUDA: tiny case under TRITON_INTERPRET=1; these figures mean nothing")
+    print(
+        f"same run: copy traffic {result['copy_traffic_gbps']:.0f} GB/s, "
+        f"bf16 matmul peak {result['matmul_peak_tflops']:.0f} TFLOP/s"
+    )
+    head = f"{'shape':<8}{'M':>6}"
+    for kind in ("bf16", "w4a16", "fp8"):
+        head += f"{kind + ' us':>11}{'read/copy':>10}{'/peak':>7}"
+    print(head + f"{'w4 x':>7}{'fp8 x':>7}")
+    peak = result["matmul_peak_tflops"]
+    for c in result["cases"]:
+        line = f"{c['shape']:<8}{c['m']:>6}"
+        for kind in ("bf16", "w4a16", "fp8"):
+            r = c[kind]
+            line += (
+                f"{r['time_ms'] * 1e3:>11.1f}{r['read_over_copy']:>10.2f}{r['tflops'] / peak:>7.2f}"
+            )
+        line += f"{c['w4a16']['speedup_vs_bf16']:>7.2f}{c['fp8']['speedup_vs_bf16']:>7.2f}"
+        print(line)
+    for name, cases in result["crossover"].items():
+        for c in cases:
+            w, f = c["w4a16"], c["fp8"]
+            print(
+                f"crossover {name} M {c['m']}: w4a16 fused {w['fused_ms'] * 1e3:.1f} us, "
+                f"dequant {w['dequant_ms'] * 1e3:.1f} us; fp8 fused {f['fused_ms'] * 1e3:.1f} "
+                f"us, dequant {f['dequant_ms'] * 1e3:.1f} us"
+            )
+    for name, cases in result["sweep"].items():
+        for c in cases:
+            b, p = c["best"], c["plan"]
+            print(
+                f"sweep {name} M {c['m']} {c['kind']}: best {b['config']} {b['ms'] * 1e3:.1f} "
+                f"us, plan {p['config']} {p['ms'] * 1e3:.1f} us"
+            )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256, 2048])
+    ap.add_argument("--shapes", nargs="+", default=[s[0] for s in LLAMA_8B],
+                    choices=[s[0] for s in LLAMA_8B])  # fmt: skip
+    ap.add_argument("--iters", type=int, default=20, help="products per timed graph replay")
+    ap.add_argument(
+        "--crossover", type=int, nargs="*", metavar="M",
+        help=f"time the fused kernel against dequantize + matmul at these row counts "
+        f"(none named: {CROSSOVER_ROWS})",
+    )  # fmt: skip
+    ap.add_argument(
+        "--sweep", type=int, nargs="*", metavar="M",
+        help=f"time the fused kernel's tiles and splits (none named: {SWEEP_ROWS})",
+    )  # fmt: skip
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "weight_only_gemm.json")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels import triton
+    device = torch.device("cuda" if cuda else "cpu")
+    torch.manual_seed(0)
+    if cuda:
+        shapes = [s for s in LLAMA_8B if s[0] in args.shapes]
+        rows, iters = args.rows, args.iters
+    else:  # the interpreter runs each program in Python: keep it tiny
+        shapes, rows, iters = [("tiny", 32, 2 * GROUP)], [1, 3], 1
+    copy = bench_copy(256 << 20 if cuda else 1 << 20, iters, device)
+    peak = matmul_peak_tflops(8192 if cuda else 64, max(iters // 4, 1), device)
+    cases: list[dict[str, Any]] = []
+    crossovers: dict[str, list[dict[str, Any]]] = {}
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    result = {
+        "cuda": cuda,
+        "meaningful": cuda,
+        "environment": environment(),
+        "copy_traffic_gbps": copy["traffic_gbps"],
+        "matmul_peak_tflops": peak,
+        "group_size": GROUP,
+        "cases": cases,
+        "crossover": crossovers,
+        "sweep": sweeps,
+        "complete": False,
+    }
+    for name, n, k in shapes:
+        print(f"{name}: N {n}, K {k}", flush=True)
+        found, weights = bench_shape(name, n, k, rows, iters, device, copy["traffic_gbps"])
+        cases += found
+        if args.crossover is not None:
+            at = (args.crossover or CROSSOVER_ROWS) if cuda else [2]
+            crossovers[name] = crossover(weights, k, at, iters, cuda)
+        if args.sweep is not None:
+            sweeps[name] = sweep(
+                weights, k, (args.sweep or SWEEP_ROWS) if cuda else [1], iters, cuda
+            )
+        del weights
+        write_json(args.out, result)  # each shape as it is done: a long sweep can be cut off
+    result["complete"] = True
+    report(result)
+    print(f"wrote {write_json(args.out, result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
