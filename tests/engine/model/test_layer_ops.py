@@ -20,6 +20,7 @@ from engine.model.rope import Rope, rope_inv_freq
 from models.sampling_params import SamplingParams
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 16, 4
+GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def needs_triton() -> None:
@@ -79,11 +80,21 @@ def test_layer_ops_equal_the_torch_ops(name: str) -> None:
     torch.testing.assert_close(mine[2, HEAD_DIM : 2 * HEAD_DIM], want_head, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "kv_cache_dtype",
+    [
+        "auto",
+        # interpreted, a quantized cache costs minutes of CI for what the kernel tests cover
+        pytest.param("int8", marks=GPU_ONLY),
+        pytest.param("fp8_e4m3", marks=GPU_ONLY),
+    ],
+)
 def test_triton_fused_ops_greedy_equals_the_torch_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kv_cache_dtype: str
 ) -> None:
     """Greedy output of the engine over the Triton backend (fused RMSNorm and RoPE + KV write
-    in the forward) equals the torch path's: chunked prefill, a shared prefix, decodes."""
+    in the forward) equals the torch path's: chunked prefill, a shared prefix, decodes; with a
+    quantized cache too (the Triton writers store the torch path's rows, bit for bit)."""
     needs_triton()
     save_tiny_llama(tmp_path)
     calls = {"rms_norm": 0, "rope_write_kv": 0}
@@ -103,7 +114,7 @@ def test_triton_fused_ops_greedy_equals_the_torch_path(
     def run(**options: Any) -> dict[str, list[int]]:
         config = EngineConfig(
             model_dir=tmp_path, block_size=BLOCK, num_kv_blocks=48, max_num_batched_tokens=16,
-            **options,
+            kv_cache_dtype=kv_cache_dtype, **options,
         )  # fmt: skip
         return drive(LLMEngine(config), work, {}, first=2)["tokens"]
 

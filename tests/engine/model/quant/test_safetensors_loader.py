@@ -70,6 +70,25 @@ def test_greedy_equals_transformers_on_the_dequantized_weights(
         assert layer.attn.qkv.is_meta  # no fp32 copy kept
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_on_the_gpu_the_triton_gemms_equal_transformers(
+    checkpoints: dict[str, tuple[Any, Path]], scheme: str
+) -> None:
+    """On CUDA the matrices stay quantized (Triton w4a16 / fp8 GEMMs, fp32 activations):
+    greedy tokens equal transformers' on the dequantized weights."""
+    from engine.model.quant.gpu_weight import Fp8GpuWeight, Int4GpuWeight
+
+    hf, path = checkpoints[scheme]
+    expected = [hf_greedy(hf, p, NEW_TOKENS) for p in PROMPTS]
+    engine = _engine(path, device="cuda")
+    assert _greedy(engine) == expected
+    kind = Fp8GpuWeight if scheme.startswith("fp8") else Int4GpuWeight
+    layer = engine.runner.model.decoder_layers()[0]
+    assert isinstance(layer.attn.packed["qkv"], kind)
+    assert isinstance(layer.mlp.packed["down"], kind)
+
+
 def test_int4_weights_take_an_eighth_of_fp32(checkpoints: dict[str, tuple[Any, Path]]) -> None:
     _, path = checkpoints["awq"]
     quantized = _engine(path).runner.model
