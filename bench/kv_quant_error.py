@@ -5,8 +5,9 @@ float32, over the prefill of chat prompts on the default model (or ``--model DIR
 
 The engine runs the prompts with a float32 cache and the torch ops; each layer's rotated
 queries and keys are recorded, then each scheme rounds the keys and the error of every causal
-(query, key) score of every head is measured. Schemes: bf16 keys; the cache's int8 and fp8
-rows (engine.kv.quant: codes, a bf16 scale and mid per half row); and int8 rows of keys
+(query, key) score of every head is measured. Schemes: bf16 keys; int8 rows (engine.kv.quant:
+codes, a bf16 scale and mid per half row) of the keys as they are and Hadamard-rotated (as
+the cache stores them, queries rotated alike); the cache's fp8 rows; and int8 rows of keys
 divided by a per-channel table ``s`` (queries multiplied by it: exact in real arithmetic):
 
 - ``pairs, W_k``: weight-only, ``s`` from the row norms of ``W_k * input_norm``, the two
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bench.oracle_prompts import PROMPTS as ORACLE_PROMPTS
-from engine.kv.quant import dequantize_rows, quantize_rows
+from engine.kv.quant import dequantize_rows, quantize_rows, rotate_heads_
 
 PROMPTS = ORACLE_PROMPTS[:12]  # the int8 KV oracle test's 12
 
@@ -91,6 +92,10 @@ def schemes(rec: Record, wks: list[torch.Tensor], group: int) -> dict[str, Schem
 
         return apply
 
+    def rotated(_: int, k: torch.Tensor) -> torch.Tensor:  # H undoes itself
+        stored = quantize_rows(rotate_heads_(k.clone()), "int8")
+        return rotate_heads_(dequantize_rows(stored, torch.float32))
+
     kv_heads = next(iter(rec.values()))[0][1].shape[1]
     keys = {i: torch.cat([k for _, k in r]) for i, r in rec.items()}  # [tokens, kv_heads, d]
     q_rms = {
@@ -103,8 +108,9 @@ def schemes(rec: Record, wks: list[torch.Tensor], group: int) -> dict[str, Schem
     free = {i: _normed(((k - mean[i]).std(0) / q_rms[i]).sqrt()) for i, k in keys.items()}
     return {
         "bf16": lambda _, k: k.bfloat16().float(),
-        "int8 rows (today)": rows("int8"),
-        "fp8_e4m3 rows (today)": rows("fp8_e4m3"),
+        "int8 rows, keys as they are": rows("int8"),
+        "int8 rows, keys rotated (the cache)": rotated,
+        "fp8_e4m3 rows (the cache)": rows("fp8_e4m3"),
         "int8, pairs, W_k (weight-only)": scaled(weight, {}),
         "int8, pairs, calib (in-sample)": scaled(calib, {}),
         "int8, free, calib + offset (in-sample)": scaled(free, mean),

@@ -86,6 +86,25 @@ static inline void quantize_heads_i8(const float *x, int8_t *dst, int kv_heads, 
     }
 }
 
+/* x <- H x on each of `n_heads` heads of one token's row, in place: the normalized Sylvester
+   Hadamard in blocks of `block` values (a power of two), by butterflies, the order of
+   engine.kv.quant.rotate_heads_ (the same bits). A quantized cache stores keys rotated. */
+static void hadamard_heads(float *row, int n_heads, int head_dim, int block)
+{
+    const float norm = (float)(1.0 / __builtin_sqrt((double)block));
+    for (int b0 = 0; b0 < n_heads * head_dim; b0 += block) {
+        float *y = row + b0;
+        for (int span = 1; span < block; span <<= 1)
+            for (int i = 0; i < block; i += 2 * span)
+                for (int j = i; j < i + span; j++) {
+                    const float a = y[j], c = y[j + span];
+                    y[j] = a + c;
+                    y[j + span] = a - c;
+                }
+        for (int i = 0; i < block; i++) y[i] *= norm;
+    }
+}
+
 void splitserve_rope_write_kv_i8(
     float *qkv, int64_t row_stride, int32_t tokens, int32_t heads, int32_t kv_heads,
     int32_t head_dim, const int64_t *positions, const float *cos, const float *sin,
@@ -98,6 +117,7 @@ void splitserve_rope_write_kv_i8(
     for (int t = 0; t < tokens; t++) {
         float *row = qkv + t * row_stride;
         rope_heads(row, cos + positions[t] * half, sin + positions[t] * half, rotated, head_dim);
+        hadamard_heads(row, rotated, head_dim, head_dim & -head_dim);
         const int64_t slot = slots[t];
         int8_t *dst = cache + (slot / block_size) * block_stride + (slot % block_size) * token_stride;
         quantize_heads_i8(row + (int64_t)heads * head_dim, dst + k_offset, kv_heads, head_dim);

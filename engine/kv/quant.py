@@ -27,6 +27,19 @@ the keys' own absmax under that constraint 0.034: in a low-frequency pair one ch
 a large key offset and the other the largest queries, so a shared scale coarsens the channel
 that matters. Scales free of the pair constraint (applied after RoPE) with the keys' mean
 subtracted, both fitted on the measured prompts themselves, reach 0.0095: still above bf16's.
+
+int8 rows store keys rotated (``rotate_heads_``): after RoPE, each head of q and k is multiplied
+by a normalized Hadamard matrix H (Sylvester's, in blocks of the largest power of two that
+divides head_dim). H is orthogonal and its own inverse, so ``(H q) . (H k) = q . k``: the
+scores are unchanged, while a key's few large channels are spread over all of them before
+its row is rounded. The layer ops rotate q and k together (the C kernel in its RoPE pass),
+so every attention path reads rotated keys with rotated queries; V is stored as it is. fp8
+rows keep their keys as they are (e4m3's codes already follow each value's size). On the
+default model: score error 0.0194 rotated against 0.0227 (``bench.kv_quant_error``); greedy
+output over 100 chat prompts x 48 tokens kept float32's tokens on 77 prompts rotated against
+75 unrotated, and 11 of the 12 oracle prompts against 8 (the engine on a 2-core AVX-512 / AMX
+Xeon). An emulation that rounds an fp32 cache after each step (same engine, torch rounding)
+put it at 83 against 72, bfloat16 K/V at 89.
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ import torch
 KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
 GROUPS = 2  # channel groups (a scale and a mid each) per (token, KV head) row
 SCALE_BYTES = 4 * GROUPS  # bf16 scales then bf16 mids, after the row's codes
-ROW_FORMAT = "bf16-scale-mid-per-token-head-half-x2"  # named in the layout fingerprint
+# named in the layout fingerprint: blocks of another format are converted or refused
+ROW_FORMAT = "bf16-scale-mid-per-token-head-half-x2+int8-keys-hadamard"
 CODE_DTYPES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 CODE_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 
@@ -56,6 +70,40 @@ def kv_dtype_of(kv_cache: torch.Tensor) -> str:
 def is_quantized(kv_cache: torch.Tensor) -> bool:
     """Whether ``kv_cache`` holds codes + scales (a one-byte code dtype)."""
     return kv_cache.dtype in (torch.int8, torch.float8_e4m3fn)
+
+
+def keys_rotated(kv_cache_dtype: str) -> bool:
+    """Whether a cache of this dtype stores its keys rotated (``rotate_heads_``): int8's
+    uniform codes gain from it; fp8's floating codes already follow each value's size."""
+    return kv_cache_dtype == "int8"
+
+
+def rotates_keys(kv_cache: torch.Tensor) -> bool:
+    """``keys_rotated`` of a cache tensor."""
+    return kv_cache.dtype == torch.int8
+
+
+def hadamard_block(head_dim: int) -> int:
+    """The rotation's block: the largest power of two dividing ``head_dim``."""
+    return head_dim & -head_dim
+
+
+def rotate_heads_(x: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] <- H x per head, in place, and returned: the normalized Sylvester
+    Hadamard in blocks of ``hadamard_block(head_dim)`` values, by butterflies in fp32 in the
+    C kernel's order (the same bits). H is its own inverse: a second call undoes the first."""
+    d = x.shape[-1]
+    block = hadamard_block(d)
+    y = x.float().reshape(-1, d // block, block)
+    span = 1
+    while span < block:
+        pairs = y.reshape(y.shape[0], y.shape[1], block // (2 * span), 2, span)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2).reshape(y.shape)
+        span *= 2
+    y = y * (1.0 / block**0.5)
+    x.copy_(y.reshape(x.shape))
+    return x
 
 
 def _halves(x: torch.Tensor) -> torch.Tensor:
@@ -113,10 +161,17 @@ def row_width(head_dim: int, kv_cache_dtype: str) -> int:
 def convert_rows(
     rows: torch.Tensor, src_kv_dtype: str, dst_kv_dtype: str, model_dtype: torch.dtype
 ) -> torch.Tensor:
-    """Rows of one cache's format in another's (``auto``: ``model_dtype`` values)."""
+    """Blocks' rows [..., 2 (K, V), block_size, kv_heads, row] of one cache's format in
+    another's (``auto``: ``model_dtype`` values); keys are rotated into an int8 cache and back
+    out of one (``rotate_heads_``)."""
     if src_kv_dtype == dst_kv_dtype:
         return rows
-    values = rows if src_kv_dtype == "auto" else dequantize_rows(rows, torch.float32)
+    if src_kv_dtype == "auto":
+        values = rows.to(torch.float32, copy=True)  # rotated below: never the caller's rows
+    else:
+        values = dequantize_rows(rows, torch.float32)
+    if keys_rotated(src_kv_dtype) != keys_rotated(dst_kv_dtype):  # H undoes itself
+        rotate_heads_(values[..., 0, :, :, :])
     if dst_kv_dtype == "auto":
         return values.to(model_dtype)
     return quantize_rows(values, dst_kv_dtype)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from engine import cpu_kernels
 from engine.kv.cache import write_kv
+from engine.kv.quant import rotate_heads_, rotates_keys
 from engine.model.attention import AttentionMetadata
 
 
@@ -122,6 +123,8 @@ class TorchOps:
     ) -> QKV:
         qkv = qkv.view(qkv.shape[0], heads + 2 * kv_heads, -1)
         qk = apply_rope(qkv[:, : heads + kv_heads], self.cos, self.sin)  # [tokens, h + kvh, d]
+        if rotates_keys(kv_cache):  # keys stored rotated, queries rotated alike
+            rotate_heads_(qk)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         write_kv(kv_cache, layer, k, v, meta.slot_mapping)
         return QKV(q, k, v)
@@ -209,8 +212,15 @@ class TritonOps(TorchOps):
         layer: int,
         meta: AttentionMetadata,
     ) -> QKV:
-        from engine.triton_kernels import rope_write_kv
+        from engine.triton_kernels import apply_rope, rope_write_kv
+        from engine.triton_kernels import write_kv as triton_write_kv
 
         q, k, v = _split(qkv, heads, kv_heads)
-        rope_write_kv(q, k, v, meta.positions, self.cos_sin, kv_cache, layer, meta.slot_mapping)
+        if not rotates_keys(kv_cache):
+            rope_write_kv(q, k, v, meta.positions, self.cos_sin, kv_cache, layer, meta.slot_mapping)
+            return QKV(q, k, v)
+        # keys stored rotated (engine.kv.quant.rotate_heads_), queries rotated alike
+        apply_rope(q, k, meta.positions, self.cos_sin)
+        rotate_heads_(qkv.view(qkv.shape[0], heads + 2 * kv_heads, -1)[:, : heads + kv_heads])
+        triton_write_kv(k, v, kv_cache, layer, meta.slot_mapping)
         return QKV(q, k, v)

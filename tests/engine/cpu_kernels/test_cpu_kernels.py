@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from engine import cpu_kernels
 from engine.kv.cache import write_kv
+from engine.kv.quant import dequantize_rows, rotate_heads_
 from engine.model.layer_ops import apply_rope
 from engine.model.torch_attention import decode_attention
 
@@ -133,6 +134,34 @@ def test_rope_write_kv_into_int8_cache_writes_torch_codes_and_scales() -> None:
     write_kv(kv_want, 1, rows[:, heads : heads + kv_heads], rows[:, heads + kv_heads :], slots)
     assert torch.equal(kv_got, kv_want)
     assert kv_got[:, 1, ..., :d].abs().amax() == 127 and not kv_got[:, 0].any()
+
+
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_rope_write_kv_into_int8_cache_rotates_q_and_k_as_torch_does(head_dim: int) -> None:
+    """With an int8 cache the kernel stores keys Hadamard-rotated and rotates q alike
+    (engine.kv.quant.rotate_heads_, blocks of 64 or 16 here): the torch path's values, so
+    q . k and the stored rows agree with it."""
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, d, block_size, tokens = 6, 2, head_dim, 8, 40
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen)
+    cos = torch.randn(100, d // 2, generator=gen)
+    sin = torch.randn(100, d // 2, generator=gen)
+    positions = torch.randint(0, 100, (tokens,), generator=gen)
+    slots = torch.randperm(12 * block_size, generator=gen)[:tokens]
+    kv_got = torch.zeros(12, 2, 2, block_size, kv_heads, d + 8, dtype=torch.int8)
+    got = qkv.clone()
+    cpu_kernels.rope_write_kv(got, heads, kv_heads, positions, cos, sin, kv_got, 1, slots)
+    got = got.view(tokens, -1, d)
+
+    view = qkv.view(tokens, -1, d)
+    want = rotate_heads_(
+        apply_rope(view[:, : heads + kv_heads], cos[positions, None], sin[positions, None])
+    )
+    torch.testing.assert_close(got[:, : heads + kv_heads], want, atol=1e-5, rtol=1e-5)
+    stored = dequantize_rows(kv_got[:, 1, 0], torch.float32)  # [blocks, block, kv_heads, d]
+    b, o = slots // block_size, slots % block_size
+    keys = want[:, heads:]
+    torch.testing.assert_close(stored[b, o], keys, atol=keys.abs().max() / 100, rtol=0)
 
 
 def test_rope_write_kv_refuses_indices_outside_the_cache() -> None:

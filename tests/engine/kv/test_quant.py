@@ -12,7 +12,14 @@ import torch
 import engine.kv.cache as cache_module
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache, copy_converted, write_kv
-from engine.kv.quant import channel_groups, dequantize_rows, quantize_rows, split_rows
+from engine.kv.quant import (
+    channel_groups,
+    dequantize_rows,
+    hadamard_block,
+    quantize_rows,
+    rotate_heads_,
+    split_rows,
+)
 from engine.kv.sizing import plan_kv_cache
 
 FP32 = KVLayout(  # the default model's KV shape
@@ -90,9 +97,14 @@ def test_copy_converted_moves_blocks_between_kv_dtypes(src: str, dst: str) -> No
     k, v = torch.randn(8, 3, 64), torch.randn(8, 3, 64)
     slots = torch.tensor([4, 5, 6, 7, 12, 13, 14, 15])  # blocks 1 and 3
     src_kv = allocate_kv_cache(src_layout, 5, "cpu")
-    write_kv(src_kv, 1, k, v, slots)
+    # an int8 cache holds rotated keys (the layer ops rotate them before the write)
+    write_kv(src_kv, 1, rotate_heads_(k.clone()) if src == "int8" else k, v, slots)
     dst_kv = allocate_kv_cache(dst_layout, 4, "cpu")
     copy_converted(src_kv, src_layout, dst_kv, dst_layout, [1, 3], [2, 0])
+    if dst == "int8":  # the keys arrive rotated
+        stored = dequantize_rows(dst_kv[[2, 0], 1, 0], torch.float32).flatten(0, 1)
+        rotated = rotate_heads_(k.clone())
+        torch.testing.assert_close(stored, rotated, atol=0.08 * rotated.abs().max(), rtol=0)
     fp32 = layout.with_kv_dtype("auto")
     back = allocate_kv_cache(fp32, 4, "cpu")
     copy_converted(dst_kv, dst_layout, back, fp32, [2, 0], [0, 1])
@@ -116,3 +128,40 @@ def test_fingerprint_names_the_row_format(monkeypatch: pytest.MonkeyPatch) -> No
     before, auto = int8.fingerprint(), FP32.fingerprint()
     monkeypatch.setattr(cache_module, "ROW_FORMAT", "fp32-scale-per-token-head")
     assert int8.fingerprint() != before and FP32.fingerprint() == auto
+
+
+def _sylvester(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / n**0.5
+
+
+@pytest.mark.parametrize(("head_dim", "block"), [(64, 64), (128, 128), (80, 16), (96, 32)])
+def test_key_rotation_is_a_hadamard_that_keeps_scores(head_dim: int, block: int) -> None:
+    """H q . H k = q . k, H (H x) = x, and H is Sylvester's in blocks of the largest power of
+    two dividing head_dim."""
+    assert hadamard_block(head_dim) == block
+    gen = torch.Generator().manual_seed(head_dim)
+    q, k = torch.randn(5, 4, head_dim, generator=gen), torch.randn(5, 4, head_dim, generator=gen)
+    hq, hk = rotate_heads_(q.clone()), rotate_heads_(k.clone())
+    torch.testing.assert_close((hq * hk).sum(-1), (q * k).sum(-1), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(rotate_heads_(hk.clone()), k, atol=1e-5, rtol=1e-5)
+    h = torch.block_diag(*[_sylvester(block)] * (head_dim // block))
+    torch.testing.assert_close(hk.double(), k.double() @ h.t(), atol=1e-5, rtol=1e-5)
+
+
+def test_rotation_spreads_a_keys_outlier_channel() -> None:
+    """What it is for: one large channel becomes head_dim moderate ones, so the row's range
+    (and the int8 step) shrinks and the rounding error of every score with it."""
+    k = torch.randn(64, 1, 64, generator=torch.Generator().manual_seed(1)) * 0.1
+    k[..., 5] += 8.0  # a key offset channel, as RoPE'd keys of real models have
+    q = torch.randn(64, 1, 64, generator=torch.Generator().manual_seed(2))
+
+    def score_error(keys: torch.Tensor, queries: torch.Tensor) -> float:
+        rounded = dequantize_rows(quantize_rows(keys, "int8"), torch.float32)
+        return float((queries @ (rounded - keys).transpose(-1, -2)).pow(2).mean().sqrt())
+
+    plain = score_error(k, q)
+    rotated = score_error(rotate_heads_(k.clone()), rotate_heads_(q.clone()))
+    assert rotated < plain / 2
