@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -46,6 +47,15 @@ def memcpy_gbps(nbytes: int, repeats: int = 5, device: str = "cpu") -> float:
         _sync(device)
         best = min(best, time.perf_counter() - t)
     return nbytes / best / 1e9
+
+
+def triton_device() -> torch.device:
+    """CUDA when there is a GPU; else the CPU with the Triton interpreter switched on (set
+    before the kernels first import triton), where a benchmark's figures mean nothing."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
 
 
 def _sync(device: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from bench.common import RESULTS_DIR, environment, write_json
+from bench.common import RESULTS_DIR, environment, triton_device, write_json
 
 LIMIT = 0.6  # acceptance: decode at >= 0.6 of the same-run copy traffic
 
@@ -223,10 +222,8 @@ def report(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels import triton
-    device = torch.device("cuda" if cuda else "cpu")
+    device = triton_device()
+    cuda = device.type == "cuda"
     shape = shape_from(args, cuda)
     iters = args.iters if cuda else 1
     decode = bench_decode(shape, iters, device)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import RESULTS_DIR, environment, write_json
+from bench.common import RESULTS_DIR, environment, triton_device, write_json
 from bench.kernels import bench_copy, time_ms
 
 # (name, out features N, in features K): Llama-3-8B's projections (q/k/v and gate/up fused)
@@ -287,10 +286,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels import triton
-    device = torch.device("cuda" if cuda else "cpu")
+    device = triton_device()
+    cuda = device.type == "cuda"
     torch.manual_seed(0)
     if cuda:
         shapes = [s for s in LLAMA_8B if s[0] in args.shapes]

@@ -116,17 +116,27 @@ def test_rope_write_kv_equals_rope_then_write() -> None:
     torch.testing.assert_close(kv_got, kv_want)  # layer 0 and unused slots stay zero
 
 
+HEADS, KV_HEADS, BLOCK, TOKENS = 6, 2, 8, 40
+
+
+def _int8_rope_case(seed: int, d: int, scale: float = 1.0) -> tuple[torch.Tensor, ...]:
+    """qkv [TOKENS, (HEADS + 2 KV_HEADS) * d], cos and sin [100, d / 2], positions, slots,
+    and an empty int8 cache of 12 blocks and 2 layers."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(TOKENS, (HEADS + 2 * KV_HEADS) * d, generator=gen) * scale
+    cos = torch.randn(100, d // 2, generator=gen)
+    sin = torch.randn(100, d // 2, generator=gen)
+    positions = torch.randint(0, 100, (TOKENS,), generator=gen)
+    slots = torch.randperm(12 * BLOCK, generator=gen)[:TOKENS]
+    kv = torch.zeros(12, 2, 2, BLOCK, KV_HEADS, d + 8, dtype=torch.int8)
+    return qkv, cos, sin, positions, slots, kv
+
+
 def test_rope_write_kv_into_int8_cache_writes_torch_codes_and_scales() -> None:
     """An int8 cache (kv_cache_dtype int8) gets the bytes torch's write_kv writes for the
     kernel's own rotated K and V: the same codes and scales, nothing else touched."""
-    gen = torch.Generator().manual_seed(3)
-    heads, kv_heads, d, block_size, tokens = 6, 2, 64, 8, 40
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen) * 3
-    cos = torch.randn(100, d // 2, generator=gen)
-    sin = torch.randn(100, d // 2, generator=gen)
-    positions = torch.randint(0, 100, (tokens,), generator=gen)
-    slots = torch.randperm(12 * block_size, generator=gen)[:tokens]
-    kv_got = torch.zeros(12, 2, 2, block_size, kv_heads, d + 8, dtype=torch.int8)
+    heads, kv_heads, d, tokens = HEADS, KV_HEADS, 64, TOKENS
+    qkv, cos, sin, positions, slots, kv_got = _int8_rope_case(3, d, scale=3.0)
     kv_want = kv_got.clone()
     got = qkv.clone()
     cpu_kernels.rope_write_kv(got, heads, kv_heads, positions, cos, sin, kv_got, 1, slots)
@@ -141,14 +151,8 @@ def test_rope_write_kv_into_int8_cache_rotates_q_and_k_as_torch_does(head_dim: i
     """With an int8 cache the kernel stores keys Hadamard-rotated and rotates q alike
     (engine.kv.quant.rotate_heads_, blocks of 64 or 16 here): the torch path's values, so
     q . k and the stored rows agree with it."""
-    gen = torch.Generator().manual_seed(4)
-    heads, kv_heads, d, block_size, tokens = 6, 2, head_dim, 8, 40
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen)
-    cos = torch.randn(100, d // 2, generator=gen)
-    sin = torch.randn(100, d // 2, generator=gen)
-    positions = torch.randint(0, 100, (tokens,), generator=gen)
-    slots = torch.randperm(12 * block_size, generator=gen)[:tokens]
-    kv_got = torch.zeros(12, 2, 2, block_size, kv_heads, d + 8, dtype=torch.int8)
+    heads, kv_heads, d, block_size, tokens = HEADS, KV_HEADS, head_dim, BLOCK, TOKENS
+    qkv, cos, sin, positions, slots, kv_got = _int8_rope_case(4, d)
     got = qkv.clone()
     cpu_kernels.rope_write_kv(got, heads, kv_heads, positions, cos, sin, kv_got, 1, slots)
     got = got.view(tokens, -1, d)
