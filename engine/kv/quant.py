@@ -44,6 +44,8 @@ put it at 83 against 72, bfloat16 K/V at 89.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
@@ -88,11 +90,27 @@ def hadamard_block(head_dim: int) -> int:
     return head_dim & -head_dim
 
 
+@functools.cache
+def hadamard_matrix(head_dim: int, device: torch.device) -> torch.Tensor:
+    """H [head_dim, head_dim] fp32: the normalized Sylvester Hadamard in blocks of
+    ``hadamard_block(head_dim)``, symmetric and orthogonal (so its own inverse)."""
+    block = hadamard_block(head_dim)
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < block:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    h = h / block**0.5
+    return torch.block_diag(*[h] * (head_dim // block)).float().to(device)
+
+
 def rotate_heads_(x: torch.Tensor) -> torch.Tensor:
-    """x [..., head_dim] <- H x per head, in place, and returned: the normalized Sylvester
-    Hadamard in blocks of ``hadamard_block(head_dim)`` values, by butterflies in fp32 in the
-    C kernel's order (the same bits). H is its own inverse: a second call undoes the first."""
+    """x [..., head_dim] <- H x per head (``hadamard_matrix``), in place, and returned. On the
+    CPU by butterflies in fp32 in the C kernel's order (the same bits); elsewhere one fp32
+    matmul (a GPU step would pay a launch per butterfly stage). H is its own inverse: a
+    second call undoes the first."""
     d = x.shape[-1]
+    if x.device.type != "cpu":
+        x.copy_(x.float() @ hadamard_matrix(d, x.device))
+        return x
     block = hadamard_block(d)
     y = x.float().reshape(-1, d // block, block)
     span = 1

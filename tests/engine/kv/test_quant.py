@@ -16,6 +16,7 @@ from engine.kv.quant import (
     channel_groups,
     dequantize_rows,
     hadamard_block,
+    hadamard_matrix,
     quantize_rows,
     rotate_heads_,
     split_rows,
@@ -149,6 +150,8 @@ def test_key_rotation_is_a_hadamard_that_keeps_scores(head_dim: int, block: int)
     torch.testing.assert_close(rotate_heads_(hk.clone()), k, atol=1e-5, rtol=1e-5)
     h = torch.block_diag(*[_sylvester(block)] * (head_dim // block))
     torch.testing.assert_close(hk.double(), k.double() @ h.t(), atol=1e-5, rtol=1e-5)
+    # the matrix the GPU path multiplies by is the same H
+    torch.testing.assert_close(hadamard_matrix(head_dim, torch.device("cpu")).double(), h)
 
 
 def test_rotation_spreads_a_keys_outlier_channel() -> None:
