@@ -52,15 +52,22 @@ def merged_model(base_dir: Path, adapter_dir: Path | None) -> PreTrainedModel:
 
 
 def hf_greedy(
-    model: PreTrainedModel, prompts: Sequence[list[int]], new_tokens: int
+    model: PreTrainedModel,
+    prompts: Sequence[list[int]],
+    new_tokens: int,
+    until_unlike: Sequence[list[int]] | None = None,
 ) -> list[list[int]]:
-    """Greedy tokens of every prompt with transformers' own model and KV cache."""
+    """Greedy tokens of every prompt with transformers' own model and KV cache.
+    `until_unlike`: other tokens of each prompt; a prompt stops at its first token unlike
+    them (its tokens so far are the same as a full run's, only shorter)."""
     outputs = []
     with torch.inference_mode():
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             out = model(torch.tensor([ids]), use_cache=True)
             tokens = [int(out.logits[0, -1].argmax())]
             for _ in range(new_tokens - 1):
+                if until_unlike is not None and tokens[-1] != until_unlike[i][len(tokens) - 1]:
+                    break
                 step = torch.tensor([[tokens[-1]]])
                 out = model(step, past_key_values=out.past_key_values, use_cache=True)
                 tokens.append(int(out.logits[0, -1].argmax()))

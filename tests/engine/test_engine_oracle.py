@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from oracle_runs import HF_NEW_TOKENS, chat_prompts
+from tiny_llama import save_tiny_llama
 
 from bench.oracle_prompts import PROMPTS
 from engine.config import EngineConfig
@@ -101,10 +102,9 @@ def test_bad_sampling_params_name_the_field(field: str, value: float) -> None:
         SamplingParams(**{field: value})
 
 
-def test_prompt_over_context_is_refused(default_model_dir: Path) -> None:
-    engine = LLMEngine(
-        EngineConfig(model_dir=default_model_dir, num_kv_blocks=64, max_model_len=128)
-    )
+def test_prompt_over_context_is_refused(tmp_path: Path) -> None:
+    save_tiny_llama(tmp_path)  # the engine's checks: a tiny model loads in a fraction of the time
+    engine = LLMEngine(EngineConfig(model_dir=tmp_path, num_kv_blocks=64, max_model_len=128))
     with pytest.raises(ValueError, match="context length"):
         engine.add_request("too-long", [100] * 128, SamplingParams())
     with pytest.raises(ValueError, match="token ids"):
