@@ -52,17 +52,54 @@ def merged_model(base_dir: Path, adapter_dir: Path | None) -> PreTrainedModel:
 
 
 def hf_greedy(
-    model: PreTrainedModel, prompts: Sequence[list[int]], new_tokens: int
+    model: PreTrainedModel,
+    prompts: Sequence[list[int]],
+    new_tokens: int,
+    until_unlike: Sequence[list[int]] | None = None,
 ) -> list[list[int]]:
-    """Greedy tokens of every prompt with transformers' own model and KV cache."""
+    """Greedy tokens of every prompt with transformers' own model and KV cache.
+    `until_unlike`: other tokens of each prompt; a prompt stops at its first token unlike
+    them (its tokens so far are the same as a full run's, only shorter)."""
     outputs = []
     with torch.inference_mode():
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             out = model(torch.tensor([ids]), use_cache=True)
             tokens = [int(out.logits[0, -1].argmax())]
             for _ in range(new_tokens - 1):
+                if until_unlike is not None and tokens[-1] != until_unlike[i][len(tokens) - 1]:
+                    break
                 step = torch.tensor([[tokens[-1]]])
                 out = model(step, past_key_values=out.past_key_values, use_cache=True)
                 tokens.append(int(out.logits[0, -1].argmax()))
             outputs.append(tokens)
+    return outputs
+
+
+def hf_greedy_batched(
+    model: PreTrainedModel, prompts: Sequence[list[int]], new_tokens: int
+) -> list[list[int]]:
+    """`hf_greedy` of all prompts in one left-padded batch: one forward per token instead of
+    one per token and prompt. Padding and row count change the float32 products' shapes, so
+    use it only where its tokens were checked equal to `hf_greedy`'s (the oracle prompts on
+    the default model in float32, with and without test_lora_oracle's adapter: equal; in
+    bfloat16 they are not)."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (longest - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    with torch.inference_mode():
+        out = model(ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        for _ in range(new_tokens):
+            chosen = out.logits[:, -1].argmax(-1)
+            for tokens, token in zip(outputs, chosen.tolist(), strict=True):
+                tokens.append(int(token))
+            if len(outputs[0]) == new_tokens:
+                break
+            mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = model(
+                chosen[:, None], attention_mask=mask, position_ids=positions,
+                past_key_values=out.past_key_values, use_cache=True,
+            )  # fmt: skip
     return outputs

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from lora_adapters import hf_greedy, merged_model
+from oracle_runs import HF_NEW_TOKENS, chat_prompts
+from tiny_llama import save_tiny_llama
 
 from bench.oracle_prompts import PROMPTS
 from engine.config import EngineConfig
@@ -14,7 +15,7 @@ from engine.engine import LLMEngine
 from engine.llm import LLM
 from models.sampling_params import SamplingParams
 
-NEW_TOKENS = 64
+NEW_TOKENS = HF_NEW_TOKENS  # 64: transformers' tokens come from the session (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +26,9 @@ def llm(default_model_dir: Path) -> LLM:
     return LLM(default_model_dir, dtype="float32", max_num_batched_tokens=48, num_kv_blocks=512)
 
 
-def _hf_greedy(model_dir: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """Plain greedy decoding with transformers' own model and KV cache.
-
-    Not `generate(min_new_tokens=...)`: that bans EOS, while ignore_eos only keeps going.
-    """
-    return hf_greedy(merged_model(model_dir, None), prompts, new_tokens)
-
-
-def test_greedy_batch_equals_transformers(llm: LLM, default_model_dir: Path) -> None:
+def test_greedy_batch_equals_transformers(
+    llm: LLM, default_model_dir: Path, hf_oracle_tokens: list[list[int]]
+) -> None:
     prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
     lengths = [len(p) for p in prompts]
     assert max(lengths) - min(lengths) >= 40 and len(set(lengths)) >= 8  # mixed lengths
@@ -41,7 +36,8 @@ def test_greedy_batch_equals_transformers(llm: LLM, default_model_dir: Path) -> 
     steps_before = llm.engine.counters.steps
     ours = llm.generate(prompts, params)
     assert llm.engine.counters.steps - steps_before >= NEW_TOKENS  # one batch, not 20 runs
-    expected = _hf_greedy(default_model_dir, prompts, NEW_TOKENS)
+    assert prompts == chat_prompts(default_model_dir, PROMPTS)  # the prompts transformers ran
+    expected = hf_oracle_tokens  # the session's transformers run (conftest.py)
     for prompt, got, want in zip(PROMPTS, ours, expected, strict=True):
         assert got.token_ids == want, f"divergence for prompt {prompt[:40]!r}"
     assert llm.engine.stats().free_blocks == llm.engine.stats().total_blocks
@@ -106,10 +102,9 @@ def test_bad_sampling_params_name_the_field(field: str, value: float) -> None:
         SamplingParams(**{field: value})
 
 
-def test_prompt_over_context_is_refused(default_model_dir: Path) -> None:
-    engine = LLMEngine(
-        EngineConfig(model_dir=default_model_dir, num_kv_blocks=64, max_model_len=128)
-    )
+def test_prompt_over_context_is_refused(tmp_path: Path) -> None:
+    save_tiny_llama(tmp_path)  # the engine's checks: a tiny model loads in a fraction of the time
+    engine = LLMEngine(EngineConfig(model_dir=tmp_path, num_kv_blocks=64, max_model_len=128))
     with pytest.raises(ValueError, match="context length"):
         engine.add_request("too-long", [100] * 128, SamplingParams())
     with pytest.raises(ValueError, match="token ids"):

@@ -16,40 +16,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_engine_oracle import PROMPTS
+from oracle_runs import LOGPROB_NEW_TOKENS, LOGPROB_PROMPTS, GreedyRun, logprob_greedy
 
 from engine.config import EngineConfig
-from engine.kv.cache import KVLayout
 from engine.kv.sizing import plan_kv_cache
-from engine.llm import LLM
-from engine.outputs import GenerationOutput
-from models.sampling_params import SamplingParams
 
-ORACLE = PROMPTS[:12]
-NEW_TOKENS = 48
+ORACLE = LOGPROB_PROMPTS  # the first 12 oracle prompts
+NEW_TOKENS = LOGPROB_NEW_TOKENS  # 48
 MIN_SAME = 10  # of 12 (issue 26); measured 11 (see above)
 NEAR_TIE = 0.5  # nats between float32's top two choices where int8 KV may pick the other
 
 
-def _greedy(model_dir: Path, kv_cache_dtype: str) -> tuple[list[GenerationOutput], KVLayout]:
-    llm = LLM(model_dir, kv_cache_dtype=kv_cache_dtype, num_kv_blocks=256)
-    layout = llm.engine.runner.layout
-    assert layout.kv_dtype == kv_cache_dtype
-    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in ORACLE]
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2)
-    start = llm.engine.stats().free_blocks
-    out = llm.generate(prompts, params)
-    assert llm.engine.stats().free_blocks == start
-    return out, layout
+def _check(run: GreedyRun, kv_cache_dtype: str) -> None:
+    assert run.layout.kv_dtype == kv_cache_dtype
+    assert run.free_after == run.free_before
 
 
 def _no_gpu() -> None:
     raise AssertionError("sized on the CPU: no device measurement")
 
 
-def test_int8_kv_changes_only_near_tied_tokens_of_fp32_kv(default_model_dir: Path) -> None:
-    want, fp32 = _greedy(default_model_dir, "auto")
-    got, int8 = _greedy(default_model_dir, "int8")
+def test_int8_kv_changes_only_near_tied_tokens_of_fp32_kv(
+    default_model_dir: Path, fp32_logprob_run: GreedyRun
+) -> None:
+    _check(fp32_logprob_run, "auto")  # the session's float32 run (conftest.py)
+    int8_run = logprob_greedy(default_model_dir, kv_cache_dtype="int8")
+    _check(int8_run, "int8")
+    assert int8_run.prompts == fp32_logprob_run.prompts
+    want, fp32 = fp32_logprob_run.outputs, fp32_logprob_run.layout
+    got, int8 = int8_run.outputs, int8_run.layout
     same = 0
     for prompt, a, b in zip(ORACLE, got, want, strict=True):
         if a.token_ids == b.token_ids:

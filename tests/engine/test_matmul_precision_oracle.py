@@ -16,35 +16,32 @@ from pathlib import Path
 
 import torch
 from lora_adapters import hf_greedy, merged_model
+from oracle_runs import LOGPROB_NEW_TOKENS, LOGPROB_PROMPTS, GreedyRun, logprob_greedy
 
-from bench.oracle_prompts import PROMPTS
 from engine.cpu_kernels.quant_linear import amx_available
-from engine.llm import LLM
-from engine.outputs import GenerationOutput
-from models.sampling_params import SamplingParams
 
-ORACLE = PROMPTS[:12]
-NEW_TOKENS = 48
+ORACLE = LOGPROB_PROMPTS  # the first 12 oracle prompts
+NEW_TOKENS = LOGPROB_NEW_TOKENS  # 48
 NEAR_TIE = 0.5  # nats between float32's top two choices where bf16 products may pick the other
 
 
-def _greedy(model_dir: Path, precision: str) -> tuple[list[list[int]], list[GenerationOutput]]:
-    llm = LLM(model_dir, num_kv_blocks=256, float32_matmul_precision=precision)
-    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in ORACLE]
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2)
-    out = llm.generate(prompts, params)
-    assert llm.engine.stats().free_blocks == llm.engine.stats().total_blocks
-    model = llm.engine.runner.model
-    taken = [w for w in model.quantized_weights() if getattr(w, "bf16_products", False)]
+def _check(run: GreedyRun, precision: str) -> None:
+    assert run.free_after == run.total_blocks
     medium = precision == "medium" and amx_available()
-    assert len(taken) == (4 * len(model.decoder_layers()) if medium else 0)  # qkv, o, gate_up, down
-    assert model.attention.bf16_prefill == medium
-    return prompts, out
+    # qkv, o, gate_up, down
+    assert run.bf16_products == (4 * run.decoder_layers if medium else 0)
+    assert run.bf16_prefill == medium
 
 
-def test_medium_leaves_fp32_only_at_near_ties_and_less_than_bf16(default_model_dir: Path) -> None:
-    prompts, want = _greedy(default_model_dir, "highest")
-    _, got = _greedy(default_model_dir, "medium")
+def test_medium_leaves_fp32_only_at_near_ties_and_less_than_bf16(
+    default_model_dir: Path, fp32_logprob_run: GreedyRun
+) -> None:
+    _check(fp32_logprob_run, "highest")  # the session's float32 run (conftest.py)
+    prompts, want = fp32_logprob_run.prompts, fp32_logprob_run.outputs
+    medium = logprob_greedy(default_model_dir, float32_matmul_precision="medium")
+    _check(medium, "medium")
+    assert medium.prompts == prompts
+    got = medium.outputs
     if not amx_available():
         assert [a.token_ids for a in got] == [b.token_ids for b in want]
         return
@@ -62,7 +59,8 @@ def test_medium_leaves_fp32_only_at_near_ties_and_less_than_bf16(default_model_d
               f"{first - second:.3f}")  # fmt: skip
         assert first - second < NEAR_TIE, f"{prompt[:30]!r}: a decisive token changed"
     model = merged_model(default_model_dir, None).to(torch.bfloat16)
-    bf16 = hf_greedy(model, prompts, NEW_TOKENS)
+    # each prompt only until its first token unlike float32's: the count is the same
+    bf16 = hf_greedy(model, prompts, NEW_TOKENS, until_unlike=[b.token_ids for b in want])
     bf16_same = sum(t == b.token_ids for t, b in zip(bf16, want, strict=True))
     print(f"medium kept {same} of {len(ORACLE)} prompts' tokens, transformers bf16 {bf16_same}")
     assert same >= bf16_same

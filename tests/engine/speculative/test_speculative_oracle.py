@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_engine_oracle import NEW_TOKENS, PROMPTS, _hf_greedy
+from oracle_runs import chat_prompts
+from test_engine_oracle import NEW_TOKENS, PROMPTS
 
 from engine.llm import LLM
 from models.sampling_params import SamplingParams
@@ -16,7 +17,9 @@ pytestmark = pytest.mark.usefixtures("every_guess")  # guesses independent of ti
 ORACLE = PROMPTS[::3]
 
 
-def test_greedy_ngram_equals_transformers(default_model_dir: Path) -> None:
+def test_greedy_ngram_equals_transformers(
+    default_model_dir: Path, hf_oracle_tokens: list[list[int]]
+) -> None:
     llm = LLM(
         default_model_dir,
         dtype="float32",
@@ -30,7 +33,8 @@ def test_greedy_ngram_equals_transformers(default_model_dir: Path) -> None:
     ours = llm.generate(prompts, params)
     stats = llm.engine.speculative_stats
     assert stats is not None and 0 < stats.accepted < stats.proposed
-    expected = _hf_greedy(default_model_dir, prompts, NEW_TOKENS)
+    assert prompts == chat_prompts(default_model_dir, PROMPTS)[::3]
+    expected = hf_oracle_tokens[::3]  # the session's transformers run (conftest.py)
     for prompt, got, want in zip(ORACLE, ours, expected, strict=True):
         assert got.token_ids == want, f"divergence for prompt {prompt[:40]!r}"
     assert llm.engine.stats().free_blocks == llm.engine.stats().total_blocks
