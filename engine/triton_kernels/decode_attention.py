@@ -11,8 +11,6 @@ is dequantized in registers as each tile is read, then cast to q's dtype for the
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -24,6 +22,7 @@ from engine.triton_kernels.layout import (
     interpreted,
     kv_layer_view,
     pow2,
+    sm_count,
     soft_cap,
 )
 
@@ -150,17 +149,11 @@ def _decode_reduce_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def plan_splits(batch: int, kv_heads: int, max_ctx: int, tile_n: int, device: torch.device) -> int:
     """Splits per sequence so that batch x kv_heads x splits fills the GPU a few times over."""
     if device.type != "cuda":
         return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    wanted = triton.cdiv(4 * sms, max(batch * kv_heads, 1))
+    wanted = triton.cdiv(4 * sm_count(device), max(batch * kv_heads, 1))
     return max(1, min(wanted, triton.cdiv(max_ctx, tile_n), _MAX_SPLITS))
 
 

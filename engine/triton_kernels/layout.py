@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -58,6 +59,19 @@ def kv_layer_view(kv: torch.Tensor, layer: int) -> KVLayerView:
 def interpreted(t: torch.Tensor) -> bool:
     """True when kernels run in Triton's CPU interpreter (tensors on the CPU)."""
     return t.device.type == "cpu"
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device, which the kernels' grids are planned to
+    fill; 1 elsewhere (the interpreter: no splits)."""
+    if device.type != "cuda":
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def pow2(n: int, minimum: int = 1) -> int:

@@ -21,14 +21,13 @@ fp32. Two ways to use it, by the number of rows:
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from engine.triton_kernels.layout import dot_precision, pow2
+from engine.triton_kernels.layout import dot_precision, pow2, sm_count
 
 INT4, FP8 = 0, 1
 DEQUANT_ROWS = 128  # from this many rows on: dequantize, then torch's matmul
@@ -134,11 +133,6 @@ def _dequant_kernel(
     tl.store(dst, w.to(out_ptr.dtype.element_ty), mask=(ks < K)[:, None] & col_ok[None, :])
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def plan_fused(
     m: int, n: int, k: int, fmt: int, dtype: torch.dtype, device: torch.device
 ) -> FusedConfig:
@@ -151,7 +145,7 @@ def plan_fused(
     Wider row tiles, and fp32 activations (three stages need more shared memory than an
     H200 has), keep 64 by 128 with two stages and the split rule."""
     block_n, block_k, stages = 64, 128, 2
-    sms = _sms(device)
+    sms = sm_count(device)
     small = pow2(m, 16) == 16 and dtype != torch.float32
     if small and fmt == FP8:
         block_n = 64 if triton.cdiv(n, 64) >= sms else 32
@@ -165,14 +159,6 @@ def plan_fused(
         wanted = pow2(triton.cdiv(4 * sms, programs))
         splits = max(1, min(wanted, k // (4 * block_k), 16))
     return FusedConfig(block_n, block_k, splits, stages)
-
-
-def _sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 1 elsewhere (no split under the
-    interpreter)."""
-    if device.type != "cuda":
-        return 1
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def weight_only_linear(
@@ -209,7 +195,7 @@ def weight_only_linear(
         x, weight, scales, zeros, out, m, n, k, x.stride(0), weight.stride(0), scales.stride(0),
         out.stride(0), out.stride(1), k_per_split,
         FORMAT=fmt, GROUP=group, SN=tile[0], SK=tile[1], BLOCK_M=bm, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, PRECISION=dot_precision(x.dtype), **_launch(x, 4, cfg.stages),
+        BLOCK_K=cfg.block_k, PRECISION=dot_precision(x.dtype), num_warps=4, num_stages=cfg.stages,
     )  # fmt: skip
     return out[0] if splits == 1 else out.sum(0).to(x.dtype)
 
@@ -237,11 +223,6 @@ def dequantize(
     _dequant_kernel[(triton.cdiv(k, block_k), triton.cdiv(n, block_n))](
         weight, scales, zeros, out, n, k, weight.stride(0), scales.stride(0), *strides,
         FORMAT=fmt, GROUP=group, SN=tile[0], SK=tile[1], BLOCK_K=block_k, BLOCK_N=block_n,
-        **_launch(weight, 4, 2),
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     return result
-
-
-def _launch(t: torch.Tensor, warps: int, stages: int) -> dict[str, int]:
-    """Launch options: the interpreter takes none."""
-    return {} if t.device.type != "cuda" else {"num_warps": warps, "num_stages": stages}
