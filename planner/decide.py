@@ -41,7 +41,8 @@ class PoolDecision:
 
 
 class PoolDecider:
-    """Holds one pool's cool-downs and scale-down streak."""
+    """Holds one pool's cool-downs, scale-down streak and the replicas its last scale-up asked
+    for (until the registry shows them)."""
 
     def __init__(self, slo_name: str, limits: PoolLimits, config: PlannerConfig) -> None:
         self.slo_name = slo_name  # "ttft" or "itl": names the reason
