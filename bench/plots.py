@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.serve_stats import SLO, rate_label, resummarize
+from bench.serve_stats import SLO, point_label, resummarize
 
 
 def _pyplot() -> Any:
@@ -43,7 +43,7 @@ def plot_latency_cdfs(result: dict[str, Any], label: str, out_dir: Path) -> Path
             ms = np.sort([r[metric] * 1e3 for r in point["records"] if r[metric] is not None])
             if ms.size:
                 cdf = np.arange(1, ms.size + 1) / ms.size
-                ax.step(ms, cdf, where="post", label=f"rate {rate_label(point['rate'])}")
+                ax.step(ms, cdf, where="post", label=f"rate {point_label(point)}")
         ax.set_xlabel(f"{metric.upper()} (ms)")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)

@@ -95,6 +95,27 @@ def rate_label(rate: float | None) -> str:
     return "inf" if rate is None else f"{rate:g}"
 
 
+def point_label(point: dict[str, Any]) -> str:
+    """A point as reports name it: its offered rate (`inf`: all at once), or the phases of a
+    --rate-schedule run as RATE:SECONDS,..."""
+    phases = point.get("phases")
+    if phases:
+        return ",".join(_phase_label(phase) for phase in phases)
+    return rate_label(point["rate"])
+
+
+def _phase_label(phase: dict[str, Any]) -> str:
+    return f"{phase['rate']:g}:{phase['seconds']:g}"
+
+
+def _rows(point: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, summary) per table row: a rate schedule's phases, then the whole run."""
+    phases = point.get("phases")
+    if not phases:
+        return [(rate_label(point["rate"]), point["summary"])]
+    return [*((_phase_label(p), p["summary"]) for p in phases), ("all", point["summary"])]
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -126,21 +147,24 @@ def point_report(summary: dict[str, Any]) -> str:
 
 
 def sweep_table(result: dict[str, Any]) -> str:
-    """One line per rate, then the best goodput."""
+    """One line per rate, then the best goodput; a rate schedule: one line per phase (as
+    RATE:SECONDS), then the whole run."""
     head = (
         f"{'rate':>6} {'ok/all':>8} {'req/s':>7} {'tok/s':>8} {'goodput':>8} {'SLO%':>5} "
         f"{'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'p99':>7}"
     )
     lines = [head]
-    for p in result["points"]:
-        s = p["summary"]
+    rows = [row for p in result["points"] for row in _rows(p)]
+    for label, s in rows:
         ttft, tpot = s["ttft_ms"], s["tpot_ms"]
         lines.append(
-            f"{rate_label(p['rate']):>6} {s['completed']:>4}/{s['num_requests']:<3} "
+            f"{label:>6} {s['completed']:>4}/{s['num_requests']:<3} "
             f"{s['request_throughput']:>7.2f} {s['output_token_throughput']:>8.1f} "
             f"{s['goodput']:>8.2f} {s['slo_attainment']:>5.0%} {_fmt(ttft['p50']):>9} "
             f"{_fmt(ttft['p99']):>8} {_fmt(tpot['p50']):>9} {_fmt(tpot['p99']):>7}"
         )
+    if len(rows) > len(result["points"]):  # a rate schedule: no sweep to pick a best from
+        return "\n".join(lines)
     goodput, at = best_goodput(result)
     lines.append(f"best goodput {goodput:.2f} req/s at rate {rate_label(at)}")
     return "\n".join(lines)

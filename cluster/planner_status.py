@@ -13,12 +13,14 @@ def status_key(namespace: str = DEFAULT_NAMESPACE) -> str:
 
 
 class PoolStatus(BaseModel):
-    """One pool: the registry's replicas now, the planner's wish and why."""
+    """One pool: the registry's replicas now, those still starting, the planner's wish and
+    why."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     current: int = Field(ge=0)
     desired: int = Field(ge=0)
+    starting: int = Field(default=0, ge=0)  # asked for, not in the registry yet (loading)
     floor: int = Field(default=0, ge=0)  # nodes the running requests need
     load: float = 0.0  # prefill: prompt tokens/s; decode: sequences
     predicted: float = 0.0

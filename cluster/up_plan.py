@@ -83,6 +83,7 @@ def planner_argv(args: argparse.Namespace, redis_url: str, port: int) -> list[st
     argv += ["--interval-s", str(args.planner_interval_s)]
     argv += ["--up-cooldown-s", str(args.planner_cooldown_s)]
     argv += ["--down-cooldown-s", str(2 * args.planner_cooldown_s)]
+    argv += ["--start-timeout-s", str(args.ready_timeout_s)]  # as long as `up` waits for one
     if args.log_level:
         argv += ["--log-level", args.log_level]
     return argv

@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--up-cooldown-s", type=float, default=30.0)
     parser.add_argument("--down-cooldown-s", type=float, default=60.0)
+    parser.add_argument(
+        "--start-timeout-s", type=float, default=300.0,
+        help="how long the nodes a scale-up asked for count as replicas before they register",
+    )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="serves /metrics, /status")
     parser.add_argument(
@@ -61,6 +65,7 @@ def config_of(args: argparse.Namespace) -> PlannerConfig:
         scale_down_intervals=args.scale_down_intervals,
         up_cooldown_s=args.up_cooldown_s,
         down_cooldown_s=args.down_cooldown_s,
+        start_timeout_s=args.start_timeout_s,
     )
 
 

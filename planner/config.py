@@ -35,7 +35,9 @@ class PlannerConfig:
     `scale_down_utilization` of the smaller pool's capacity (and the latency well under
     target: `scale_down_slo_ratio`) for `scale_down_intervals` intervals in a row. After
     a change, `up_cooldown_s` / `down_cooldown_s` pass before the next one the same way
-    (a scale-up may always follow a scale-down's cool-down).
+    (a scale-up may always follow a scale-down's cool-down). The nodes a scale-up asked for
+    count as replicas until the registry shows them, for up to `start_timeout_s` (a node
+    slower than that is taken to have failed); the down cool-down counts from their arrival.
     """
 
     ttft_slo_s: float = 1.0
@@ -51,6 +53,7 @@ class PlannerConfig:
     scale_down_intervals: int = 3
     up_cooldown_s: float = 30.0
     down_cooldown_s: float = 60.0
+    start_timeout_s: float = 300.0
     quantile: float = 0.9
 
     def __post_init__(self) -> None:
@@ -58,6 +61,7 @@ class PlannerConfig:
             "ttft_slo_s": self.ttft_slo_s,
             "itl_slo_s": self.itl_slo_s,
             "interval_s": self.interval_s,
+            "start_timeout_s": self.start_timeout_s,
         }
         for name, value in positive.items():
             if not value > 0:

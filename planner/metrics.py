@@ -28,6 +28,12 @@ class PlannerMetrics:
             pool,
             registry=r,
         )
+        self.starting = Gauge(
+            "splitserve_planner_starting_replicas",
+            "Nodes a scale-up asked for that are not in the registry yet (still loading)",
+            pool,
+            registry=r,
+        )
         self.floor = Gauge(
             "splitserve_planner_floor_replicas",
             "Nodes the pool's running requests need (never scaled below)",
@@ -80,6 +86,7 @@ class PlannerMetrics:
         for name, pool in status.pools.items():
             self.desired.labels(name).set(pool.desired)
             self.current.labels(name).set(pool.current)
+            self.starting.labels(name).set(pool.starting)
             self.floor.labels(name).set(pool.floor)
             self.load.labels(name).set(pool.load)
             self.predicted.labels(name).set(pool.predicted)

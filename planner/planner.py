@@ -82,6 +82,7 @@ class Planner:
         return PoolStatus(
             current=x.replicas,
             desired=decision.desired,
+            starting=decision.starting,
             floor=x.floor,
             load=x.load,
             predicted=x.predicted,

@@ -258,6 +258,17 @@ async def test_a_stalled_request_times_out(fake_server: str) -> None:
     assert 0.3 <= record.end - record.start < 2.0
 
 
+def test_a_rate_schedule_is_summarized_by_phase_not_as_rate_inf(
+    fake_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _bench(fake_server, tmp_path / "s.json", "--rate-schedule", "20:0.5,40:0.5")
+    out = capsys.readouterr().out
+    table = out[out.index("ok/all") :].splitlines()[1:]  # the summary after the phases
+    assert [line.split()[0] for line in table[:3]] == ["20:0.5", "40:0.5", "all"], out
+    assert "inf" not in "".join(table)
+    assert [p["rate"] for p in data["points"][0]["phases"]] == [20, 40]
+
+
 def test_unreachable_url_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -385,6 +385,7 @@ def test_the_planner_command_line_parses_and_keeps_the_pools_between_up_and_max(
     assert parsed.router_url == ["http://127.0.0.1:8123"]
     assert (parsed.min_prefill, parsed.max_prefill, parsed.min_decode) == (2, 5, 1)
     assert parsed.down_cooldown_s == 2 * parsed.up_cooldown_s
+    assert parsed.start_timeout_s == args.ready_timeout_s  # a node slow to load still counts
     with pytest.raises(ValueError, match="--max-prefill"):
         launcher.check_args(_args("--planner", "--prefill", "4"))
     with pytest.raises(ValueError, match="--colocated"):

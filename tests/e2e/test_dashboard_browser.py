@@ -1,6 +1,7 @@
 """The dashboard in a real headless browser (Debian's `chromium`) over a live `splitserve up`
-(1 prefill + 2 decode): the page loads, draws its charts and latency figures from the
-traffic it sees, lists every node, and a node that drains away leaves its table."""
+(1 prefill + 2 decode): the page loads, draws its charts (with axes and a legend; the pools'
+nodes stacked, never one line over the other) and latency figures from the traffic it sees,
+lists every node, and a node that drains away leaves its table."""
 
 from __future__ import annotations
 
@@ -27,6 +28,15 @@ LIVE = """(() => {
     && !document.getElementById("ttft").textContent.includes("–")
     && charts.length === 4 && charts.every((c) => Number(c.dataset.points) >= 3);
 })()"""
+
+# per chart: y tick labels, x tick labels, legend entries
+AXES = """[...document.querySelectorAll("svg.chart")].map((c) => [
+  c.querySelectorAll("text.tick.y").length, c.querySelectorAll("text.tick.x").length,
+  c.closest("figure").querySelectorAll(".legend li").length])"""
+# the highest point (smallest y) of the prefill band and of the decode band stacked on it
+BAND_TOPS = """["a0", "a1"].map((band) => Math.min(...document
+  .querySelector(`#chart-nodes polygon.${band}`).getAttribute("points").split(" ")
+  .map((xy) => Number(xy.split(",")[1]))))"""
 
 
 def _text(page: Page, element: str) -> str:
@@ -72,6 +82,9 @@ def test_the_dashboard_draws_live_figures_and_loses_a_drained_node(
         assert _nodes(page) == ["decode-0", "decode-1", "prefill-0"]
         assert re.fullmatch(r"([\d.]+ m?s / ){2}[\d.]+ m?s", _text(page, "ttft"))
         assert page.evaluate('document.getElementById("planner").hidden')  # no planner runs
+        assert all(y >= 2 and x >= 2 and legend >= 2 for y, x, legend in page.evaluate(AXES))
+        prefill_top, decode_top = page.evaluate(BAND_TOPS)
+        assert decode_top < prefill_top  # 1 prefill node, then 2 decode nodes above it
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
 
         os.kill(up.pids["decode-1"], signal.SIGTERM)  # it drains and leaves the registry

@@ -40,6 +40,30 @@ def test_a_missed_target_adds_one_node_then_waits_for_the_cooldown() -> None:
     assert d.decide(replace(slow, replicas=2), now=31.0).desired == 3
 
 
+def test_a_node_still_loading_after_the_cooldown_counts_until_it_registers() -> None:
+    d = _decider()
+    slow = replace(IDLE, load=500.0, predicted=500.0, slo_ratio=3.0)
+    assert d.decide(slow, now=0.0).desired == 2
+    # the cool-down is over, the node still loads: it counts, and the target missed without
+    # it asks for no third node; calm, the pool does not shrink under it either
+    for t, x in ((35.0, slow), (40.0, IDLE)):
+        decision = d.decide(x, now=t)
+        assert decision.desired == 2
+        assert (decision.starting, decision.reason) == (1, "starting")
+    # registered at 45: the down cool-down counts from there
+    calm = [d.decide(replace(IDLE, replicas=2), now=45.0 + t) for t in range(0, 65, 5)]
+    assert [c.desired for c in calm] == [2] * 12 + [1]
+    assert (calm[-1].reason, calm[-1].starting) == ("load_fell", 0)
+
+
+def test_a_node_that_never_registers_counts_until_the_start_timeout() -> None:
+    d = PoolDecider("ttft", CONFIG.prefill, replace(CONFIG, start_timeout_s=100))
+    d.decide(replace(IDLE, load=500.0, predicted=500.0, slo_ratio=3.0), now=0.0)
+    assert d.decide(IDLE, now=99.0).desired == 2
+    after = d.decide(IDLE, now=100.0)
+    assert (after.desired, after.starting, after.reason) == (1, 0, "steady")
+
+
 def test_a_missed_target_without_contention_adds_nothing() -> None:
     d = _decider()
     slow = replace(IDLE, load=50.0, predicted=50.0, slo_ratio=3.0, contended=False)
@@ -125,3 +149,5 @@ def test_bad_config_is_refused_with_the_field_named() -> None:
         PlannerConfig(scale_down_utilization=0.9, scale_up_utilization=0.8)
     with pytest.raises(ValueError, match="ttft_slo_s"):
         PlannerConfig(ttft_slo_s=0)
+    with pytest.raises(ValueError, match="start_timeout_s"):
+        PlannerConfig(start_timeout_s=0)

@@ -6,7 +6,9 @@ const POLL_MS = 1000;
 const WINDOW_S = 10;
 const HISTORY = 300; // points kept per chart (5 minutes at one per second)
 const snapshots = [];
-const series = { load: [[], []], ttft: [[]], itl: [[]], nodes: [[], [], [], []] };
+// per chart: the poll times and one array of values per line, pushed together
+const chart = (lines) => ({ at: [], lines: Array.from({ length: lines }, () => []) });
+const series = { load: chart(2), ttft: chart(1), itl: chart(1), nodes: chart(4) };
 const targets = { ttft: null, itl: null };
 const decisions = [];
 let lastDecisionAt = 0;
@@ -42,31 +44,84 @@ function nodeSum(snap, key) {
   return snap.nodes.reduce((acc, n) => acc + ((n.counters && n.counters[key]) || 0), 0);
 }
 
-function push(list, value) {
-  list.push(value);
-  if (list.length > HISTORY) list.shift();
+function push(c, at, values) {
+  c.at.push(at);
+  values.forEach((v, i) => c.lines[i].push(v));
+  for (const list of [c.at, ...c.lines]) if (list.length > HISTORY) list.shift();
 }
 
-function draw(id, lines, target) {
+// The plot area inside the axes, in the SVG's own pixels (its viewBox follows its size).
+function frame(svg) {
+  const w = Math.max(160, svg.clientWidth || 400), h = Math.max(80, svg.clientHeight || 130);
+  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+  return { left: 40, right: w - 8, top: 8, bottom: h - 18 };
+}
+
+function yTicks(max, integer) {
+  const top = max > 0 ? max * 1.1 : 1;
+  const raw = top / 4;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  let step = [1, 2, 5, 10].find((m) => m * mag >= raw) * mag;
+  if (integer) step = Math.max(1, Math.ceil(step));
+  const n = Math.max(1, Math.ceil(top / step - 1e-9));
+  return Array.from({ length: n + 1 }, (_, i) => Number((i * step).toPrecision(3)));
+}
+
+function fmtAge(s) {
+  return s < 120 ? `${Math.round(s)} s ago` : `${(s / 60).toFixed(1)} min ago`;
+}
+
+function axes(f, ticks, y, at) {
+  const parts = ticks.map((t) =>
+    `<line class="grid" x1="${f.left}" x2="${f.right}" y1="${y(t)}" y2="${y(t)}"></line>` +
+    `<text class="tick y" x="${f.left - 4}" y="${y(t) + 3}">${t}</text>`);
+  parts.push(`<line class="axis" x1="${f.left}" x2="${f.left}" y1="${f.top}" y2="${f.bottom}"></line>`);
+  const span = at.length > 1 ? at[at.length - 1] - at[0] : 0;
+  const below = f.bottom + 13;
+  parts.push(`<text class="tick x" x="${f.right}" y="${below}" text-anchor="end">now</text>`);
+  if (span > 0) {
+    parts.push(`<text class="tick x" x="${f.left}" y="${below}">${fmtAge(span)}</text>`);
+  }
+  return parts;
+}
+
+// A chart: its lines over time, fill then scroll. The first `areas` lines are stacked
+// totals drawn as filled bands (each from the line before it); the rest as lines. An
+// `integer` chart (counts) steps from one value to the next and ticks whole numbers.
+function draw(id, c, { target = null, areas = 0, integer = false } = {}) {
   const svg = $(id);
-  const all = lines.flat().filter((v) => v !== null);
-  if (target !== null && target !== undefined) all.push(target);
-  const top = Math.max(1e-9, ...all) * 1.1;
-  const y = (v) => (120 - (v / top) * 115).toFixed(1);
-  const longest = Math.max(2, ...lines.map((l) => l.length));
-  const parts = lines.map((points, i) => {
-    const step = 400 / (longest - 1); // the charts fill up, then scroll
-    const start = 400 - step * (points.length - 1);
-    const xy = points
-      .map((v, j) => (v === null ? null : `${(start + j * step).toFixed(1)},${y(v)}`))
-      .filter((p) => p !== null);
-    return `<polyline class="s${i}" data-n="${xy.length}" points="${xy.join(" ")}"></polyline>`;
+  const f = frame(svg);
+  const values = c.lines.flat().filter((v) => v !== null);
+  if (target !== null) values.push(target);
+  const ticks = yTicks(Math.max(0, ...values), integer);
+  const px = (v) => Math.round(v * 10) / 10;
+  const y = (v) => px(f.bottom - (v / ticks[ticks.length - 1]) * (f.bottom - f.top));
+  const last = c.at[c.at.length - 1];
+  const span = Math.max(1e-9, last - c.at[0]);
+  const x = (j) => px(f.right - ((last - c.at[j]) / span) * (f.right - f.left));
+  // counts change in steps: the level holds until the next poll
+  const xy = (points) => points.flatMap((v, j) => {
+    const prev = j > 0 ? points[j - 1] : null;
+    if (v === null) return [];
+    const here = `${x(j)},${y(v)}`;
+    return integer && prev !== null && prev !== v ? [`${x(j)},${y(prev)}`, here] : [here];
   });
-  if (target !== null && target !== undefined) {
-    parts.push(`<polyline class="target" points="0,${y(target)} 400,${y(target)}"></polyline>`);
+  const parts = axes(f, ticks, y, c.at);
+  c.lines.forEach((points, i) => {
+    if (i < areas) {
+      const base = i ? c.lines[i - 1] : points.map(() => 0);
+      const band = [...xy(points), ...xy(base).reverse()];
+      parts.push(`<polygon class="a${i}" points="${band.join(" ")}"></polygon>`);
+    } else {
+      const line = xy(points);
+      parts.push(`<polyline class="s${i}" data-n="${line.length}" points="${line.join(" ")}"></polyline>`);
+    }
+  });
+  if (target !== null) {
+    parts.push(`<line class="target" x1="${f.left}" x2="${f.right}" y1="${y(target)}" y2="${y(target)}"></line>`);
   }
   svg.innerHTML = parts.join("");
-  svg.dataset.points = String(Math.max(0, ...lines.map((l) => l.length)));
+  svg.dataset.points = String(c.at.length);
 }
 
 function showLatency(id, buckets, target) {
@@ -102,7 +157,8 @@ function showPlanner(planner) {
   targets.ttft = planner.ttft_target_s;
   targets.itl = planner.itl_target_s;
   const rows = Object.entries(planner.pools).map(([pool, p]) =>
-    `<tr data-pool="${pool}"><td class="text">${pool}</td><td>${p.current}</td><td>${p.desired}</td>` +
+    `<tr data-pool="${pool}"><td class="text">${pool}</td><td>${p.current}</td>` +
+    `<td>${p.starting || 0}</td><td>${p.desired}</td>` +
     `<td>${p.floor}</td><td>${fmtN(p.load)}</td><td>${fmtN(p.predicted)}</td>` +
     `<td>${p.capacity === null ? "learning" : fmtN(p.capacity)}</td><td class="text">${p.reason}</td></tr>`);
   document.querySelector("#planner tbody").innerHTML = rows.join("");
@@ -125,25 +181,26 @@ function update(now) {
   $("model").textContent = `model ${now.model}`;
   showPlanner(now.planner);
   showNodes(now, snapshots[Math.max(0, snapshots.length - 2)]);
-  const pools = ["prefill", "decode"].map((r) => now.nodes.filter((n) => n.role === r).length);
-  const wish = ["prefill", "decode"].map((r) => (now.planner ? now.planner.pools[r].desired : null));
-  [...pools, ...wish].forEach((v, i) => push(series.nodes[i], v));
-  draw("chart-nodes", series.nodes, null);
+  // stacked: prefill, then prefill + decode (the planner's wish alike)
+  const [p, d] = ["prefill", "decode"].map((r) => now.nodes.filter((n) => n.role === r).length);
+  const wish = now.planner ? now.planner.pools : null;
+  const wp = wish ? wish.prefill.desired : null;
+  push(series.nodes, now.at, [p, p + d, wp, wish ? wp + wish.decode.desired : null]);
+  draw("chart-nodes", series.nodes, { areas: 2, integer: true });
   if (dt <= 0) return;
   const rate = (key) => (now.router[key] - before.router[key]) / dt;
   const rps = rate("requests");
   const tps = rate("prompt_tokens") + rate("completion_tokens");
   $("rps").textContent = fmtN(rps);
   $("tps").textContent = fmtN(tps);
-  push(series.load[0], rps);
-  push(series.load[1], tps / 100);
+  push(series.load, now.at, [rps, tps / 100]);
   const ttft = showLatency("ttft", windowBuckets(now, before, "ttft"), targets.ttft);
   const itl = showLatency("itl", windowBuckets(now, before, "itl"), targets.itl);
-  push(series.ttft[0], ttft);
-  push(series.itl[0], itl);
-  draw("chart-load", series.load, null);
-  draw("chart-ttft", series.ttft, targets.ttft);
-  draw("chart-itl", series.itl, targets.itl);
+  push(series.ttft, now.at, [ttft]);
+  push(series.itl, now.at, [itl]);
+  draw("chart-load", series.load);
+  draw("chart-ttft", series.ttft, { target: targets.ttft });
+  draw("chart-itl", series.itl, { target: targets.itl });
   const moved = (nodeSum(now, "transfer_bytes") - nodeSum(before, "transfer_bytes")) / dt;
   $("kv-rate").textContent = `${(moved / 1e6).toFixed(2)} MB/s`;
   $("kv-failures").textContent = `${nodeSum(now, "transfer_failures")} failed transfers in all`;
