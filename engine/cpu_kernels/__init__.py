@@ -233,6 +233,8 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out: torch.Tensor | None = Non
     lib = _require()
     panels, k, _ = packed.shape
     m, n = x.shape[0], panels * PANEL
+    if x.device.type != "cpu" or (out is not None and out.device.type != "cpu"):
+        raise ValueError(f"linear: the C kernel takes CPU tensors, got x on {x.device}")
     if x.shape[1] != k or x.stride(-1) != 1 or x.dtype != torch.float32:
         raise ValueError(f"linear: x {tuple(x.shape)} does not fit a weight of {n}x{k}")
     if out is not None and (out.shape != (m, n) or out.stride(-1) != 1):

@@ -30,10 +30,13 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None) -> torch.Tensor:
-    """``x @ weight.T``, from ``packed`` when given."""
+    """``x @ weight.T``, from ``packed`` when given and ``x`` is on the CPU (a packed copy is
+    the CPU's: a layer moved to a GPU computes from ``weight``)."""
+    if packed is None or x.device.type != "cpu":
+        return F.linear(x, weight)
     if isinstance(packed, PackedMatrix):
         return packed.linear(x)
-    if packed is not None and x.stride(-1) == 1:
+    if x.stride(-1) == 1:
         return cpu_kernels.linear(x, packed)
     return F.linear(x, weight)
 
@@ -42,6 +45,8 @@ def add_linear_(
     h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, packed: Packed | None
 ) -> torch.Tensor:
     """``h += x @ weight.T`` in place; returns ``h``."""
+    if packed is None or x.device.type != "cpu":
+        return h.addmm_(x, weight.t())
     if isinstance(packed, PackedMatrix):
         return packed.linear(x, out=h)
     if packed is not None and x.stride(-1) == 1 and h.stride(-1) == 1:
@@ -52,4 +57,6 @@ def add_linear_(
 def silu_mul_linear(x: torch.Tensor, packed: Packed | None) -> torch.Tensor | None:
     """``silu(x @ gate.T) * (x @ up.T)`` in one kernel for a packed [gate; up] weight that
     offers it (``QuantWeight.silu_mul``), else None."""
-    return packed.silu_mul(x) if isinstance(packed, QuantWeight) else None
+    if isinstance(packed, QuantWeight) and x.device.type == "cpu":
+        return packed.silu_mul(x)
+    return None

@@ -33,7 +33,7 @@ from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
-from engine.step.memory_profile import measure_device_memory, profile_lengths
+from engine.step.memory_profile import BatchShape, measure_device_memory, profile_lengths
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,9 @@ class ModelRunner:
         """The GPU's memory around a forward of the largest step (engine.step.memory_profile)."""
         c = self.config
         lengths = profile_lengths(c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len)
-        return measure_device_memory(self.model, self.layout, lengths, self.device)
+        blocks = -(-self.max_model_len // c.block_size)  # the widest the batch's tables get
+        shape = BatchShape(c.max_num_seqs, blocks, self.model_config.vocab_size)
+        return measure_device_memory(self.model, self.layout, lengths, self.device, shape)
 
     def _check_lengths(self, meta: AttentionMetadata) -> None:
         longest = max(meta.context_lens_host)

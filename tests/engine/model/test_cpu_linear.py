@@ -94,3 +94,17 @@ def test_fast_paths_equal_the_torch_paths(tmp_path: Path) -> None:
     for chunks in steps:
         torch.testing.assert_close(step(fast, *chunks), step(plain, *chunks), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fast.kv_cache, plain.kv_cache, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_moved_off_the_cpu_never_hands_the_c_kernel_its_activations() -> None:
+    """The packed copy stays on the CPU when a layer moves to a GPU (the Triton MoE test moved
+    a Qwen2-MoE block with a packed shared expert: the C kernel read GPU memory and took the
+    process down). Off the CPU the product comes from the weight; the kernel refuses."""
+    w = torch.randn(96, 150)
+    packed = cpu_linear.pack(w)
+    x = torch.empty(4, 150, device="meta")  # a device whose memory the C kernel cannot read
+    assert cpu_linear.linear(x, w.to("meta"), packed).shape == (4, 96)
+    h = torch.empty(4, 96, device="meta")
+    assert cpu_linear.add_linear_(h, x, w.to("meta"), packed).shape == (4, 96)
+    with pytest.raises(ValueError, match="CPU tensors"):
+        cpu_kernels.linear(x, packed)

@@ -11,7 +11,14 @@ from tiny_llama import make_runner, save_tiny_llama, step
 
 from engine.kv.sizing import GIB
 from engine.scheduler.plan import ScheduledChunk
-from engine.step.memory_profile import measure_device_memory, profile_forward, profile_lengths
+from engine.step.memory_profile import (
+    BatchShape,
+    measure_device_memory,
+    profile_batch,
+    profile_forward,
+    profile_lengths,
+    profile_sampling,
+)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +57,29 @@ def test_profile_forward_is_the_runners_forward(tmp_path: Path) -> None:
 def test_measured_on_the_gpu(tmp_path: Path) -> None:
     save_tiny_llama(tmp_path)
     runner = make_runner(tmp_path, device="cuda")
-    memory = measure_device_memory(runner.model, runner.layout, [128] * 4, runner.device)
-    assert 0 < memory.weights < GIB and 0 < memory.activation_peak < GIB
-    assert memory.free < memory.total
+    vocab = runner.model_config.vocab_size
+    bare = measure_device_memory(
+        runner.model, runner.layout, [128] * 4, runner.device, BatchShape(1, 1, vocab)
+    )
+    assert 0 < bare.weights < GIB and 0 < bare.activation_peak < GIB
+    assert bare.free < bare.total
+    full = measure_device_memory(
+        runner.model, runner.layout, [128] * 4, runner.device, BatchShape(256, 64, vocab)
+    )
+    # the penalty tables of 256 rows (int32 counts and bool prompt marks) are in the peak
+    assert full.activation_peak >= bare.activation_peak + 256 * vocab * 5
+
+
+def test_profile_sampling_runs_the_costliest_settings(tmp_path: Path) -> None:
+    """Every row of the profiling batch samples with penalties, a full top-p sort and
+    logprobs, from the profile's logits repeated to the batch's rows."""
+    save_tiny_llama(tmp_path)
+    runner = make_runner(tmp_path)
+    vocab = runner.model_config.vocab_size
+    batch = profile_batch(BatchShape(7, 4, vocab), runner.layout.block_size, runner.device)
+    step_rows = batch.sampling.gather(list(range(7)), torch.arange(7))
+    assert step_rows.penalties is not None and step_rows.penalties.prompt_seen is not None
+    assert step_rows.any_top_k_top_p and step_rows.any_min_p and step_rows.logprobs == (20,) * 7
+    logits = profile_forward(runner.model, runner.layout, [5, 3], runner.device)
+    tokens = profile_sampling(logits, batch)
+    assert tokens.shape == (7,) and bool(((tokens >= 0) & (tokens < vocab)).all())

@@ -1,10 +1,18 @@
-"""Compile every kernel for an NVIDIA target without a GPU (run as a script, interpreter off).
+"""Compile every Triton kernel of the project for an NVIDIA target without a GPU (run as a
+script, interpreter off).
 
 The interpreter accepts programs that the GPU compiler rejects (dot sizes, layouts, types), so
 the CPU suite also lowers each kernel to a cubin with the ptxas bundled in the triton wheel.
-Prints one ``ok <kernel> <dtype> quant=<0|1|2> shared=<bytes> byte_loads=<n>`` line per kernel
-(``byte_loads``: global loads of one byte, which a quantized cache's aligned rows must not
-need); exits non-zero on the first failure.
+The kernels are not described by hand: each launcher of ``engine.triton_kernels`` runs on CPU
+tensors of real shapes (the default model's, Llama-3-8B's projections, a Qwen-MoE-sized
+expert set) with the launch intercepted and the GPU's plan forced (SM count, tiles), and each
+launch is compiled with the arguments, constants and options its launcher chose. A kernel of
+the package that no case launches is an error, so a new kernel cannot skip this check.
+
+Prints one ``ok <kernel> <dtype> quant=<0|1|2> shared=<bytes> byte_loads=<n>`` line per
+compiled launch (``dtype``: its first tensor's; ``byte_loads``: global loads of one byte,
+which a quantized cache's aligned rows must not need), then ``kernels <compiled>/<found>``;
+exits non-zero on a failure or a kernel left out.
 
     python tests/engine/triton_kernels/gpu_lowering.py [--arch 90]
 """
@@ -12,100 +20,248 @@ need); exits non-zero on the first failure.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import pkgutil
 import re
 import sys
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from typing import Any, NamedTuple
+from unittest import mock
 
 if os.environ.get("TRITON_INTERPRET"):
     sys.exit("run with TRITON_INTERPRET unset: the interpreter has no compiler")
 
+import torch
 import triton
+from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
-from engine.triton_kernels import decode_attention, kv_write, norm, prefill_attention, rope
+import engine.triton_kernels as package
+from engine.kv.quant import CODE_DTYPES, row_width
+from engine.triton_kernels import (
+    decode_attention,
+    fused_moe,
+    kv_write,
+    lora,
+    norm,
+    prefill_attention,
+    rope,
+    weight_only,
+)
 
-_FLOAT_ARGS = ("qk_scale", "eps")
-_INT_PTRS = {"bt_ptr": "*i32", "ctx_ptr": "*i32", "cu_q_ptr": "*i32", "slot_ptr": "*i64"}
-_INT_PTRS |= {"pos_ptr": "*i64"}
-_FP32_PTRS = ("part_out_ptr", "part_lse_ptr", "cache_ptr")
-# A quantized cache (QUANT 1 or 2) is passed as bytes (codes) and as bf16 (scales, mids).
-_QUANT_PTRS = {"kv_ptr": "*u8", "param_ptr": "*bf16"}
-
-
-def signature(fn: Any, dtype: str, consts: dict[str, Any]) -> dict[str, str]:
-    """Triton argument types: pointers of ``dtype`` unless known otherwise, i32 scalars."""
-    sig = {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif consts.get("QUANT") and name in _QUANT_PTRS:
-            sig[name] = _QUANT_PTRS[name]
-        elif name in _INT_PTRS:
-            sig[name] = _INT_PTRS[name]
-        elif name in _FP32_PTRS:
-            sig[name] = "*fp32"
-        elif name.endswith("_ptr"):
-            sig[name] = f"*{dtype}"
-        else:
-            sig[name] = "fp32" if name in _FLOAT_ARGS else "i32"
-    return sig
+_H200_SMS = 132
 
 
-def cases() -> list[tuple[Any, str, dict[str, Any], int]]:
-    """(kernel, dtype, constexprs, num_warps) at the default model's shapes and the tests'."""
-    decode = {"BLOCK_SIZE": 16, "GROUP": 3, "GROUP_PAD": 16, "HEAD_DIM": 64, "HEAD_PAD": 64}
-    decode |= {"TILE_N": 64, "SINGLE": False, "PRECISION": "tf32", "QUANT": 0}
-    decode_fp32 = decode | {"HEAD_DIM": 16, "HEAD_PAD": 16, "SINGLE": True, "PRECISION": "ieee"}
-    prefill = {"BLOCK_SIZE": 16, "GROUP": 3, "HEAD_DIM": 64, "HEAD_PAD": 64, "BLOCK_M": 128}
-    prefill |= {"BLOCK_N": 64, "PRECISION": "tf32", "QUANT": 0}
-    rope_consts = {"Q_HEADS": 9, "Q_HEADS_PAD": 16, "K_HEADS": 3, "K_HEADS_PAD": 4}
-    rope_consts |= {"HALF": 32, "HALF_PAD": 32, "BLOCK_SIZE": 16, "QUANT": 0}
-    write = {"BLOCK_SIZE": 16, "KV_HEADS": 3, "HEADS_PAD": 4, "HEAD_DIM": 64, "HEAD_PAD": 64}
-    write |= {"QUANT": 0}
-    prefill_fp32 = prefill | {"GROUP": 8, "HEAD_DIM": 16, "HEAD_PAD": 16, "PRECISION": "ieee"}
-    return [
-        (decode_attention._decode_split_kernel, "bf16", decode, 4),
-        (decode_attention._decode_split_kernel, "fp32", decode_fp32, 4),
-        (
-            decode_attention._decode_reduce_kernel,
-            "bf16",
-            {"HEAD_DIM": 64, "HEAD_PAD": 64, "SPLITS_PAD": 4},
-            1,
-        ),
-        (prefill_attention._prefill_kernel, "bf16", prefill, 4),
-        (prefill_attention._prefill_kernel, "fp32", prefill_fp32, 4),
-        (kv_write._write_kv_kernel, "bf16", write, 1),
-        (norm._rms_norm_kernel, "bf16", {"HIDDEN": 576, "BLOCK": 1024, "HAS_RESIDUAL": True}, 4),
-        (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": False}, 1),
-        (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": True}, 1),
-        # int8 and fp8 e4m3 rows (engine.kv.quant): quantized writes, dequantizing reads
-        (decode_attention._decode_split_kernel, "bf16", decode | {"QUANT": 1}, 4),
-        (decode_attention._decode_split_kernel, "bf16", decode | {"QUANT": 2}, 4),
-        (prefill_attention._prefill_kernel, "bf16", prefill | {"QUANT": 1}, 4),
-        (prefill_attention._prefill_kernel, "bf16", prefill | {"QUANT": 2}, 4),
-        (kv_write._write_kv_kernel, "bf16", write | {"QUANT": 1}, 1),
-        (kv_write._write_kv_kernel, "bf16", write | {"QUANT": 2}, 1),
-        (rope._rope_kernel, "bf16", rope_consts | {"WRITE_KV": True, "QUANT": 2}, 1),
-    ]
+class Launch(NamedTuple):
+    """One intercepted ``kernel[grid](...)`` call."""
+
+    fn: JITFunction
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class Compilable(NamedTuple):
+    """What ``triton.compile`` needs for a launch, as Triton's launcher specializes it (16-byte
+    aligned pointers and multiples of 16 marked, ints equal to 1 made constants), and a key to
+    compile each variant once."""
+
+    signature: dict[str, str]
+    constants: dict[str, Any]
+    attrs: dict[tuple[int, ...], list[list[Any]]]
+    options: dict[str, Any]
+
+    def key(self, fn: JITFunction) -> str:
+        parts = (self.signature, self.constants, self.attrs)
+        return f"{fn.__name__} " + " ".join(str(sorted(p.items())) for p in parts)
+
+    def dtype(self) -> str:
+        """The element type of the launch's first pointer."""
+        return next((t[1:] for t in self.signature.values() if t.startswith("*")), "-")
+
+
+def compilable(launch: Launch) -> Compilable:
+    """The launch's signature, constants, divisibility attributes and compile options."""
+    names = [p.name for p in launch.fn.params]
+    bound = dict(zip(names, launch.args, strict=False))
+    bound |= {k: v for k, v in launch.kwargs.items() if k in names}
+    missing = [n for n in names if n not in bound]
+    if missing:
+        raise TypeError(f"{launch.fn.__name__}: launched without {missing}")
+    signature: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, param in enumerate(launch.fn.params):
+        value = bound[param.name]
+        if param.is_constexpr:
+            signature[param.name], constants[param.name] = "constexpr", value
+            continue
+        kind, spec = native_specialize_impl(
+            CUDABackend, value, False, not param.do_not_specialize,
+            not param.do_not_specialize_on_alignment,
+        )  # fmt: skip
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constants[param.name] = value
+        elif isinstance(spec, str):
+            attrs[(i,)] = CUDABackend.parse_attr(spec)
+    options = {k: v for k, v in launch.kwargs.items() if k not in names}
+    return Compilable(signature, constants, attrs, options)
+
+
+@contextmanager
+def gpu_plan(launches: list[Launch]) -> Iterator[None]:
+    """Launchers record their launches instead of running them, and plan for an H200."""
+
+    def record(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        launches.append(Launch(self, args, kwargs))
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(JITFunction, "run", record))
+        for module in (decode_attention, prefill_attention):
+            stack.enter_context(mock.patch.object(module, "interpreted", lambda t: False))
+        for module in (decode_attention, weight_only):
+            stack.enter_context(mock.patch.object(module, "sm_count", lambda d: _H200_SMS))
+        yield
+
+
+# ---- the launches: each launcher at real shapes ---------------------------------------------
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16  # the default model
+
+
+def _cache(kv_dtype: str, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
+    shape = (32, 2, 2, BLOCK, KV_HEADS)  # blocks, layers, K and V, tokens, heads
+    if kv_dtype == "auto":
+        return torch.zeros(*shape, head_dim, dtype=dtype)
+    return torch.zeros(*shape, row_width(head_dim, kv_dtype), dtype=CODE_DTYPES[kv_dtype])
+
+
+def _attention(kv_dtype: str, dtype: torch.dtype, head_dim: int = HEAD_DIM) -> None:
+    """Decode in one pass and split (with its reduce), prefill; soft-capped on a plain cache."""
+    kv = _cache(kv_dtype, dtype, head_dim)
+    tables = torch.arange(32, dtype=torch.int32).reshape(2, 16)
+    ctx = torch.tensor([200, 256], dtype=torch.int32)
+    softcaps = (0.0, 30.0) if kv_dtype == "auto" and dtype != torch.float32 else (0.0,)
+    q = torch.zeros(2, HEADS, head_dim, dtype=dtype)
+    for splits in (1, 4):
+        decode_attention.paged_decode_attention(q, kv, 1, tables, ctx, 0.125, num_splits=splits)
+    q = torch.zeros(48, HEADS, head_dim, dtype=dtype)
+    cu_q = torch.tensor([0, 24, 48], dtype=torch.int32)
+    for softcap in softcaps:
+        decode_attention.paged_decode_attention(q[:2], kv, 1, tables, ctx, 0.125, softcap=softcap)
+        prefill_attention.paged_prefill_attention(
+            q, kv, 1, cu_q, ctx, tables, 0.125, max_q_len=24, softcap=softcap
+        )
+
+
+def _writes(kv_dtype: str, dtype: torch.dtype) -> None:
+    """KV writes alone and fused into RoPE; RoPE alone."""
+    kv = _cache(kv_dtype, dtype, HEAD_DIM)
+    slots = torch.arange(5, dtype=torch.int64)
+    k = torch.zeros(5, KV_HEADS, HEAD_DIM, dtype=dtype)
+    kv_write.write_kv(k, k.clone(), kv, 1, slots)
+    q = torch.zeros(5, HEADS, HEAD_DIM, dtype=dtype)
+    positions = torch.arange(5, dtype=torch.int64)
+    cos_sin = torch.zeros(64, HEAD_DIM, dtype=dtype)
+    rope.rope_write_kv(q, k, k.clone(), positions, cos_sin, kv, 1, slots)
+    if kv_dtype == "auto":
+        rope.apply_rope(q, k, positions, cos_sin)
+
+
+def _layers(dtype: torch.dtype) -> None:
+    """RMSNorm with and without the residual, a MoE at decode and prefill sizes, LoRA."""
+    x = torch.zeros(4, 576, dtype=dtype)
+    norm.rms_norm(x, torch.ones(576, dtype=dtype), 1e-5)
+    norm.rms_norm(x, torch.ones(576, dtype=dtype), 1e-5, residual=x.clone())
+    experts, hidden, inter, top_k = 8, 256, 128, 2
+    w13 = torch.zeros(experts, 2 * inter, hidden, dtype=dtype)
+    w2 = torch.zeros(experts, hidden, inter, dtype=dtype)
+    for tokens, activation in ((3, "silu"), (64, "gelu_tanh")):
+        ids = torch.arange(tokens * top_k).reshape(tokens, top_k) % experts
+        weights = torch.full((tokens, top_k), 0.5)
+        x = torch.zeros(tokens, hidden, dtype=dtype)
+        fused_moe.fused_moe(x, w13, w2, weights, ids, activation)
+    tokens, features, rank = 4, 576, 16
+    slots = torch.tensor([0, -1, 1, 0], dtype=torch.int64)
+    a = torch.zeros(2, 3 * rank, features, dtype=dtype)
+    y = lora.lora_shrink(torch.zeros(tokens, features, dtype=dtype), a, slots)
+    b = torch.zeros(2, 3 * features, rank, dtype=dtype)
+    out = torch.zeros(tokens, 3 * features, dtype=dtype)
+    lora.lora_expand_add_(out, y, b, slots, [features, 2 * features, 3 * features])
+
+
+def _weight_only(dtype: torch.dtype) -> None:
+    """int4 and fp8 weights at Llama-3-8B's q_proj: fused decode rows, dequantize + matmul."""
+    n, k, group = 4096, 4096, 128
+    words = torch.zeros(k // 8, n, dtype=torch.int32)
+    params = torch.zeros(k // group, n, dtype=dtype)
+    codes = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    scales = torch.zeros(n // 128, k // 128, dtype=torch.float32)
+    for m in (16, weight_only.DEQUANT_ROWS):
+        x = torch.zeros(m, k, dtype=dtype)
+        weight_only.weight_only_linear(x, n, weight_only.INT4, words, params, params, group)
+        weight_only.weight_only_linear(x, n, weight_only.FP8, codes, scales, tile=(128, 128))
+
+
+def cases() -> list[tuple[str, Callable[[], None]]]:
+    """(label, launcher calls): bf16, the dtype CUDA serves, over every KV cache dtype; the
+    attention also in fp32 at the tests' head size."""
+    bf16 = torch.bfloat16
+    out: list[tuple[str, Callable[[], None]]] = []
+    for kv_dtype in ("auto", "int8", "fp8_e4m3"):
+        out.append((f"attention {kv_dtype}", partial(_attention, kv_dtype, bf16)))
+        out.append((f"writes {kv_dtype}", partial(_writes, kv_dtype, bf16)))
+    out += [("layers", partial(_layers, bf16)), ("weight-only", partial(_weight_only, bf16))]
+    out.append(("attention fp32", partial(_attention, "auto", torch.float32, head_dim=16)))
+    return out
+
+
+def project_kernels() -> set[str]:
+    """Names of the package's launchable kernels: its JIT functions named ``*_kernel``."""
+    found = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, JITFunction) and name.endswith("_kernel"):
+                found.add(f"{module.__name__}.{name}")
+    return found
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, default=90)
     target = GPUTarget("cuda", ap.parse_args().arch, 32)
-    for fn, dtype, consts, warps in cases():
-        source = ASTSource(fn, signature(fn, dtype, consts), consts)
-        compiled = triton.compile(source, target=target, options={"num_warps": warps})
-        quant = consts.get("QUANT", 0)
-        byte_loads = len(re.findall(r"ld\.global(?:\.[a-z]+)*\.[bsu]8\b", compiled.asm["ptx"]))
+    launches: list[Launch] = []
+    with gpu_plan(launches):
+        for _, run in cases():
+            run()
+    compiled: set[str] = set()
+    seen: set[str] = set()
+    for launch in launches:
+        spec = compilable(launch)
+        if spec.key(launch.fn) in seen:
+            continue
+        seen.add(spec.key(launch.fn))
+        source = ASTSource(launch.fn, spec.signature, spec.constants, spec.attrs)
+        kernel = triton.compile(source, target=target, options=spec.options)
+        byte_loads = len(re.findall(r"ld\.global(?:\.[a-z]+)*\.[bsu]8\b", kernel.asm["ptx"]))
         print(
-            f"ok {fn.__name__} {dtype} quant={quant} shared={compiled.metadata.shared} "
-            f"byte_loads={byte_loads}",
+            f"ok {launch.fn.__name__} {spec.dtype()} quant={spec.constants.get('QUANT', 0)} "
+            f"shared={kernel.metadata.shared} byte_loads={byte_loads}",
             flush=True,
         )
-    return 0
+        compiled.add(f"{launch.fn.__module__}.{launch.fn.__name__}")
+    found = project_kernels()
+    print(f"kernels {len(found & compiled)}/{len(found)}")
+    for name in sorted(found - compiled):
+        print(f"missing {name}: no case launches it", file=sys.stderr)
+    return 1 if found - compiled else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""The steps of the prepared GPU check (bench.gpu_check): what each runs, its deadline, the
+figures read from its JSON and the targets of the GPU issue they are held against. The
+benchmarks go first (each is short and bounded), the tests last with what is left."""
+
+from __future__ import annotations
+
+import platform
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Figures = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: steps run there
+
+# Test files whose behaviour changes on CUDA: the Triton kernels run compiled instead of
+# interpreted (their shared cases pick the device), and the GPU-only tests run instead of
+# skipping.
+GPU_TEST_DIRS = ("tests/engine", "tests/kv_transfer", "tests/node")
+GPU_TEST_MARKER = re.compile(r"\bcuda\b|TRITON_DEVICE|kernel_cases")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One child process of the check: ``python <argv(out_json)>`` within ``timeout_s``."""
+
+    name: str
+    args: tuple[str, ...]
+    timeout_s: float
+    figures_of: Callable[[Any, str, dict[str, Figures]], Figures]
+    targets: dict[str, Callable[[Figures], bool]] = field(default_factory=dict)
+    out_flag: str | None = "--out"  # how the step is told where to write its JSON
+    min_s: float = 30.0  # not started with less of the budget left
+    parses_output: bool = False  # figures come from the printed output, not a JSON
+
+    def argv(self, out_json: Path | None) -> list[str]:
+        out = [self.out_flag, str(out_json or "OUT.json")] if self.out_flag else []
+        return [*self.args, *out]
+
+    def figures(self, result: Any, output: str, earlier: dict[str, Figures]) -> Figures:
+        """Headline figures from the step's JSON or output (``earlier``: the steps before)."""
+        try:
+            return self.figures_of(result, output, earlier)
+        except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+            return {"unreadable": f"{type(exc).__name__}: {exc}"}
+
+
+def gpu_test_files(root: Path = ROOT) -> list[str]:
+    """The test files that run differently on a GPU (sorted, relative to ``root``)."""
+    found = []
+    for folder in GPU_TEST_DIRS:
+        for path in sorted((root / folder).rglob("test_*.py")):
+            text = path.read_text(errors="replace")
+            if GPU_TEST_MARKER.search(text):
+                found.append(str(path.relative_to(root)))
+    return found
+
+
+def pytest_counts(_: Any, output: str, __: dict[str, Figures]) -> Figures:
+    """passed / failed / skipped / errors from pytest's summary line."""
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "errors")}
+    for number, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", output):
+        counts["errors" if word.startswith("error") else word] = int(number)
+    failing = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    return counts | ({"first_failures": failing[:5]} if failing else {})
+
+
+def kernel_figures(result: Any, _: str, earlier: dict[str, Figures]) -> Figures:
+    """Decode read / copy traffic and prefill FLOP/s; a quantized cache's decode ratio also
+    over the bf16 cache's of the same run."""
+    figures = {
+        "decode_read_over_copy": result["ratio"],
+        "decode_gbps": result["decode"]["gbps"],
+        "prefill_tflops": result["prefill"]["tflops"],
+        "prefill_over_matmul": result["prefill"]["ratio"],
+    }
+    bf16 = earlier.get("kernels", {}).get("decode_read_over_copy")
+    if result["shape"].get("kv_cache_dtype", "auto") != "auto" and bf16:
+        figures["decode_over_bf16_cache"] = result["ratio"] / bf16
+    return figures
+
+
+def prefill_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
+    return {"over_equal_matmul": result["ratio"]}
+
+
+def gemm_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
+    """The worst speed-up over cuBLAS bf16 of the int4 and fp8 products at 1-16 rows, and
+    the int4 weight read against the same-run copy traffic."""
+    decode = [c for c in result["cases"] if c["m"] <= 16]
+    figures: Figures = {}
+    for kind in ("w4a16", "fp8"):
+        speedups = [c["bf16"]["time_ms"] / c[kind]["time_ms"] for c in decode if kind in c]
+        figures[f"{kind}_min_speedup_1_16_rows"] = min(speedups)
+    reads = [c["w4a16"]["read_over_copy"] for c in decode if "w4a16" in c]
+    figures["w4a16_min_read_over_copy"] = min(reads)
+    return figures
+
+
+def offline_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
+    step = result.get("decode_step") or {}
+    return {
+        "output_tok_s": result["results"]["splitserve"]["output_tok_s"],
+        "decode_step_over_roofline": step.get("step_over_roofline"),
+        "decode_batch": step.get("batch"),
+    }
+
+
+PYTEST_ARGS = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120", "-rfE")
+OFFLINE_ARGS = ("-m", "bench.offline", "--random-model", "llama-1b", "--device", "cuda")
+OFFLINE_WORKLOAD = ("--dtype", "bfloat16", "--requests", "256")
+
+STEPS: list[Step] = [
+    Step(
+        "kernels",
+        ("-m", "bench.kernels"),
+        timeout_s=60,
+        figures_of=kernel_figures,
+        targets={"decode>=0.6": lambda f: f["decode_read_over_copy"] >= 0.6},
+    ),
+    Step(
+        "kernels_int8",
+        ("-m", "bench.kernels", "--kv-cache-dtype", "int8"),
+        timeout_s=60,
+        figures_of=kernel_figures,
+        targets={">=0.6_of_bf16": lambda f: f.get("decode_over_bf16_cache", 0) >= 0.6},
+    ),
+    Step(
+        "prefill_attention",
+        ("-m", "bench.prefill_attention", "--seqs", "4", "--new", "2048"),
+        timeout_s=60,
+        figures_of=prefill_figures,
+        targets={">=0.6": lambda f: f["over_equal_matmul"] >= 0.6},
+    ),
+    Step(
+        "weight_only_gemm",
+        ("-m", "bench.weight_only_gemm", "--rows", "1", "16", "2048"),
+        timeout_s=90,
+        figures_of=gemm_figures,
+        targets={"int4>=1.5x": lambda f: f["w4a16_min_speedup_1_16_rows"] >= 1.5},
+    ),
+    Step(
+        "offline_llama_1b",
+        (*OFFLINE_ARGS, *OFFLINE_WORKLOAD),
+        timeout_s=150,
+        figures_of=offline_figures,
+        targets={
+            ">=20k_tok_s": lambda f: f["output_tok_s"] >= 20_000,
+            "step<=1.5x_roofline": lambda f: (f["decode_step_over_roofline"] or 99) <= 1.5,
+        },
+    ),
+    Step(
+        "tests",
+        (*PYTEST_ARGS, *gpu_test_files()),
+        timeout_s=240,
+        figures_of=pytest_counts,
+        targets={"no_failures": lambda f: f["failed"] == 0 and f["errors"] == 0},
+        out_flag=None,
+        parses_output=True,
+    ),
+]
+
+
+def environment_summary() -> dict[str, Any]:
+    """The machine the check ran on: GPU, driver-visible CUDA, torch and Triton."""
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__}
+    info["cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1)}
+        info["sm_count"] = props.multi_processor_count
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
