@@ -257,7 +257,9 @@ def print_rows(result: dict[str, Any], rows: list[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--seqs", type=int, default=32)
     ap.add_argument("--min-ctx", type=int, default=64)
     ap.add_argument("--max-ctx", type=int, default=640)

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--seqs", type=int, default=32)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--layers", type=int, default=30)

@@ -132,7 +132,7 @@ def score_error(rec: Record, scheme: Scheme, group: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="HF directory (default model)")
     parser.add_argument("--layer-stride", type=int, default=1, help="measure every n-th layer")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))

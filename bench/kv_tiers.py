@@ -93,7 +93,7 @@ def build(model_dir: Path, args: argparse.Namespace, **tiers: Any) -> LLMEngine:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system", type=int, default=128, help="system prompt tokens")

@@ -97,7 +97,9 @@ def _decode(gguf: Path, prompt: list[int], threads: int, steps: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("gguf", type=Path)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--steps", type=int, required=True)

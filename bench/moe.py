@@ -98,7 +98,9 @@ def bench_tokens(block: SparseMoe, tokens: int, args: argparse.Namespace) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--inter", type=int, default=384, help="each expert's intermediate size")
     ap.add_argument("--experts", type=int, default=128)

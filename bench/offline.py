@@ -181,7 +181,9 @@ def summarize(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--min-len", type=int, default=64)

@@ -120,7 +120,9 @@ def load_results(paths: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("results", nargs="+", type=Path, help="bench serve JSON files")
     ap.add_argument("--out", type=Path, required=True, help="directory for the PNG files")
     ap.add_argument("--slo-ttft-ms", type=float, help="recompute goodput with this TTFT SLO")

@@ -239,7 +239,7 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.policy_sweep", description=__doc__,
+        prog="python -m bench.policy_sweep", description=__doc__, allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     a, shape = parser.add_argument, Multiturn()

@@ -38,7 +38,9 @@ def equal_flops_side(flops: float, multiple: int = 128) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--new", type=int, default=2048, help="new tokens per sequence")
     ap.add_argument("--prefix", type=int, default=0, help="cached tokens before them")

@@ -66,7 +66,9 @@ VARIANTS = {"kernel": ("c_kernel", "torch_sdpa"), "precision": ("medium", "highe
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--tokens", type=int, default=384)
     ap.add_argument("--rounds", type=int, default=8)

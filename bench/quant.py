@@ -76,7 +76,9 @@ def bench_llama_cpp(gguf: Path, args: argparse.Namespace) -> dict[str, Any] | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2", help="registry name or directory with a GGUF")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--steps", type=int, default=16, help="timed decode steps per batch")

@@ -317,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="splitserve bench serve", description=__doc__,
+        prog="splitserve bench serve", description=__doc__, allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     add_arguments(parser)

@@ -149,7 +149,9 @@ def _format(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--sequences", default="64,256", help="running sequences, comma separated")
     ap.add_argument("--steps", type=int, default=40, help="timed decode steps per row")
     ap.add_argument("--variant", choices=[*VARIANTS, "both"], default="both")

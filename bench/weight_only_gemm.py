@@ -266,7 +266,9 @@ def report(result: dict[str, Any]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256, 2048])
     ap.add_argument("--shapes", nargs="+", default=[s[0] for s in LLAMA_8B],
                     choices=[s[0] for s in LLAMA_8B])  # fmt: skip

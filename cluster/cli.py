@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import platform
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from typing import Any
 
 # subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,8 +33,22 @@ def version() -> str:
         return "unknown"
 
 
+class Parser(argparse.ArgumentParser):
+    """A parser that takes no abbreviated flags (`--kv-offload-cpu` is not
+    `--kv-offload-cpu-gb`); its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def build_info() -> dict[str, str]:
+    """What GET /version answers: the package's version and the Python running it."""
+    return {"version": version(), "python": platform.python_version()}
+
+
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
+    parser = Parser(prog="splitserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
@@ -57,6 +73,11 @@ def _innermost(
     return parser
 
 
+# how close a mistyped flag must be to one the parser has for a suggestion (difflib's ratio):
+# `--pefill` is 0.94 from `--prefill`; `--key-limits` is 0.62 from `--ready-timeout-s`
+SUGGEST_CUTOFF = 0.75
+
+
 def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
     """The error for arguments `parser` does not know, with the closest flag it has (a hidden
     deprecated alias is close to the flag that replaced it)."""
@@ -65,11 +86,16 @@ def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
         for a in parser._actions
         if a.option_strings and a.help != argparse.SUPPRESS
     }
-    flags = {s: shown.get(a.dest, s) for a in parser._actions for s in a.option_strings}
+    flags = {
+        s: s if a.help != argparse.SUPPRESS else shown.get(a.dest, s)
+        for a in parser._actions
+        for s in a.option_strings
+    }
     message = f"unrecognized arguments: {' '.join(extras)}"
     for extra in extras:
         if extra.startswith("-"):
-            close = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            typed = extra.split("=", 1)[0]
+            close = difflib.get_close_matches(typed, flags, n=1, cutoff=SUGGEST_CUTOFF)
             if close:
                 return f"{message} (did you mean {flags[close[0]]}?)"
     return message

@@ -2,21 +2,24 @@
 
 Pulls the model when missing, starts an embedded Redis (unless --redis), the router and
 N prefill + M decode nodes (default 1 + 1; --colocated: M colocated nodes instead), and
-waits until every node and the router are ready. The launcher binds every child's port
-itself and hands the socket over (cluster.listen), so no other process can take it in
-between; `--port 0` lets the kernel pick the router's. Then it prints the URL
-and an example request, and runs until Ctrl-C or SIGTERM, when it stops every process it
+waits until every node and the router are ready, showing each node's start-up phases as they
+pass (cluster.up_progress). The launcher binds every child's port itself and hands the socket
+over (cluster.listen), so no other process can take it in between; `--port 0` lets the
+kernel pick the router's. Then it prints the URL and an example request that works as printed
+(cluster.up_announce), and runs until Ctrl-C or SIGTERM, when it stops every process it
 started (SIGTERM, then SIGKILL after a grace period), Redis last.
 A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
 
 Logs: each child writes to RUN_DIR/NAME.log (RUN_DIR: --run-dir or a new temporary
 directory, printed at start). RUN_DIR/cluster.json, written as the children start, holds
-the router URL, the Redis URL, each node's URL and every process id (launcher included).
+the router URL, the Redis URL, each node's URL and every process id (launcher included);
+RUN_DIR/cluster-token.header and api-key.header (mode 0600) serve curl's `-H @FILE`.
 A node that exits is reported and the cluster keeps serving without it. An embedded Redis that
 dies is restarted on the same port (cluster.redis_supervisor); when the router exits, or Redis
 keeps dying, the launcher stops everything and exits 1. Every run gets its own cluster token
 (SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set). `--api-key`
-reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line;
+reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line; the
+router's key flags are checked before anything starts (cluster.up_args.check_keys);
 `--max-model-len` goes to the router and every node, `--served-model-name` to the router.
 With --planner a `splitserve planner` child sizes the two pools from TTFT / ITL targets, and
 the launcher starts and drains nodes to follow it (cluster.scaler); cluster.json follows.
@@ -25,7 +28,6 @@ the launcher starts and drains nodes to follow it (cluster.scaler); cluster.json
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -39,24 +41,25 @@ from types import FrameType
 
 import httpx
 
-from cluster.auth import CLUSTER_TOKEN_ENV, new_token
+from cluster.auth import CLUSTER_TOKEN_ENV, ApiKey, new_token
 from cluster.listen import bound_port, open_listener
 from cluster.process import Child, stop_all
 from cluster.redis_server import EmbeddedRedis
 from cluster.redis_supervisor import RedisSupervisor
 from cluster.scaler import LocalScaler
-from cluster.up_args import API_KEY_ENV, check_args
+from cluster.up_announce import announcement
 from cluster.up_args import add_arguments as add_arguments
-from cluster.up_layout import UpLayout, note_pid
+from cluster.up_args import check_args, check_keys
+from cluster.up_layout import UpLayout, note_pid, write_headers
 from cluster.up_plan import (
     NodePlan,
-    local_host,
     node_argv,
     plan_nodes,
     planner_argv,
     router_argv,
     router_environment,
 )
+from cluster.up_progress import StartProgress
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.25
@@ -69,6 +72,7 @@ class LaunchError(RuntimeError):
 def run(args: argparse.Namespace) -> int:
     try:
         check_args(args)
+        keys = check_keys(args)
     except ValueError as exc:
         print(f"splitserve up: {exc}", file=sys.stderr)
         return 2
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"logs: {run_dir}", flush=True)
     with _stop_on_sigterm():
         try:
-            return _run_cluster(args, model, run_dir, router_sock)
+            return _run_cluster(args, model, run_dir, router_sock, keys)
         except KeyboardInterrupt:
             return 0
         except LaunchError as exc:
@@ -130,15 +134,21 @@ def _stop_on_sigterm() -> Iterator[None]:
 
 
 def _run_cluster(
-    args: argparse.Namespace, model: Path, run_dir: Path, router_sock: socket.socket
+    args: argparse.Namespace,
+    model: Path,
+    run_dir: Path,
+    router_sock: socket.socket,
+    keys: tuple[ApiKey, ...],
 ) -> int:
     redis = None
     children: list[Child] = []
     scaler: LocalScaler | None = None
     # One cluster token per run (unless the environment brings one): nodes take /internal/*
-    # calls and KV handshakes only from this cluster's processes. It travels in env only.
+    # calls and KV handshakes only from this cluster's processes. It travels in env only (and
+    # in RUN_DIR/cluster-token.header, which only this user may read, for /stats).
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault(CLUSTER_TOKEN_ENV, new_token())
+    write_headers(run_dir, env[CLUSTER_TOKEN_ENV], keys[0] if keys else None)
     try:
         if args.redis:
             redis_url = args.redis
@@ -161,8 +171,8 @@ def _run_cluster(
             planner_url = f"http://127.0.0.1:{port}"
         layout = UpLayout(run_dir, args, redis_url, nodes, children, redis, planner_url)
         layout.write()
-        _wait_ready(args, children, nodes)
-        _announce(args, model, nodes, keyed=API_KEY_ENV in router_env)
+        _wait_ready(args, children, nodes, run_dir)
+        _say(announcement(args, model, nodes, run_dir, keys[0].name if keys else None))
         if planner_url is not None:
 
             def start(plan: NodePlan) -> Child:
@@ -195,15 +205,22 @@ def _spawn(
     return Child(name, argv, run_dir / f"{name}.log", env, sock)
 
 
-def _wait_ready(args: argparse.Namespace, children: list[Child], nodes: list[NodePlan]) -> None:
-    """Until every node's /ready and the router's /ready (knowing all nodes) answer 200."""
+def _wait_ready(
+    args: argparse.Namespace, children: list[Child], nodes: list[NodePlan], run_dir: Path
+) -> None:
+    """Until every node's /ready and the router's /ready (knowing all nodes) answer 200;
+    meanwhile each node's start-up phases are shown as they pass (cluster.up_progress)."""
     deadline = time.monotonic() + args.ready_timeout_s
     pending = {n.name: f"{n.url}/ready" for n in nodes}
     router_url = f"http://127.0.0.1:{args.port}/ready"
+    progress = StartProgress({n.name: run_dir / f"{n.name}.log" for n in nodes}, _say)
     with httpx.Client(timeout=2.0, trust_env=False) as http:
         while True:
             _check_alive(children)
-            pending = {name: url for name, url in pending.items() if not _ok(http, url)}
+            progress.poll()
+            for name in [name for name, url in pending.items() if _ok(http, url)]:
+                progress.ready(name)
+                del pending[name]
             if not pending and _router_ready(http, router_url, nodes):
                 return
             if time.monotonic() > deadline:
@@ -243,26 +260,8 @@ def _router_ready(http: httpx.Client, url: str, nodes: list[NodePlan]) -> bool:
     return True
 
 
-def _announce(args: argparse.Namespace, model: Path, nodes: list[NodePlan], keyed: bool) -> None:
-    base = f"http://{local_host(args.host)}:{args.port}"
-    pools = ", ".join(f"{n.name} {n.url}" for n in nodes)
-    name = args.served_model_name or model.name
-    auth = f'-H "Authorization: Bearer ${API_KEY_ENV}" ' if keyed else ""
-    body = json.dumps(
-        {
-            "model": name,
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 32,
-        }
-    )
-    print(
-        f"splitserve is up: {base}/v1 (model {name})\n"
-        f"  nodes: {pools}\n"
-        f"  try:   curl {base}/v1/chat/completions {auth}-H 'Content-Type: application/json' "
-        f"-d '{body}'\n"
-        "  Ctrl-C stops everything.",
-        flush=True,
-    )
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
 def _supervise(

@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import argparse
 
+from cluster.auth import ApiKey
+from cluster.settings import RouterSettings, load
 from models.cli import add_model_cache_flag
 
 API_KEY_ENV = "SPLITSERVE_API_KEY"
+# the router's key flags `up` hands on (names and paths: no key travels on a command line)
+KEY_FLAGS = (
+    ("--api-key-file", "accepted API keys, one per line: `name:key` (or a bare key)"),
+    ("--usage-admin-keys", "key names that may read GET /v1/usage (comma-separated)"),
+    ("--key-limits", "requests and tokens per minute by key name: `alice:rpm=60;*:rpm=600`"),
+)
+# --tp / --pp and vLLM's names for them (same meaning: ranks / stages of one engine)
+VLLM_PARALLEL = (
+    ("tp", "tensor-parallel ranks", "--tensor-parallel-size"),
+    ("pp", "pipeline stages", "--pipeline-parallel-size"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the router requires `Authorization: Bearer KEY` on /v1 (several: comma-separated);"
         f" prefer {API_KEY_ENV}, which other users cannot see in the process list",
     )  # fmt: skip
+    add_key_arguments(parser)
     parser.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
     parser.add_argument("--decode", type=int, default=1, help="decode nodes (default 1)")
     parser.add_argument(
@@ -53,10 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "over many rows in bf16 inputs summed in fp32: prefill about 2x faster)",
     )  # fmt: skip
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
-    for short, what in (("tp", "tensor-parallel ranks"), ("pp", "pipeline stages")):
+    for short, what, vllm in VLLM_PARALLEL:
         parser.add_argument(
-            f"--{short}", type=int, default=None,
-            help=f"{what} per node, one process per rank (both pools, or colocated)",
+            f"--{short}", vllm, dest=short, type=int, default=None, metavar="N",
+            help=f"{what} per node, one process per rank (both pools, or colocated); "
+            f"{vllm} is vLLM's name for it",
         )  # fmt: skip
         for pool in ("prefill", "decode"):
             parser.add_argument(
@@ -76,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "decode node converts KV of another dtype on import",
         )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None,
+        help="tokens one engine step computes at most, per node",
+    )  # fmt: skip
     parser.add_argument(
         "--kv-offload-cpu-gb", type=float, default=None,
         help="GiB of host memory per node for a KV tier below the device",
@@ -107,8 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-cpu-loras", type=int, default=None)
     parser.add_argument(
         "--run-dir", default=None,
-        help="where each process's NAME.log and cluster.json (URLs, process ids) go "
-        "(default: a new temporary directory)",
+        help="where each process's NAME.log, cluster.json (URLs, process ids) and the header "
+        "files for curl -H @FILE go: cluster-token.header (a node's /stats needs it) and "
+        "api-key.header (default: a new temporary directory)",
     )  # fmt: skip
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -117,6 +137,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the router's routing policy (default kv_aware)",
     )  # fmt: skip
     add_planner_arguments(parser)
+
+
+def add_key_arguments(parser: argparse.ArgumentParser) -> None:
+    """The router's API key flags beyond --api-key (cluster.settings.RouterSettings)."""
+    for flag, help_text in KEY_FLAGS:
+        parser.add_argument(flag, default=None, help=help_text)
 
 
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,10 +170,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--decode must be >= 1")
     if not args.colocated and args.prefill < 1:
         raise ValueError("--prefill must be >= 1 (or use --colocated)")
-    if args.max_model_len is not None and args.max_model_len < 1:
-        raise ValueError("--max-model-len must be >= 1")
-    if args.threads_per_node is not None and args.threads_per_node < 1:
-        raise ValueError("--threads-per-node must be >= 1")
+    for flag in ("max_model_len", "threads_per_node", "max_num_batched_tokens"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     for short in ("tp", "pp"):
         for flag in (short, f"prefill_{short}", f"decode_{short}"):
             value = getattr(args, flag, None)
@@ -175,3 +201,14 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError("--planner sizes a prefill and a decode pool: not with --colocated")
         if args.max_prefill < args.prefill or args.max_decode < args.decode:
             raise ValueError("--max-prefill / --max-decode must be >= --prefill / --decode")
+
+
+def check_keys(args: argparse.Namespace) -> tuple[ApiKey, ...]:
+    """The router's API keys as it will read them (the flags, else its SPLITSERVE_* variables),
+    checked before anything starts with the key names of --usage-admin-keys and --key-limits.
+    SettingsError (a ValueError) names the bad field; never a key."""
+    settings = load(
+        RouterSettings, api_key=args.api_key, api_key_file=args.api_key_file,
+        usage_admin_keys=args.usage_admin_keys, key_limits=args.key_limits,
+    )  # fmt: skip
+    return settings.api_keys()

@@ -1,5 +1,8 @@
-"""RUN_DIR/cluster.json of `splitserve up`: the router URL, the Redis URL, each node's URL
-and role, the planner's URL (with --planner) and every process id (launcher included)."""
+"""The files of `splitserve up` in RUN_DIR: cluster.json (the router URL, the Redis URL, each
+node's URL and role, the planner's URL with --planner, every process id, launcher included),
+and two header files for curl's `-H @FILE`, readable by this user only:
+cluster-token.header (the cluster token, which nodes' /stats need) and, when the router needs
+an API key, api-key.header (the first key)."""
 
 from __future__ import annotations
 
@@ -8,9 +11,13 @@ import json
 import os
 from pathlib import Path
 
+from cluster.auth import CLUSTER_TOKEN_HEADER, ApiKey
 from cluster.process import Child
 from cluster.redis_server import EmbeddedRedis
 from cluster.up_plan import NodePlan
+
+CLUSTER_HEADER = "cluster-token.header"
+API_KEY_HEADER = "api-key.header"
 
 
 class UpLayout:
@@ -64,3 +71,21 @@ def write_json(path: Path, data: object) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def write_headers(run_dir: Path, cluster_token: str, key: ApiKey | None) -> None:
+    """RUN_DIR's header files (mode 0600); a run without API keys removes a stale key's."""
+    write_secret(run_dir / CLUSTER_HEADER, f"{CLUSTER_TOKEN_HEADER}: {cluster_token}\n")
+    if key is None:
+        (run_dir / API_KEY_HEADER).unlink(missing_ok=True)
+    else:
+        write_secret(run_dir / API_KEY_HEADER, f"Authorization: Bearer {key.secret.decode()}\n")
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write `text` to `path`, which only this user may read (made so before anything is
+    written, an existing file included)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)
+        f.write(text)

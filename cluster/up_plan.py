@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.listen import bound_port, open_listener
-from cluster.up_args import API_KEY_ENV
+from cluster.up_args import API_KEY_ENV, KEY_FLAGS
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,9 @@ def router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[s
         argv += ["--served-model-name", args.served_model_name]
     if args.max_model_len is not None:
         argv += ["--max-model-len", str(args.max_model_len)]
+    for flag, _ in KEY_FLAGS:
+        if (value := getattr(args, flag.removeprefix("--").replace("-", "_"), None)) is not None:
+            argv += [flag, str(value)]
     if getattr(args, "lora_modules", None):
         argv += ["--lora-modules", *args.lora_modules]
     return argv
@@ -118,6 +121,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
         "--num-kv-blocks": args.num_kv_blocks,
         "--kv-cache-dtype": node_kv_cache_dtype(args, node.command),
         "--max-num-seqs": args.max_num_seqs,
+        "--max-num-batched-tokens": args.max_num_batched_tokens,
         "--kv-offload-cpu-gb": args.kv_offload_cpu_gb,
         "--kv-offload-disk-gb": args.kv_offload_disk_gb,
         "--kv-offload-disk-path": Path(disk) / node.name if disk else None,  # one per node

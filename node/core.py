@@ -21,6 +21,7 @@ from cluster.settings import NodeSettings, lora_module_map
 from engine.config import engine_config
 from engine.kv.sizing import KVCapacity
 from engine.loop.engine_loop import EngineLoop
+from engine.phases import phase
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
 from node.adapters import NodeAdapters
@@ -66,7 +67,8 @@ class NodeCore:
             for name, path in lora_module_map(settings.lora_modules).items():
                 await node.adapters.load(name, path)
             if node._moves_kv():
-                node.agent = await asyncio.to_thread(node._make_agent)
+                with phase("transfer"):  # the KV cache registered with the transfer agent
+                    node.agent = await asyncio.to_thread(node._make_agent)
                 if node.agent.leases is not None:
                     serving = asyncio.create_task(node.agent.serve(), name="lease-serve")
             async with kv_events(settings, loop):

@@ -27,11 +27,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from cluster.auth import CLUSTER_TOKEN_HEADER, token_ok
+from cluster.cli import build_info
 from cluster.protocol import (
     HEALTH,
     INTERNAL_LORA_LOAD,
     INTERNAL_LORA_UNLOAD,
     STATS,
+    VERSION,
     ControlResponse,
     LoadAdapterRequest,
     NodeInfo,
@@ -268,6 +270,13 @@ async def ready(request: Request) -> JSONResponse:
         "registered": state.registered,
     }
     return JSONResponse(body, status_code=200 if state.ready else 503)
+
+
+@probes.get(VERSION)
+async def version() -> dict[str, str]:
+    import torch
+
+    return {**build_info(), "torch": torch.__version__}
 
 
 @guarded.get(STATS)

@@ -28,6 +28,7 @@ from models.tokenizer import Tokenizer
 from router import endpoints
 from router.adapters import RouterAdapters
 from router.admission import Admission
+from router.api.docs import install_docs
 from router.api.lora import lora_routes
 from router.api.openapi import install_openapi
 from router.api.tokenize import tokens
@@ -42,6 +43,7 @@ from router.state import RouterState
 from router.usage import UsageLedger
 
 log = logging.getLogger("splitserve.router")
+OPENAPI_URL = "/openapi.json"
 
 
 def create_app(
@@ -76,13 +78,14 @@ def create_app(
         adapters=RouterAdapters(settings.lora_modules),
     )
     app = FastAPI(
-        title="splitserve router", version=version(), lifespan=_lifespan, docs_url="/docs",
-        redoc_url=None, openapi_url="/openapi.json",
+        title="splitserve router", version=version(), lifespan=_lifespan, docs_url=None,
+        redoc_url=None, openapi_url=OPENAPI_URL,
     )  # fmt: skip
     app.state.router = state
     for router in _ROUTERS:
         app.include_router(router)
     install_openapi(app, keyed=bool(state.api_keys), model=state.settings.model_name())
+    install_docs(app, OPENAPI_URL)
     _install_error_handlers(app)
     app.add_middleware(RequestMetrics, metrics=metrics, routes=route_paths())
     return app

@@ -9,6 +9,7 @@ nodes (503), prompt and context length (400), then the cluster.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -19,8 +20,11 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from cluster.auth import find_key
+from cluster.cli import build_info
+from cluster.protocol import VERSION
 from models.tokenizer import Tokenizer
 from router.api.choices import Samples
+from router.api.ignored import ignored_fields, shown
 from router.api.objects import ModelCard, ModelList, Usage
 from router.api.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
 from router.api.render import ChatFormatter, CompletionFormatter, Formatter
@@ -46,6 +50,7 @@ from router.state import RouterState
 from router.usage import ANONYMOUS
 
 T = TypeVar("T")
+log = logging.getLogger("splitserve.router")
 
 
 def get_state(request: Request) -> RouterState:
@@ -111,6 +116,7 @@ async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body)
+    _note_ignored(state, "/v1/chat/completions", req)
     return await serve(request, state, req, "chat")
 
 
@@ -119,7 +125,16 @@ async def completions(request: Request) -> Response:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: CompletionRequest = parse_request(CompletionRequest, body)
+    _note_ignored(state, "/v1/completions", req)
     return await serve(request, state, req, "completion")
+
+
+def _note_ignored(state: RouterState, route: str, req: SamplingRequest) -> None:
+    """Log and count the fields `req` ignored: their names only, never a value."""
+    names = ignored_fields(req)
+    if names:
+        state.metrics.ignored_fields.labels(route).inc(len(names))
+        log.info("ignored_fields route=%s count=%d fields=%s", route, len(names), shown(names))
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -283,6 +298,11 @@ async def _prompt_text(tokenizer: Tokenizer, req: CompletionRequest, ids: list[i
 @probes.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@probes.get(VERSION)
+async def version() -> dict[str, str]:
+    return build_info()
 
 
 @probes.get("/ready")

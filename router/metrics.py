@@ -100,6 +100,15 @@ class RouterMetrics:
             _BASE,
             registry=r,
         ).labels(*base)
+        self.ignored_fields = Family(
+            Counter(
+                "splitserve_router_ignored_fields",
+                "Request fields ignored as unknown (names in the log), by route",
+                [*_BASE, "route"],
+                registry=r,
+            ),
+            base,
+        )
         self.decode_resumes = Counter(
             "splitserve_router_decode_resumes",
             "Decodes resumed on another node after a failure",

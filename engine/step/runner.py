@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from engine import cpu_kernels
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
@@ -29,6 +30,7 @@ from engine.model.loader import init_random_weights, load_weights
 from engine.model.quant import resolve_quantization
 from engine.model.shard import Shard, shard_config
 from engine.model.stage import Stage, stage_config
+from engine.phases import phase
 from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
@@ -87,6 +89,21 @@ def load_model(
     device = torch.device(config.device)
     if device.type == "cpu":
         retain_freed_host_memory()
+        if config.cpu_kernels and config.dtype == torch.float32:
+            with phase("kernels"):  # compiled at a first start, then cached
+                cpu_kernels.available()
+    with phase("weights"):
+        return _load_weights(config, model_config, device, attention, shard, stage)
+
+
+def _load_weights(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    device: torch.device,
+    attention: AttentionBackend | None,
+    shard: Shard | None,
+    stage: Stage | None,
+) -> LoadedModel:
     max_model_len = min(
         config.max_model_len or model_config.max_position_embeddings,
         model_config.max_position_embeddings,
@@ -173,14 +190,17 @@ class ModelRunner:
         self.packed_weights = loaded.packed_weights
         self.layout = loaded.layout
         self.lora = lora_manager(config, model_config, self.model)
-        self.kv_capacity = plan_kv_cache(config, self.layout, self._measure_memory, shared_caches)
-        self.num_blocks = (shard or Shard()).min_int(self.kv_capacity.num_blocks)
-        if pipe is not None:  # one block count for every stage: the scheduler's
-            self.num_blocks = pipe.min_int(self.num_blocks)
         self.ranks = ranks
         self.pipe = pipe
-        # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
-        self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
+        with phase("kv_cache"):
+            self.kv_capacity = plan_kv_cache(
+                config, self.layout, self._measure_memory, shared_caches
+            )
+            self.num_blocks = (shard or Shard()).min_int(self.kv_capacity.num_blocks)
+            if pipe is not None:  # one block count for every stage: the scheduler's
+                self.num_blocks = pipe.min_int(self.num_blocks)
+            # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
+            self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
         max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
         self.batch = PersistentBatch(
             config.max_num_seqs,

@@ -60,6 +60,11 @@ class HealthResponse(BaseModel):
     status: Literal["ok"]
 
 
+class VersionResponse(BaseModel):
+    version: str
+    python: str
+
+
 class AdapterResponse(BaseModel):
     """A LoRA adapter loaded on (or unloaded from) every node."""
 
@@ -82,6 +87,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (ErrorResponse, "serialization"),
     (ReadyResponse, "serialization"),
     (HealthResponse, "serialization"),
+    (VersionResponse, "serialization"),
     (LoadAdapterRequest, "validation"),
     (AdapterResponse, "serialization"),
 ]
@@ -148,6 +154,7 @@ _OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] 
     ("/health", "get"): (None, {"application/json": HealthResponse}, ()),
     ("/ready", "get"): (None, {"application/json": ReadyResponse}, ()),
     ("/metrics", "get"): (None, {"text/plain": {"type": "string"}}, ()),
+    ("/version", "get"): (None, {"application/json": VersionResponse}, ()),
 }
 _KEYED = ("/v1/", "/tokenize", "/detokenize")
 # a request that generates, per endpoint (the served model's name added)

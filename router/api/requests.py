@@ -1,8 +1,9 @@
 """OpenAI API request models (the subset the router serves; responses: router.api.objects).
 
 Requests validate strictly (a string is not a number) and ignore unknown fields, as OpenAI
-clients send extras. Features the router does not implement are refused with a 400 naming
-the field rather than silently ignored: suffix.
+clients send extras (their names are logged and counted: router.api.ignored). Features the
+router does not implement are refused with a 400 naming the field rather than silently
+ignored: suffix.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -20,13 +20,14 @@ from pydantic import (
 )
 
 from cluster.protocol import PRIORITY_LIMIT
+from router.api.ignored import NotesIgnored
 from router.errors import APIError, bad_request
 
 MAX_LOGIT_BIAS = 300  # logit_bias entries a request may carry, as OpenAI allows
 MAX_CHOICES = 16  # the most samples (n, best_of) one request may ask for
 
 
-class _Request(BaseModel):
+class _Request(NotesIgnored):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 

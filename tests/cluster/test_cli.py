@@ -5,7 +5,9 @@ deprecated alias), and `generate` without a prompt refused."""
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +47,8 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
         ),
         (["model", "list", "--cach-dir", "/x"], "usage: splitserve model list ", "--model-cache"),
         (["--verison"], "usage: splitserve ", "--version"),
+        (["up", "--key-limit", "*:rpm=5"], "usage: splitserve up ", "--key-limits"),
+        (["up", "--tensor-paralel-size", "2"], "usage: splitserve up ", "--tensor-parallel-size"),
     ],
 )
 def test_a_mistyped_flag_shows_the_subcommand_usage_and_the_closest_flag(
@@ -94,3 +98,65 @@ def test_generate_without_a_prompt_is_refused(capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert err.startswith("usage: splitserve generate ")
     assert "the following arguments are required: PROMPT" in err
+
+
+# (command line with an abbreviated flag, the flag in full)
+ABBREVIATED = [
+    (["up", "--kv-offload-cpu", "1"], "--kv-offload-cpu-gb"),
+    (["router", "--max-inflig", "8"], "--max-inflight"),
+    (["prefill", "--lease-ttl", "5"], "--lease-ttl-s"),
+    (["decode", "--max-num-se", "3"], "--max-num-seqs"),
+    (["planner", "--ttft-slo", "500"], "--ttft-slo-ms"),
+    (["generate", "hi", "--max-tok", "4"], "--max-tokens"),
+    (["bench", "serve", "--num-req", "4"], "--num-requests"),
+    (["model", "pull", "--qui"], "--quiet"),
+]
+
+
+@pytest.mark.parametrize(("argv", "full"), ABBREVIATED, ids=[" ".join(a) for a, _ in ABBREVIATED])
+def test_an_abbreviated_flag_is_refused_naming_the_full_one(
+    argv: list[str], full: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--kv-offload-cpu 1` once started a cluster as --kv-offload-cpu-gb: no prefix of a
+    flag stands for it, on any subcommand."""
+    parser = cli._build_parser(argv)
+    _, extras = parser.parse_known_args(argv)
+    abbreviated = next(a for a in argv if a.startswith("--"))
+    assert abbreviated in extras
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)  # refused before anything runs
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {abbreviated}" in err and f"(did you mean {full}?)" in err
+
+
+def test_a_far_flag_is_no_suggestion() -> None:
+    """--key-limits once got `did you mean --ready-timeout-s?`, --max-num-batched-tokens
+    `--num-speculative-tokens`: neither means anything close."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ready-timeout-s")
+    parser.add_argument("--num-speculative-tokens")
+    for typo in ("--key-limits", "--max-num-batched-tokens"):
+        assert cli.unrecognized(parser, [typo, "1"]) == f"unrecognized arguments: {typo} 1"
+
+
+def test_every_argument_parser_of_the_project_refuses_abbreviations() -> None:
+    """A parser built outside the `splitserve` command (`python -m bench.offline`) too."""
+    root = Path(__file__).resolve().parents[2]
+    calls = []
+    for path in sorted(root.glob("*/**/*.py")):
+        if path.parts[len(root.parts)] in ("tests", "docs") or ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _called(node) == "ArgumentParser":
+                calls.append((path.relative_to(root), node))
+    assert len(calls) > 10
+    for where, call in calls:
+        flags = {k.arg: k.value for k in call.keywords}
+        value = flags.get("allow_abbrev")
+        assert isinstance(value, ast.Constant) and value.value is False, f"{where}:{call.lineno}"
+
+
+def _called(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)

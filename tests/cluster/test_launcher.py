@@ -5,22 +5,29 @@ child that fails at start is named with its log."""
 from __future__ import annotations
 
 import argparse
+import http.server
 import importlib
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from cluster import launcher, up_plan
+from cluster.auth import ApiKey, find_key
 from cluster.launcher import LaunchError
 from cluster.process import Child, stop_all
-from cluster.up_layout import UpLayout
+from cluster.up_announce import announcement
+from cluster.up_args import API_KEY_ENV
+from cluster.up_layout import UpLayout, write_headers
 from cluster.up_plan import NodePlan
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -220,7 +227,8 @@ def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
     ("argv", "message"),
     [(["--decode", "0"], "--decode"), (["--prefill", "0"], "--prefill"),
      (["--model", "./no/such/model"], "no/such/model"),
-     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization")],
+     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1, got 0")],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_a_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -390,3 +398,125 @@ def test_the_planner_command_line_parses_and_keeps_the_pools_between_up_and_max(
         launcher.check_args(_args("--planner", "--prefill", "4"))
     with pytest.raises(ValueError, match="--colocated"):
         launcher.check_args(_args("--planner", "--colocated"))
+
+
+def test_the_router_key_flags_reach_the_router_and_batched_tokens_every_node(
+    tmp_path: Path,
+) -> None:
+    """The README's key flags work on `up` (names and paths on the command line, never a
+    key), and vLLM's names for --tp / --pp mean the same."""
+    keys = tmp_path / "keys"
+    keys.write_text("alice:sk-alice-0123456789\n")
+    args = _args(
+        "--api-key-file", str(keys), "--usage-admin-keys", "alice",
+        "--key-limits", "alice:rpm=60;*:rpm=600", "--max-num-batched-tokens", "256",
+        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3",
+    )  # fmt: skip
+    assert [k.name for k in launcher.check_keys(args)] == ["alice"]
+    router_argv = up_plan.router_argv(args, tmp_path, "redis://h:1/0")
+    router = _parse_child(router_argv)
+    assert (router.api_key_file, router.usage_admin_keys) == (str(keys), "alice")
+    assert router.key_limits == "alice:rpm=60;*:rpm=600"
+    assert not any("sk-alice" in a for a in router_argv)
+    for plan in up_plan.plan_nodes(args):
+        node = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
+        assert node.max_num_batched_tokens == 256
+        assert (node.tensor_parallel_size, node.pipeline_parallel_size) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--key-limits", "alice:rpm=x"], "key limit 'alice:rpm=x'"),
+        (["--api-key", "bob:sk-bob-0123456789", "--key-limits", "alice:rpm=5"], "alice"),
+        (["--usage-admin-keys", "carol"], "no API key is named carol"),
+        (["--api-key-file", "/no/such/keys"], "/no/such/keys"),
+    ],
+)
+def test_bad_key_flags_exit_2_before_anything_starts(
+    argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert launcher.run(_args(*argv, "--port", "0", "--model", "./no/such/model")) == 2
+    err = capsys.readouterr().err
+    assert problem in err and "no/such/model" not in err and "sk-bob" not in err
+
+
+class _KeyCheckingRouter(http.server.BaseHTTPRequestHandler):
+    """Answers 200 to a POST that carries one of the router's keys, as the router checks it
+    (router.endpoints.require_api_key), else 401."""
+
+    keys: tuple[ApiKey, ...] = ()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        scheme, _, token = self.headers.get("authorization", "").partition(" ")
+        ok = scheme.lower() == "bearer" and find_key(token.strip(), self.keys) is not None
+        self.send_response(200 if ok else 401)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+@pytest.mark.parametrize("source", ["env", "flag", "file"])
+def test_the_printed_request_works_with_several_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """The `try:` line once sent the whole key list (`alice:sk-…,bob:…`) as the bearer token
+    and got 401; wherever the keys come from, it works as printed."""
+    listed = "alice:sk-alice-0123456789,bob:sk-bob-0123456789"
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.delenv("SPLITSERVE_API_KEY_FILE", raising=False)
+    flags: list[str] = []
+    if source == "env":
+        monkeypatch.setenv(API_KEY_ENV, listed)
+    elif source == "flag":
+        flags = ["--api-key", listed]
+    else:
+        (tmp_path / "keys").write_text(listed.replace(",", "\n"))
+        flags = ["--api-key-file", str(tmp_path / "keys")]
+    server = http.server.HTTPServer(("127.0.0.1", 0), _KeyCheckingRouter)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        args = _args(*flags, "--port", str(server.server_address[1]))
+        keys = launcher.check_keys(args)
+        _KeyCheckingRouter.keys = keys
+        write_headers(tmp_path, "cluster-token-0123456789abcdef", keys[0])
+        nodes = [NodePlan("decode-0", "decode", "decode", 8123)]
+        text = announcement(args, tmp_path / "smollm2", nodes, tmp_path, keys[0].name)
+        command = next(line for line in text.splitlines() if "try:" in line).split("try:")[1]
+        done = subprocess.run(
+            ["bash", "-c", f"{command} -s -o /dev/null -w '%{{http_code}}'"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.stdout == "200", (command, done.stderr)
+    assert "sk-alice" not in text and "sk-bob" not in text  # the key is in the file only
+    assert "alice" in text
+
+
+def test_header_files_are_for_this_user_only(tmp_path: Path) -> None:
+    """RUN_DIR's header files serve curl's `-H @FILE`; a run without keys leaves no key file."""
+    key = ApiKey("alice", b"sk-alice-0123456789")
+    (tmp_path / "cluster-token.header").write_text("old")
+    (tmp_path / "cluster-token.header").chmod(0o644)
+    write_headers(tmp_path, "cluster-token-0123456789abcdef", key)
+    token = tmp_path / "cluster-token.header"
+    assert token.read_text() == "x-splitserve-token: cluster-token-0123456789abcdef\n"
+    assert (
+        tmp_path / "api-key.header"
+    ).read_text() == "Authorization: Bearer sk-alice-0123456789\n"
+    for path in tmp_path.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    write_headers(tmp_path, "cluster-token-0123456789abcdef", None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster-token.header"]
+    args = _args("--port", "8000")
+    nodes = [NodePlan("prefill-0", "prefill", "prefill", 8123)]
+    text = announcement(args, tmp_path / "smollm2", nodes, tmp_path, None)
+    assert f"stats: curl -H @{token} http://127.0.0.1:8123/stats" in text
+    assert "api-key.header" not in text and "Authorization" not in text

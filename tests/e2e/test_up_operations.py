@@ -1,15 +1,18 @@
-"""`splitserve up` (1 prefill + 1 decode) as an operator meets it: node endpoints (/stats
-included) and the KV handshake refuse callers without the run's cluster token (the probes stay
-open), and the embedded Redis SIGKILLed twice under 16 concurrent streams comes back on its
-port while every stream completes."""
+"""`splitserve up` (1 prefill + 1 decode) as an operator meets it: it shows each node's
+start-up phases and how to read /stats; node endpoints (/stats included) and the KV handshake
+refuse callers without the run's cluster token (the probes stay open), and the embedded Redis
+SIGKILLed twice under 16 concurrent streams comes back on its port while every stream
+completes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +22,8 @@ import pytest
 from cluster_harness import Cluster, running_cluster
 
 from cluster.auth import CLUSTER_TOKEN_HEADER
+from cluster.cli import build_info
+from cluster.protocol import NodeStats
 from kv_transfer import PeerInfo
 from kv_transfer.tcp_protocol import Kind, recv_json, send_json
 
@@ -57,6 +62,25 @@ def test_node_endpoints_need_the_cluster_token(cluster: Cluster, headers: dict[s
             for probe in ("/health", "/ready"):
                 assert http.get(cluster.node_url(node) + probe).status_code == 200, (node, probe)
     assert cluster.stats("prefill-0").counters.get("requests_total", 0) == 0
+
+
+def test_up_shows_each_node_start_and_how_to_read_stats(cluster: Cluster) -> None:
+    """While it starts, `up` shows each node's phases with their times; once up, the printed
+    stats command reads /stats (with the cluster token's header file), and every process
+    answers /version."""
+    out = cluster.output()
+    for node in ("prefill-0", "decode-0"):
+        for phase in ("kernels", "weights", "kv_cache", "transfer"):
+            assert re.search(rf"^  {node}: {phase} [0-9.]+s$", out, re.M), (node, phase, out)
+        assert re.search(rf"^  {node}: ready after [0-9.]+s$", out, re.M), (node, out)
+    assert out.index("ready after") < out.index("splitserve is up")
+    command = next(line for line in out.splitlines() if "stats: " in line).split("stats: ")[1]
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+    assert NodeStats.model_validate_json(done.stdout).info.node_id == "prefill-0", done.stderr
+    with httpx.Client(timeout=10, trust_env=False) as http:
+        urls = [cluster.base_url] + [cluster.node_url(n) for n in ("prefill-0", "decode-0")]
+        versions = [http.get(url + "/version").json()["version"] for url in urls]
+    assert versions == [build_info()["version"]] * 3
 
 
 def test_the_kv_handshake_refuses_a_reader_without_the_token(cluster: Cluster) -> None:

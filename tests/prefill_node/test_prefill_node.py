@@ -12,6 +12,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import redis
+import torch
 from node_harness import (
     BLOCK_SIZE,
     NUM_BLOCKS,
@@ -24,6 +25,7 @@ from node_harness import (
     wait_idle,
 )
 
+from cluster.cli import build_info
 from cluster.protocol import NodeRecord, PrefillResponse
 from cluster.registry import node_key
 from prefill_node.app import create_app, route_paths
@@ -151,6 +153,13 @@ async def test_ready_and_registered_in_redis(node: httpx.AsyncClient, redis_url:
     record = NodeRecord.model_validate_json(raw)
     assert record.info == info and record.info.role == "prefill"
     assert record.load.total_blocks == NUM_BLOCKS
+
+
+async def test_version_names_the_package_python_and_torch(node: httpx.AsyncClient) -> None:
+    resp = await node.get("/version")  # open, like the probes
+    assert resp.status_code == 200
+    assert resp.json() == {**build_info(), "torch": torch.__version__}
+    assert build_info()["version"] != "unknown"
 
 
 async def test_metrics_carry_role_and_node_labels(node: httpx.AsyncClient) -> None:

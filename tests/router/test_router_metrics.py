@@ -81,3 +81,36 @@ async def test_local_prefill_decisions_are_counted_by_reason(
     counted = metric(text, "splitserve_router_local_prefill_total", reason="short_prompt")
     assert counted == 2
     assert metric(text, "splitserve_router_ttft_seconds_count", role="router") == 2
+
+
+async def test_unknown_fields_are_logged_by_name_and_counted(
+    tokenizer: Tokenizer, script: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fields the router does not know are ignored, but not silently: their names (never a
+    value) go to the log, their count to /metrics, nested ones named by where they came."""
+    nodes = [FakeNode("p0", "prefill", script), FakeNode("d0", "decode", script)]
+    secret = "a value that must never reach the log"
+    chat = {
+        "model": "smollm2", "max_tokens": 2, "store": secret, "metadata": {"k": secret},
+        "messages": [{"role": "user", "content": "Hi", "audio": secret}],
+    }  # fmt: skip
+    plain = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2, "suffix_x": secret}
+    caplog.set_level("INFO", logger="splitserve.router")
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        r = await client.post(c.router_url + "/v1/chat/completions", json=chat)
+        assert r.status_code == 200, r.text
+        r = await client.post(c.router_url + "/v1/completions", json=plain)
+        assert r.status_code == 200, r.text
+        known = {k: v for k, v in plain.items() if k != "suffix_x"}
+        r = await client.post(c.router_url + "/v1/completions", json=known)
+        assert r.status_code == 200, r.text
+        text = (await client.get(c.router_url + "/metrics")).text
+    name = "splitserve_router_ignored_fields_total"
+    assert metric(text, name, route="/v1/chat/completions") == 3
+    assert metric(text, name, route="/v1/completions") == 1
+    lines = [r.getMessage() for r in caplog.records if "ignored_fields" in r.getMessage()]
+    assert lines == [
+        "ignored_fields route=/v1/chat/completions count=3 fields=store,metadata,messages.audio",
+        "ignored_fields route=/v1/completions count=1 fields=suffix_x",
+    ]
+    assert secret not in caplog.text

@@ -95,3 +95,16 @@ def test_model_dir_without_weights(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="safetensors"):
         make_runner(tmp_path)
+
+
+def test_start_up_phases_are_logged_in_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`splitserve up` shows these lines while a node starts (cluster.up_progress)."""
+    save_tiny_llama(tmp_path)
+    caplog.set_level("INFO", logger="splitserve.engine.phases")
+    make_runner(tmp_path, max_model_len=32)
+    lines = [r.getMessage() for r in caplog.records if r.name == "splitserve.engine.phases"]
+    names = [line.split()[0] for line in lines]
+    assert names == [f"phase={p}" for p in ("kernels", "weights", "kv_cache") for _ in "12"]
+    assert [line.split()[1].split("=")[0] for line in lines] == ["begin", "seconds"] * 3

@@ -5,6 +5,8 @@ when one is set, with OpenAI errors for bad input."""
 
 from __future__ import annotations
 
+import platform
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 import pytest_asyncio
 from router_fakes import FakeNode, fake_cluster
 
+from cluster.cli import version
 from models.tokenizer import Tokenizer
 from router.app import route_paths
 
@@ -120,3 +123,27 @@ async def test_with_api_keys_tokenize_needs_one_and_the_document_says_so(
         operation = doc["paths"][path]["post"]
         assert operation["security"] == [{"apiKey": []}] and "401" in operation["responses"]
     assert "security" not in doc["paths"]["/health"]["get"]
+
+
+async def test_docs_load_nothing_from_the_internet(router: httpx.AsyncClient) -> None:
+    """/docs renders on a machine without internet: every script, style and icon it loads
+    is served by the router itself."""
+    page = await router.get("/docs")
+    assert page.status_code == 200
+    assets = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", page.text)
+    assert len(assets) >= 3 and all(a.startswith("/docs/assets/") for a in assets), assets
+    assert "://" not in page.text
+    kinds = {".js": "javascript", ".css": "text/css", ".png": "image/png"}
+    for asset in assets:
+        resp = await router.get(asset)
+        assert resp.status_code == 200, asset
+        assert kinds[asset[asset.rindex(".") :]] in resp.headers["content-type"], asset
+    script = next(a for a in assets if a.endswith(".js"))
+    assert "SwaggerUIBundle" in (await router.get(script)).text
+
+
+async def test_version_names_the_package(router: httpx.AsyncClient) -> None:
+    resp = await router.get("/version")
+    assert resp.status_code == 200
+    assert resp.json() == {"version": version(), "python": platform.python_version()}
+    assert version() != "unknown"
