@@ -11,8 +11,8 @@ within what a device call brings back: ``gpu_check.json`` (every step's status, 
 headline figures against the targets of the GPU issue, the benchmarks' own JSON and the tail
 of each log), ``gpu_check.md`` (the table) and ``gpu_check.log`` (every step's output).
 
-Wheels the device machine lacks come from ``python -m bench.device_wheels`` (README, "On a
-GPU"). Without CUDA the check says so and exits 2; ``--list`` prints the plan anywhere.
+Wheels the device machine lacks come from ``python -m bench.device_wheels`` (docs/gpu.md,
+The GPU check). Without CUDA the check says so and exits 2; ``--list`` prints the plan anywhere.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 1. Reserve: the engine reserves blocks for prompt + given tokens; while the cache or the
    batch is full the request waits in the node's ImportQueue (decode_node.import_queue).
-2. `pull`: one READ of the prefill node's blocks that the local prefix cache lacks, within
-   the transfer deadline and the lease. A READ that completes tells the prefill node to end
+2. `pull`: read the prefill node's blocks that the local prefix cache lacks, within the
+   transfer deadline and the lease: one READ when each side is one rank; when either side
+   has several (TP x PP), the reads of every (layer, head) piece posted at once (NIXL: one
+   per remote agent; TCP: one per rank pair). Reads that complete tell the prefill node to end
    the lease; when the local cache holds every block, a release notice alone ends it. While
-   a READ runs, its blocks stay reserved: an abort cancels the READ first.
+   the reads run, their blocks stay reserved: an abort cancels them first.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The inference engine: Llama-family model over a paged KV cache, continuous batching.
+"""The inference engine: decoder-only models of the families in engine.model.families (Llama,
+Mistral, Mixtral, Qwen2/3 and their MoE, Phi-3, Gemma 2/3) over a paged KV cache, continuous
+batching.
 
 `from engine import LLM, SamplingParams`. Names load lazily so that importing one engine
 module (say engine.config) does not load the model code.

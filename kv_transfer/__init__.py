@@ -1,4 +1,5 @@
-"""Moving given blocks of a registered KV tensor between processes (NIXL, or TCP fallback).
+"""Moving given blocks of a registered KV tensor between processes (NIXL, or TCP fallback),
+whole or as the (layer, head) pieces that pools of different TP x PP exchange.
 
 Knows nothing of scheduling: the engine supplies the tensor, the layout fingerprint and a
 callback that frees blocks; the cluster carries PeerInfo between nodes.

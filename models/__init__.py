@@ -1,5 +1,6 @@
 """What a model is on disk: the registry of named models, pulling them into the local cache,
-validating model directories, the tokenizer, chat templates and incremental detokenizer.
+validating model directories, the tokenizer, chat templates and incremental detokenizer, the
+chained block hash (shared by the engine and the router) and `SamplingParams`.
 
 Torch-free: engine/, cluster/, router/ and the CLI import this package, and it imports none
 of them. Only a pull's GGUF conversion (models.convert) loads torch and transformers, lazily.

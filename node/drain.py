@@ -1,4 +1,4 @@
-"""Graceful drain of a node on SIGTERM (DESIGN.md, failure semantics).
+"""Graceful drain of a node on SIGTERM (docs/design.md, failure semantics).
 
 At the signal, at once: /ready answers 503, the heartbeats stop and the node leaves the
 registry (routers stop picking it at their next poll), and /internal/prefill and

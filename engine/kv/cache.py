@@ -1,5 +1,5 @@
-"""The paged KV cache: one block-major tensor per node and its layout (sizing:
-engine.kv.sizing).
+"""The paged KV cache: one block-major tensor per rank (its stage's layers, its share of the
+KV heads) and its layout (sizing: engine.kv.sizing).
 
 Layout: ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``. One block of all
 layers (K and V) is one contiguous region, so moving a block between nodes is one descriptor.

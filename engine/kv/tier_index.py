@@ -1,6 +1,6 @@
 """The index of one KV tier below the device (host memory, local disk): which block hashes it
-holds, in which slot, in LRU order. Integers only; the bytes live in engine.kv.host_store and
-engine.kv.disk_store.
+holds, in which slot, in LRU order. Integers only; the bytes live in the host tier's tensor
+(engine.kv.copier) and in engine.kv.disk_store's files.
 
 An entry holds the block's chained hash, its parent's hash and its own token ids: a lookup
 checks both, so a hash collision is a miss, never a wrong answer. Slots are either cached
