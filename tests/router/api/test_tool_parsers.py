@@ -83,7 +83,11 @@ def test_calls_are_read_in_each_format(
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}',  # cut JSON
         "[TOOL_CALLS][]",
         "",
+        '<tool_call>{"name": ["get_weather"], "arguments": {}}</tool_call>',  # a name that is
+        '{"name": {"get_weather": 1}}',  # no string (these were a 500)
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"a": ' + "[" * 10**5 + "]" * 10**5 + "}}]",
     ],
+    ids=lambda text: text[:40],
 )
 def test_what_does_not_parse_is_no_call(parser: str, text: str) -> None:
     assert PARSERS[parser].parse(text, NAMES) is None
