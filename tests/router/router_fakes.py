@@ -80,6 +80,7 @@ class FakeNode:
     fingerprint: str = FINGERPRINT
     url: str = ""
     gate: asyncio.Event | None = None  # decode waits for it before the first event
+    gate_at: int | None = None  # with gate: it waits before the script's token at this index
     accept_gate: asyncio.Event | None = None  # decode waits for it before answering at all
     prefill_gate: asyncio.Event | None = None  # prefill waits for it before answering
     token: str | None = None  # the cluster token every /internal/* call must carry
@@ -164,11 +165,11 @@ class FakeNode:
         return StreamingResponse(self._events(req), media_type="application/x-ndjson")
 
     async def _events(self, req: p.DecodeRequest) -> AsyncIterator[bytes]:
-        if self.gate is not None:
-            await self.gate.wait()
         produced = len(req.output_token_ids)
         sent = 0
         while True:
+            if self.gate is not None and (self.gate_at or len(req.output_token_ids)) == produced:
+                await self.gate.wait()
             if req.request_id in self.aborts:
                 yield _line(p.TokenEvent(finished=True, finish_reason="abort"))
                 return
