@@ -47,10 +47,14 @@ class DecodeRuntime(NodeCore):
         super().__init__(settings, loop, started_at, metrics)
         self._jobs: dict[str, DecodeJob] = {}
         self._kv_converter: KVConverter | None = None
-        self.imports = ImportQueue(loop, settings.max_queued_imports, settings.import_wait_s)
+        max_waiting = settings.max_queued_imports or loop.engine.config.max_num_seqs
+        self.imports = ImportQueue(loop, max_waiting, settings.import_wait_s)
 
     def _moves_kv(self) -> bool:
         return self.settings.role == "decode"
+
+    def _max_queued(self) -> int:
+        return self.imports.max_waiting
 
     # ---- requests -------------------------------------------------------------------------
 

@@ -61,7 +61,8 @@ _HELP: dict[str, str] = {
     "transfer_port": "TCP port of the KV block server (0: any free port)",
     "transfer_failure": "decode: what a failed KV transfer does",
     "lease_ttl_s": "prefill: seconds a KV lease lives without a release",
-    "max_queued_imports": "decode: KV imports that may wait for blocks at once",
+    "max_queued_imports": "decode: KV imports that may wait for blocks at once (default: "
+    "--max-num-seqs)",
     "import_wait_s": "decode: longest wait of a KV import for blocks (then 503)",
     "heartbeat_s": "seconds between registry heartbeats",
     "ttl_s": "registry TTL: the node disappears this long after its last heartbeat",
