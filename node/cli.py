@@ -21,6 +21,7 @@ from typing import Any
 from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import NodeSettings, SettingsError, load
+from models import resolve_model
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 
 _HELP: dict[str, str] = {
@@ -125,9 +126,10 @@ def settings_from_args(args: argparse.Namespace, role: str) -> NodeSettings:
 def run_node(
     args: argparse.Namespace, role: str, app_factory: Callable[[NodeSettings], Any]
 ) -> int:
-    """Parse settings, bind the port, build the app with `app_factory` and serve it until
-    SIGINT / SIGTERM. Exit codes: 2 bad settings, 1 port unavailable, 3 start failed, 4 the
-    node stopped itself (a tensor-parallel rank died)."""
+    """Parse settings, bind the port, check the model directories, build the app with
+    `app_factory` and serve it until SIGINT / SIGTERM. Exit codes: 2 bad settings or model,
+    1 port unavailable, 3 start failed, 4 the node stopped itself (a tensor-parallel rank
+    died)."""
     try:
         settings = settings_from_args(args, role)
     except SettingsError as exc:
@@ -139,6 +141,13 @@ def run_node(
     except OSError as exc:
         print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
+    try:
+        for model in filter(None, (settings.model, settings.draft_model)):
+            resolve_model(model, settings.model_cache)  # before torch loads: one line
+    except (ValueError, LookupError) as exc:
+        sock.close()
+        print(exc, file=sys.stderr)
+        return 2
     return serve(app_factory(settings), sock, settings)
 
 
