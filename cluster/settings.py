@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cluster.auth import ApiKey, named_keys, read_key_file, split_keys
 from cluster.key_limits import EVERY_KEY, KeyLimit, parse_key_limits
+from models.lora_modules import lora_module_map
 
 ENV_PREFIX = "SPLITSERVE_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -220,9 +221,7 @@ class NodeSettings(_Base):
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"
             )
-        if self.lora_modules and not self.enable_lora:
-            raise ValueError("lora_modules needs enable_lora")
-        lora_module_map(self.lora_modules)
+        lora_module_map(self.lora_modules, self.enable_lora)
         return self
 
     def resolved_node_id(self) -> str:
@@ -235,19 +234,6 @@ class NodeSettings(_Base):
         if host in ("0.0.0.0", "::", ""):
             host = socket.gethostname()
         return f"http://{host}:{self.port}"
-
-
-def lora_module_map(modules: list[str]) -> dict[str, str]:
-    """`name=path` entries as {name: path}; ValueError naming a malformed or repeated one."""
-    out: dict[str, str] = {}
-    for entry in modules:
-        name, sep, path = entry.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"lora_modules entry {entry!r} is not name=path")
-        if name in out:
-            raise ValueError(f"lora_modules names {name!r} twice")
-        out[name] = path
-    return out
 
 
 def _check_token(token: SecretStr | None) -> None:

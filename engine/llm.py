@@ -90,10 +90,12 @@ class LLM:
         self,
         conversations: Sequence[list[dict[str, str]]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[GenerationOutput]:
-        """Apply the chat template to each conversation, then generate."""
+        """Apply the chat template to each conversation, then generate (``lora_request`` as
+        ``generate`` takes it)."""
         prompts = [self.tokenizer.apply_chat_template(list(c)) for c in conversations]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, lora_request)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -17,13 +17,14 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 from cluster.protocol import NodeInfo, NodeLoad
-from cluster.settings import NodeSettings, lora_module_map
+from cluster.settings import NodeSettings
 from engine.config import engine_config
 from engine.kv.sizing import KVCapacity
 from engine.loop.engine_loop import EngineLoop
 from engine.phases import phase
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
+from models.lora_modules import lora_module_map
 from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
 from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards

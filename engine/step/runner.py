@@ -36,6 +36,7 @@ from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
 from engine.step.memory_profile import BatchShape, measure_device_memory, profile_lengths
+from models.weights import has_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,8 @@ def _load_weights(
 def engine_quantization(config: EngineConfig) -> str:
     """The quantization the engine loads with (``auto`` resolved). Quantized weights are not
     sharded across ranks yet: with tensor parallelism ``auto`` keeps a GGUF directory's fp32
-    conversion, and a quantized checkpoint is refused, naming both settings."""
+    conversion, and a quantized checkpoint (a GGUF alone too) is refused, naming both
+    settings."""
     fp32 = config.dtype == torch.float32
     random = config.load_format == "random"
     method = resolve_quantization(
@@ -145,11 +147,14 @@ def engine_quantization(config: EngineConfig) -> str:
     )
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     if tp * pp > 1 and method != "none":
-        if config.quantization == "auto" and method == "gguf":
+        converted = has_safetensors(config.model_dir)
+        if config.quantization == "auto" and method == "gguf" and converted:
             return "none"
+        alone = "" if converted else f" ({config.model_dir} has no safetensors weights)"
         raise ValueError(
             f"quantization {method!r} with tensor_parallel_size {tp} and "
-            f"pipeline_parallel_size {pp}: quantized weights are not sharded across ranks yet"
+            f"pipeline_parallel_size {pp}: quantized weights are not sharded across ranks "
+            f"yet{alone}"
         )
     return method
 
