@@ -7,6 +7,7 @@ their HTTP handlers through a command queue drained between steps.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from engine.config import EngineConfig, Role
@@ -71,7 +72,7 @@ class LLMEngine:
         # tensor and pipeline parallelism: this process is rank 0, the others run under it
         multi_rank = config.tensor_parallel_size * config.pipeline_parallel_size > 1
         self.ranks = RankGroup(config) if multi_rank else None
-        try:
+        with self.ranks.starting() if self.ranks is not None else nullcontext():
             self.runner = ModelRunner(
                 config,
                 self.model_config,
@@ -81,10 +82,6 @@ class LLMEngine:
                 ranks=self.ranks,
                 pipe=self.ranks.pipe if self.ranks is not None else None,
             )
-        except Exception:
-            if self.ranks is not None:
-                self.ranks.close()
-            raise
         runner = self.runner
         self.block_manager, self.kv_tiers = build_tiers(
             config, runner.layout, runner.kv_cache, runner.num_blocks
