@@ -17,7 +17,7 @@ from engine.kv.cache import KVLayout
 from engine.kv.copier import FLUSH_S, KVLoadError, TierCopier
 from engine.kv.disk_store import DiskStore
 from engine.kv.sizing import GIB
-from engine.kv.tier_book import CopyKind, CopyOrder, TierBook
+from engine.kv.tier_book import CopyKind, CopyOrder, TierBook, copy_backlog
 from engine.kv.tiered_blocks import TieredBlockManager
 
 log = logging.getLogger("splitserve.engine.kv.offload")
@@ -117,14 +117,15 @@ def build_tiers(
             )
         found = disk.scan()
         entries, dropped = found.entries, found.dropped
-    book = TierBook(host_blocks, disk_blocks, entries)
-    manager = TieredBlockManager(num_blocks, config.block_size, config.enable_prefix_caching, book)
     copier = TierCopier(kv_cache, layout, host_blocks, disk)
+    backlog = copy_backlog(copier.copy_bytes_per_s, layout.block_bytes)
+    book = TierBook(host_blocks, disk_blocks, entries, max_backlog=backlog)
+    manager = TieredBlockManager(num_blocks, config.block_size, config.enable_prefix_caching, book)
     copier.submit(*book.take_orders())  # files past the disk tier's size: deleted
     log.info(
         "kv_tiers host_blocks=%d disk_blocks=%d disk_files=%d disk_blocks_indexed=%d "
-        "disk_files_dropped=%d copy_gbps=%.2f",
+        "disk_files_dropped=%d copy_gbps=%.2f copy_backlog=%d",
         host_blocks, disk_blocks, len(entries), len(book.disk) if book.disk else 0,
-        sum(dropped.values()), copier.copy_bytes_per_s / 1e9,
+        sum(dropped.values()), copier.copy_bytes_per_s / 1e9, backlog,
     )  # fmt: skip
     return manager, KVTiers(book, copier, dropped, manager)

@@ -10,7 +10,8 @@ the step's critical path, and the next forward waits only for the orders marked 
   on a lane of their own (engine.kv.copier), so no load waits behind them; the host slot a
   write reads is pinned until the copier says it is written (`writes_done`). A write is
   dropped (and counted) only when the disk is so far behind that every host slot is pinned
-  or reserved, and a block only when the memory copies are MAX_BACKLOG behind.
+  or reserved, and a block only when the memory copies are `max_backlog` behind
+  (`copy_backlog`).
 - Loads: a prefix block found in a lower tier is copied into a freshly allocated device
   block before the request's first step (blocking).
 - Swap: a preempted request's blocks are copied into reserved host slots and back
@@ -31,8 +32,16 @@ from engine.kv.tier_index import TierCounters, TierEntry, TierIndex
 
 HOST, DISK = "host", "disk"
 # queued memory copies past which write-behind copies are dropped: a step's loads wait
-# behind at most this many (file writes run on their own lane and hold no load up)
+# behind at most this many, or COPY_BACKLOG_S of them where that is more (file writes run
+# on their own lane and hold no load up)
 MAX_BACKLOG = 256
+COPY_BACKLOG_S = 0.05
+
+
+def copy_backlog(copy_bytes_per_s: float, block_bytes: int) -> int:
+    """The memory copies a step's loads may wait behind: the copier's COPY_BACKLOG_S at its
+    measured rate, at least MAX_BACKLOG."""
+    return max(MAX_BACKLOG, int(COPY_BACKLOG_S * copy_bytes_per_s / block_bytes))
 
 
 class CopyKind(Enum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine.kv.events import KVEventLog
-from engine.kv.tier_book import MAX_BACKLOG, CopyKind, TierBook
+from engine.kv.tier_book import MAX_BACKLOG, CopyKind, TierBook, copy_backlog
 from engine.kv.tier_index import TierIndex
 from engine.kv.tiered_blocks import TieredBlockManager
 from engine.scheduler.request import Request
@@ -68,6 +68,17 @@ def test_a_burst_of_file_writes_is_kept_until_written_not_dropped() -> None:
     assert book.where(1000) == "disk" and book.where(2000) == "host"
     assert book.host.num_pinned == burst - 2 + 1
     book.audit()
+
+
+def test_a_long_prompts_burst_of_memory_copies_is_kept_at_the_copiers_rate() -> None:
+    """A 10,000-token prompt's 625 blocks of 16 leave the device at once. The copier moves
+    10 GB/s of 0.74 MB blocks: 678 copies take 50 ms, the most a step's loads may wait."""
+    backlog = copy_backlog(10e9, 737_280)
+    assert backlog == 678 and copy_backlog(1e9, 737_280) == MAX_BACKLOG
+    book = TierBook(host_blocks=1000, max_backlog=backlog)
+    for i in range(backlog + 1):
+        book.save(i, 1000 + i, None, (i,))
+    assert len(book.host) == backlog and book.host.counters.dropped == 1
 
 
 def _request(rid: str, tokens: list[int]) -> Request:
