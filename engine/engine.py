@@ -100,6 +100,8 @@ class LLMEngine:
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
         )
         self.counters = EngineCounters()
+        if self.kv_tiers is not None:  # the tiers' numbers show from the start
+            self.counters.kv_tiers = self.kv_tiers.stats()
         # overlapped scheduling: plan step N + 1 while step N runs (the prefill role pins
         # every request after one token, nothing to overlap); by default only where the
         # forward runs asynchronously to the host (EngineConfig.async_scheduling)
@@ -237,8 +239,18 @@ class LLMEngine:
         if self.ranks is not None:
             self.ranks.close()
         if self.kv_tiers is not None:
-            self.kv_tiers.submit()
-            self.kv_tiers.copier.close()
+            self.kv_tiers.close()
+            self.counters.kv_tiers = self.kv_tiers.stats()
+
+    def sync_tiers(self) -> bool:
+        """With no step to run: hand the KV tiers' pending copies to their copier (a finished
+        or released request's blocks are written behind without another step) and refresh
+        the tiers' counters. True while copies are still under way."""
+        if self.kv_tiers is None:
+            return False
+        self.kv_tiers.submit()
+        self.counters.kv_tiers = self.kv_tiers.stats()
+        return self.kv_tiers.busy
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work or self.pipeline.in_flight is not None
