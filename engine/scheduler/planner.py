@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig, Role
 from engine.kv.block_manager import BlockManager
-from engine.lora.gate import StepAdapters
 from engine.scheduler.imports import HeldImports
 from engine.scheduler.lookahead import Lookahead
 from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
 from engine.scheduler.queues import RunningRequests, WaitingQueue
 from engine.scheduler.request import Request, RequestStatus
+from engine.scheduler.step_adapters import StepAdapters
 from engine.scheduler.swap import SwapRule
 
 
