@@ -18,7 +18,6 @@ from engine.model.config import ModelConfig
 from engine.outputs import StepOutput, TokenLogprob
 from engine.parallel import RankGroup
 from engine.sampling.grammar import Grammars
-from engine.sampling.grammar_hook import GrammarHook
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
@@ -29,6 +28,7 @@ from engine.speculative.planning import GuessLookahead
 from engine.speculative.rows import GuessRowLayout
 from engine.speculative.step_hook import SpeculationHook
 from engine.step.counters import EngineCounters
+from engine.step.grammar_hook import GrammarHook
 from engine.step.hooks import StepHook
 from engine.step.pipeline import StepPipeline
 from engine.step.result import StepResult
