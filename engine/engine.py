@@ -15,7 +15,7 @@ from engine.kv.offload import build_tiers
 from engine.lora.manager import LoraManager, LoraStats
 from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
-from engine.outputs import StepOutput, TokenLogprob
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.parallel import RankGroup
 from engine.sampling.grammar import Grammars
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
@@ -267,7 +267,7 @@ class LLMEngine:
 
     # ---- the step ---------------------------------------------------------------------------
 
-    def step(self) -> list[StepOutput]:
+    def step(self) -> list[RequestOutput]:
         """Run one batch; returns one output per request that produced a token."""
         return self.to_outputs(self.step_result())
 
@@ -277,8 +277,8 @@ class LLMEngine:
         (engine.step.stepper)."""
         return self.stepper.run()
 
-    def to_outputs(self, result: StepResult) -> list[StepOutput]:
-        """One StepOutput per request of a step (for the nodes' streams)."""
+    def to_outputs(self, result: StepResult) -> list[RequestOutput]:
+        """One RequestOutput per request of a step (for the nodes' streams)."""
         logprobs = result.logprobs or [None] * len(result.requests)
         more = result.more
         return [
@@ -330,12 +330,14 @@ class LLMEngine:
         )
 
 
-def _output(request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None) -> StepOutput:
+def _output(
+    request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None
+) -> RequestOutput:
     done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
     reason = request.finish_reason
     if request.status is RequestStatus.PINNED:
         reason = FinishReason.PREFILLED
-    return StepOutput(
+    return RequestOutput(
         request_id=request.request_id,
         new_token_ids=tokens,
         logprobs=(logprob,) if logprob is not None else (),
