@@ -13,6 +13,8 @@ Endpoints (all JSON over HTTP, `Content-Type: application/json`):
 - POST `/internal/abort` (decode and colocated nodes): `AbortRequest` -> `ControlResponse`
 - GET `/stats` (every node): -> `NodeStats`
 - GET `/health` (every node): 200 while the process serves
+- GET `/ready` (every node): 200 while registered and not draining, else 503; the body's
+  `status` ("ready", "draining", "not_ready") and `loaded` say why
 
 Error answers (any endpoint, before a stream starts) carry an HTTP status and the body
 `NodeErrorResponse`: 400 for a request the node refuses (bad ids, too long), 429 or 503 when
@@ -53,6 +55,7 @@ INTERNAL_LORA_UNLOAD = "/internal/lora/unload"
 STATS = "/stats"
 PRIORITY_LIMIT = 1_000_000  # priorities lie in [-PRIORITY_LIMIT, PRIORITY_LIMIT]
 HEALTH = "/health"
+READY = "/ready"  # 200 while a node is registered and not draining; its body says which
 VERSION = "/version"  # the package's version (cluster.cli.build_info); open, like the probes
 
 # finish_reason values on the wire: "stop" (EOS or a stop token id), "length" (max_tokens or
