@@ -116,8 +116,8 @@ def _leased(name: str) -> Trigger:
     return lambda cluster: cluster.stats(name).load.leases_held > 0
 
 
-def _decoding(name: str) -> Trigger:
-    return lambda cluster: cluster.stats(name).load.running > 0
+def _decoding(name: str, streams: int = 2) -> Trigger:
+    return lambda cluster: cluster.stats(name).load.running >= streams
 
 
 P0, D0 = PREFILL[0], DECODE[0]
@@ -147,7 +147,7 @@ _ALL = (
     ),
     Fault(
         "decode-host-kill",
-        f"every process of host {D0} SIGKILLed while it streams; back 10 s later",
+        f"every process of host {D0} SIGKILLed while it streams 2 or more; back 10 s later",
         _kill(D0), _back(D0), _decoding(D0), kills=D0,
     ),
     Fault("redis-router", "Redis cut off from the router for 10 s", _cut(ROUTER_LINK), _clear),

@@ -53,7 +53,8 @@ class Line:
         self.loss = loss
         self._out = {ip: self._socket(dev) for ip, dev in routes.items()}
         self._queue: collections.deque[tuple[float, socket.socket, bytes]] = collections.deque()
-        self.passed = self.dropped = 0
+        self.passed = self.dropped = 0  # dropped: by `loss`
+        self.unroutable = self.failed = 0  # no route for the address; the send failed
 
     @staticmethod
     def _socket(dev: str) -> socket.socket:
@@ -62,8 +63,14 @@ class Line:
         return sock
 
     def take(self, frame: bytes) -> None:
-        out = self._out.get(dst_ip(frame) or "")
-        if out is None or random.random() < self.loss:
+        dst = dst_ip(frame)
+        if dst is None:  # the TAP's own IPv6 chatter: tc sends only IPv4 here
+            return
+        out = self._out.get(dst)
+        if out is None:
+            self.unroutable += 1
+            return
+        if random.random() < self.loss:
             self.dropped += 1
             return
         self._queue.append((time.monotonic() + self.delay_s, out, frame))
@@ -77,7 +84,7 @@ class Line:
                 out.send(frame)
                 self.passed += 1
             except OSError:  # the destination's port went away: the frame is lost
-                self.dropped += 1
+                self.failed += 1
         return max(self._queue[0][0] - now, 0.0) if self._queue else None
 
 
@@ -110,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.__setitem__(0, True))
     print("ready", flush=True)
     serve(fd, line, stop)
-    print(f"passed={line.passed} dropped={line.dropped}", flush=True)
+    print(
+        f"passed={line.passed} dropped={line.dropped} unroutable={line.unroutable} "
+        f"failed={line.failed}",
+        flush=True,
+    )
     return 0
 
 
