@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cluster.auth import ApiKey, named_keys, read_key_file, split_keys
 from cluster.key_limits import EVERY_KEY, KeyLimit, parse_key_limits
+from models.lora_modules import lora_module_map
 
 ENV_PREFIX = "SPLITSERVE_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -74,8 +75,10 @@ class RouterSettings(_Base):
     decode_idle_timeout_s: float = Field(default=30.0, gt=0)  # max silence on a decode stream
     connect_timeout_s: float = Field(default=2.0, gt=0)
     prefill_attempts: int = Field(default=3, ge=1)  # prefill nodes tried before giving up
-    decode_attempts: int = Field(default=2, ge=1)  # decode nodes tried (a resume counts)
-    max_inflight: int = Field(default=512, ge=1)  # requests served at once; more wait
+    # decode nodes that may fail or take a request (a resume counts); a busy one is tried again
+    decode_attempts: int = Field(default=2, ge=1)
+    # requests served at once (fewer when the pools report they hold fewer); more wait
+    max_inflight: int = Field(default=512, ge=1)
     max_queued: int = Field(default=1024, ge=0)  # requests waiting for a slot; more -> 429
     max_queue: int = Field(default=256, ge=1)  # per-node waiting requests; all nodes over -> 429
     retry_after_s: int = Field(default=1, ge=1)
@@ -166,8 +169,9 @@ class NodeSettings(_Base):
     transfer_failure: Literal["recompute", "fail"] = "recompute"
     lease_ttl_s: float = Field(default=30.0, gt=0)
     # decode: KV imports wait for blocks in a queue this long at most (the request's own
-    # deadline may be shorter); more than max_queued_imports waiting -> 503
-    max_queued_imports: int = Field(default=256, ge=1)
+    # deadline may be shorter); more than max_queued_imports waiting (default: the engine's
+    # max_num_seqs) -> 503
+    max_queued_imports: int | None = Field(default=None, ge=1)
     import_wait_s: float = Field(default=30.0, gt=0)
     heartbeat_s: float = Field(default=1.0, gt=0)
     ttl_s: float = Field(default=5.0, gt=0)  # registry key TTL; must exceed heartbeat_s
@@ -217,9 +221,7 @@ class NodeSettings(_Base):
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"
             )
-        if self.lora_modules and not self.enable_lora:
-            raise ValueError("lora_modules needs enable_lora")
-        lora_module_map(self.lora_modules)
+        lora_module_map(self.lora_modules, self.enable_lora)
         return self
 
     def resolved_node_id(self) -> str:
@@ -232,19 +234,6 @@ class NodeSettings(_Base):
         if host in ("0.0.0.0", "::", ""):
             host = socket.gethostname()
         return f"http://{host}:{self.port}"
-
-
-def lora_module_map(modules: list[str]) -> dict[str, str]:
-    """`name=path` entries as {name: path}; ValueError naming a malformed or repeated one."""
-    out: dict[str, str] = {}
-    for entry in modules:
-        name, sep, path = entry.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"lora_modules entry {entry!r} is not name=path")
-        if name in out:
-            raise ValueError(f"lora_modules names {name!r} twice")
-        out[name] = path
-    return out
 
 
 def _check_token(token: SecretStr | None) -> None:

@@ -21,6 +21,8 @@ from typing import Any
 from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import NodeSettings, SettingsError, load
+from engine.flags import ENGINE_FLAGS, LORA_SWITCHES, add_lora_switches, flag
+from models import resolve_model
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 
 _HELP: dict[str, str] = {
@@ -31,10 +33,7 @@ _HELP: dict[str, str] = {
     "model_cache": MODEL_CACHE_HELP,
     "device": "where the engine runs",
     "dtype": "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU)",
-    "quantization": "weights kept quantized: gguf (the model directory's GGUF, packed), awq, "
-    "gptq or fp8 (what the checkpoint's quantization_config declares), none (fp32 "
-    "safetensors) or auto (the checkpoint's declared method; else gguf on a CPU float32 node "
-    "when the directory has a GGUF)",
+    "quantization": ENGINE_FLAGS["quantization"],
     "float32_matmul_precision": "highest (every product fp32-accurate) or medium (torch's "
     "name: on AMX CPUs the packed layers' products over many rows take bf16 inputs, summed in "
     "fp32: a bf16 model's precision, prefill about 2x faster)",
@@ -42,8 +41,7 @@ _HELP: dict[str, str] = {
     "num_kv_blocks": "KV blocks to allocate (else sized by memory)",
     "kv_cache_memory_gb": "memory for the KV cache, in GiB (default: on CUDA sized by "
     "--gpu-memory-utilization, on CPU 1)",
-    "kv_cache_dtype": "KV cache dtype: auto (the model dtype), int8 or fp8_e4m3 (one-byte codes "
-    "with a scale and a mid per half row: about 3.6x the tokens of float32)",
+    "kv_cache_dtype": ENGINE_FLAGS["kv_cache_dtype"],
     "gpu_memory_utilization": "CUDA: share of the GPU's memory for weights, activations and "
     "KV cache together, when neither --num-kv-blocks nor --kv-cache-memory-gb is set "
     "(default 0.9)",
@@ -61,7 +59,8 @@ _HELP: dict[str, str] = {
     "transfer_port": "TCP port of the KV block server (0: any free port)",
     "transfer_failure": "decode: what a failed KV transfer does",
     "lease_ttl_s": "prefill: seconds a KV lease lives without a release",
-    "max_queued_imports": "decode: KV imports that may wait for blocks at once",
+    "max_queued_imports": "decode: KV imports that may wait for blocks at once (default: "
+    "--max-num-seqs)",
     "import_wait_s": "decode: longest wait of a KV import for blocks (then 503)",
     "heartbeat_s": "seconds between registry heartbeats",
     "ttl_s": "registry TTL: the node disappears this long after its last heartbeat",
@@ -74,31 +73,21 @@ _HELP: dict[str, str] = {
     "(1 to 16, default 4)",
     "draft_model": "speculative decoding: the draft model (registry name or HF directory, same "
     "vocabulary as --model)",
-    "max_loras": "LoRA: distinct adapters in one batch at most (device slots, default 1)",
-    "max_lora_rank": "LoRA: the largest adapter rank served (default 16)",
-    "max_cpu_loras": "LoRA: adapters kept in host memory (default: --max-loras)",
+    "max_loras": ENGINE_FLAGS["max_loras"],
+    "max_lora_rank": ENGINE_FLAGS["max_lora_rank"],
+    "max_cpu_loras": ENGINE_FLAGS["max_cpu_loras"],
     "drain_timeout_s": "after SIGTERM: seconds running requests get to finish",
     "log_level": "log level",
 }
-
-
-_LORA_FLAGS = ("enable_lora", "lora_modules")  # flags of their own (a switch, a list)
 
 
 def add_node_arguments(parser: argparse.ArgumentParser, roles: Sequence[str]) -> None:
     """The node flags; `--role` only when the command serves more than one role."""
     for name, help_text in _HELP.items():
         kind, choices = _arg_type(NodeSettings.model_fields[name].annotation)
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, type=kind, choices=choices, default=None, help=help_text)
+        parser.add_argument(flag(name), type=kind, choices=choices, default=None, help=help_text)
     add_model_cache_flag(parser, alias_only=True)
-    parser.add_argument(
-        "--enable-lora", action="store_true", default=None, help="serve LoRA adapters"
-    )
-    parser.add_argument(
-        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
-        help="LoRA adapters (PEFT directories) loaded at start",
-    )  # fmt: skip
+    add_lora_switches(parser)
     if len(roles) > 1:
         parser.add_argument("--role", choices=list(roles), default=None, help=f"default {roles[0]}")
 
@@ -118,16 +107,17 @@ def _arg_type(annotation: Any) -> tuple[Callable[[str], Any], list[str] | None]:
 
 def settings_from_args(args: argparse.Namespace, role: str) -> NodeSettings:
     """NodeSettings from the environment and the flags; SettingsError names bad values."""
-    overrides = {name: getattr(args, name, None) for name in (*_HELP, *_LORA_FLAGS)}
+    overrides = {name: getattr(args, name, None) for name in (*_HELP, *LORA_SWITCHES)}
     return load(NodeSettings, role=role, **overrides)
 
 
 def run_node(
     args: argparse.Namespace, role: str, app_factory: Callable[[NodeSettings], Any]
 ) -> int:
-    """Parse settings, bind the port, build the app with `app_factory` and serve it until
-    SIGINT / SIGTERM. Exit codes: 2 bad settings, 1 port unavailable, 3 start failed, 4 the
-    node stopped itself (a tensor-parallel rank died)."""
+    """Parse settings, bind the port, check the model directories, build the app with
+    `app_factory` and serve it until SIGINT / SIGTERM. Exit codes: 2 bad settings or model,
+    1 port unavailable, 3 start failed, 4 the node stopped itself (a tensor-parallel rank
+    died)."""
     try:
         settings = settings_from_args(args, role)
     except SettingsError as exc:
@@ -139,6 +129,13 @@ def run_node(
     except OSError as exc:
         print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
+    try:
+        for model in filter(None, (settings.model, settings.draft_model)):
+            resolve_model(model, settings.model_cache)  # before torch loads: one line
+    except (ValueError, LookupError) as exc:
+        sock.close()
+        print(exc, file=sys.stderr)
+        return 2
     return serve(app_factory(settings), sock, settings)
 
 

@@ -29,6 +29,7 @@ from cluster.up_announce import announcement
 from cluster.up_args import API_KEY_ENV
 from cluster.up_layout import UpLayout, write_headers
 from cluster.up_plan import NodePlan
+from tests.models.gguf_files import write_gguf
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 STUBBORN = [
@@ -235,6 +236,24 @@ def test_bad_arguments_exit_2_with_a_message(
 ) -> None:
     assert launcher.run(_args(*argv, "--port", "0")) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_corrupt_gguf_exits_2_in_one_line_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GGUF-only directory whose file was cut short: named with what is wrong, at once."""
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "tokenizer.json").write_text("{}")
+    gguf = write_gguf(tmp_path / "m.gguf")
+    gguf.write_bytes(gguf.read_bytes()[:-100])
+    run_dir = tmp_path / "run"
+    assert (
+        launcher.run(_args("--model", str(tmp_path), "--port", "0", "--run-dir", str(run_dir))) == 2
+    )
+    out = capsys.readouterr()
+    err = out.err.strip()
+    assert "\n" not in err and f"{gguf}: not a valid GGUF file: tensor " in err
+    assert "past the end of the file" in err and not run_dir.exists() and "logs:" not in out.out
 
 
 def test_a_busy_router_port_exits_1_before_the_model_is_pulled(
