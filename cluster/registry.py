@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from cluster.protocol import READY, NodeInfo, NodeLoad, NodeRecord
+from cluster.protocol import PROTOCOL_VERSION, READY, NodeInfo, NodeLoad, NodeRecord, compatible
 
 log = logging.getLogger("splitserve.registry")
 
@@ -130,12 +130,14 @@ class StaticMembership:
     """A node list set by the caller (`update`), with the router's unhealthy marks.
 
     A node marked unhealthy is hidden from `nodes()` until an update brings a record with a
-    different `heartbeat_at` (a newer heartbeat) for it.
+    different `heartbeat_at` (a newer heartbeat) for it. So is a node whose protocol version
+    is more than one from this process's (`incompatible()` lists them; logged once each).
     """
 
     def __init__(self, records: Iterable[NodeRecord] = ()) -> None:
         self._records: dict[str, NodeRecord] = {}
         self._marked: dict[str, float] = {}  # node_id -> heartbeat_at seen when marked
+        self._incompatible: dict[str, int] = {}  # node_id -> its protocol version
         self.update(records)
 
     async def start(self) -> None:
@@ -147,6 +149,7 @@ class StaticMembership:
     def update(self, records: Iterable[NodeRecord]) -> None:
         """Replace the membership. Absent nodes are dropped; a newer heartbeat clears a mark."""
         self._records = {r.info.node_id: r for r in records}
+        self._note_incompatible()
         for node_id, seen in list(self._marked.items()):
             record = self._records.get(node_id)
             if record is None or record.heartbeat_at != seen:
@@ -154,13 +157,31 @@ class StaticMembership:
                 if record is not None:
                     log.info("node_healthy_again node=%s", node_id)
 
+    def _note_incompatible(self) -> None:
+        now = {
+            node_id: r.info.protocol_version
+            for node_id, r in self._records.items()
+            if not compatible(r.info.protocol_version, PROTOCOL_VERSION)
+        }
+        for node_id, version in now.items():
+            if self._incompatible.get(node_id) != version:
+                log.warning(
+                    "node_incompatible node=%s protocol_version=%d ours=%d routed=false",
+                    node_id, version, PROTOCOL_VERSION,
+                )  # fmt: skip
+        self._incompatible = now
+
     def nodes(self) -> list[NodeRecord]:
-        """Known nodes not marked unhealthy, sorted by node id."""
+        """Known nodes not marked unhealthy, of a compatible protocol, by node id."""
         return [
             r
             for node_id, r in sorted(self._records.items())
-            if self._marked.get(node_id) != r.heartbeat_at
+            if self._marked.get(node_id) != r.heartbeat_at and node_id not in self._incompatible
         ]
+
+    def incompatible(self) -> list[str]:
+        """Node ids left out of `nodes()` for their protocol version."""
+        return sorted(self._incompatible)
 
     def all_nodes(self) -> list[NodeRecord]:
         return [r for _, r in sorted(self._records.items())]
