@@ -1,8 +1,10 @@
 """`python -m bench.chaos --requests 300 --faults all`: every fault against a cluster whose
 hosts are network namespaces of this machine (root needed), ending with the table
 fault | requests | identical | failed clearly | lost | hung | leaked blocks, written as JSON
-too. Exit code 0 when every fault meets its targets, 1 when one does not, 2 when this
-machine cannot make namespaces."""
+too. `--faults rolling-upgrade` (not in `all`) runs every node on release v0.1.0 first, then
+rolls each onto this tree under load (bench.chaos.upgrade). Exit code 0 when every fault
+meets its targets, 1 when one does not, 2 when this machine cannot make namespaces (or a
+worktree of the release)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from bench.chaos.cluster import ClusterConfig
@@ -18,14 +21,17 @@ from bench.chaos.faults import FAULTS
 from bench.chaos.netns import unavailable_reason
 from bench.chaos.report import explain, table
 from bench.chaos.run import RunConfig, baseline, failed_share_limit, run_fault, session
+from bench.chaos.upgrade import UPGRADE, release_tree, run_upgrade
+from bench.chaos.upgrade import unavailable_reason as upgrade_unavailable
 from bench.chaos.workload import make_specs
 
 
 def _faults(text: str) -> list[str]:
     names = list(FAULTS) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FAULTS]
+    known = [*FAULTS, UPGRADE.name]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+        raise argparse.ArgumentTypeError(f"unknown faults {unknown}; known: {', '.join(known)}")
     return names
 
 
@@ -33,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__)
     parser.add_argument("--requests", type=int, default=300, help="requests per fault")
     parser.add_argument("--faults", type=_faults, default=list(FAULTS),
-                        help=f"all, or some of: {', '.join(FAULTS)}")  # fmt: skip
+                        help=f"all, or some of: {', '.join([*FAULTS, UPGRADE.name])}")  # fmt: skip
     parser.add_argument("--transfer", choices=("tcp", "nixl"), default="nixl",
                         help="KV transport (nixl: UCX over TCP between the hosts)")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=6)
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path("bench/results/chaos.json"))
     args = parser.parse_args(argv)
     reason = unavailable_reason()
+    if reason is None and UPGRADE.name in args.faults:
+        reason = upgrade_unavailable()
     if reason is not None:
         print(f"bench.chaos: {reason}", file=sys.stderr)
         return 2
@@ -58,12 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"logs: {run_dir}", flush=True)
     started = time.monotonic()
     rows = []
-    with session(cluster_cfg) as cluster:
+    release = release_tree() if UPGRADE.name in args.faults else nullcontext(None)
+    with session(cluster_cfg) as cluster, release as old_tree:
         expected = baseline(cluster, specs, cfg)
         for name in args.faults:
-            rows.append(run_fault(cluster, FAULTS[name], specs, expected, cfg))
+            if name == UPGRADE.name and old_tree is not None:
+                rows.append(run_upgrade(cluster, specs, expected, cfg, old_tree))
+            else:
+                rows.append(run_fault(cluster, FAULTS[name], specs, expected, cfg))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
-    ok = all(r.passes(failed_share_limit(FAULTS[r.fault])) for r in rows)
+    ok = all(r.passes(failed_share_limit(FAULTS.get(r.fault, UPGRADE))) for r in rows)
     print(table(rows))
     if explain(rows):
         print(explain(rows))

@@ -145,13 +145,17 @@ def _tokens(logprobs: dict[str, Any] | None, chat: bool) -> list[tuple[str, dict
 
 class Gate:
     """Lets requests start (open) or holds new ones back (closed), from any thread; counts the
-    requests in flight and those ended."""
+    requests in flight and those ended. Once stopped, no request starts any more."""
 
     def __init__(self) -> None:
         self._open = threading.Event()
         self._open.set()
         self.in_flight = 0
         self.done = 0
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
 
     def close(self) -> None:
         self._open.clear()
@@ -171,8 +175,8 @@ async def run_all(
     deadline_s: float,
     gate: Gate | None = None,
 ) -> list[Outcome]:
-    """Every spec, `concurrency` at a time, in order, each started once `gate` is open;
-    outcomes by spec order."""
+    """Every spec, `concurrency` at a time, in order, each started once `gate` is open, until
+    the gate stops; the outcomes of those sent, by spec order."""
     queue: asyncio.Queue[Spec] = asyncio.Queue()
     for spec in specs:
         queue.put_nowait(spec)
@@ -182,9 +186,9 @@ async def run_all(
     async with httpx.AsyncClient(timeout=None, trust_env=False, limits=limits) as http:
 
         async def worker() -> None:
-            while not queue.empty():
+            while not queue.empty() and not gate.stopped:
                 await gate.wait_open()
-                if queue.empty():
+                if queue.empty() or gate.stopped:
                     return
                 spec = queue.get_nowait()
                 gate.in_flight += 1
@@ -193,4 +197,4 @@ async def run_all(
                 gate.done += 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return [outcomes[s.index] for s in specs]
+    return [outcomes[s.index] for s in specs if s.index in outcomes]

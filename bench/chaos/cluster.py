@@ -8,6 +8,7 @@ network namespaces of one machine would otherwise share memory, past any network
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,12 +55,15 @@ class ClusterConfig:
 
 class ChaosCluster:
     """The processes of the cluster, one host each; `idle_free` holds each node's free KV
-    blocks once it first went idle (the count every fault must come back to)."""
+    blocks once it first went idle (the count every fault must come back to); `trees` the
+    source tree a node runs from (absent: this one), e.g. an older release's worktree."""
 
     def __init__(self, net: HostNet, config: ClusterConfig) -> None:
         self.net = net
         self.config = config
         self.idle_free: dict[str, int] = {}
+        self.trees: dict[str, Path] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}  # the last started on each host
         self._http = httpx.Client(timeout=5.0, trust_env=False)
         self._redis = redis.Redis(host=net.address("redis"), port=REDIS_PORT, socket_timeout=5)
         config.run_dir.mkdir(parents=True, exist_ok=True)
@@ -84,13 +88,13 @@ class ChaosCluster:
         workdir = self.config.run_dir / "redis"
         workdir.mkdir(exist_ok=True)
         argv = server_argv(self.net.address("redis"), REDIS_PORT, str(workdir))
-        self.net.popen("redis", argv, self._log("redis"))
+        self._procs["redis"] = self.net.popen("redis", argv, self._log("redis"))
         self._wait(lambda: self._redis.ping(), "redis")
         for name in NODES:
             self.start_node(name, wait=False)
         argv = self._cli("router", "router", "--port", str(ROUTER_PORT))
         argv += ["--redis-url", self.redis_url, "--model", str(self.config.model_dir)]
-        self.net.popen("router", argv, self._log("router"), self._env())
+        self._procs["router"] = self.net.popen("router", argv, self._log("router"), self._env())
         for name in NODES:
             self.wait_node(name)
         self._wait(self.router_knows_all, "router")
@@ -104,7 +108,9 @@ class ChaosCluster:
         argv += ["--device", "cpu", "--dtype", "float32", "--transfer", self.config.transfer]
         argv += ["--transfer-port", str(TRANSFER_PORT), "--num-kv-blocks"]
         argv += [str(self.config.num_kv_blocks), "--torch-threads", str(self.config.torch_threads)]
-        self.net.popen(name, argv, self._log(name), self._env())
+        tree = self.trees.get(name)
+        env = self._env() if tree is None else dict(self._env(), PYTHONPATH=str(tree))
+        self._procs[name] = self.net.popen(name, argv, self._log(name), env, cwd=tree)
         if wait:
             self.wait_node(name)
 
@@ -133,7 +139,7 @@ class ChaosCluster:
                     return
             except (httpx.HTTPError, redis.RedisError, OSError):
                 pass
-            if not self.net.pids(name):
+            if self._procs[name].poll() is not None:  # (a new one may not be in its host yet)
                 raise ClusterError(f"{name} exited at start:\n{self.log_tail(name)}")
             if time.monotonic() > deadline:
                 raise ClusterError(f"{name} not ready in {START_TIMEOUT_S:.0f}s:\n"

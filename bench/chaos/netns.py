@@ -117,9 +117,10 @@ class HostNet:
         argv: Sequence[str],
         log_path: Path,
         env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> subprocess.Popen[bytes]:
-        """`argv` on host `name`, in a session of its own, output appended to `log_path`;
-        it gets SIGKILL when this process dies."""
+        """`argv` on host `name` (in `cwd`), in a session of its own, output appended to
+        `log_path`; it gets SIGKILL when this process dies."""
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 ["ip", "netns", "exec", self.hosts[name].netns, *argv],
@@ -127,6 +128,7 @@ class HostNet:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=dict(env) if env is not None else None,
+                cwd=cwd,
                 start_new_session=True,
                 preexec_fn=die_with_parent_hook(signal.SIGKILL),
             )

@@ -100,7 +100,7 @@ def baseline(cluster: ChaosCluster, specs: Sequence[Spec], cfg: RunConfig) -> li
     return outcomes
 
 
-class _Load(threading.Thread):
+class Load(threading.Thread):
     """The requests, in a thread of their own (the fault is driven from the caller's)."""
 
     def __init__(self, cluster: ChaosCluster, specs: Sequence[Spec], cfg: RunConfig) -> None:
@@ -136,8 +136,8 @@ def run_fault(
     cfg: RunConfig,
 ) -> FaultRow:
     ctx = Injector(cluster)
-    load = _Load(cluster, specs, cfg)
-    times = _Times()
+    load = Load(cluster, specs, cfg)
+    times = Times()
     if fault.whole_run:
         fault.inject(ctx)
     times.start = time.monotonic()
@@ -155,11 +155,11 @@ def run_fault(
     audit = wait_clean(cluster, cfg.audit_s)
     if fault.whole_run:
         times.injected, times.heal_s = times.start, _heal_s(times, audit)
-    return _row(fault, outcomes, expected, cfg, audit, times, ctx)
+    return fault_row(fault, outcomes, expected, cfg, audit, times, ctx)
 
 
 @dataclass
-class _Times:
+class Times:
     """time.monotonic() of a fault run's moments, and how long it took to heal."""
 
     start: float = 0.0
@@ -172,14 +172,14 @@ class _Times:
         return None if moment is None else round(moment - self.start, 2)
 
 
-def _heal_s(times: _Times, audit: Audit) -> float | None:
+def _heal_s(times: Times, audit: Audit) -> float | None:
     if times.healed is None or not audit.clean:
         return None
     return round(time.monotonic() - times.healed, 2)
 
 
 def _drive(
-    cluster: ChaosCluster, fault: Fault, ctx: Injector, load: _Load, cfg: RunConfig, times: _Times
+    cluster: ChaosCluster, fault: Fault, ctx: Injector, load: Load, cfg: RunConfig, times: Times
 ) -> None:
     """Inject at the fault's moment, hold, heal; then hold new requests back until the
     cluster is clean (how long that takes after the heal is the fault's heal time)."""
@@ -210,16 +210,16 @@ def _drive(
         load.gate.open()
 
 
-def _row(
+def fault_row(
     fault: Fault,
     outcomes: list[Outcome],
     expected: Sequence[Outcome],
     cfg: RunConfig,
     audit: Audit,
-    times: _Times,
+    times: Times,
     ctx: Injector,
 ) -> FaultRow:
-    verdicts = [judge(o, e, cfg.deadline_s) for o, e in zip(outcomes, expected, strict=True)]
+    verdicts = [judge(o, expected[o.index], cfg.deadline_s) for o in outcomes]
     counts = tally(verdicts)
     last_end = max(o.ended for o in outcomes)
     streamed = [o for o in outcomes if o.ttft_s is not None]
