@@ -43,8 +43,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_info() -> dict[str, str]:
-    """What GET /version answers: the package's version and the Python running it."""
-    return {"version": version(), "python": platform.python_version()}
+    """What GET /version answers: the package's version, its wire protocol's version and the
+    Python running it."""
+    from cluster.protocol import PROTOCOL_VERSION
+
+    protocol = str(PROTOCOL_VERSION)
+    return {"version": version(), "protocol_version": protocol, "python": platform.python_version()}
 
 
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:

@@ -13,6 +13,8 @@ Endpoints (all JSON over HTTP, `Content-Type: application/json`):
 - POST `/internal/abort` (decode and colocated nodes): `AbortRequest` -> `ControlResponse`
 - GET `/stats` (every node): -> `NodeStats`
 - GET `/health` (every node): 200 while the process serves
+- GET `/ready` (every node): 200 while registered and not draining, else 503; the body's
+  `status` ("ready", "draining", "not_ready") and `loaded` say why
 
 Error answers (any endpoint, before a stream starts) carry an HTTP status and the body
 `NodeErrorResponse`: 400 for a request the node refuses (bad ids, too long), 429 or 503 when
@@ -25,6 +27,13 @@ ends without a finished event, or stays silent past its idle timeout, as a dead 
 
 Release and abort are idempotent: an unknown or already finished request id answers 200
 with `done=false`.
+
+Versions: node records (`NodeInfo`), KV handles and the router's request bodies carry
+`protocol_version`, `PROTOCOL_VERSION` of the process that wrote them; a message without it
+comes from version 0 (release 0.1.0). Two processes work together when their versions are at
+most one apart (`compatible`): a node serves peers one version older, and refuses a body
+further apart with 400 naming `protocol_version`. Change a message only so that a process one
+version older or newer still reads it: new fields get defaults, nothing is renamed.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    field_validator,
 )
 from pydantic_core import InitErrorDetails
 
@@ -53,11 +63,21 @@ INTERNAL_LORA_UNLOAD = "/internal/lora/unload"
 STATS = "/stats"
 PRIORITY_LIMIT = 1_000_000  # priorities lie in [-PRIORITY_LIMIT, PRIORITY_LIMIT]
 HEALTH = "/health"
+READY = "/ready"  # 200 while a node is registered and not draining; its body says which
 VERSION = "/version"  # the package's version (cluster.cli.build_info); open, like the probes
 
 # finish_reason values on the wire: "stop" (EOS or a stop token id), "length" (max_tokens or
 # the context length), "abort" (cancelled through /internal/abort), "error" (see `error`).
 FINISH_REASONS = frozenset({"stop", "length", "abort", "error"})
+
+# 0: release 0.1.0, whose messages carry no version; 1: every message says its version.
+# kv_transfer.version holds the same number for the KV handshake (a test keeps them equal).
+PROTOCOL_VERSION = 1
+
+
+def compatible(a: int, b: int) -> bool:
+    """Whether processes of protocol versions `a` and `b` work together: at most one apart."""
+    return abs(a - b) <= 1
 
 
 class _Msg(BaseModel):
@@ -86,6 +106,26 @@ def _name_the_field(value: Any, build: ValidatorFunctionWrapHandler) -> Sampling
 # n = also the top-n alternatives. `grammar`: llguidance grammar (JSON text) the output must
 # match (response_format, forced tool calls).
 WireSampling = Annotated[SamplingParams, WrapValidator(_name_the_field)]
+
+
+class _Versioned(_Msg):
+    """A message that says the protocol version of its writer (absent: version 0)."""
+
+    protocol_version: int = Field(default=0, ge=0)
+
+
+class _VersionedBody(_Versioned):
+    """A request body the router sends a node: refused unless `compatible` with this one."""
+
+    @field_validator("protocol_version")
+    @classmethod
+    def _compatible(cls, version: int) -> int:
+        if not compatible(version, PROTOCOL_VERSION):
+            raise ValueError(
+                f"protocol version {version} is more than one version from this "
+                f"process's {PROTOCOL_VERSION}"
+            )
+        return version
 
 
 class TokenLogprobMsg(_Msg):
@@ -127,7 +167,7 @@ class LoadAdapterRequest(_Msg):
     lora_path: str = ""
 
 
-class KVHandle(_Msg):
+class KVHandle(_Versioned):
     """Where a prefilled request's KV cache lives and for how long it is pinned.
 
     peer_info: opaque text from kv_transfer (base64 or JSON) that lets a decode node reach the
@@ -145,7 +185,7 @@ class KVHandle(_Msg):
     lora_name: str | None = None  # the adapter the KV was computed under (None: the base)
 
 
-class PrefillRequest(_Msg):
+class PrefillRequest(_VersionedBody):
     """Router -> prefill node: compute the prompt's KV, sample token 1, pin the blocks."""
 
     request_id: str
@@ -170,13 +210,13 @@ class PrefillResponse(_Msg):
     kv: KVHandle | None = None
 
 
-class ReleaseRequest(_Msg):
+class ReleaseRequest(_VersionedBody):
     """Router -> prefill node: drop the lease of a request whose decode will not happen."""
 
     request_id: str
 
 
-class AbortRequest(_Msg):
+class AbortRequest(_VersionedBody):
     """Router -> decode node: stop generating for a request and free its blocks."""
 
     request_id: str
@@ -189,7 +229,7 @@ class ControlResponse(_Msg):
     done: bool
 
 
-class DecodeRequest(_Msg):
+class DecodeRequest(_VersionedBody):
     """Router -> decode node: continue a request and stream its new tokens.
 
     output_token_ids: tokens already produced (after a remote prefill: [first_token]; when
@@ -232,7 +272,7 @@ class TokenEvent(_Msg):
     error: ErrorInfo | None = None
 
 
-class NodeInfo(_Msg):
+class NodeInfo(_Versioned):
     """What a node publishes once at registration (and again on every heartbeat).
 
     url: base URL the router calls, e.g. "http://10.0.0.5:8101". capacity: KV blocks in

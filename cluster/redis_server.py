@@ -46,6 +46,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def server_argv(host: str, port: int, workdir: str) -> list[str]:
+    """The command line of an embedded redis-server: no persistence, in the foreground."""
+    return [
+        str(find_redis_server()),
+        "--port", str(port),
+        "--bind", host,
+        "--dir", workdir,
+        "--save", "",
+        "--appendonly", "no",
+        "--daemonize", "no",
+        "--protected-mode", "no",
+        "--loglevel", "warning",
+    ]  # fmt: skip
+
+
 class EmbeddedRedis:
     """One redis-server child process. `port=None` picks a free port at start."""
 
@@ -115,17 +130,8 @@ class EmbeddedRedis:
         return self
 
     def _command(self, workdir: str) -> list[str]:
-        return [
-            str(find_redis_server()),
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", workdir,
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--protected-mode", "no",
-            "--loglevel", "warning",
-        ]  # fmt: skip
+        assert self.port is not None
+        return server_argv(self.host, self.port, workdir)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s

@@ -6,9 +6,10 @@ stops beating disappears after `ttl_s`, and a Redis that restarted empty learns 
 node again within one heartbeat.
 
 The router reads membership through `Membership`, which polls Redis and keeps the last known
-nodes when Redis is unreachable. `StaticMembership` serves a fixed list (tests, setups
-without Redis). Both let the router mark a node unhealthy after a connection error; the mark
-holds until the node's next heartbeat proves it alive.
+nodes when Redis is unreachable, and a node whose key expired while it still serves (it lost
+Redis, the router did not: its /ready says so). `StaticMembership` serves a fixed list
+(tests, setups without Redis). Both let the router mark a node unhealthy after a connection
+error; the mark holds until the node's next heartbeat proves it alive.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+import httpx
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
+from cluster.protocol import PROTOCOL_VERSION, READY, NodeInfo, NodeLoad, NodeRecord, compatible
 
 log = logging.getLogger("splitserve.registry")
 
 DEFAULT_NAMESPACE = "splitserve"
 REDIS_ERRORS: tuple[type[BaseException], ...] = (aioredis.RedisError, OSError, TimeoutError)
+PROBE_TIMEOUT_S = 1.0  # a node's /ready, asked when its key is gone
 
 
 def node_key(node_id: str, namespace: str = DEFAULT_NAMESPACE) -> str:
@@ -127,12 +130,14 @@ class StaticMembership:
     """A node list set by the caller (`update`), with the router's unhealthy marks.
 
     A node marked unhealthy is hidden from `nodes()` until an update brings a record with a
-    different `heartbeat_at` (a newer heartbeat) for it.
+    different `heartbeat_at` (a newer heartbeat) for it. So is a node whose protocol version
+    is more than one from this process's (`incompatible()` lists them; logged once each).
     """
 
     def __init__(self, records: Iterable[NodeRecord] = ()) -> None:
         self._records: dict[str, NodeRecord] = {}
         self._marked: dict[str, float] = {}  # node_id -> heartbeat_at seen when marked
+        self._incompatible: dict[str, int] = {}  # node_id -> its protocol version
         self.update(records)
 
     async def start(self) -> None:
@@ -144,6 +149,7 @@ class StaticMembership:
     def update(self, records: Iterable[NodeRecord]) -> None:
         """Replace the membership. Absent nodes are dropped; a newer heartbeat clears a mark."""
         self._records = {r.info.node_id: r for r in records}
+        self._note_incompatible()
         for node_id, seen in list(self._marked.items()):
             record = self._records.get(node_id)
             if record is None or record.heartbeat_at != seen:
@@ -151,13 +157,31 @@ class StaticMembership:
                 if record is not None:
                     log.info("node_healthy_again node=%s", node_id)
 
+    def _note_incompatible(self) -> None:
+        now = {
+            node_id: r.info.protocol_version
+            for node_id, r in self._records.items()
+            if not compatible(r.info.protocol_version, PROTOCOL_VERSION)
+        }
+        for node_id, version in now.items():
+            if self._incompatible.get(node_id) != version:
+                log.warning(
+                    "node_incompatible node=%s protocol_version=%d ours=%d routed=false",
+                    node_id, version, PROTOCOL_VERSION,
+                )  # fmt: skip
+        self._incompatible = now
+
     def nodes(self) -> list[NodeRecord]:
-        """Known nodes not marked unhealthy, sorted by node id."""
+        """Known nodes not marked unhealthy, of a compatible protocol, by node id."""
         return [
             r
             for node_id, r in sorted(self._records.items())
-            if self._marked.get(node_id) != r.heartbeat_at
+            if self._marked.get(node_id) != r.heartbeat_at and node_id not in self._incompatible
         ]
+
+    def incompatible(self) -> list[str]:
+        """Node ids left out of `nodes()` for their protocol version."""
+        return sorted(self._incompatible)
 
     def all_nodes(self) -> list[NodeRecord]:
         return [r for _, r in sorted(self._records.items())]
@@ -176,6 +200,11 @@ class Membership(StaticMembership):
     A Redis that restarted (another `run_id`) comes back empty: for `resync_s` after that,
     nodes that have not registered again yet are kept, so the router does not answer 503
     while the nodes' next heartbeats refill it.
+
+    A node whose key expired is asked for its /ready: one that still serves but cannot reach
+    Redis (`serving`: loaded, engine alive, not draining) is kept until it registers again
+    or stops serving, so that a Redis cut off from the nodes alone does not empty the pools.
+    A draining, dead or unreachable node goes at once.
     """
 
     def __init__(
@@ -199,6 +228,8 @@ class Membership(StaticMembership):
         self._outage_logged = False
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._http: httpx.AsyncClient | None = None
+        self._kept: set[str] = set()  # nodes kept without a key, for the log
 
     @property
     def redis(self) -> aioredis.Redis | None:
@@ -208,6 +239,7 @@ class Membership(StaticMembership):
     async def start(self) -> None:
         """One immediate poll (a failure is tolerated), then poll in the background."""
         self._redis = connect(self._redis_url)
+        self._http = httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=False)
         await self.refresh()
         self._task = asyncio.create_task(self._poll_loop(), name="membership-poll")
 
@@ -221,6 +253,9 @@ class Membership(StaticMembership):
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     async def refresh(self) -> bool:
         """Poll once. Returns whether Redis answered; on failure the membership is kept."""
@@ -239,7 +274,7 @@ class Membership(StaticMembership):
             log.info("redis_reachable nodes=%d", len(records))
             self._outage_logged = False
         self.redis_ok = True
-        self.update(self._resync(run_id, records))
+        self.update(await self._with_serving(self._resync(run_id, records)))
         return True
 
     async def _run_id_of(self, client: aioredis.Redis) -> str:
@@ -260,6 +295,27 @@ class Membership(StaticMembership):
         merged = dict(self._records)
         merged.update({r.info.node_id: r for r in records})
         return list(merged.values())
+
+    async def _with_serving(self, records: list[NodeRecord]) -> list[NodeRecord]:
+        """`records`, plus the healthy known nodes missing from them that still serve."""
+        listed = {r.info.node_id for r in records}
+        missing = [r for r in self.nodes() if r.info.node_id not in listed]
+        serving = await asyncio.gather(*(self._serves_unlisted(r) for r in missing))
+        kept = [r for r, yes in zip(missing, serving, strict=True) if yes]
+        for node_id in {r.info.node_id for r in kept} - self._kept:
+            log.warning("node_unregistered_but_serving node=%s kept=true", node_id)
+        self._kept = {r.info.node_id for r in kept}
+        return records + kept
+
+    async def _serves_unlisted(self, record: NodeRecord) -> bool:
+        """Whether the node's /ready says it serves (loaded, engine alive, not draining)."""
+        if self._http is None:
+            return False
+        try:
+            body = (await self._http.get(record.info.url + READY)).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return isinstance(body, dict) and body.get("serving") is True
 
     async def _read_all(self, client: aioredis.Redis) -> list[NodeRecord]:
         keys = [k async for k in client.scan_iter(match=f"{self.namespace}:node:*", count=500)]

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from cluster.protocol import DecodeRequest, TokenEvent
+from cluster.protocol import PROTOCOL_VERSION, DecodeRequest, TokenEvent, compatible
 from cluster.settings import NodeSettings
 from decode_node.events import abort_event, error_event, token_event
 from decode_node.import_queue import ImportQueue
@@ -88,6 +88,12 @@ class DecodeRuntime(NodeCore):
             raise bad_request("a colocated node takes no KV handle; send kv=null", "kv")
         if req.kv is not None and not req.output_token_ids:
             raise bad_request("a KV handle comes with the first token", "output_token_ids")
+        if req.kv is not None and not compatible(req.kv.protocol_version, PROTOCOL_VERSION):
+            raise bad_request(
+                f"the KV handle's protocol version {req.kv.protocol_version} is more than one "
+                f"version from this node's {PROTOCOL_VERSION}",
+                "kv.protocol_version",
+            )
 
     async def _reserve(self, job: DecodeJob) -> ImportPlan:
         kv = job.kv

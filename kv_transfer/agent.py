@@ -34,6 +34,7 @@ from kv_transfer.shards import KVShards
 from kv_transfer.tcp_heads import local_shards
 from kv_transfer.tcp_transport import TcpTransport
 from kv_transfer.transport import TransferResult, Transport
+from kv_transfer.version import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class KVTransferAgent:
             base_address=self.region.base_address,
             num_kv_heads=shards.num_kv_heads if shards is not None else 0,
             shards=shards.rank_shards() if shards is not None and shards.size > 1 else (),
+            protocol=PROTOCOL_VERSION,
             **self.transport.peer_fields(),  # type: ignore[arg-type]
         )
 

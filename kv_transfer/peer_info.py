@@ -17,7 +17,11 @@ from typing import Any
 
 from kv_transfer.head_plan import LayerSpan, RankKV, RankShard, parallel_sizes
 
-_VERSION = 1
+_VERSION = 1  # the JSON form's own version; the protocol's is `PeerInfo.protocol`
+# Release 0.1.0 (protocol 0) refuses a PeerInfo with a key it does not know, so `protocol`
+# is written only from the version whose oldest peer reads it: 2. Protocol 1 reads it, and
+# drops keys it does not know.
+_PROTOCOL_WRITTEN_FROM = 2
 
 
 class TransportKind(StrEnum):
@@ -53,7 +57,10 @@ class PeerInfo:
     heads and, per rank, the heads and layers it holds (its tensor-parallel share of its
     pipeline stage's), where its blocks live (rank 0's are the fields above) and the rank's
     own endpoint when it serves its shard from its own process (a TCP listener, or a NIXL
-    agent named ``rank_agent_name``); empty on a node of one rank.
+    agent named ``rank_agent_name``); empty on a node of one rank. protocol: the owner's
+    protocol version (kv_transfer.version), in the JSON from version 2 on (0: not stated, a
+    version below 2; the router pairs nodes by their records' versions, the TCP handshake
+    states them).
     """
 
     node_name: str
@@ -71,6 +78,7 @@ class PeerInfo:
     tcp_port: int | None = None
     num_kv_heads: int = 0
     shards: tuple[RankShard, ...] = ()
+    protocol: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transport", TransportKind(self.transport))
@@ -132,6 +140,8 @@ class PeerInfo:
             fields["nixl_metadata"] = base64.b64encode(self.nixl_metadata).decode("ascii")
         if not self.shards:  # a node of one rank publishes what it did before ranks existed
             del fields["shards"], fields["num_kv_heads"]
+        if self.protocol < _PROTOCOL_WRITTEN_FROM:
+            del fields["protocol"]
         for shard in fields.get("shards", ()):
             if not shard["tcp_port"]:  # served by the node's block server, as before
                 del shard["tcp_host"], shard["tcp_port"]
@@ -157,7 +167,7 @@ class PeerInfo:
             if isinstance(shard, dict) and shard.get("nixl_metadata") is not None:
                 shard["nixl_metadata"] = base64.b64decode(shard["nixl_metadata"])
         try:
-            return cls(**fields)
+            return cls(**{k: v for k, v in fields.items() if k in _PEER_FIELDS})
         except TypeError as exc:
             raise ValueError(f"PeerInfo fields are wrong: {exc}") from None
 
@@ -192,6 +202,7 @@ def rank_agent_name(agent_name: str, rank: int) -> str:
 
 
 _SHARD_FIELDS = frozenset(f.name for f in dataclass_fields(RankShard))
+_PEER_FIELDS = frozenset(f.name for f in dataclass_fields(PeerInfo))  # a newer sender's: left out
 
 
 def _rank_shard(given: dict[str, Any]) -> RankShard:

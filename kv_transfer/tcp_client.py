@@ -34,6 +34,7 @@ from kv_transfer.tcp_protocol import (
     send_json,
     shutdown_quietly,
 )
+from kv_transfer.version import PROTOCOL_VERSION, mismatch, peer_version
 
 
 class ConnectionPool:
@@ -185,12 +186,16 @@ class BlockRead:
     def _hello(self, sock: socket.socket) -> None:
         me = self.identity
         hello = {"agent": me.agent_name, "fingerprint": me.fingerprint, "layout": me.layout}
-        send_json(sock, Kind.HELLO, {**hello, "expect": self.peer.incarnation, "token": me.token})
+        ask = {"expect": self.peer.incarnation, "protocol": PROTOCOL_VERSION, "token": me.token}
+        send_json(sock, Kind.HELLO, {**hello, **ask})
         kind, body = recv_json(sock)
         if kind is Kind.ERROR:
             raise refusal_error(body, me.layout, self.peer)
         if kind is not Kind.WELCOME:
             raise PeerUnavailable(f"{self.peer.agent_name} answered HELLO with {kind.name}")
+        problem = mismatch(peer_version(body), PROTOCOL_VERSION)
+        if problem is not None:
+            raise TransferRefused(f"{self.peer.agent_name}: {problem}")
 
     def _exchange(self) -> socket.socket:
         sock = self._sock
@@ -240,7 +245,7 @@ def refusal_error(body: dict[str, object], local_layout: str, peer: PeerInfo) ->
     code, message = body.get("code"), str(body.get("message"))
     if code == "layout":
         return LayoutMismatch(local_layout, str(body.get("layout")), peer.agent_name)
-    if code == "unauthorized":
+    if code in ("unauthorized", "protocol"):
         return TransferRefused(f"{peer.agent_name} refused the transfer: {message}")
     if code == "restarted":
         return PeerUnavailable(f"peer restarted since its PeerInfo was published: {message}")

@@ -1,9 +1,10 @@
 """Framing of the TCP fallback: a fixed header, then a JSON body or raw block bytes.
 
 header: magic b"SSKV", kind (1 byte), body length (8 bytes, big endian).
-reader -> owner: HELLO {agent, fingerprint, layout, expect}, then READ {request_id, block_ids}
-and RELEASE {request_id}. owner -> reader: WELCOME {agent} or ERROR {code, message}, and for
-each READ one DATA frame whose body is the blocks' bytes in the order asked.
+reader -> owner: HELLO {agent, fingerprint, layout, expect, protocol, token}, then READ
+{request_id, block_ids} and RELEASE {request_id}. owner -> reader: WELCOME {agent, protocol}
+or ERROR {code, message}, and for each READ one DATA frame whose body is the blocks' bytes in
+the order asked. `protocol`: the sender's version (kv_transfer.version; absent: 0).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from kv_transfer.tcp_protocol import (
     send_json,
     shutdown_quietly,
 )
+from kv_transfer.version import PROTOCOL_VERSION, mismatch, peer_version
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,11 @@ class BlockServer:
         if hello.get("expect") != me.incarnation:
             _refuse(conn, "restarted", f"this is {me.agent_name}, not {hello.get('expect')}")
             return False
-        send_json(conn, Kind.WELCOME, {"agent": me.agent_name})
+        problem = mismatch(peer_version(hello), PROTOCOL_VERSION)
+        if problem is not None:
+            _refuse(conn, "protocol", problem)
+            return False
+        send_json(conn, Kind.WELCOME, {"agent": me.agent_name, "protocol": PROTOCOL_VERSION})
         return True
 
     def _handle(self, conn: socket.socket, kind: Kind, body: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from cluster.protocol import NodeInfo, NodeLoad
+from cluster.protocol import PROTOCOL_VERSION, NodeInfo, NodeLoad
 from cluster.settings import NodeSettings
 from engine.config import engine_config
 from engine.kv.sizing import KVCapacity
@@ -215,6 +215,7 @@ def node_info(
         import_fingerprints=list(import_fingerprints),
         max_num_seqs=max_num_seqs,
         max_queued=max_queued,
+        protocol_version=PROTOCOL_VERSION,
     )
 
 

@@ -32,6 +32,7 @@ from cluster.protocol import (
     HEALTH,
     INTERNAL_LORA_LOAD,
     INTERNAL_LORA_UNLOAD,
+    READY,
     STATS,
     VERSION,
     ControlResponse,
@@ -48,7 +49,6 @@ from node.metrics import NodeMetrics
 
 log = logging.getLogger("splitserve.node")
 
-READY = "/ready"
 HEARTBEAT_STOP_S = 5.0
 METRICS = "/metrics"
 
@@ -90,9 +90,14 @@ class NodeState:
     exit_on_fatal: Callable[[str], None] | None = None  # set by the server that runs the app
 
     @property
-    def ready(self) -> bool:
+    def serving(self) -> bool:
+        """Loaded, its engine alive and not draining: it takes work, registered or not."""
         healthy = self.runtime is not None and self.runtime.healthy
-        return healthy and self.registered and self.drain_deadline is None
+        return healthy and self.drain_deadline is None
+
+    @property
+    def ready(self) -> bool:
+        return self.serving and self.registered
 
 
 def begin_drain(app: FastAPI) -> None:
@@ -262,12 +267,14 @@ async def health(request: Request) -> JSONResponse:
 
 @probes.get(READY)
 async def ready(request: Request) -> JSONResponse:
-    """200 once the model is loaded and the node is registered in Redis."""
+    """200 once the model is loaded and the node is registered in Redis. `serving`: it takes
+    work even while unregistered (Redis out of its reach; routers keep such a node)."""
     state = node_state(request)
     body = {
         "status": "ready" if state.ready else ("draining" if state.drain_deadline else "not_ready"),
         "loaded": state.runtime is not None,
         "registered": state.registered,
+        "serving": state.serving,
     }
     return JSONResponse(body, status_code=200 if state.ready else 503)
 

@@ -12,6 +12,7 @@ import logging
 import time
 
 from cluster.protocol import (
+    PROTOCOL_VERSION,
     KVHandle,
     PrefillRequest,
     PrefillResponse,
@@ -121,6 +122,7 @@ class PrefillRuntime(NodeCore):
             num_tokens=num_tokens,
             layout_fingerprint=self.info.layout_fingerprint,
             lease_expires_at=time.time() + ttl,
+            protocol_version=PROTOCOL_VERSION,
         )
 
     async def release(self, request_id: str) -> bool:

@@ -315,6 +315,7 @@ async def ready(request: Request) -> JSONResponse:
         "prefill_nodes": len(pools.prefill),
         "decode_nodes": len(pools.decode),
         "colocated_nodes": len(pools.colocated),
+        "incompatible_nodes": state.membership.incompatible(),  # their protocol version
     }
     if pools.ready:
         return JSONResponse(body)

@@ -148,11 +148,19 @@ class NodeClient:
 
     async def abort(self, node: p.NodeInfo, request_id: str) -> None:
         """POST /internal/abort; best effort (failures are logged)."""
-        await self._control(node, p.INTERNAL_ABORT, p.AbortRequest(request_id=request_id))
+        await self._control(
+            node,
+            p.INTERNAL_ABORT,
+            p.AbortRequest(request_id=request_id, protocol_version=p.PROTOCOL_VERSION),
+        )
 
     async def release(self, node: p.NodeInfo, request_id: str) -> None:
         """POST /internal/release; best effort (the lease expires anyway)."""
-        await self._control(node, p.INTERNAL_RELEASE, p.ReleaseRequest(request_id=request_id))
+        await self._control(
+            node,
+            p.INTERNAL_RELEASE,
+            p.ReleaseRequest(request_id=request_id, protocol_version=p.PROTOCOL_VERSION),
+        )
 
     async def lora(self, node: p.NodeInfo, path: str, msg: p.LoadAdapterRequest) -> bool:
         """POST a LoRA load or unload (`path`); its `done`; NodeCallError when refused or

@@ -15,7 +15,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import NamedTuple
 
-from cluster.protocol import DecodeRequest, KVHandle, NodeInfo, NodeRecord, TokenEvent
+from cluster.protocol import (
+    PROTOCOL_VERSION,
+    DecodeRequest,
+    KVHandle,
+    NodeInfo,
+    NodeRecord,
+    TokenEvent,
+    compatible,
+)
 from router.errors import APIError, overloaded, unavailable
 from router.flow.backoff import Backoff
 from router.flow.failures import node_failed, refused
@@ -86,18 +94,17 @@ class DecodeLeg(Leg):
         it: another kv_cache_dtype) imports the blocks, waiting while they are all busy.
         When there is none, or the lease ends first, release the lease and prefill on a
         decode node instead."""
-        fingerprint = kv.layout_fingerprint
         pools = Pools.of(self._s.membership.nodes())
-        if kv_importers(pools.decode, fingerprint):
+        if kv_importers(pools.decode, kv):
             try:
-                await self.open(importers_of(fingerprint), kv, output_ids, wait=True)
+                await self.open(importers_of(kv), kv, output_ids, wait=True)
             except _LeaseEnding:
                 reason = "lease_ending"
             else:
                 self._lease.taken()
                 return
         else:
-            reason = "layout_mismatch" if pools.decode else "no_decode_node"
+            reason = _no_importer(pools.decode, kv, self._request.request_id)
         self._s.metrics.local_prefill.labels(reason).inc()
         self._lease.release()
         await self.open(local_nodes, None, output_ids, wait=True)
@@ -177,6 +184,7 @@ class DecodeLeg(Leg):
             priority=self._request.priority,
             wait_s=self._import_wait_s(kv),
             lora=self._request.lora,
+            protocol_version=PROTOCOL_VERSION,
         )
         ctx = self._s.require_nodes().generate(node, req, self._deadline.at)
         self._stream = await self._stream_ctx.enter_async_context(ctx)
@@ -241,13 +249,36 @@ class DecodeLeg(Leg):
         await self._stream_ctx.aclose()
 
 
-def importers_of(fingerprint: str) -> Candidates:
-    """The decode nodes that import KV of layout `fingerprint`."""
-    return lambda pools: kv_importers(pools.decode, fingerprint)
+def importers_of(kv: KVHandle) -> Candidates:
+    """The decode nodes that import the KV of `kv`."""
+    return lambda pools: kv_importers(pools.decode, kv)
 
 
-def kv_importers(nodes: Sequence[NodeRecord], fingerprint: str) -> list[NodeRecord]:
-    """The nodes that import KV of layout `fingerprint`: theirs, or one they convert."""
+def kv_importers(nodes: Sequence[NodeRecord], kv: KVHandle) -> list[NodeRecord]:
+    """The nodes that import the KV of `kv`: of its layout (theirs, or one they convert),
+    and of a protocol version at most one from the prefill node's that wrote it."""
+    return [
+        n for n in _of_layout(nodes, kv) if compatible(n.info.protocol_version, kv.protocol_version)
+    ]
+
+
+def _of_layout(nodes: Sequence[NodeRecord], kv: KVHandle) -> list[NodeRecord]:
+    fingerprint = kv.layout_fingerprint
     return [
         n for n in nodes if fingerprint in (n.info.layout_fingerprint, *n.info.import_fingerprints)
     ]
+
+
+def _no_importer(nodes: Sequence[NodeRecord], kv: KVHandle, request_id: str) -> str:
+    """Why no decode node imports `kv` (the local prefill's reason), logged when it is the
+    protocol: a pair of versions more than one apart is never chosen."""
+    if not nodes:
+        return "no_decode_node"
+    if not _of_layout(nodes, kv):
+        return "layout_mismatch"
+    log.info(
+        "protocol_mismatch id=%s prefill_node=%s prefill_version=%d decode_versions=%s",
+        request_id, kv.node_id, kv.protocol_version,
+        ",".join(sorted({str(n.info.protocol_version) for n in nodes})),
+    )  # fmt: skip
+    return "protocol_mismatch"

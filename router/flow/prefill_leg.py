@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from cluster.protocol import NodeInfo, NodeRecord, PrefillRequest, PrefillResponse
+from cluster.protocol import (
+    PROTOCOL_VERSION,
+    NodeInfo,
+    NodeRecord,
+    PrefillRequest,
+    PrefillResponse,
+)
 from router.errors import overloaded
 from router.flow.failures import node_failed, refused
 from router.flow.leg import Leg
@@ -32,6 +38,7 @@ class PrefillLeg(Leg):
             sampling=self._request.sampling,
             priority=self._request.priority,
             lora=self._request.lora,
+            protocol_version=PROTOCOL_VERSION,
         )
         state = self._s
         tried: set[str] = set()

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
+import redis
 
 from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
 from cluster.redis_server import EmbeddedRedis
-from cluster.registry import REDIS_ERRORS, Membership, NodeRegistry, StaticMembership
+from cluster.registry import (
+    REDIS_ERRORS,
+    Membership,
+    NodeRegistry,
+    StaticMembership,
+    node_key,
+)
 
 
-def _info(node_id: str, role: str = "decode") -> NodeInfo:
+def _info(node_id: str, role: str = "decode", url: str | None = None) -> NodeInfo:
     return NodeInfo.model_validate(
         {
             "node_id": node_id,
             "role": role,
-            "url": f"http://127.0.0.1/{node_id}",
+            "url": url or f"http://127.0.0.1/{node_id}",
             "model": "m",
             "layout_fingerprint": "fp",
             "max_model_len": 128,
@@ -85,6 +93,50 @@ async def test_node_that_stops_beating_expires(
     await asyncio.wait_for(beats, 5)
     await quiet.close()
     await alive.close()
+
+
+@contextlib.asynccontextmanager
+async def _ready_endpoint(body: dict[str, object]) -> AsyncIterator[str]:
+    """A node's /ready answering `body` (read at each call) with 503; its base URL."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        payload = json.dumps(body).encode()
+        head = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        writer.write(head.encode() + payload)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_node_cut_off_from_redis_alone_stays_while_it_serves(
+    server: EmbeddedRedis, membership: Membership
+) -> None:
+    """Redis out of a node's reach (not the router's): its key expires, but its /ready says
+    it serves, so the router keeps it; once it drains, it goes."""
+    body: dict[str, object] = {"status": "not_ready", "registered": False, "serving": True}
+    async with _ready_endpoint(body) as url:
+        node = NodeRegistry(server.url, ttl_s=0.3)
+        await node.register(_info("d0", url=url))
+        await _wait_for(lambda: _ids(membership) == ["d0"])
+        check = redis.Redis.from_url(server.url)
+        try:
+            await _wait_for(lambda: not check.exists(node_key("d0")))
+        finally:
+            check.close()
+        for _ in range(3):  # polls after the key expired
+            assert await membership.refresh()
+            assert _ids(membership) == ["d0"]
+        body.update(status="draining", serving=False)
+        await _wait_for(lambda: _ids(membership) == [])
+        await node.close()
 
 
 async def test_membership_survives_redis_outage_and_resyncs(server: EmbeddedRedis) -> None:

@@ -51,6 +51,7 @@ async def test_a_draining_node_leaves_and_refuses_new_work_only(
         for client, node_id in ((prefill, p_set.node_id), (decode, d_set.node_id)):
             ready = await client.get("/ready")
             assert ready.status_code == 503 and ready.json()["status"] == "draining"
+            assert ready.json()["serving"] is False  # routers drop it even without its key
             for _ in range(100):  # deregistered within the heartbeat loop's next turn
                 if not await _registered(redis_url, str(node_id)):
                     break

@@ -146,6 +146,7 @@ async def test_bad_requests_answer_400_and_hold_nothing(
 async def test_ready_and_registered_in_redis(node: httpx.AsyncClient, redis_url: str) -> None:
     ready = await node.get("/ready")
     assert ready.status_code == 200 and ready.json()["registered"] is True
+    assert ready.json()["serving"] is True
     assert (await node.get("/health")).status_code == 200
     info = (await stats(node)).info
     raw = redis.Redis.from_url(redis_url).get(node_key(info.node_id))

@@ -16,6 +16,7 @@ import pytest_asyncio
 from router_fakes import FakeNode, fake_cluster
 
 from cluster.cli import version
+from cluster.protocol import PROTOCOL_VERSION
 from models.tokenizer import Tokenizer
 from router.app import route_paths
 
@@ -145,5 +146,9 @@ async def test_docs_load_nothing_from_the_internet(router: httpx.AsyncClient) ->
 async def test_version_names_the_package(router: httpx.AsyncClient) -> None:
     resp = await router.get("/version")
     assert resp.status_code == 200
-    assert resp.json() == {"version": version(), "python": platform.python_version()}
+    assert resp.json() == {
+        "version": version(),
+        "protocol_version": str(PROTOCOL_VERSION),
+        "python": platform.python_version(),
+    }
     assert version() != "unknown"

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, cast
 
-from cluster.protocol import KVHandle, NodeInfo, NodeRecord, PrefillResponse
+from cluster.protocol import PROTOCOL_VERSION, KVHandle, NodeInfo, NodeRecord, PrefillResponse
 from models.sampling_params import SamplingParams
 from router.flow.decode_leg import kv_importers
 from router.flow.lease import KVLease
@@ -44,11 +44,15 @@ def _node(node_id: str) -> NodeInfo:
     )  # fmt: skip
 
 
-def _answer(finished: bool) -> PrefillResponse:
-    kv = KVHandle(
-        node_id="p0", peer_info="", block_ids=[1], num_tokens=4, layout_fingerprint="fp",
-        lease_expires_at=1.0,
+def _handle(fingerprint: str = "fp", protocol_version: int = PROTOCOL_VERSION) -> KVHandle:
+    return KVHandle(
+        node_id="p0", peer_info="", block_ids=[1], num_tokens=4, layout_fingerprint=fingerprint,
+        lease_expires_at=1.0, protocol_version=protocol_version,
     )  # fmt: skip
+
+
+def _answer(finished: bool) -> PrefillResponse:
+    kv = _handle()
     return PrefillResponse(
         request_id="r", first_token_id=3, finished=finished, num_prompt_tokens=4,
         kv=None if finished else kv,
@@ -123,5 +127,19 @@ def test_kv_goes_to_decode_nodes_of_its_layout_or_that_convert_it() -> None:
         update={"layout_fingerprint": "int8", "import_fingerprints": ["fp", "fp8"]}
     )
     records = [NodeRecord(info=n, heartbeat_at=0.0) for n in (same, other, converts)]
-    assert [r.info.node_id for r in kv_importers(records, "fp")] == ["d-same", "d-conv"]
-    assert kv_importers(records, "bf16") == []
+    assert [r.info.node_id for r in kv_importers(records, _handle())] == ["d-same", "d-conv"]
+    assert kv_importers(records, _handle("bf16")) == []
+
+
+def test_kv_goes_only_to_decode_nodes_at_most_one_protocol_version_from_its_writer() -> None:
+    """Rolling upgrades: a node serves peers one version older; a pair further apart is
+    never chosen (a handle without a version comes from release 0.1.0: version 0)."""
+    nodes = [
+        NodeRecord(info=_node(f"d-v{v}").model_copy(update={"protocol_version": v}), heartbeat_at=0)
+        for v in (0, 1, 2)
+    ]
+    takers = {v: [r.info.node_id for r in kv_importers(nodes, _handle(protocol_version=v))]
+              for v in (0, 1, 2)}  # fmt: skip
+    assert takers == {0: ["d-v0", "d-v1"], 1: ["d-v0", "d-v1", "d-v2"], 2: ["d-v1", "d-v2"]}
+    old = KVHandle.model_validate_json(_handle().model_dump_json(exclude={"protocol_version"}))
+    assert old.protocol_version == 0
