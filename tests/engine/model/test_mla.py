@@ -170,3 +170,21 @@ def test_routing_picks_transformers_experts(
     assert torch.equal(order.values, got_order.values)
     want_w = weights.gather(1, order.indices)
     assert torch.allclose(got.weights.gather(1, got_order.indices), want_w, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"moe_layer_freq": 2}, "moe_layer_freq=2"),
+        ({"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
+        ({"scoring_func": "sigmoid"}, "scoring_func='sigmoid'"),
+        ({"attention_bias": True}, "attention_bias=True"),
+    ],
+)
+def test_an_option_not_built_is_refused_by_name(
+    mla_dirs: dict[str, tuple[Any, Path]], change: dict[str, Any], named: str
+) -> None:
+    hf, _ = mla_dirs["deepseek_v2"]
+    raw = hf.config.to_dict() | change
+    with pytest.raises(ValueError, match=named):
+        ModelConfig.from_dict(raw, source="v2/config.json")
