@@ -75,6 +75,8 @@ class ModelShape:
     head_dim: int
     vocab: int
     mlp_params: int = 0  # active MLP weights per layer (mixture of experts: top-k experts)
+    attn_params: int = 0  # attention weights per layer where not q/k/v/o of head_dim (MLA)
+    pair_dim: int = 0  # q.k plus p.v dims per head and (query, key) pair; 0: 2 * head_dim
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelShape:
@@ -89,6 +91,7 @@ class ModelShape:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             vocab=cfg["vocab_size"],
             mlp_params=_active_mlp_params(cfg),
+            **_latent_attention(cfg),
         )
 
     @property
@@ -96,7 +99,8 @@ class ModelShape:
         """Weights of the linear layers of one decoder layer."""
         q_o = 2 * self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        return q_o + kv + (self.mlp_params or 3 * self.hidden * self.intermediate)
+        attention = self.attn_params or q_o + kv
+        return attention + (self.mlp_params or 3 * self.hidden * self.intermediate)
 
     def sequence_flops(self, prompt_len: int, new_tokens: int) -> float:
         """FLOPs to prefill `prompt_len` tokens and decode `new_tokens` (the first from prefill).
@@ -107,9 +111,22 @@ class ModelShape:
         computed = prompt_len + new_tokens - 1  # the last sampled token is never fed back
         linear = 2 * self.layers * self.layer_params * computed
         pairs = sum(p + 1 for p in range(computed))  # causal (query, key) pairs
-        attention = 4 * self.layers * self.heads * self.head_dim * pairs
+        attention = 2 * self.layers * self.heads * (self.pair_dim or 2 * self.head_dim) * pairs
         lm_head = 2 * self.hidden * self.vocab * new_tokens
         return float(linear + attention + lm_head)
+
+
+def _latent_attention(cfg: dict[str, Any]) -> dict[str, int]:
+    """MLA's weights per layer and per-pair dims (prefill's expanded form), or nothing."""
+    if not cfg.get("kv_lora_rank"):
+        return {}
+    hidden, heads, lora = cfg["hidden_size"], cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    q_lora = cfg.get("q_lora_rank") or 0
+    q = hidden * q_lora + q_lora * heads * qk if q_lora else hidden * heads * qk
+    kv = hidden * (lora + cfg["qk_rope_head_dim"]) + lora * heads * (qk - cfg["qk_rope_head_dim"])
+    vo = lora * heads * cfg["v_head_dim"] + heads * cfg["v_head_dim"] * hidden
+    return {"attn_params": q + kv + vo, "pair_dim": qk + cfg["v_head_dim"]}
 
 
 def _active_mlp_params(cfg: dict[str, Any]) -> int:
@@ -118,13 +135,17 @@ def _active_mlp_params(cfg: dict[str, Any]) -> int:
     hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
     dense = 3 * hidden * cfg["intermediate_size"]
     experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    experts = experts or cfg.get("n_routed_experts") or 0
     if not experts:
         return dense
     expert_inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
     sparse = hidden * experts + 3 * hidden * expert_inter * cfg["num_experts_per_tok"]
-    sparse += 3 * hidden * (cfg.get("shared_expert_intermediate_size") or 0)
+    shared = cfg.get("shared_expert_intermediate_size") or 0
+    shared = shared or (cfg.get("n_shared_experts") or 0) * expert_inter  # DeepSeek's
+    sparse += 3 * hidden * shared
     step = cfg.get("decoder_sparse_step") or 1
-    dense_layers = set(cfg.get("mlp_only_layers") or [])
+    first_dense = range(cfg.get("first_k_dense_replace") or 0)
+    dense_layers = set(cfg.get("mlp_only_layers") or []) | set(first_dense)
     n_sparse = sum(1 for i in range(layers) if i not in dense_layers and (i + 1) % step == 0)
     return (n_sparse * sparse + (layers - n_sparse) * dense) // layers
 

@@ -29,6 +29,7 @@ import torch
 
 from bench.oracle_prompts import PROMPTS as ORACLE_PROMPTS
 from engine.kv_format.rows import dequantize_rows, quantize_rows, rotate_heads_
+from engine.model.layers import SelfAttention
 
 PROMPTS = ORACLE_PROMPTS[:12]  # the int8 KV oracle test's 12
 
@@ -61,10 +62,12 @@ def record(model_dir: Path, prompts: list[str]) -> tuple[Record, list[torch.Tens
     wks = []
     for layer in llm.engine.runner.model.decoder_layers():
         a = layer.attn
+        assert isinstance(a, SelfAttention)  # the default model's: grouped-query heads
         packed = a.packed.get("qkv")
         w = packed.dequantize() if a.qkv.is_meta and packed is not None else a.qkv
         wks.append(w[a.q_size : a.q_size + a.kv_size].float() * layer.input_norm.float())
     first = layer.attn
+    assert isinstance(first, SelfAttention)
     return rec, wks, first.num_heads // first.num_kv_heads
 
 

@@ -20,6 +20,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("phi3", "phi3"),
     "Gemma2ForCausalLM": ("gemma2", "gemma2"),
     "Gemma3ForCausalLM": ("gemma3", "gemma3_text"),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", "deepseek_v2"),
+    "DeepseekV3ForCausalLM": ("deepseek_v3", "deepseek_v3"),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 MODEL_TYPES = {model_type: arch for arch, (_, model_type) in ARCHITECTURES.items()}

@@ -5,6 +5,9 @@ Layout: ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``. One
 layers (K and V) is one contiguous region, so moving a block between nodes is one descriptor.
 A quantized cache (``kv_cache_dtype`` int8 / fp8_e4m3, engine.kv_format.rows) has one-byte codes
 and a last dim of ``head_dim + 8``: each (token, KV head) row ends with its bf16 scales and mids.
+MLA models (DeepSeek) store a latent instead (``latent=True``): one plane, one "head" of
+``kv_lora_rank + qk_rope_head_dim`` values a token, ``[num_blocks, num_layers, 1, block_size,
+1, latent_dim]``; every tensor-parallel rank holds all of it.
 Token ``t`` of a request lives at slot ``block_table[t // block_size] * block_size +
 t % block_size`` (written by ``engine.kv_format.rows.write_kv`` or a kernel).
 """
@@ -25,6 +28,7 @@ from engine.kv_format.rows import CODE_DTYPES, ROW_FORMAT, convert_rows, row_wid
 from engine.model.config import ModelConfig
 
 LAYOUT_ORDER = "block-major"  # [blocks, layers, 2, block_size, kv_heads, head_dim]
+LATENT_FORMAT = "mla-latent[c|k_pe]"  # one plane: the normed latent, then the rotary key
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class KVLayout:
     head_dim: int
     layer_windows: tuple[int, ...] = ()  # per layer, 0: full attention; () : all full
     kv_dtype: str = "auto"  # auto (the model dtype) | int8 | fp8_e4m3 (codes + scales)
+    latent: bool = False  # MLA: one plane of latent rows (num_kv_heads 1), not K and V
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)  # ValueError for an unsupported dtype
@@ -56,6 +61,8 @@ class KVLayout:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"KVLayout.{field} must be an integer >= 1, got {value!r}")
+        if self.latent and self.num_kv_heads != 1:
+            raise ValueError(f"a latent KVLayout has one KV head, got {self.num_kv_heads}")
 
     @classmethod
     def for_model(
@@ -74,6 +81,7 @@ class KVLayout:
             head_dim=model.head_dim,
             layer_windows=model.layer_windows if any(model.layer_windows) else (),
             kv_dtype=kv_dtype,
+            latent=model.mla is not None,
         )
 
     def with_kv_dtype(self, kv_dtype: str) -> KVLayout:
@@ -92,11 +100,21 @@ class KVLayout:
         return parse_dtype(self.dtype)
 
     @property
+    def planes(self) -> int:
+        """2 (K and V), or 1 (MLA's latent)."""
+        return 1 if self.latent else 2
+
+    @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
-        """Shape of one block: ``[num_layers, 2, block_size, num_kv_heads, row]``; row is
-        head_dim, or head_dim + 8 (codes, scales and mids) in a quantized cache."""
+        """Shape of one block: ``[num_layers, planes, block_size, num_kv_heads, row]``; row
+        is head_dim, or head_dim + 8 (codes, scales and mids) in a quantized cache."""
         row = row_width(self.head_dim, self.kv_dtype)
-        return (self.num_layers, 2, self.block_size, self.num_kv_heads, row)
+        return (self.num_layers, self.planes, self.block_size, self.num_kv_heads, row)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes a token takes over all layers (one rank's share)."""
+        return self.block_bytes // self.block_size
 
     @property
     def block_bytes(self) -> int:
@@ -122,6 +140,8 @@ class KVLayout:
             # the KV dtype and its row format only where it is not the model's: auto layouts
             # keep their hash, and a cache of another row format is never read as this one
             + ([f"kv={self.kv_dtype}+{ROW_FORMAT}"] if self.kv_dtype != "auto" else [])
+            # MLA's latent rows: never read as K / V of one head of the same width
+            + ([LATENT_FORMAT] if self.latent else [])
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -139,10 +159,14 @@ class KVLayout:
 
     def describe(self) -> str:
         """One readable line, for logs and mismatch errors."""
+        heads = (
+            f"latent={self.head_dim}"
+            if self.latent
+            else f"kv_heads={self.num_kv_heads} head_dim={self.head_dim}"
+        )
         return (
             f"model={self.model} dtype={self.dtype} kv_dtype={self.kv_dtype} "
-            f"block_size={self.block_size} layers={self.num_layers} "
-            f"kv_heads={self.num_kv_heads} head_dim={self.head_dim} "
+            f"block_size={self.block_size} layers={self.num_layers} {heads} "
             f"windows={self.windows_text()} ({LAYOUT_ORDER}, {self.block_bytes} bytes/block, "
             f"fingerprint {self.fingerprint()})"
         )

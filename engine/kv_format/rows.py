@@ -80,7 +80,13 @@ def keys_rotated(kv_cache_dtype: str) -> bool:
 
 def rotates_keys(kv_cache: torch.Tensor) -> bool:
     """``keys_rotated`` of a cache tensor."""
-    return kv_cache.dtype == torch.int8
+    return kv_cache.dtype == torch.int8 and not is_latent(kv_cache)
+
+
+def is_latent(rows: torch.Tensor) -> bool:
+    """Whether blocks' rows ``[..., planes, block_size, kv_heads, row]`` hold MLA's latent
+    (one plane, the keys' and values' common source, never rotated) rather than K and V."""
+    return rows.shape[-4] == 1
 
 
 def hadamard_block(head_dim: int) -> int:
@@ -177,16 +183,17 @@ def row_width(head_dim: int, kv_cache_dtype: str) -> int:
 def convert_rows(
     rows: torch.Tensor, src_kv_dtype: str, dst_kv_dtype: str, model_dtype: torch.dtype
 ) -> torch.Tensor:
-    """Blocks' rows [..., 2 (K, V), block_size, kv_heads, row] of one cache's format in
-    another's (``auto``: ``model_dtype`` values); keys are rotated into an int8 cache and back
-    out of one (``rotate_heads_``)."""
+    """Blocks' rows [..., 2 (K, V) or 1 (MLA's latent), block_size, kv_heads, row] of one
+    cache's format in another's (``auto``: ``model_dtype`` values); keys are rotated into an
+    int8 cache and back out of one (``rotate_heads_``), a latent never."""
     if src_kv_dtype == dst_kv_dtype:
         return rows
     if src_kv_dtype == "auto":
         values = rows.to(torch.float32, copy=True)  # rotated below: never the caller's rows
     else:
         values = dequantize_rows(rows, torch.float32)
-    if keys_rotated(src_kv_dtype) != keys_rotated(dst_kv_dtype):  # H undoes itself
+    rotated = keys_rotated(src_kv_dtype) != keys_rotated(dst_kv_dtype)
+    if rotated and not is_latent(values):  # H undoes itself
         rotate_heads_(values[..., 0, :, :, :])
     if dst_kv_dtype == "auto":
         return values.to(model_dtype)
@@ -202,11 +209,25 @@ def write_kv(
 
     k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64.
     """
+    write_plane(kv, layer, 0, k, slot_mapping)
+    write_plane(kv, layer, 1, v, slot_mapping)
+
+
+def write_plane(
+    kv: torch.Tensor, layer: int, plane: int, x: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store x [tokens, kv_heads, head_dim] as plane ``plane`` (0: K or MLA's latent, 1: V)
+    of ``layer`` at ``slot_mapping``, quantised in a quantized cache."""
     block_size = kv.shape[3]
     blocks = slot_mapping // block_size  # [tokens]
     offsets = slot_mapping % block_size  # [tokens]
     if is_quantized(kv):
-        kv_dtype = kv_dtype_of(kv)
-        k, v = quantize_rows(k, kv_dtype), quantize_rows(v, kv_dtype)  # [tokens, kv_heads, d + 8]
-    kv[:, layer, 0].index_put_((blocks, offsets), k)
-    kv[:, layer, 1].index_put_((blocks, offsets), v)
+        x = quantize_rows(x, kv_dtype_of(kv))  # [tokens, kv_heads, d + 8]
+    kv[:, layer, plane].index_put_((blocks, offsets), x)
+
+
+def read_plane(kv: torch.Tensor, layer: int, plane: int, blocks: torch.Tensor) -> torch.Tensor:
+    """Plane ``plane`` of ``layer`` in ``blocks`` [n], in order: [n, block_size, kv_heads,
+    head_dim], dequantised to fp32 from a quantized cache."""
+    rows = kv[:, layer, plane].index_select(0, blocks)
+    return dequantize_rows(rows, torch.float32) if is_quantized(kv) else rows

@@ -1,8 +1,8 @@
 """Model shape and hyper-parameters, parsed from a Hugging Face ``config.json``.
 
 The families in ``engine.model.families`` are accepted (Llama, Mistral, Mixtral, Qwen2,
-Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3); an option one of them sets that is
-not built is refused with one clear line naming the file and the field.
+Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, DeepSeek-V2 / V3); an option one of
+them sets that is not built is refused with one clear line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from engine.model.families import (
     parse_ropes,
 )
 from engine.model.rope import Rope
+from engine.model.specs import MlaSpec
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "MoeSpec", "Rope"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "MlaSpec", "ModelConfig", "MoeSpec", "Rope"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = field(default=())  # per layer; 0: full attention
     moe: MoeSpec | None = None
     naming: str = "hf"  # checkpoint tensor names: "hf" (separate q/k/v) or "phi3" (fused)
+    # DeepSeek's latent attention: then one KV "head" of head_dim = mla.latent_dim values
+    mla: MlaSpec | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -87,6 +90,13 @@ class ModelConfig:
             )
         if not self.attention_scale:
             object.__setattr__(self, "attention_scale", self.head_dim**-0.5)
+        if self.mla is not None and (
+            self.num_key_value_heads != 1 or self.head_dim != self.mla.latent_dim
+        ):
+            raise ValueError(
+                "latent attention keeps one KV head of kv_lora_rank + qk_rope_head_dim "
+                f"({self.mla.latent_dim}) values, got {self.num_key_value_heads} x {self.head_dim}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -95,6 +105,11 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions a rotary table turns: the whole head, or MLA's rotary part."""
+        return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
 
     @property
     def sliding_window(self) -> int:

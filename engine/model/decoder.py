@@ -22,10 +22,12 @@ from engine.model.attention import AttentionBackend, AttentionMetadata, TritonAt
 from engine.model.config import ModelConfig
 from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
 from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
+from engine.model.mla import LatentAttention
 from engine.model.moe import SparseMoe, checkpoint_naming, expert_weight_bytes
 from engine.model.moe import weight_targets as moe_weight_targets
 from engine.model.quant.weight import PackedMatrix, QuantWeight
 from engine.model.rope import Rotary
+from engine.model.routing import Router
 from engine.model.shard import Shard, experts, shard_config
 from engine.model.stage import Stage
 
@@ -49,7 +51,10 @@ class DecoderLayer(nn.Module):
         self.index = index
         self.eps = config.rms_norm_eps
         self.input_norm = weight(hidden, dtype=dtype, device=device)
-        self.attn = SelfAttention(config, index, dtype, device, cache_index)
+        attention = SelfAttention if config.mla is None else LatentAttention
+        self.attn: SelfAttention | LatentAttention = attention(
+            config, index, dtype, device, cache_index
+        )
         self.attn_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
         self.mlp_norm = weight(hidden, dtype=dtype, device=device)
         self.mlp_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
@@ -60,7 +65,8 @@ class DecoderLayer(nn.Module):
             self.moe = SparseMoe(
                 hidden, spec.intermediate_size, spec.num_experts, spec.top_k, spec.normalize,
                 config.activation, spec.shared_intermediate_size, dtype=dtype, device=device,
-                local=experts(self.shard, spec.num_experts),
+                local=experts(self.shard, spec.num_experts), router=Router.of(spec),
+                shared_gate=spec.shared_gate, correction_bias=spec.correction_bias,
             )  # fmt: skip
             self.moe_naming = spec.naming
         else:
@@ -119,11 +125,8 @@ class DecoderLayer(nn.Module):
 
     def norm_weights(self) -> list[torch.Tensor]:
         """Every RMSNorm weight of the layer (Gemma's (1 + w) offset applies to all)."""
-        norms = (
-            self.input_norm, self.attn_out_norm, self.mlp_norm, self.mlp_out_norm,
-            self.attn.q_norm, self.attn.k_norm,
-        )  # fmt: skip
-        return [n.data for n in norms if n is not None]
+        norms = (self.input_norm, self.attn_out_norm, self.mlp_norm, self.mlp_out_norm)
+        return [n.data for n in norms if n is not None] + self.attn.norm_weights()
 
     def weight_targets(
         self, prefix: str, names: Collection[str] | None = None
@@ -186,7 +189,7 @@ class DecoderModel(nn.Module):
         )
         ropes = [config.rope] + ([config.local_rope] if config.local_rope is not None else [])
         self.rotaries = nn.ModuleList(
-            Rotary(config.head_dim, rope, max_len, dtype, device) for rope in ropes
+            Rotary(config.rotary_dim, rope, max_len, dtype, device) for rope in ropes
         )
         self.packed_lm_head: cpu_linear.Packed | None = None
         self.packed_embed: QuantWeight | None = None  # a quantized table (engine.model.quant)

@@ -15,24 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.model.config_fields import Fields
+from engine.model.deepseek import parse_deepseek
 from engine.model.rope import Rope, parse_rope
+from engine.model.specs import MoeSpec
 from models.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, declared_architecture
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    """Mixture-of-experts layers: which layers, how many experts, how they are routed."""
-
-    num_experts: int
-    top_k: int
-    intermediate_size: int  # of one expert
-    normalize: bool  # renormalise the top-k routing weights to sum 1
-    shared_intermediate_size: int  # Qwen2-MoE's shared expert; 0: none
-    layers: tuple[int, ...]  # the sparse layers (the others have a dense MLP)
-    naming: str  # checkpoint names: "mixtral" or "qwen_moe"
 
 
 @dataclass(frozen=True)
@@ -202,6 +191,14 @@ def _gemma3(fields: Fields, layers: int) -> dict[str, Any]:
     return _gemma(fields, layers, pattern=6) | {"qk_norm": True}
 
 
+def _deepseek_v2(fields: Fields, layers: int) -> dict[str, Any]:
+    return _base(fields, layers) | parse_deepseek(fields, layers, v3=False)
+
+
+def _deepseek_v3(fields: Fields, layers: int) -> dict[str, Any]:
+    return _base(fields, layers) | parse_deepseek(fields, layers, v3=True)
+
+
 def _head_dim(fields: Fields) -> int:
     if fields.has("head_dim"):
         return fields.integer("head_dim")
@@ -221,6 +218,8 @@ FAMILIES = {
         Family("phi3", _phi3),
         Family("gemma2", _gemma2),
         Family("gemma3", _gemma3),
+        Family("deepseek_v2", _deepseek_v2),
+        Family("deepseek_v3", _deepseek_v3),
     )
 }
 

@@ -48,6 +48,11 @@ class LayerOps(Protocol):
         store K and V of ``layer`` at ``meta.slot_mapping``."""
         ...
 
+    def rope(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """x [tokens, heads, d] rotated at ``meta.positions`` (a new tensor): MLA's rotary
+        parts, which are stored apart from any fused projection."""
+        ...
+
     def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         """act(gate) * up for gate_up [tokens, 2 * inter] -> [tokens, inter]; ``activation``
         is ``silu`` or ``gelu_tanh`` (GELU, tanh approximation)."""
@@ -75,6 +80,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """x: [tokens, heads, head_dim]; cos, sin: [tokens, 1, head_dim / 2]."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rope_at(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """``apply_rope`` with the rows of [max_len, d / 2] tables at ``positions`` [tokens]."""
+    return apply_rope(x, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
 
 
 def act_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
@@ -128,6 +140,9 @@ class TorchOps:
         write_kv(kv_cache, layer, k, v, meta.slot_mapping)
         return QKV(q, k, v)
 
+    def rope(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return apply_rope(x, self.cos, self.sin)
+
     def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         return act_mul(gate_up, activation)
 
@@ -175,6 +190,9 @@ class CpuKernelOps:
         )
         return _split(qkv, heads, kv_heads)
 
+    def rope(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return rope_at(x, self.cos, self.sin, meta.positions)
+
     def act_mul(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         if activation == "silu":
             return cpu_kernels.silu_mul(gate_up)
@@ -201,6 +219,9 @@ class TritonOps(TorchOps):
         from engine.triton_kernels import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps)[0]
+
+    def rope(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return rope_at(x, self.cos, self.sin, meta.positions)
 
     def rope_write_kv(
         self,

@@ -130,6 +130,9 @@ class SelfAttention(Packed):
         o = attention(q, k, v, kv_cache, self.index, meta, self.spec)  # [tokens, heads, d]
         return o.reshape(x.shape[0], -1)
 
+    def norm_weights(self) -> list[torch.Tensor]:
+        return [n.data for n in (self.q_norm, self.k_norm) if n is not None]
+
     def weight_targets(self, prefix: str) -> dict[str, torch.Tensor]:
         q, kv, p = self.q_size, self.kv_size, prefix + "self_attn."
         if self.naming == "phi3":

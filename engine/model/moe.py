@@ -1,6 +1,8 @@
-"""The mixture-of-experts block (Mixtral, Qwen3-MoE, Qwen2-MoE with its shared expert).
+"""The mixture-of-experts block (Mixtral, Qwen3-MoE, Qwen2-MoE and DeepSeek with their shared
+experts).
 
-A router scores every expert per token, the top k are kept (``route``) and the token's output
+A router scores every expert per token, the top k are kept (``engine.model.routing``) and the
+token's output
 is the weighted sum of those experts' gated MLPs. The experts run as grouped work over the
 tokens routed to each, never a loop over tokens: torch (the reference, one matmul pair per
 chosen expert over its rows, any device), the C kernel (CPU fp32, ``engine.cpu_kernels.moe``)
@@ -12,7 +14,6 @@ backend per step; the block holds its weights fused at load (gate and up rows in
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,28 +22,14 @@ from torch import nn
 from engine.cpu_kernels import moe as cpu_moe
 from engine.model import linear as cpu_linear
 from engine.model.layer_ops import act_mul
-from engine.model.layers import weight
+from engine.model.layers import optional_weight, weight
+from engine.model.routing import Router, Routing, route, route_with
 from engine.model.shard import Span
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 BACKENDS = ("torch", "c", "triton")
-NAMINGS = ("mixtral", "qwen_moe", "fused")
-
-
-class Routing(NamedTuple):
-    weights: torch.Tensor  # [T, k] fp32
-    ids: torch.Tensor  # [T, k] int64 expert ids, best first
-
-
-def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> Routing:
-    """Softmax over all experts in fp32, the top ``top_k``, renormalised to sum to 1 when
-    ``normalize`` (Mixtral always; Qwen-MoE per ``norm_topk_prob``). router_logits: [T, E].
-    The order of operations is transformers', so the same experts win on the same weights."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if normalize:
-        weights /= weights.sum(dim=-1, keepdim=True)
-    return Routing(weights, ids)
+NAMINGS = ("mixtral", "qwen_moe", "fused", "deepseek")
+__all__ = ["Router", "Routing", "SparseMoe", "route"]
 
 
 def experts_torch(
@@ -76,11 +63,13 @@ def experts_torch(
 
 class SparseMoe(nn.Module):
     """Router, ``num_experts`` gated MLPs of width ``moe_intermediate`` and, with
-    ``shared_intermediate`` > 0, Qwen2-MoE's shared expert (every token, gated by a sigmoid).
+    ``shared_intermediate`` > 0, a shared expert every token takes: Qwen2-MoE's gated by a
+    sigmoid (``shared_gate``), DeepSeek's not.
 
     Weights: ``gate`` [E, H] (the router), ``w13`` [E, 2 I, H] (gate rows, then up rows),
     ``w2`` [E, H, I]; with a shared expert ``shared_gate_up`` [2 Is, H], ``shared_down``
-    [H, Is] and ``shared_expert_gate`` [1, H].
+    [H, Is] and with ``shared_gate`` ``shared_expert_gate`` [1, H]; with ``correction_bias``
+    DeepSeek-V3's ``score_bias`` [E] (fp32).
     """
 
     def __init__(
@@ -96,15 +85,21 @@ class SparseMoe(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         local: Span | None = None,
+        router: Router | None = None,
+        shared_gate: bool = True,
+        correction_bias: bool = False,
     ) -> None:
         """``local``: the experts this tensor-parallel rank holds (None: all); the others'
-        share of a token is summed in by the ranks that hold them."""
+        share of a token is summed in by the ranks that hold them. ``router``: DeepSeek's
+        grouped routing (None: ``route`` with ``top_k`` and ``normalize``)."""
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"MoE activation {activation!r} is not one of {ACTIVATIONS}")
         if not 0 < top_k <= num_experts:
             raise ValueError(f"MoE top_k={top_k} must be in [1, num_experts={num_experts}]")
         self.num_experts, self.top_k, self.normalize = num_experts, top_k, normalize
+        self.router = router or Router(top_k, normalize)
+        self.shared_gate = shared_gate and bool(shared_intermediate)
         self.activation = activation
         self.intermediate, self.shared_intermediate = moe_intermediate, shared_intermediate
         self.local = local if local is not None else Span(0, num_experts)
@@ -116,7 +111,10 @@ class SparseMoe(nn.Module):
             si = shared_intermediate
             self.shared_gate_up = weight(2 * si, hidden, dtype=dtype, device=device)
             self.shared_down = weight(hidden, si, dtype=dtype, device=device)
+        if self.shared_gate:
             self.shared_expert_gate = weight(1, hidden, dtype=dtype, device=device)
+        f32 = torch.float32
+        self.score_bias = optional_weight(correction_bias, num_experts, dtype=f32, device=device)
         # CPU fp32 packed copies (see pack_cpu_weights); empty / None when off
         self.packed: dict[str, torch.Tensor] = {}
         self.packed_experts: cpu_moe.PackedExperts | None = None
@@ -134,7 +132,7 @@ class SparseMoe(nn.Module):
         the experts could not be packed)."""
         packed = self.packed
         logits = cpu_linear.linear(x, self.gate, packed.get("gate"))  # [T, E]
-        routing = route(logits, self.top_k, self.normalize)
+        routing = route_with(logits, self.router, self.score_bias)
         if self.local.length < self.num_experts:
             routing = local_routing(routing, self.local)
         if backend == "c" and self.packed_experts is not None:
@@ -151,7 +149,9 @@ class SparseMoe(nn.Module):
             gate_up = cpu_linear.linear(x, self.shared_gate_up, packed.get("shared_gate_up"))
             h = act_mul(gate_up, self.activation)
             shared = cpu_linear.linear(h, self.shared_down, packed.get("shared_down"))
-            out += torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+            if self.shared_gate:
+                shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+            out += shared
         return out
 
 
@@ -176,7 +176,9 @@ def weight_targets(block: SparseMoe, prefix: str, naming: str) -> dict[str, torc
     - ``"fused"``: transformers 5's own layout (its modules' state dicts, and
       ``save_pretrained(save_original_format=False)``) for all three families: ``mlp.gate``,
       ``mlp.experts.gate_up_proj`` [E, 2 I, H] and ``mlp.experts.down_proj`` [E, H, I] (the
-      shapes of ``w13`` and ``w2``), the shared expert named as in ``"qwen_moe"``.
+      shapes of ``w13`` and ``w2``), the shared expert named as in ``"qwen_moe"``;
+    - ``"deepseek"``: as ``"qwen_moe"``, with ``mlp.shared_experts.*`` (no gate) and V3's
+      ``mlp.gate.e_score_correction_bias``.
     ``checkpoint_naming`` tells the layouts apart from a checkpoint's tensor names.
     """
     if naming not in NAMINGS:
@@ -200,13 +202,26 @@ def weight_targets(block: SparseMoe, prefix: str, naming: str) -> dict[str, torc
             out[f"{base}{g}.weight"] = w13[e, :inter]
             out[f"{base}{u}.weight"] = w13[e, inter:]
             out[f"{base}{d}.weight"] = w2[e]
+    if block.score_bias is not None:
+        out[f"{prefix}mlp.gate.e_score_correction_bias"] = block.score_bias.data
     if block.shared_intermediate:
         if naming == "mixtral":
             raise ValueError("Mixtral checkpoints have no shared expert")
-        si, base = block.shared_intermediate, f"{prefix}mlp.shared_expert."
-        out[f"{base}gate_proj.weight"] = block.shared_gate_up.data[:si]
-        out[f"{base}up_proj.weight"] = block.shared_gate_up.data[si:]
-        out[f"{base}down_proj.weight"] = block.shared_down.data
+        out |= _shared_targets(block, prefix)
+    return out
+
+
+def _shared_targets(block: SparseMoe, prefix: str) -> dict[str, torch.Tensor]:
+    """The shared expert's names: Qwen2-MoE's ``mlp.shared_expert.*`` and its gate, or
+    DeepSeek's ``mlp.shared_experts.*``."""
+    si = block.shared_intermediate
+    base = f"{prefix}mlp.shared_expert{'' if block.shared_gate else 's'}."
+    out = {
+        f"{base}gate_proj.weight": block.shared_gate_up.data[:si],
+        f"{base}up_proj.weight": block.shared_gate_up.data[si:],
+        f"{base}down_proj.weight": block.shared_down.data,
+    }
+    if block.shared_gate:
         out[f"{prefix}mlp.shared_expert_gate.weight"] = block.shared_expert_gate.data
     return out
 
@@ -222,7 +237,9 @@ def expert_weight_bytes(block: SparseMoe, include_packed: bool = False) -> int:
     their CPU packed copies too with ``include_packed``."""
     tensors: list[torch.Tensor] = [block.w13, block.w2]
     if block.shared_intermediate:
-        tensors += [block.shared_gate_up, block.shared_down, block.shared_expert_gate]
+        tensors += [block.shared_gate_up, block.shared_down]
+    if block.shared_gate:
+        tensors.append(block.shared_expert_gate)
     if include_packed:
         tensors += [p for n, p in block.packed.items() if n != "gate"]
         tensors += list(block.packed_experts) if block.packed_experts is not None else []

@@ -2,11 +2,12 @@
 
 The rule is by tensor name (the names the layers' ``weight_targets`` use): query / KV rows
 of ``q_proj``, ``k_proj``, ``v_proj`` (and the three parts of Phi-3's fused ``qkv_proj``),
-the matching columns of ``o_proj``; MLP rows of ``gate_proj`` / ``up_proj`` (Phi-3's fused
-``gate_up_proj``) and columns of ``down_proj``, the shared expert's likewise; the experts
-this rank holds (others are not read); vocabulary rows of the embedding and the head, padded
-to the rank's row count. Everything else (norms, biases added after the sum, routers) is
-read whole: replicated.
+the matching columns of ``o_proj`` (MLA: the query heads' rows of ``q_proj`` / ``q_b_proj``
+and ``kv_b_proj``, the latent's projections whole); MLP rows of ``gate_proj`` / ``up_proj``
+(Phi-3's fused ``gate_up_proj``) and columns of ``down_proj``, the shared experts'
+likewise; the experts this rank holds (others are not read); vocabulary rows of the
+embedding and the head, padded to the rank's row count. Everything else (norms, biases
+added after the sum, routers) is read whole: replicated.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def plan(name: str, config: Any, shard: Shard) -> Plan:
 
 
 def _attention(name: str, config: Any, shard: Shard) -> Plan:
+    if config.mla is not None:
+        return _latent_attention(name, config, shard)
     d = config.head_dim
     q, kv = shard.heads(config.num_attention_heads, config.num_key_value_heads)
     q_rows, kv_rows = Span(q.start * d, q.length * d), Span(kv.start * d, kv.length * d)
@@ -74,6 +77,24 @@ def _attention(name: str, config: Any, shard: Shard) -> Plan:
     return WHOLE
 
 
+def _latent_attention(name: str, config: Any, shard: Shard) -> Plan:
+    """MLA: the rank's query heads' rows of ``q_proj`` / ``q_b_proj`` and ``kv_b_proj``,
+    their columns of ``o_proj``; the latent's projections (``q_a``, ``kv_a``) whole."""
+    mla = config.mla
+    q = shard.heads(config.num_attention_heads, 1)[0]
+
+    def rows(per_head: int) -> Span:
+        return Span(q.start * per_head, q.length * per_head)
+
+    if name.endswith(("q_proj.weight", "q_b_proj.weight")):
+        return Plan((Piece(0, rows(mla.qk_head_dim)),))
+    if name.endswith("kv_b_proj.weight"):
+        return Plan((Piece(0, rows(mla.qk_nope_head_dim + mla.v_head_dim)),))
+    if name.endswith("o_proj.weight"):
+        return Plan((Piece(1, rows(mla.v_head_dim)),))
+    return WHOLE
+
+
 def _moe(name: str, config: Any, shard: Shard) -> Plan | None:
     """The plan of an expert tensor; None for the names of a dense layer."""
     mine = experts(shard, config.moe.num_experts)
@@ -83,9 +104,10 @@ def _moe(name: str, config: Any, shard: Shard) -> Plan | None:
     if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
         return Plan((Piece(0, mine),))
     shared = config.moe.shared_intermediate_size
-    if "mlp.shared_expert." in name:
+    prefix = next((p for p in ("mlp.shared_expert.", "mlp.shared_experts.") if p in name), None)
+    if prefix is not None:
         part = shard.part(shared, "shared_expert_intermediate_size")
-        return _mlp(name, "mlp.shared_expert.", part, shared)
+        return _mlp(name, prefix, part, shared)
     return None
 
 

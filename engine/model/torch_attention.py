@@ -203,7 +203,7 @@ def decode_attention(
     seqs, _, head_dim = q.shape
     kv_heads = kv_cache.shape[4]
     k, v = gather_blocks(kv_cache, layer, block_tables.flatten(), buffers)
-    out = _attend4(
+    out = attend_batched(
         q.unsqueeze(2),  # [seqs, heads, 1, d]
         k.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),  # [seqs, kv_heads, keys, d]
         v.view(seqs, -1, kv_heads, head_dim).transpose(1, 2),
@@ -245,7 +245,7 @@ def attend(
 ) -> torch.Tensor:
     """Attention of one sequence. q: [n, heads, d]; k, v: [ctx, kv_heads, d]; mask: [n, ctx]
     bool, or None for plain causal with n == ctx. Returns [n, heads, d]."""
-    out = _attend4(
+    out = attend_batched(
         q.transpose(0, 1).unsqueeze(0),  # [1, heads, n, d]
         k.transpose(0, 1).unsqueeze(0),  # [1, kv_heads, ctx, d]
         v.transpose(0, 1).unsqueeze(0),
@@ -256,7 +256,7 @@ def attend(
     return out[0].transpose(0, 1)
 
 
-def _attend4(
+def attend_batched(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

@@ -47,10 +47,24 @@ def test_fingerprint_is_stable_and_differs_in_every_field() -> None:
         "head_dim": 128,
         "layer_windows": (4096,) * 30,
         "kv_dtype": "int8",
+        "latent": True,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KVLayout)}
-    prints = {dataclasses.replace(LAYOUT, **{k: v}).fingerprint() for k, v in changes.items()}
-    assert len(prints | {LAYOUT.fingerprint()}) == len(changes) + 1
+    one_head = dataclasses.replace(LAYOUT, num_kv_heads=1)  # a latent is one "head"
+    prints = {
+        dataclasses.replace(one_head if k == "latent" else LAYOUT, **{k: v}).fingerprint()
+        for k, v in changes.items()
+    }
+    assert len(prints | {LAYOUT.fingerprint(), one_head.fingerprint()}) == len(changes) + 2
+
+
+def test_a_latent_layout_is_one_plane_of_one_head() -> None:
+    latent = KVLayout("ds", "float32", 16, 4, 1, 576, latent=True)
+    assert latent.block_shape == (4, 1, 16, 1, 576)
+    assert latent.bytes_per_token == 4 * 576 * 4
+    assert "latent=576" in latent.describe()
+    with pytest.raises(ValueError, match="one KV head"):
+        KVLayout("ds", "float32", 16, 4, 2, 576, latent=True)
 
 
 def test_describe_names_every_field() -> None:

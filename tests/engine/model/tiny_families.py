@@ -119,7 +119,45 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
     ),
 }
-DENSE = [f for f in FAMILIES if "moe" not in f and f != "mixtral"]
+MLA_SHAPE: dict[str, Any] = {
+    "num_key_value_heads": 4,  # transformers repeats the expanded K/V heads by it
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "head_dim": 8,  # transformers rotates head_dim dimensions: the rotary part
+    "v_head_dim": 12,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+}
+FAMILIES |= {
+    # MLA without q-LoRA, V2's softmax routing limited to the best group of two
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        MLA_SHAPE | {
+            "q_lora_rank": None, "n_routed_experts": 4, "topk_method": "group_limited_greedy",
+            "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0,
+        },
+    ),
+    # MLA with q-LoRA, a dense first layer, sigmoid routing over 2 of 4 groups with the
+    # correction bias, YaRN with DeepSeek's mscale on the scores
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        MLA_SHAPE | {
+            "num_hidden_layers": 3, "q_lora_rank": 24, "n_routed_experts": 8, "n_group": 4,
+            "topk_group": 2, "first_k_dense_replace": 1, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "rope_parameters": {
+                "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 1.0,
+            },
+        },
+    ),
+}  # fmt: skip
+MLA = ["deepseek_v2", "deepseek_v3"]
+DENSE = [f for f in FAMILIES if "moe" not in f and f != "mixtral" and f not in MLA]
 MOE = ["qwen3_moe", "qwen2_moe", "mixtral"]
 
 
@@ -141,8 +179,33 @@ def save_family(name: str, path: Path, seed: int = 0, **changes: Any) -> Any:
                 p.copy_(0.5 * torch.randn_like(p))
             else:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):  # DeepSeek-V3's, beside sigmoids
+                b.copy_(0.1 * torch.randn_like(b))
     model.save_pretrained(path)
     return model
+
+
+def hf_greedy_gaps(model: Any, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+    """``hf_greedy``'s tokens and, per token, the gap between transformers' top two logits."""
+    ids, gaps = list(prompt), []
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            top = torch.topk(logits, 2).values
+            gaps.append(float(top[0] - top[1]))
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :], gaps
+
+
+def assert_greedy_near(got: list[int], want: list[int], gaps: list[float], tie: float) -> None:
+    """``got`` equals transformers' ``want`` up to its end, or up to a token where the two
+    best logits were under ``tie`` apart (summation order may pick either; the tokens after
+    it continue another text)."""
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a != b:
+            assert gaps[i] < tie, f"token {i}: {a} != {b} at a top-2 gap of {gaps[i]:.4f}"
+            return
 
 
 def hf_greedy(model: Any, prompt: list[int], new_tokens: int) -> list[int]:

@@ -42,10 +42,11 @@ def _greedy(model_dir: Path, tp: int) -> dict[str, list[int]]:
         "llama",  # 4 heads over 2 KV heads: one KV head per rank
         "llama_one_kv_head",  # the KV head replicated, 2 query heads per rank
         "qwen2_moe",  # 3 experts per rank, the shared expert and the MLP split by rows
+        "deepseek_v3",  # 2 query heads per rank over the whole latent, 4 experts per rank
     ],
 )
 def test_two_ranks_give_the_tokens_of_one_and_of_transformers(tmp_path: Path, model: str) -> None:
-    if model == "qwen2_moe":
+    if model in ("qwen2_moe", "deepseek_v3"):
         hf = save_family(model, tmp_path)
     else:
         kv = 1 if model == "llama_one_kv_head" else 2
