@@ -48,7 +48,7 @@ class Up:
 
     def __init__(self, policy: str, args: argparse.Namespace, run_dir: Path) -> None:
         self.run_dir = run_dir
-        argv = [sys.executable, "-m", "cluster.cli", "up", "--policy", policy]
+        argv = [sys.executable, "-m", "launcher.cli", "up", "--policy", policy]
         argv += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
         argv += ["--port", "0", "--run-dir", str(run_dir), *args.up_args]
         if args.threads_per_node:

@@ -21,9 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.auth import cluster_headers
-from cluster.cli import version
 from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
+from cluster.version import version
 from models.tokenizer import Tokenizer
 from router import endpoints
 from router.adapters import RouterAdapters

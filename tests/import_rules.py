@@ -25,6 +25,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "decode_node": frozenset({"node", "engine", "kv_transfer", "cluster", "models"}),
     "router": frozenset({"cluster", "models"}),
     "planner": frozenset({"cluster", "models"}),
+    # the `splitserve` command: starts every role (its subcommands), so it imports them all
+    "launcher": frozenset(
+        {"models", "engine", "kv_transfer", "cluster", "node", "prefill_node", "decode_node"}
+        | {"router", "planner", "bench"}
+    ),
 }
 # package -> third-party packages that importing it must never load (eagerly, transitively).
 HEAVY = frozenset({"torch", "triton", "transformers", "nixl", "nixl_cu12", "nixl_cu13"})
@@ -33,6 +38,7 @@ NEVER_LOADS: dict[str, frozenset[str]] = {
     "planner": HEAVY,
     "cluster": HEAVY,
     "models": HEAVY,
+    "launcher": HEAVY,  # `splitserve router` loads no torch: a subcommand is imported lazily
 }
 PROJECT = frozenset({*ALLOWED, "bench"})
 

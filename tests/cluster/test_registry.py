@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
-from cluster.redis_server import EmbeddedRedis
 from cluster.registry import REDIS_ERRORS, Membership, NodeRegistry, StaticMembership
+from launcher.redis_server import EmbeddedRedis
 
 
 def _info(node_id: str, role: str = "decode") -> NodeInfo:

@@ -21,10 +21,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from cluster.listen import open_listener
 from cluster.protocol import DecodeRequest, NodeStats, TokenEvent
-from cluster.redis_server import EmbeddedRedis, free_port
 from cluster.settings import NodeSettings
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from launcher.redis_server import EmbeddedRedis, free_port
 from models.sampling_params import SamplingParams
 
 VOCAB = 128

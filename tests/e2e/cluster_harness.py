@@ -98,7 +98,7 @@ def _idle(stats: NodeStats) -> bool:
 def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
     """`splitserve up` on the CPU in float32 (the oracle's settings), 1 torch thread per node;
     returns once it reports ready."""
-    argv = [sys.executable, "-m", "cluster.cli", "up", "--model", str(model_dir)]
+    argv = [sys.executable, "-m", "launcher.cli", "up", "--model", str(model_dir)]
     # port 0: the launcher binds one and writes the router's URL in cluster.json
     argv += ["--port", "0", "--device", "cpu", "--dtype", "float32"]
     argv += ["--threads-per-node", "1", "--run-dir", str(run_dir), *args]

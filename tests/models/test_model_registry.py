@@ -20,7 +20,7 @@ import pytest
 
 import models
 import models.convert
-from cluster import cli
+from launcher import cli
 from models import MARKER, ModelNotPulledError, ModelSpec, PullError
 
 FAKE_GGUF = b"GGUF fake weights " * 1000

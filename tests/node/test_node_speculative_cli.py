@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launcher, up_plan
 from engine.config import engine_config
+from launcher import up as launcher
+from launcher import up_plan
 from node.cli import run_node, settings_from_args
 from node.core import engine_options
 from tests.node.node_args import never_build, parse_decode_args
@@ -67,7 +68,7 @@ def test_up_passes_the_flags_to_decode_nodes_only(tmp_path: Path) -> None:
     seen = {}
     for plan in up_plan.plan_nodes(args):
         argv = up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
-        assert argv[:3] == [sys.executable, "-m", "cluster.cli"]
+        assert argv[:3] == [sys.executable, "-m", "launcher.cli"]
         parsed = _parse_child(argv)
         seen[plan.role] = (parsed.speculative_method, parsed.num_speculative_tokens)
     assert seen == {"prefill": (None, None), "decode": ("ngram", 3)}

@@ -15,9 +15,9 @@ import pytest
 from series import Cluster
 
 from cluster.planner_status import PlannerStatus
-from cluster.process import Child, stop_all
-from cluster.scaler import LocalScaler
-from cluster.up_plan import NodePlan
+from launcher.process import Child, stop_all
+from launcher.scaler import LocalScaler
+from launcher.up_plan import NodePlan
 from planner.config import PlannerConfig, PoolLimits
 from planner.planner import Planner
 

@@ -1,5 +1,5 @@
 """What `splitserve up` starts: the nodes it plans (name, role, port) and the command line
-and environment of each child (cluster.launcher starts them)."""
+and environment of each child (launcher.up starts them)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.listen import bound_port, open_listener
-from cluster.up_args import API_KEY_ENV, KEY_FLAGS
+from launcher.up_args import API_KEY_ENV, KEY_FLAGS
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def plan_nodes(args: argparse.Namespace) -> list[NodePlan]:
 
 
 def _cli() -> list[str]:
-    return [sys.executable, "-m", "cluster.cli"]
+    return [sys.executable, "-m", "launcher.cli"]
 
 
 def router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[str]:

@@ -6,31 +6,23 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-import platform
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any
+
+from cluster.version import version
 
 # subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("models.cli", "pull and list models"),
     "generate": ("engine.cli", "offline generation with the engine (no cluster)"),
-    "up": ("cluster.launcher", "start a local cluster: Redis, router, prefill and decode nodes"),
+    "up": ("launcher.up", "start a local cluster: Redis, router, prefill and decode nodes"),
     "router": ("router.cli", "run the OpenAI-compatible router"),
     "prefill": ("prefill_node.cli", "run a prefill node"),
     "decode": ("decode_node.cli", "run a decode node"),
     "planner": ("planner.cli", "size the prefill and decode pools from TTFT / ITL targets"),
     "bench": ("bench.cli", "benchmarks"),
 }
-
-
-def version() -> str:
-    """The installed package's version ("unknown" when run from a source tree only)."""
-    try:
-        return metadata.version("splitserve")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,11 +32,6 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-
-
-def build_info() -> dict[str, str]:
-    """What GET /version answers: the package's version and the Python running it."""
-    return {"version": version(), "python": platform.python_version()}
 
 
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import cli
+from cluster.version import version
+from launcher import cli
 
 MODEL_CACHE_COMMANDS = [
     ["model", "pull"], ["model", "list"], ["model", "path", "smollm2"], ["generate", "hi"],
@@ -32,7 +33,7 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
         cli.main(["--version"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out.strip()
-    assert out == f"splitserve {cli.version()}" and cli.version() != "unknown"
+    assert out == f"splitserve {version()}" and version() != "unknown"
 
 
 @pytest.mark.parametrize(

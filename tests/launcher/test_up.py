@@ -21,14 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launcher, up_plan
 from cluster.auth import ApiKey, find_key
-from cluster.launcher import LaunchError
-from cluster.process import Child, stop_all
-from cluster.up_announce import announcement
-from cluster.up_args import API_KEY_ENV
-from cluster.up_layout import UpLayout, write_headers
-from cluster.up_plan import NodePlan
+from launcher import up as launcher
+from launcher import up_plan
+from launcher.process import Child, stop_all
+from launcher.up import LaunchError
+from launcher.up_announce import announcement
+from launcher.up_args import API_KEY_ENV
+from launcher.up_layout import UpLayout, write_headers
+from launcher.up_plan import NodePlan
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 STUBBORN = [
@@ -46,7 +47,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def _parse_child(argv: list[str]) -> argparse.Namespace:
     """Parse a child's command line with the subcommand module it names."""
-    assert argv[:3] == [sys.executable, "-m", "cluster.cli"]
+    assert argv[:3] == [sys.executable, "-m", "launcher.cli"]
     command, rest = argv[3], argv[4:]
     module = {"router": "router.cli", "prefill": "prefill_node.cli", "decode": "decode_node.cli"}
     parser = argparse.ArgumentParser(exit_on_error=False)
@@ -283,7 +284,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
         f"""
         import os, sys, time
         from pathlib import Path
-        from cluster.process import Child
+        from launcher.process import Child
         child = Child("c", {SLEEPER!r}, Path({str(tmp_path / "c.log")!r}), dict(os.environ))
         Path({str(pid_file)!r}).write_text(str(child.pid))
         time.sleep(60)
@@ -326,7 +327,7 @@ def test_sigint_stops_the_launcher_even_when_the_shell_ignored_it() -> None:
     import signal
     import time
 
-    from cluster.launcher import _stop_on_sigterm
+    from launcher.up import _stop_on_sigterm
 
     saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

@@ -1,4 +1,4 @@
-"""The flags of `splitserve up` (cluster.launcher) and their checks."""
+"""The flags of `splitserve up` (launcher.up) and their checks."""
 
 from __future__ import annotations
 
