@@ -1,27 +1,83 @@
-"""The `splitserve` command. Subcommands live in their own packages and are imported lazily,
-so `splitserve router` never imports torch."""
+"""The `splitserve` command. Each subcommand's module is imported explicitly, in a function of
+its own, and only for the subcommand that runs: `splitserve router` never imports torch."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from cluster.version import version
 
-# subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
-_COMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("models.cli", "pull and list models"),
-    "generate": ("engine.cli", "offline generation with the engine (no cluster)"),
-    "up": ("launcher.up", "start a local cluster: Redis, router, prefill and decode nodes"),
-    "router": ("router.cli", "run the OpenAI-compatible router"),
-    "prefill": ("prefill_node.cli", "run a prefill node"),
-    "decode": ("decode_node.cli", "run a decode node"),
-    "planner": ("planner.cli", "size the prefill and decode pools from TTFT / ITL targets"),
-    "bench": ("bench.cli", "benchmarks"),
+
+class Command(Protocol):
+    """A subcommand's module."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _model() -> Command:
+    from models import cli
+
+    return cli
+
+
+def _generate() -> Command:
+    from engine import cli
+
+    return cli
+
+
+def _up() -> Command:
+    from launcher import up
+
+    return up
+
+
+def _router() -> Command:
+    from router import cli
+
+    return cli
+
+
+def _prefill() -> Command:
+    from prefill_node import cli
+
+    return cli
+
+
+def _decode() -> Command:
+    from decode_node import cli
+
+    return cli
+
+
+def _planner() -> Command:
+    from planner import cli
+
+    return cli
+
+
+def _bench() -> Command:
+    from bench import cli
+
+    return cli
+
+
+# subcommand -> (its module, help)
+COMMANDS: dict[str, tuple[Callable[[], Command], str]] = {
+    "model": (_model, "pull and list models"),
+    "generate": (_generate, "offline generation with the engine (no cluster)"),
+    "up": (_up, "start a local cluster: Redis, router, prefill and decode nodes"),
+    "router": (_router, "run the OpenAI-compatible router"),
+    "prefill": (_prefill, "run a prefill node"),
+    "decode": (_decode, "run a decode node"),
+    "planner": (_planner, "size the prefill and decode pools from TTFT / ITL targets"),
+    "bench": (_bench, "benchmarks"),
 }
 
 
@@ -39,10 +95,10 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module_name, help_text) in _COMMANDS.items():
+    for name, (load, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text)
         if name == wanted:  # import only the module that runs
-            module = importlib.import_module(module_name)
+            module = load()
             module.add_arguments(sp)
             sp.set_defaults(_run=module.run)
     return parser

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="splitserve", exit_on_error=False)
     sub = parser.add_subparsers(dest="command")
     command = sub.add_parser(argv[0], prog=f"splitserve {argv[0]}")
-    importlib.import_module(cli._COMMANDS[argv[0]][0]).add_arguments(command)
+    cli.COMMANDS[argv[0]][0]().add_arguments(command)
     return parser.parse_args(argv)
 
 
