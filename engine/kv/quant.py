@@ -48,7 +48,8 @@ import functools
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
+from engine.config import KV_CACHE_DTYPES
+
 GROUPS = 2  # channel groups (a scale and a mid each) per (token, KV head) row
 SCALE_BYTES = 4 * GROUPS  # bf16 scales then bf16 mids, after the row's codes
 # named in the layout fingerprint: blocks of another format are converted or refused
