@@ -6,21 +6,21 @@ import argparse
 import sys
 import time
 
-from models.cli import add_model_cache_flag
+from config_kit import add_flags, given_flags
+from engine.config import EngineConfig
+from models import ModelSource
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
-    parser.add_argument("--model", default="smollm2", help="registry name or HF model directory")
-    add_model_cache_flag(parser)
+    add_flags(parser, ModelSource)
     parser.add_argument("--raw", action="store_true", help="no chat template")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="cpu")
+    add_flags(parser.add_argument_group("the engine's settings"), EngineConfig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
         )
-        llm = LLM(model_dir, dtype=args.dtype, device=args.device)
+        llm = LLM(model_dir, **given_flags(args, EngineConfig))
     except ValueError as exc:
         print(f"splitserve: error: {exc}", file=sys.stderr)
         return 2

@@ -18,9 +18,10 @@ A node that exits is reported and the cluster keeps serving without it. An embed
 dies is restarted on the same port (launcher.redis_supervisor); when the router exits, or Redis
 keeps dying, the launcher stops everything and exits 1. Every run gets its own cluster token
 (SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set). `--api-key`
-reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line; the
-router's key flags are checked before anything starts (launcher.up_args.check_keys);
-`--max-model-len` goes to the router and every node, `--served-model-name` to the router.
+reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line. Every
+setting of the router and the nodes is also a flag of `up`, handed to each child that declares
+it (launcher.up_plan); the router's and each node's settings (its key flags too) are checked
+before anything starts.
 With --planner a `splitserve planner` child sizes the two pools from TTFT / ITL targets, and
 the launcher starts and drains nodes to follow it (launcher.scaler); cluster.json follows.
 """
@@ -41,18 +42,20 @@ from types import FrameType
 
 import httpx
 
-from cluster.auth import CLUSTER_TOKEN_ENV, ApiKey, new_token
+from cluster.auth import ApiKey, new_token
 from cluster.listen import bound_port, open_listener
+from cluster.settings import CLUSTER_TOKEN_ENV
 from launcher.process import Child, stop_all
 from launcher.redis_server import EmbeddedRedis
 from launcher.redis_supervisor import RedisSupervisor
 from launcher.scaler import LocalScaler
 from launcher.up_announce import announcement
 from launcher.up_args import add_arguments as add_arguments
-from launcher.up_args import check_args, check_keys
+from launcher.up_args import check_args
 from launcher.up_layout import UpLayout, note_pid, write_headers
 from launcher.up_plan import (
     NodePlan,
+    check_children,
     node_argv,
     plan_nodes,
     planner_argv,
@@ -72,7 +75,7 @@ class LaunchError(RuntimeError):
 def run(args: argparse.Namespace) -> int:
     try:
         check_args(args)
-        keys = check_keys(args)
+        keys = check_children(args).api_keys()
     except ValueError as exc:
         print(f"splitserve up: {exc}", file=sys.stderr)
         return 2

@@ -1,44 +1,27 @@
-"""The flags of `splitserve up` (launcher.up) and their checks."""
+"""The flags of `splitserve up` (launcher.up) and their checks.
+
+Up's own flags (how many nodes, where the router listens, the planner) are written here; every
+other flag is generated from the router's and the nodes' declarations (config_kit): one flag per
+setting that `up` hands on, its `Up` mode saying how (launcher.up_plan hands it on).
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from typing import Any
 
-from cluster.auth import ApiKey
-from cluster.settings import RouterSettings, load
-from models.cli import add_model_cache_flag
+from config_kit import Declared, Up, add_flags, declared
+from node.settings import NodeSettings
+from planner.settings import PlannerSettings
+from router.settings import RouterSettings
 
-API_KEY_ENV = "SPLITSERVE_API_KEY"
-# the router's key flags `up` hands on (names and paths: no key travels on a command line)
-KEY_FLAGS = (
-    ("--api-key-file", "accepted API keys, one per line: `name:key` (or a bare key)"),
-    ("--usage-admin-keys", "key names that may read GET /v1/usage (comma-separated)"),
-    ("--key-limits", "requests and tokens per minute by key name: `alice:rpm=60;*:rpm=600`"),
-)
-# --tp / --pp and vLLM's names for them (same meaning: ranks / stages of one engine)
-VLLM_PARALLEL = (
-    ("tp", "tensor-parallel ranks", "--tensor-parallel-size"),
-    ("pp", "pipeline stages", "--pipeline-parallel-size"),
-)
+CHILDREN = (NodeSettings, RouterSettings, PlannerSettings)  # the settings of up's children
+POOLS = ("prefill", "decode")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="registry name or HF model dir")
-    add_model_cache_flag(parser)
-    parser.add_argument(
-        "--served-model-name", default=None,
-        help="the model name clients send (default: the model's name)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-model-len", type=int, default=None,
-        help="context length of the router and every node (default: the model's)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--api-key", default=None,
-        help="the router requires `Authorization: Bearer KEY` on /v1 (several: comma-separated);"
-        f" prefer {API_KEY_ENV}, which other users cannot see in the process list",
-    )  # fmt: skip
-    add_key_arguments(parser)
     parser.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
     parser.add_argument("--decode", type=int, default=1, help="decode nodes (default 1)")
     parser.add_argument(
@@ -53,77 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8000,
         help="router port (default 8000; 0: any free port, printed when up)",
     )
-    parser.add_argument("--transfer", choices=["auto", "nixl", "tcp"], default="auto")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
-    parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
-    parser.add_argument(
-        "--quantization", choices=["auto", "none", "gguf", "awq", "gptq", "fp8"], default=None,
-        help="weights kept quantized, on every node (default auto: what the checkpoint "
-        "declares, or the GGUF on CPU float32 nodes)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--float32-matmul-precision", choices=["highest", "medium"], default=None,
-        help="every node: highest (default) or medium (on AMX CPUs, packed layers' products "
-        "over many rows in bf16 inputs summed in fp32: prefill about 2x faster)",
-    )  # fmt: skip
-    parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
-    for short, what, vllm in VLLM_PARALLEL:
-        parser.add_argument(
-            f"--{short}", vllm, dest=short, type=int, default=None, metavar="N",
-            help=f"{what} per node, one process per rank (both pools, or colocated); "
-            f"{vllm} is vLLM's name for it",
-        )  # fmt: skip
-        for pool in ("prefill", "decode"):
-            parser.add_argument(
-                f"--{pool}-{short}", type=int, default=None,
-                help=f"{what} per {pool} node (default --{short}, else 1)",
-            )  # fmt: skip
-    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks per node")
-    kv_dtypes = ["auto", "int8", "fp8_e4m3"]
-    parser.add_argument(
-        "--kv-cache-dtype", choices=kv_dtypes, default=None,
-        help="KV cache dtype of every node: auto (the model dtype), int8 or fp8_e4m3",
-    )  # fmt: skip
-    for pool in ("prefill", "decode"):
-        parser.add_argument(
-            f"--{pool}-kv-cache-dtype", choices=kv_dtypes, default=None,
-            help=f"KV cache dtype of the {pool} pool's nodes (default --kv-cache-dtype); a "
-            "decode node converts KV of another dtype on import",
-        )  # fmt: skip
-    parser.add_argument("--max-num-seqs", type=int, default=None, help="batch size per node")
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=None,
-        help="tokens one engine step computes at most, per node",
-    )  # fmt: skip
-    parser.add_argument(
-        "--kv-offload-cpu-gb", type=float, default=None,
-        help="GiB of host memory per node for a KV tier below the device",
-    )  # fmt: skip
-    parser.add_argument(
-        "--kv-offload-disk-path", default=None,
-        help="directory for the nodes' KV block files (each node its own subdirectory)",
-    )  # fmt: skip
-    parser.add_argument("--kv-offload-disk-gb", type=float, default=None, help="GiB per node")
-    parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9,
-        help="CUDA: share of the GPU for all nodes together; each node gets an equal part",
-    )  # fmt: skip
-    parser.add_argument(
-        "--speculative-method", choices=["none", "ngram", "draft"], default=None,
-        help="speculative decoding on the decode / colocated nodes",
-    )  # fmt: skip
-    parser.add_argument("--num-speculative-tokens", type=int, default=None)
-    parser.add_argument("--draft-model", default=None, help="draft model (registry name or dir)")
-    parser.add_argument(
-        "--enable-lora", action="store_true", help="serve LoRA adapters on both pools"
-    )
-    parser.add_argument(
-        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
-        help="LoRA adapters (PEFT directories) loaded by every node and named by requests",
-    )  # fmt: skip
-    parser.add_argument("--max-loras", type=int, default=None, help="adapters in one batch")
-    parser.add_argument("--max-lora-rank", type=int, default=None)
-    parser.add_argument("--max-cpu-loras", type=int, default=None)
     parser.add_argument(
         "--run-dir", default=None,
         help="where each process's NAME.log, cluster.json (URLs, process ids) and the header "
@@ -131,18 +43,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "api-key.header (default: a new temporary directory)",
     )  # fmt: skip
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument(
-        "--policy", choices=["kv_aware", "least_loaded", "round_robin"], default=None,
-        help="the router's routing policy (default kv_aware)",
-    )  # fmt: skip
+    add_handed_on(parser)
     add_planner_arguments(parser)
 
 
-def add_key_arguments(parser: argparse.ArgumentParser) -> None:
-    """The router's API key flags beyond --api-key (cluster.settings.RouterSettings)."""
-    for flag, help_text in KEY_FLAGS:
-        parser.add_argument(flag, default=None, help=help_text)
+def handed_on() -> Iterator[Declared]:
+    """The settings of up's children that `up` takes as flags, one per name (a name the
+    router and the nodes both declare is handed to both)."""
+    seen: set[str] = set()
+    for cls in CHILDREN:
+        for d in declared(cls):
+            if d.setting.up is not Up.OWN and d.name not in seen:
+                seen.add(d.name)
+                yield d
+
+
+def add_handed_on(parser: argparse.ArgumentParser) -> None:
+    """A flag per setting up hands on; a POOL setting's --prefill- / --decode- variants too."""
+    settings = list(handed_on())
+    add_flags(parser.add_argument_group("the router's and the nodes' settings"), settings)
+    pools = parser.add_argument_group("one pool's nodes (default: the flag above)")
+    for pool in POOLS:
+
+        def help_of(d: Declared, pool: str = pool) -> str:
+            return f"{pool} nodes: {d.flag}"
+
+        add_flags(
+            pools, [d for d in settings if d.setting.up is Up.POOL], prefix=f"{pool}-",
+            dest_prefix=f"{pool}_", help_of=help_of,
+        )  # fmt: skip
 
 
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,37 +94,19 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """ValueError naming the first bad flag."""
+    """ValueError naming the first bad flag of up's own."""
     if args.decode < 1:
         raise ValueError("--decode must be >= 1")
     if not args.colocated and args.prefill < 1:
         raise ValueError("--prefill must be >= 1 (or use --colocated)")
-    for flag in ("max_model_len", "threads_per_node", "max_num_batched_tokens"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    for short in ("tp", "pp"):
-        for flag in (short, f"prefill_{short}", f"decode_{short}"):
-            value = getattr(args, flag, None)
-            if value is not None and value < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-        pools = (getattr(args, f"prefill_{short}", None), getattr(args, f"decode_{short}", None))
-        if args.colocated and any(pools):
-            raise ValueError(
-                f"--prefill-{short} / --decode-{short} size the two pools: "
-                f"use --{short} with --colocated"
-            )
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (0: any free port), got {args.port}")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
-    k = args.num_speculative_tokens
-    if k is not None and not 1 <= k <= 16:
-        raise ValueError(f"--num-speculative-tokens must be in [1, 16], got {k}")
-    if args.speculative_method == "draft" and not args.draft_model:
-        raise ValueError("--speculative-method draft needs --draft-model")
-    if args.draft_model and args.speculative_method != "draft":
-        raise ValueError("--draft-model needs --speculative-method draft")
+    if args.colocated:
+        for d in handed_on():
+            if any(pool_value(args, d, pool) is not None for pool in POOLS):
+                raise ValueError(
+                    f"--prefill-* / --decode-* set one pool's nodes: use {d.flag} with --colocated"
+                )
     if args.planner:
         if args.colocated:
             raise ValueError("--planner sizes a prefill and a decode pool: not with --colocated")
@@ -203,12 +114,6 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError("--max-prefill / --max-decode must be >= --prefill / --decode")
 
 
-def check_keys(args: argparse.Namespace) -> tuple[ApiKey, ...]:
-    """The router's API keys as it will read them (the flags, else its SPLITSERVE_* variables),
-    checked before anything starts with the key names of --usage-admin-keys and --key-limits.
-    SettingsError (a ValueError) names the bad field; never a key."""
-    settings = load(
-        RouterSettings, api_key=args.api_key, api_key_file=args.api_key_file,
-        usage_admin_keys=args.usage_admin_keys, key_limits=args.key_limits,
-    )  # fmt: skip
-    return settings.api_keys()
+def pool_value(args: argparse.Namespace, d: Declared, pool: str) -> Any:
+    """The value of `d`'s --POOL- variant (None: not given, or `d` has none)."""
+    return getattr(args, f"{pool}_{d.name}", None) if d.setting.up is Up.POOL else None

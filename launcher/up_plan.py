@@ -1,5 +1,11 @@
-"""What `splitserve up` starts: the nodes it plans (name, role, port) and the command line
-and environment of each child (launcher.up starts them)."""
+"""What `splitserve up` starts: the nodes it plans (name, role, port), the values it hands each
+child (launcher.up starts them) and their command lines and environments.
+
+A child gets the settings its class declares that up took as flags, each by its `Up` mode:
+EACH as given, POOL its pool's variant first, DECODE on decode and colocated nodes only, SHARE
+an equal part for each node, SUBDIR a subdirectory per node; a secret goes in its variable,
+never on a command line. Up sets the OWN ones itself (addresses, ports, ids).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,14 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cluster.listen import bound_port, open_listener
-from launcher.up_args import API_KEY_ENV, KEY_FLAGS
+from config_kit import Declared, Secret, Up, declared, load
+from launcher.up_args import POOLS, pool_value
+from node.settings import NodeSettings
+from planner.settings import PlannerSettings
+from router.settings import RouterSettings
 
 
 @dataclass(frozen=True)
@@ -34,22 +45,93 @@ class NodePlan:
         return f"http://127.0.0.1:{self.port}"
 
 
-def router_environment(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
-    """The router's environment: the children's, with the API key of --api-key."""
-    return env if args.api_key is None else dict(env, **{API_KEY_ENV: args.api_key})
+def node_kinds(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(command, role) of each kind of node up starts."""
+    if args.colocated:
+        return [("decode", "colocated")]
+    return [("prefill", "prefill"), ("decode", "decode")]
 
 
 def plan_nodes(args: argparse.Namespace) -> list[NodePlan]:
-    nodes: list[NodePlan] = []
-    if args.colocated:
-        for i in range(args.decode):
-            nodes.append(NodePlan.bound(f"colocated-{i}", "decode", "colocated"))
-        return nodes
-    for i in range(args.prefill):
-        nodes.append(NodePlan.bound(f"prefill-{i}", "prefill", "prefill"))
-    for i in range(args.decode):
-        nodes.append(NodePlan.bound(f"decode-{i}", "decode", "decode"))
-    return nodes
+    counts = {"prefill": args.prefill, "decode": args.decode, "colocated": args.decode}
+    return [
+        NodePlan.bound(f"{role}-{i}", command, role)
+        for command, role in node_kinds(args)
+        for i in range(counts[role])
+    ]
+
+
+def child_values(
+    args: argparse.Namespace, cls: type, node: NodePlan | None = None
+) -> dict[str, Any]:
+    """Public name -> value of each of `cls`'s settings up hands this child (`node`: which
+    node), by the setting's `Up` mode; what up was not given stays unset."""
+    out = {}
+    for d in declared(cls):
+        value = _value(args, d, node)
+        if value is not None:
+            out[d.name] = value
+    return out
+
+
+def _value(args: argparse.Namespace, d: Declared, node: NodePlan | None) -> Any:
+    mode = d.setting.up
+    value = getattr(args, d.name, None) if mode is not Up.OWN else None
+    if node is None:
+        return value
+    if mode is Up.POOL and node.role in POOLS:
+        pool = pool_value(args, d, node.role)
+        return pool if pool is not None else value
+    if mode is Up.DECODE:
+        return value if node.command == "decode" else None
+    if mode is Up.SHARE:
+        return node_share(args, value if value is not None else d.default)
+    if mode is Up.SUBDIR and value is not None:
+        return Path(value) / node.name  # one directory per node
+    return value
+
+
+def child_argv(values: dict[str, Any], cls: type) -> list[str]:
+    """The flags of `values` (a secret's go in the environment: child_env)."""
+    argv: list[str] = []
+    for d in declared(cls):
+        value = values.get(d.name)
+        if value is None or d.kind is Secret:
+            continue
+        if d.kind is bool:
+            argv.append(d.flag if value else "--no-" + d.flag.removeprefix("--"))
+        elif d.kind is list:
+            argv += [d.flag, *map(str, value)]
+        else:
+            argv += [d.flag, str(value)]
+    return argv
+
+
+def child_env(values: dict[str, Any], cls: type, env: dict[str, str]) -> dict[str, str]:
+    """`env` with the secrets of `values` in their variables."""
+    secrets = {
+        d.env: values[d.name].get_secret_value()
+        for d in declared(cls)
+        if d.kind is Secret and d.name in values
+    }
+    return dict(env, **secrets) if secrets else env
+
+
+def check_children(args: argparse.Namespace) -> RouterSettings:
+    """The router's and each kind of node's settings as they will read them (the flags, else
+    their SPLITSERVE_* variables), checked before anything starts; SettingsError (a
+    ValueError) names the bad one. The router's, for its API keys."""
+    for command, role in node_kinds(args):
+        probe = NodePlan(f"{role}-0", command, role, 0)
+        load(NodeSettings, child_values(args, NodeSettings, probe), command=role)
+    router = load(RouterSettings, child_values(args, RouterSettings))
+    router.api_keys()
+    return router
+
+
+def router_environment(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
+    """The router's environment: the children's, with the secrets up hands it (its API key)."""
+    return child_env(child_values(args, RouterSettings), RouterSettings, env)
 
 
 def _cli() -> list[str]:
@@ -59,20 +141,7 @@ def _cli() -> list[str]:
 def router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[str]:
     argv = [*_cli(), "router", "--host", args.host, "--port", str(args.port)]
     argv += ["--redis-url", redis_url, "--model", str(model)]
-    if args.log_level:
-        argv += ["--log-level", args.log_level]
-    if args.policy:
-        argv += ["--policy", args.policy]
-    if args.served_model_name:
-        argv += ["--served-model-name", args.served_model_name]
-    if args.max_model_len is not None:
-        argv += ["--max-model-len", str(args.max_model_len)]
-    for flag, _ in KEY_FLAGS:
-        if (value := getattr(args, flag.removeprefix("--").replace("-", "_"), None)) is not None:
-            argv += [flag, str(value)]
-    if getattr(args, "lora_modules", None):
-        argv += ["--lora-modules", *args.lora_modules]
-    return argv
+    return argv + child_argv(child_values(args, RouterSettings), RouterSettings)
 
 
 def planner_argv(args: argparse.Namespace, redis_url: str, port: int) -> list[str]:
@@ -87,9 +156,7 @@ def planner_argv(args: argparse.Namespace, redis_url: str, port: int) -> list[st
     argv += ["--up-cooldown-s", str(args.planner_cooldown_s)]
     argv += ["--down-cooldown-s", str(2 * args.planner_cooldown_s)]
     argv += ["--start-timeout-s", str(args.ready_timeout_s)]  # as long as `up` waits for one
-    if args.log_level:
-        argv += ["--log-level", args.log_level]
-    return argv
+    return argv + child_argv(child_values(args, PlannerSettings), PlannerSettings)
 
 
 def local_host(host: str) -> str:
@@ -100,71 +167,15 @@ def local_host(host: str) -> str:
 def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodePlan) -> list[str]:
     argv = [*_cli(), node.command, "--host", "127.0.0.1", "--port", str(node.port)]
     argv += ["--redis-url", redis_url, "--model", str(model), "--node-id", node.name]
-    argv += ["--transfer", args.transfer]
     if node.command == "decode":
         argv += ["--role", node.role]
-        speculative = {
-            "--speculative-method": args.speculative_method,
-            "--num-speculative-tokens": args.num_speculative_tokens,
-            "--draft-model": args.draft_model,
-        }
-        argv += [str(x) for flag, v in speculative.items() if v is not None for x in (flag, v)]
-    disk = args.kv_offload_disk_path
-    optional = {
-        "--device": args.device,
-        "--dtype": args.dtype,
-        "--quantization": args.quantization,
-        "--float32-matmul-precision": args.float32_matmul_precision,
-        "--torch-threads": args.threads_per_node,
-        "--tensor-parallel-size": node_parallel(args, node, "tp"),
-        "--pipeline-parallel-size": node_parallel(args, node, "pp"),
-        "--num-kv-blocks": args.num_kv_blocks,
-        "--kv-cache-dtype": node_kv_cache_dtype(args, node.command),
-        "--max-num-seqs": args.max_num_seqs,
-        "--max-num-batched-tokens": args.max_num_batched_tokens,
-        "--kv-offload-cpu-gb": args.kv_offload_cpu_gb,
-        "--kv-offload-disk-gb": args.kv_offload_disk_gb,
-        "--kv-offload-disk-path": Path(disk) / node.name if disk else None,  # one per node
-        "--max-model-len": args.max_model_len,
-        "--gpu-memory-utilization": node_gpu_share(args),
-        "--log-level": args.log_level,
-    }
-    for flag, value in optional.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv + lora_argv(args)
+    return argv + child_argv(child_values(args, NodeSettings, node), NodeSettings)
 
 
-def lora_argv(args: argparse.Namespace) -> list[str]:
-    """The LoRA flags every node gets, both pools alike."""
-    if not getattr(args, "enable_lora", False) and not getattr(args, "lora_modules", None):
-        return []
-    argv = ["--enable-lora"]
-    for flag in ("max_loras", "max_lora_rank", "max_cpu_loras"):
-        if (value := getattr(args, flag, None)) is not None:
-            argv += ["--" + flag.replace("_", "-"), str(value)]
-    if args.lora_modules:
-        argv += ["--lora-modules", *args.lora_modules]
-    return argv
-
-
-def node_parallel(args: argparse.Namespace, node: NodePlan, short: str) -> int | None:
-    """The node's tensor- (``tp``) or pipeline-parallel (``pp``) size: its pool's flag
-    (--prefill-tp / --decode-pp ...), else --tp / --pp; None leaves the node's default (1)."""
-    pool = getattr(args, f"{node.role}_{short}", None) if node.role != "colocated" else None
-    return pool if pool is not None else getattr(args, short, None)
-
-
-def node_kv_cache_dtype(args: argparse.Namespace, command: str) -> str | None:
-    """The pool's --prefill- / --decode-kv-cache-dtype, else --kv-cache-dtype (None: unset)."""
-    pool = getattr(args, f"{command}_kv_cache_dtype", None)
-    return pool if pool is not None else getattr(args, "kv_cache_dtype", None)
-
-
-def node_gpu_share(args: argparse.Namespace) -> float:
-    """Each node's part of --gpu-memory-utilization: the nodes of `up` share one GPU (with
-    --planner, as many as the planner may start)."""
+def node_share(args: argparse.Namespace, total: float) -> float:
+    """Each node's part of a SHARE setting (the GPU's memory): the nodes of `up` share one
+    GPU (with --planner, as many as the planner may start)."""
     nodes = args.decode if args.colocated else args.prefill + args.decode
     if getattr(args, "planner", False):
         nodes = args.max_prefill + args.max_decode
-    return math.floor(args.gpu_memory_utilization / nodes * 10_000) / 10_000
+    return math.floor(total / nodes * 10_000) / 10_000

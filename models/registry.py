@@ -13,9 +13,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from config_kit import Helm, Up, check_fields, setting
 from models.validate import validate_model_dir
 
-CACHE_ENV = "SPLITSERVE_MODEL_CACHE"
+CACHE_ENV = (
+    "SPLITSERVE_MODEL_CACHE"  # ModelCache.model_cache's variable; default_cache_dir reads it
+)
 MARKER = ".splitserve-complete"
 DEFAULT_MODEL = "smollm2"
 
@@ -130,3 +133,29 @@ def _as_local_dir(name_or_path: str) -> Path:
             f"({', '.join(REGISTRY)}) and no such directory"
         )
     return path.absolute()
+
+
+MODEL_CACHE_HELP = f"model cache directory (default: ${CACHE_ENV} or ~/.cache/splitserve/models)"
+
+
+@dataclass(frozen=True)
+class ModelCache:
+    """The setting every process that finds models shares (the router, the nodes, `up`,
+    `model`, `generate`)."""
+
+    model_cache: Path | None = setting(
+        None, MODEL_CACHE_HELP, deprecated=("cache_dir",), metavar="DIR", helm=Helm.CHART
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ModelSource(ModelCache):
+    """The model a process serves (the router, the nodes, `generate`) and where it is cached."""
+
+    model: str = setting(
+        DEFAULT_MODEL, "model registry name (pulled) or HF model directory", up=Up.OWN,
+        helm=Helm.CHART,
+    )  # fmt: skip

@@ -22,7 +22,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.auth import cluster_headers
 from cluster.registry import Membership, StaticMembership
-from cluster.settings import RouterSettings
 from cluster.version import version
 from models.tokenizer import Tokenizer
 from router import endpoints
@@ -39,6 +38,7 @@ from router.node_client import NodeClient
 from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
+from router.settings import RouterSettings
 from router.state import RouterState
 from router.usage import UsageLedger
 

@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import openai
 
-from cluster.auth import CLUSTER_TOKEN_ENV, CLUSTER_TOKEN_HEADER
+from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.protocol import NodeStats
+from cluster.settings import CLUSTER_TOKEN_ENV
 
 UP_TIMEOUT_S = 240.0
 # the clusters' token (the launcher keeps one it finds in its environment): /stats needs it

@@ -9,7 +9,9 @@ import importlib
 import pytest
 from helm_render import container_port, deployments, env_of, main_container, pod_spec, render
 
-from cluster.settings import ENV_PREFIX, NodeSettings, RouterSettings
+from config_kit import ENV_PREFIX, declared
+from node.settings import NodeSettings
+from router.settings import RouterSettings
 
 CLI_MODULES = {"router": "router.cli", "prefill": "prefill_node.cli", "decode": "decode_node.cli"}
 SETTINGS: dict[str, type[RouterSettings] | type[NodeSettings]] = {
@@ -30,9 +32,9 @@ def test_env_vars_are_real_settings(component: str) -> None:
     env = env_of(main_container(deployments(render({"auth": {"apiKey": "k"}}))[component]))
     ours = [name for name in env if name.startswith(ENV_PREFIX)]
     assert ours
-    fields = SETTINGS[component].model_fields
+    variables = {d.env for d in declared(SETTINGS[component])}
     for name in ours:
-        assert name.removeprefix(ENV_PREFIX).lower() in fields, f"{name} is read by nobody"
+        assert name in variables, f"{name} is read by nobody"
 
 
 def test_model_pull_init_container_parses() -> None:

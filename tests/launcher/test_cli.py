@@ -77,9 +77,9 @@ def test_an_unknown_flag_with_nothing_close_gets_no_suggestion(
 def test_every_subcommand_takes_model_cache_and_the_old_name_with_a_warning(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _parse([*argv, "--model-cache", "/cache/a"]).model_cache == "/cache/a"
+    assert _parse([*argv, "--model-cache", "/cache/a"]).model_cache == Path("/cache/a")
     assert "deprecated" not in capsys.readouterr().err
-    assert _parse([*argv, "--cache-dir", "/cache/b"]).model_cache == "/cache/b"
+    assert _parse([*argv, "--cache-dir", "/cache/b"]).model_cache == Path("/cache/b")
     assert "--cache-dir is deprecated; use --model-cache" in capsys.readouterr().err
 
 
