@@ -240,14 +240,3 @@ def test_every_flag_and_variable_the_docs_name_is_taken() -> None:
         if not ok:
             unknown.append(f"{page}: {word} ({command})")
     assert unknown == []
-
-
-def test_the_snapshot_holds_the_flags_and_variables_the_docs_named_then() -> None:
-    """Every flag and variable of a documented command at the commit before is in the
-    snapshot (whose cases above check their meaning)."""
-    flags = {f for command in BEFORE["commands"].values() for f in command}
-    named = {w for w, command, _ in documented() if command in BEFORE["commands"] or not command}
-    variables = {w for w in named if w.startswith("SPLITSERVE_") and not w.endswith("_")}
-    assert variables - OTHER_VARIABLES <= set(BEFORE["environment"])
-    argparse_own = {"--help", "--version"}
-    assert {w for w in named if w.startswith("--")} - flags - argparse_own <= NOT_FLAGS
