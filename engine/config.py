@@ -109,9 +109,11 @@ class EngineConfig:
     # CPU fp32: C kernels (engine.cpu_kernels) for decode attention, rotary + KV write and
     # SiLU * up, where a C compiler is found; else the torch ops.
     cpu_kernels: bool = True
-    # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
-    # shape in model_dir/config.json (benchmarks of published shapes without their weights).
-    load_format: str = "safetensors"
+    load_format: str = setting(
+        "safetensors", "safetensors (the checkpoint in the model directory) or random (seeded "
+        "random weights of the shapes in its config.json: published shapes without their "
+        "weights, for benchmarks)", choices=("safetensors", "random"),
+    )  # fmt: skip
     quantization: str = setting(
         "auto", "weights kept quantized: gguf (the model directory's GGUF, packed), awq, gptq or "
         "fp8 (what the checkpoint's quantization_config declares), none (fp32 safetensors) or "
@@ -206,10 +208,6 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.attention_backend must be auto, torch or triton, "
                 f"got {self.attention_backend!r}"
-            )
-        if self.load_format not in ("safetensors", "random"):
-            raise ValueError(
-                f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
             )
         if self.max_cpu_loras is None:
             object.__setattr__(self, "max_cpu_loras", self.max_loras)

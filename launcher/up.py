@@ -111,7 +111,7 @@ def _ensure_model(args: argparse.Namespace) -> Path:
 
     cache = Path(args.model_cache) if args.model_cache else None
     try:
-        return ensure_model(args.model, cache, progress=True)
+        return ensure_model(args.model, cache, True, args.load_format != "random")
     except Exception as exc:
         raise LaunchError(f"model {args.model!r}: {exc}") from None
 

@@ -105,11 +105,12 @@ def marker_for(spec: ModelSpec) -> dict[str, str]:
     }
 
 
-def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
+def resolve_model(name_or_path: str, cache_dir: Path | None = None, weights: bool = True) -> Path:
     """A registry name -> its cached directory (must be pulled); a path -> that directory.
 
-    Either way the directory is validated. Raises ModelNotPulledError telling to run
-    `splitserve model pull NAME`, or ValueError for a bad or unknown directory.
+    Either way the directory is validated (its weights unless `weights` is False). Raises
+    ModelNotPulledError telling to run `splitserve model pull NAME`, or ValueError for a bad or
+    unknown directory.
     """
     if name_or_path in REGISTRY:
         path = cache_path(name_or_path, cache_dir)
@@ -120,7 +121,7 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
             )
     else:
         path = _as_local_dir(name_or_path)
-    validate_model_dir(path)
+    validate_model_dir(path, weights)
     return path
 
 

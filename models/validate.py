@@ -10,8 +10,9 @@ from pathlib import Path
 from models.architectures import family_of
 
 
-def validate_model_dir(path: Path | str) -> None:
-    """Check that `path` is a HF directory of a family the engine can load.
+def validate_model_dir(path: Path | str, weights: bool = True) -> None:
+    """Check that `path` is a HF directory of a family the engine can load (with its weights
+    unless `weights` is False: an engine that makes random weights needs none).
 
     Raises ValueError with one line naming the path and the problem.
     """
@@ -22,7 +23,8 @@ def validate_model_dir(path: Path | str) -> None:
         raise ValueError(f"model dir {path}: not a directory")
     config = _read_config(path)
     _check_architecture(path, config)
-    _check_weights(path)
+    if weights:
+        _check_weights(path)
     if not (path / "tokenizer.json").is_file():
         raise ValueError(f"model dir {path}: tokenizer.json not found")
 

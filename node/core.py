@@ -54,7 +54,10 @@ class NodeCore:
     async def open(cls, settings: NodeSettings, metrics: NodeMetrics) -> AsyncIterator[Self]:
         """Load the model, start the engine thread and the transfer agent; stop them after."""
         started_at = time.time()
-        model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
+        random = settings.engine.load_format == "random"  # weights of config.json's shapes
+        model_dir = await asyncio.to_thread(
+            resolve_model, settings.model, settings.model_cache, not random
+        )
         config = await asyncio.to_thread(build_engine_config, settings, model_dir)
         loop = await EngineLoop.launch(config, settings.torch_threads)
         metrics.set_kv_capacity(loop.engine.runner.kv_capacity)

@@ -136,9 +136,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def _load_tokenizer(settings: RouterSettings) -> Tokenizer:
+    """The model directory's tokenizer (the router reads no weights: a node may make its own,
+    --load-format random)."""
     from models import resolve_model
 
-    return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache))
+    return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache, weights=False))
 
 
 def _install_error_handlers(app: FastAPI) -> None:

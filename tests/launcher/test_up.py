@@ -236,6 +236,15 @@ def test_nodes_split_the_gpu_fraction(tmp_path: Path, argv: list[str], share: fl
     assert sum(shares) <= (args.gpu_memory_utilization or 0.9)  # 0.9: the default
 
 
+def test_load_format_reaches_every_node_and_not_the_router(tmp_path: Path) -> None:
+    """A node setting no code of the launcher names: its declaration makes it an up flag."""
+    args = _args("--load-format", "random")
+    for plan in up_plan.plan_nodes(args):
+        argv = up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
+        assert _parse_child(argv).load_format == "random"
+    assert "--load-format" not in up_plan.router_argv(args, tmp_path, "redis://h:1/0")
+
+
 def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
     args = _args("--colocated", "--decode", "2")
     plans = up_plan.plan_nodes(args)

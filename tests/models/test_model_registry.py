@@ -126,6 +126,15 @@ def test_no_safetensors(tmp_path: Path) -> None:
     assert "no *.safetensors weights found" in _error_line(path)
 
 
+def test_a_dir_without_weights_serves_random_weights(tmp_path: Path) -> None:
+    """--load-format random needs config.json's shapes, not the weights."""
+    path = _write_hf_dir(tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    models.validate_model_dir(path, weights=False)
+    assert models.resolve_model(str(path), weights=False) == path
+    assert "no *.safetensors weights found" in _error_line(path)
+
+
 def test_missing_tokenizer(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "tokenizer.json").unlink()
