@@ -39,7 +39,7 @@ def add_flags(
             flag = "--" + prefix + old.replace("_", "-")
             parser.add_argument(
                 flag, dest=dest_prefix + d.name, default=None, help=argparse.SUPPRESS,
-                action=_deprecated(flags[0], options), **_value_options(options),
+                action=_deprecated(flags[0]), **_value_options(options),
             )  # fmt: skip
 
 
@@ -74,7 +74,9 @@ def _reader(d: Declared) -> Callable[[str], Any]:
     return read
 
 
-def _deprecated(replacement: str, options: dict[str, Any]) -> type[argparse.Action]:
+def _deprecated(replacement: str) -> type[argparse.Action]:
+    """An action that stores the value as `replacement` does, with a warning on stderr."""
+
     class Deprecated(argparse.Action):
         def __call__(
             self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
