@@ -198,7 +198,8 @@ class DecodeRequest(_Msg):
     lease; None means the decode node computes the KV of prompt + output_token_ids itself.
     priority: lower is served first, in the node's queues and under preemption. wait_s: how
     long the node may queue the request for KV blocks before it answers 503 (the router
-    sends what is left of the request's deadline); None: the node's own limit.
+    sends what is left of the request's deadline, or of the lease less a slack if sooner);
+    None: the node's own limit.
     """
 
     request_id: str
@@ -241,6 +242,9 @@ class NodeInfo(_Msg):
     weight_bytes: the model's weights held by the node, expert_weight_bytes the experts'
     share of them (mixture-of-experts models). import_fingerprints: the other KV layouts a
     decode node imports from, converting them (the same layout in another kv_cache_dtype).
+    max_num_seqs: requests its engine runs at once; max_queued: requests it lets wait for a
+    place beyond those (a decode node's KV import queue). 0: not reported (an older node).
+    The router sizes its admission from them (router.capacity).
     """
 
     node_id: str
@@ -259,6 +263,8 @@ class NodeInfo(_Msg):
     weight_bytes: int = Field(default=0, ge=0)
     expert_weight_bytes: int = Field(default=0, ge=0)
     import_fingerprints: list[str] = Field(default_factory=list)
+    max_num_seqs: int = Field(default=0, ge=0)
+    max_queued: int = Field(default=0, ge=0)
 
 
 class NodeLoad(_Msg):

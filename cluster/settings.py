@@ -1,6 +1,6 @@
 """What the settings of every process share: the settings every server process declares
 (address, Redis, log level) and those of the processes that serve a model (the router and
-the nodes), the cluster token's rule and LoRA's `name=path` list. Each component declares
+the nodes), and the cluster token's rule. Each component declares
 its own settings (config_kit): router.settings, node.settings, planner.settings."""
 
 from __future__ import annotations
@@ -53,19 +53,6 @@ class ModelProcessSettings(ModelSource, ProcessSettings):
     def __post_init__(self) -> None:
         check_fields(self)
         check_token(self.cluster_token)
-
-
-def lora_module_map(modules: list[str]) -> dict[str, str]:
-    """`name=path` entries as {name: path}; ValueError naming a malformed or repeated one."""
-    out: dict[str, str] = {}
-    for entry in modules:
-        name, sep, path = entry.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"lora_modules entry {entry!r} is not name=path")
-        if name in out:
-            raise ValueError(f"lora_modules names {name!r} twice")
-        out[name] = path
-    return out
 
 
 def check_token(token: Secret | None) -> None:

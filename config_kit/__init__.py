@@ -4,8 +4,9 @@ it on), and everything else is generated from those declarations: command-line f
 SPLITSERVE_* environment, `up`'s forwarding, the chart's values schema. Torch-free and
 importable by every package."""
 
-from config_kit.declare import Declared, Given, Helm, Up, declared, part, setting
+from config_kit.declare import Declared, Helm, Up, declared, setting
 from config_kit.flags import add_flags, given_flags
+from config_kit.given import Given, part
 from config_kit.load import ENV_PREFIX, SettingsError, build, load
 from config_kit.values import Secret, SettingError, check_fields
 

@@ -1,21 +1,20 @@
-"""Declaring settings: `setting(default, help, ...)` on a frozen dataclass's field, `part(cls)`
-for another component's settings a config takes in (a node takes the engine's), and
-`declared(cls)`, every setting of a class with its name, type and default."""
+"""Declaring settings: `setting(default, help, ...)` on a frozen dataclass's field, and
+`declared(cls)`, every setting of a class with its name, type and default (a `part` field,
+config_kit.given, takes in another component's settings: a node takes the engine's)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 ENV_PREFIX = "SPLITSERVE_"
 _SETTING = "config_kit.setting"
-_PART = "config_kit.part"
-C = TypeVar("C")
+PART = "config_kit.part"  # a field's metadata key: the component it holds (config_kit.given)
 
 
 class Up(StrEnum):
@@ -69,12 +68,6 @@ def setting(
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
-
-
-def part(cls: type) -> Any:
-    """A field holding `cls`'s settings as given (a `Given`): its flags and variables are the
-    composing config's, its checks `cls`'s own."""
-    return field(default_factory=lambda: Given(cls, {}), metadata={_PART: cls})
 
 
 @dataclass(frozen=True)
@@ -131,8 +124,8 @@ def _declared(cls: type) -> tuple[Declared, ...]:
     hints = typing.get_type_hints(cls)
     out: list[Declared] = []
     for f in dataclasses.fields(cls):
-        if _PART in f.metadata:
-            out.extend(dataclasses.replace(d, part=f.name) for d in declared(f.metadata[_PART]))
+        if PART in f.metadata:
+            out.extend(dataclasses.replace(d, part=f.name) for d in declared(f.metadata[PART]))
         elif _SETTING in f.metadata:
             kind, optional, choices = _kind(hints[f.name])
             meta: Setting = f.metadata[_SETTING]
@@ -152,7 +145,7 @@ def own(cls: type) -> tuple[Declared, ...]:
 
 def parts(cls: type) -> dict[str, type]:
     """Field name -> component, for each `part` of `cls`."""
-    return {f.name: f.metadata[_PART] for f in dataclasses.fields(cls) if _PART in f.metadata}
+    return {f.name: f.metadata[PART] for f in dataclasses.fields(cls) if PART in f.metadata}
 
 
 def _kind(annotation: Any) -> tuple[type, bool, tuple[str, ...]]:
@@ -166,48 +159,3 @@ def _kind(annotation: Any) -> tuple[type, bool, tuple[str, ...]]:
     if typing.get_origin(annotation) is list:
         return list, optional, ()
     return annotation, optional, ()
-
-
-class Given(Generic[C]):
-    """A component's settings as given (flags, variables), checked by the component's
-    declarations and its `check_relations`; what is not given keeps the component's
-    default, which its constructor fills in later (a device-dependent default too).
-    Attributes read a setting: the given value, else the declared default."""
-
-    __slots__ = ("owner", "values")
-
-    def __init__(self, owner: type[C], values: Mapping[str, Any]) -> None:
-        from config_kit.values import check_values
-
-        object.__setattr__(self, "owner", owner)
-        object.__setattr__(self, "values", check_values(owner, values))
-
-    def __getattr__(self, name: str) -> Any:
-        if name in Given.__slots__ or name.startswith("__"):
-            raise AttributeError(name)
-        for d in own(self.owner):
-            if d.field == name:
-                return self.values.get(name, d.default)
-        raise AttributeError(f"{self.owner.__name__} declares no setting {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def replace(self, **changes: Any) -> Given[C]:
-        """These settings with `changes` (by field), checked again."""
-        return Given(self.owner, {**self.values, **changes})
-
-    def build(self, **more: Any) -> C:
-        """The component's config from the given settings and `more` (its other fields)."""
-        return self.owner(**self.values, **more)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Given):
-            return NotImplemented
-        return (self.owner, self.values) == (other.owner, other.values)
-
-    def __hash__(self) -> int:
-        return hash((self.owner, tuple(sorted(self.values))))
-
-    def __repr__(self) -> str:
-        return f"Given({self.owner.__name__}, {dict(self.values)})"

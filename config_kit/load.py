@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from config_kit.declare import ENV_PREFIX, Given, declared, parts
+from config_kit.declare import ENV_PREFIX, declared, parts
+from config_kit.given import Given
 from config_kit.values import SettingError, from_text
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ served in (priority, arrival) order, each until its own deadline, instead of fai
 Only the head of the queue asks the engine for blocks (every RETRY_S while the cache or the
 batch is full), so an urgent request that arrives late is served before the ones already
 waiting, and nobody overtakes the head. A full queue, or a wait past the request's
-deadline, answers 503 (the router tries another decode node).
+deadline, answers 503 (the router tries another decode node, then waits and tries again).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from decode_node.importer import DecodeJob, check_handle, pull
 from decode_node.kv_convert import KVConverter
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
-from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
+from engine.loop.stream import EngineFailed, RequestStream, StreamOutput
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import KVTransferAgent
 from node.core import NodeCore
@@ -47,10 +47,14 @@ class DecodeRuntime(NodeCore):
         super().__init__(settings, loop, started_at, metrics)
         self._jobs: dict[str, DecodeJob] = {}
         self._kv_converter: KVConverter | None = None
-        self.imports = ImportQueue(loop, settings.max_queued_imports, settings.import_wait_s)
+        max_waiting = settings.max_queued_imports or loop.engine.config.max_num_seqs
+        self.imports = ImportQueue(loop, max_waiting, settings.import_wait_s)
 
     def _moves_kv(self) -> bool:
         return self.settings.role == "decode"
+
+    def _max_queued(self) -> int:
+        return self.imports.max_waiting
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -243,9 +247,9 @@ class DecodeRuntime(NodeCore):
         return self.agent
 
 
-def _queued(stream: RequestStream, last: LoopOutput) -> list[LoopOutput]:
+def _queued(stream: RequestStream, last: StreamOutput) -> list[StreamOutput]:
     """Outputs already delivered after `last`, up to the final one."""
-    more: list[LoopOutput] = []
+    more: list[StreamOutput] = []
     while not last.output.finished and (item := stream.get_nowait()) is not None:
         more.append(item)
         last = item

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from config_kit import Helm, Up, check_fields, setting
+from engine.kv_format.dtypes import KV_CACHE_DTYPES
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +53,6 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
 QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
 # float32_matmul_precision: torch.set_float32_matmul_precision's values ("high" is not built)
 MATMUL_PRECISIONS = ("highest", "medium")
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")  # engine.kv.quant's
 SPECULATIVE_METHODS = ("none", "ngram", "draft")
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
@@ -86,7 +86,7 @@ class EngineConfig:
         "when neither --num-kv-blocks nor --kv-cache-memory-gb is set (default 0.9; `up`: for "
         "all its nodes together, each gets an equal part)", gt=0, le=1, up=Up.SHARE,
     )  # fmt: skip
-    # KV cache element type (engine.kv.quant): auto (the model dtype), int8 or fp8_e4m3
+    # KV cache element type (engine.kv_format.rows): auto (the model dtype), int8 or fp8_e4m3
     # (one-byte codes, a bf16 scale and mid per half row: about 3.6x the tokens of fp32).
     kv_cache_dtype: str = setting(
         "auto", "KV cache dtype: auto (the model dtype), int8 or fp8_e4m3 (one-byte codes with a "
@@ -117,8 +117,8 @@ class EngineConfig:
     quantization: str = setting(
         "auto", "weights kept quantized: gguf (the model directory's GGUF, packed), awq, gptq or "
         "fp8 (what the checkpoint's quantization_config declares), none (fp32 safetensors) or "
-        "auto (the checkpoint's declared method; else gguf on a CPU float32 engine when the "
-        "directory has a GGUF)", choices=QUANTIZATIONS,
+        "auto (the checkpoint's declared method; else gguf when the directory's weights are a GGUF "
+        "alone, or on a CPU float32 engine when it has one)", choices=QUANTIZATIONS,
     )  # fmt: skip
     # torch's name and values: "highest" keeps every product fp32-accurate; "medium" lets
     # the decoder layers' packed products on AMX tiles (prefill chunks, decode batches over

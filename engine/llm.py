@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,10 @@ class LLM:
     chat template. Extra keyword arguments go to EngineConfig (block_size, num_kv_blocks,
     max_num_batched_tokens, ...); what is not given takes the device's default
     (engine.config.engine_config).
+
+    `close()` (or leaving a `with LLM(...) as llm:` block) stops the engine: its KV tiers'
+    copies finished, a multi-rank engine's ranks stopped, so that the process can start
+    another. An `LLM` that is no longer referenced is closed when it is collected.
     """
 
     def __init__(
@@ -40,10 +45,20 @@ class LLM:
         self.tokenizer = Tokenizer.from_dir(config.model_dir)
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
+        # not at exit: a process that ends takes its ranks with it (engine.parallel.watchdog)
+        self._closer = weakref.finalize(self, self.engine.close)
+        self._closer.atexit = False
 
     def close(self) -> None:
-        """Finish the KV tiers' copies (their disk files written) and stop their thread."""
-        self.engine.close()
+        """Finish the KV tiers' copies (their disk files written) and stop their thread; stop
+        a multi-rank engine's ranks. Once only: later calls do nothing."""
+        self._closer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def generate(
         self,
@@ -90,10 +105,12 @@ class LLM:
         self,
         conversations: Sequence[list[dict[str, str]]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[GenerationOutput]:
-        """Apply the chat template to each conversation, then generate."""
+        """Apply the chat template to each conversation, then generate (``lora_request`` as
+        ``generate`` takes it)."""
         prompts = [self.tokenizer.apply_chat_template(list(c)) for c in conversations]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, lora_request)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

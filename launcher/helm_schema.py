@@ -3,9 +3,9 @@ each router setting a key of `router` (camelCase of the flag), checked by values
 handed on by the templates' one loop (splitserve.settingArgs) through files/settings.json.
 
 `python -m launcher.helm_schema --write` rewrites both files; without --write it exits 1
-when they differ from the declarations (tests/launcher/test_chart_from_declarations.py runs it). Settings
-the chart sets itself (Helm.CHART: addresses, ports, secrets, the KV tiers' volume...) have no
-key here; the rest of the schema is written by hand.
+when they differ from the declarations (tests/launcher/test_chart_from_declarations.py runs
+it). Settings the chart sets itself (Helm.CHART: addresses, ports, secrets, the KV tiers'
+volume...) have no key here; the rest of the schema is written by hand.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any
 from cluster.listen import listener
 from cluster.log_format import configure_logging
 from config_kit import SettingsError, add_flags, given_flags, load
+from models import resolve_model
 from node.settings import NodeSettings
 
 
@@ -35,9 +36,10 @@ def settings_from_args(args: argparse.Namespace, role: str) -> NodeSettings:
 def run_node(
     args: argparse.Namespace, role: str, app_factory: Callable[[NodeSettings], Any]
 ) -> int:
-    """Parse settings, bind the port, build the app with `app_factory` and serve it until
-    SIGINT / SIGTERM. Exit codes: 2 bad settings, 1 port unavailable, 3 start failed, 4 the
-    node stopped itself (a tensor-parallel rank died)."""
+    """Parse settings, bind the port, check the model directories, build the app with
+    `app_factory` and serve it until SIGINT / SIGTERM. Exit codes: 2 bad settings or model,
+    1 port unavailable, 3 start failed, 4 the node stopped itself (a tensor-parallel rank
+    died)."""
     try:
         settings = settings_from_args(args, role)
     except SettingsError as exc:
@@ -49,7 +51,22 @@ def run_node(
     except OSError as exc:
         print(f"cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
+    try:
+        check_models(settings)
+    except (ValueError, LookupError) as exc:
+        sock.close()
+        print(exc, file=sys.stderr)
+        return 2
     return serve(app_factory(settings), sock, settings)
+
+
+def check_models(settings: NodeSettings) -> None:
+    """Resolve the model and the draft model before torch loads (a bad one: one line); a
+    node that makes random weights needs none in the model directory."""
+    weights = settings.engine.load_format != "random"
+    resolve_model(settings.model, settings.model_cache, weights)
+    if settings.engine.draft_model is not None:
+        resolve_model(str(settings.engine.draft_model), settings.model_cache)
 
 
 def serve(app: Any, sock: socket.socket, settings: NodeSettings) -> int:

@@ -18,13 +18,13 @@ from typing import Self
 from urllib.parse import urlsplit
 
 from cluster.protocol import NodeInfo, NodeLoad
-from cluster.settings import lora_module_map
 from engine.config import EngineConfig, engine_config
 from engine.kv.sizing import KVCapacity
 from engine.loop.engine_loop import EngineLoop
 from engine.phases import phase
 from kv_transfer import KVTransferAgent, LeaseTable, TransferConfig
 from models import resolve_model
+from models.lora_modules import lora_module_map
 from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
 from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards
@@ -124,12 +124,18 @@ class NodeCore:
                 capacity=engine.runner.kv_capacity,
                 started_at=self.started_at,
                 import_fingerprints=self._import_fingerprints(),
+                max_num_seqs=engine.config.max_num_seqs,
+                max_queued=self._max_queued(),
             )
         return self._info
 
     def _import_fingerprints(self) -> list[str]:
         """The other KV layouts this node imports from, converting them (decode role)."""
         return []
+
+    def _max_queued(self) -> int:
+        """Requests this node lets wait for a place in its batch (decode role: KV imports)."""
+        return 0
 
     @property
     def healthy(self) -> bool:
@@ -198,6 +204,8 @@ def node_info(
     capacity: KVCapacity,
     started_at: float,
     import_fingerprints: Sequence[str] = (),
+    max_num_seqs: int = 0,
+    max_queued: int = 0,
 ) -> NodeInfo:
     """What the node publishes in the registry."""
     return NodeInfo(
@@ -217,6 +225,8 @@ def node_info(
         kv_cache_bytes=capacity.num_bytes,
         started_at=started_at,
         import_fingerprints=list(import_fingerprints),
+        max_num_seqs=max_num_seqs,
+        max_queued=max_queued,
     )
 
 

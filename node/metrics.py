@@ -124,7 +124,11 @@ _TIER_SERIES: dict[str, tuple[str, str]] = {
     "splitserve_kv_tier_loads": ("loads", "Blocks copied from a lower tier to the device"),
     "splitserve_kv_tier_stores": ("stores", "Blocks written into a lower tier"),
     "splitserve_kv_tier_evictions": ("evictions", "Blocks evicted from a lower tier for room"),
-    "splitserve_kv_tier_dropped": ("dropped", "Writes to a lower tier skipped (queue full)"),
+    "splitserve_kv_tier_dropped": (
+        "dropped",
+        "Writes to a lower tier skipped: its copies were too far behind, or the shutdown's "
+        "deadline passed",
+    ),
 }
 
 

@@ -10,15 +10,17 @@ import socket
 from dataclasses import dataclass
 from typing import Literal
 
-from cluster.settings import ModelProcessSettings, lora_module_map
+from cluster.settings import ModelProcessSettings
 from config_kit import Given, Helm, Up, part, setting
 from engine.config import EngineConfig
 from kv_transfer.config import TransferConfig
+from models.lora_modules import LoraModules
 
 
 @dataclass(frozen=True)
-class NodeSettings(ModelProcessSettings):
-    """A prefill, decode or colocated node."""
+class NodeSettings(ModelProcessSettings, LoraModules):
+    """A prefill, decode or colocated node (its LoRA adapters to load at start: LoraModules;
+    more can be loaded at run time through the router)."""
 
     port: int = setting(8100, "HTTP port", ge=1, le=65535, up=Up.OWN, helm=Helm.CHART)
     role: Literal["prefill", "decode", "colocated"] = setting(
@@ -30,10 +32,12 @@ class NodeSettings(ModelProcessSettings):
     )
     lease_ttl_s: float = setting(30.0, "prefill: seconds a KV lease lives without a release", gt=0)
     # decode: KV imports wait for blocks in a queue this long at most (the request's own
-    # deadline may be shorter); more than max_queued_imports waiting -> 503
-    max_queued_imports: int = setting(
-        256, "decode: KV imports that may wait for blocks at once", ge=1
-    )
+    # deadline may be shorter); more than max_queued_imports waiting (default: the engine's
+    # max_num_seqs) -> 503
+    max_queued_imports: int | None = setting(
+        None, "decode: KV imports that may wait for blocks at once (default: --max-num-seqs)",
+        ge=1,
+    )  # fmt: skip
     import_wait_s: float = setting(
         30.0, "decode: longest wait of a KV import for blocks (then 503)", gt=0
     )
@@ -56,12 +60,6 @@ class NodeSettings(ModelProcessSettings):
     kv_events: bool = setting(True, "publish prefix-cache changes for the routers' kv_aware policy")
     kv_events_interval_s: float = setting(0.05, "seconds between KV event batches", gt=0)
     kv_events_maxlen: int = setting(10_000, "entries kept in the node's KV event stream", ge=16)
-    # Multi-LoRA (engine.lora): adapters loaded at start as name=path (PEFT directories); more
-    # can be loaded at run time through the router.
-    lora_modules: list[str] = setting(
-        help="LoRA adapters (PEFT directories) loaded at start (turns --enable-lora on)",
-        factory=list, metavar="NAME=PATH", helm=Helm.CHART,
-    )  # fmt: skip
     engine: Given[EngineConfig] = part(EngineConfig)
     transfer: Given[TransferConfig] = part(TransferConfig)
 
@@ -71,7 +69,7 @@ class NodeSettings(ModelProcessSettings):
             raise ValueError(
                 f"ttl_s ({self.ttl_s}) must be greater than heartbeat_s ({self.heartbeat_s})"
             )
-        lora_module_map(self.lora_modules)
+        LoraModules.__post_init__(self)
 
     def resolved_node_id(self) -> str:
         """node_id, or `<role>-<hostname>-<port>` when unset."""

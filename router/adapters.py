@@ -5,7 +5,7 @@ adapter's path travels with the request, so a node that lacks it loads it on fir
 from __future__ import annotations
 
 from cluster.protocol import AdapterRef
-from cluster.settings import lora_module_map
+from models.lora_modules import lora_module_map
 from router.errors import APIError
 
 

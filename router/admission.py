@@ -1,9 +1,11 @@
 """Admission: how many requests the router serves at once, and the queue of those waiting.
 
-Up to `max_inflight` requests are served at once. Later ones wait in a queue ordered by
-(priority, arrival), lower priority first, as the nodes order theirs. Only a full queue
+Up to `limit` requests are served at once: `max_inflight`, or fewer when the pools hold
+fewer (`capacity`, from what the nodes report: router.capacity), so a request past what the
+cluster holds waits here, before any work is done on it. Later ones wait in a queue ordered
+by (priority, arrival), lower priority first, as the nodes order theirs. Only a full queue
 (`max_queued` waiting) or a wait that outlasts the request's deadline answers 429 with
-Retry-After, before any work is done on the request.
+Retry-After.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router.errors import overloaded
@@ -37,16 +40,27 @@ class _Waiter:
     granted: asyncio.Future[None] = field(compare=False)
 
 
+def _unknown() -> int | None:
+    return None
+
+
 class Admission:
     """Bounds the requests served at once; the rest wait by (priority, arrival)."""
 
     def __init__(
-        self, max_inflight: int, max_queued: int, retry_after_s: int, metrics: RouterMetrics
+        self,
+        max_inflight: int,
+        max_queued: int,
+        retry_after_s: int,
+        metrics: RouterMetrics,
+        capacity: Callable[[], int | None] = _unknown,
     ) -> None:
+        """`capacity`: the requests the cluster holds now, None when unknown."""
         self.max_inflight = max_inflight
         self.max_queued = max_queued
         self.retry_after_s = retry_after_s
         self.inflight = 0
+        self._capacity = capacity
         self._waiting: list[_Waiter] = []  # a heap
         self._seq = itertools.count()
         self._metrics = metrics
@@ -55,11 +69,17 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiting)
 
+    @property
+    def limit(self) -> int:
+        """Requests served at once now: max_inflight, or what the cluster holds if fewer."""
+        held = self._capacity()
+        return self.max_inflight if held is None else max(1, min(self.max_inflight, held))
+
     async def admit(self, priority: int = 0, wait_s: float | None = None) -> Ticket:
         """A slot now, or once the requests before this one in the queue are served.
         429 when the queue is full or no slot came within `wait_s` seconds."""
         arrived = time.monotonic()
-        if self.inflight < self.max_inflight and not self._waiting:
+        if self.inflight < self.limit and not self._waiting:
             self._take()
         else:
             await self._wait(priority, wait_s)
@@ -69,7 +89,12 @@ class Admission:
     def release(self) -> None:
         """A served request ended: its slot goes to the first waiter, if any."""
         self.inflight -= 1
-        while self._waiting and self.inflight < self.max_inflight:
+        self._grant()
+
+    def _grant(self) -> None:
+        """Slots to the first waiters while there are free ones (the limit may have grown)."""
+        limit = self.limit
+        while self._waiting and self.inflight < limit:
             waiter = heapq.heappop(self._waiting)
             if not waiter.granted.done():  # skip a waiter that gave up meanwhile
                 self._take()
@@ -80,12 +105,12 @@ class Admission:
         if len(self._waiting) >= self.max_queued:
             raise overloaded(
                 f"the router is serving {self.inflight} requests and {len(self._waiting)} wait "
-                f"(limits {self.max_inflight} and {self.max_queued})",
+                f"(limits {self.limit} and {self.max_queued})",
                 self.retry_after_s,
             )
         waiter = _Waiter(priority, next(self._seq), asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiting, waiter)
-        self._publish()
+        self._grant()
         try:
             async with asyncio.timeout(wait_s):
                 await asyncio.shield(waiter.granted)
@@ -115,3 +140,4 @@ class Admission:
     def _publish(self) -> None:
         self._metrics.inflight.set(self.inflight)
         self._metrics.queued.set(len(self._waiting))
+        self._metrics.admission_limit.set(self.limit)

@@ -31,6 +31,7 @@ from router.api.docs import install_docs
 from router.api.lora import lora_routes
 from router.api.openapi import install_openapi
 from router.api.tokenize import tokens
+from router.capacity import pool_capacity
 from router.dashboard import dashboard
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
@@ -68,7 +69,11 @@ def create_app(
         metrics=metrics,
         picker=NodePicker(settings.policy, kv.index, weights),
         admission=Admission(
-            settings.max_inflight, settings.max_queued, settings.retry_after_s, metrics
+            settings.max_inflight,
+            settings.max_queued,
+            settings.retry_after_s,
+            metrics,
+            capacity=lambda: pool_capacity(members.nodes()),
         ),
         kv=kv,
         usage=UsageLedger(metrics.registry, metrics.base, settings.limits_by_key()),

@@ -133,6 +133,18 @@ class RouterMetrics:
             _BASE,
             registry=r,
         ).labels(*base)
+        self.admission_limit = Gauge(
+            "splitserve_router_admission_limit",
+            "Requests served at once at most: max_inflight, or what the pools hold if fewer",
+            _BASE,
+            registry=r,
+        ).labels(*base)
+        self.decode_waits = Counter(
+            "splitserve_router_decode_waits",
+            "Pauses of prefilled requests while every decode node was busy",
+            _BASE,
+            registry=r,
+        ).labels(*base)
         self.queue_time = Family(
             Histogram(
                 "splitserve_router_queue_seconds",

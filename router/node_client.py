@@ -101,8 +101,10 @@ class NodeClient:
 
         Yields an iterator of events that ends after the finished event. Silence longer than
         the idle timeout, or running past `deadline` (time.monotonic), raises "unreachable".
+        The node may hold its answer while the request waits in its queue (`req.wait_s`):
+        that wait is not silence.
         """
-        timeout = httpx.Timeout(self._connect, read=self._idle)
+        timeout = httpx.Timeout(self._connect, read=self._idle + (req.wait_s or 0.0))
         try:
             async with self._client.stream(
                 "POST",

@@ -10,8 +10,9 @@ from typing import Literal
 
 from cluster.auth import ApiKey, named_keys, read_key_file, split_keys
 from cluster.key_limits import EVERY_KEY, KeyLimit, parse_key_limits
-from cluster.settings import ModelProcessSettings, lora_module_map
+from cluster.settings import ModelProcessSettings
 from config_kit import Helm, Secret, Up, setting
+from models.lora_modules import lora_module_map
 from router.api.tool_parsers import PARSER_NAMES
 
 

@@ -14,10 +14,10 @@ import torch
 from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVLayout
-from engine.kv.copier import KVLoadError, TierCopier
+from engine.kv.copier import FLUSH_S, KVLoadError, TierCopier
 from engine.kv.disk_store import DiskStore
 from engine.kv.sizing import GIB
-from engine.kv.tier_book import CopyKind, CopyOrder, TierBook
+from engine.kv.tier_book import CopyKind, CopyOrder, TierBook, copy_backlog
 from engine.kv.tiered_blocks import TieredBlockManager
 
 log = logging.getLogger("splitserve.engine.kv.offload")
@@ -33,11 +33,29 @@ class KVTiers:
     blocks: TieredBlockManager
 
     def submit(self) -> None:
-        """Hand the orders written since the last call to the copier (after scheduling)."""
+        """Hand the orders written since the last call to the copier (after scheduling, and
+        when the engine is idle), and tell the book how far the copier got."""
         orders, evicted = self.book.take_orders()
         self.copier.submit(orders, evicted)
         self.book.backlog = self.copier.backlog
-        self.book.disk_backlog = self.copier.disk_backlog
+        self.book.writes_done(self.copier.writes_done)
+
+    @property
+    def busy(self) -> bool:
+        """Copies queued or under way (an idle engine keeps its counters fresh meanwhile)."""
+        return bool(self.copier.backlog or self.copier.disk_backlog or self.book.writes_pending)
+
+    def close(self, timeout_s: float = FLUSH_S) -> None:
+        """Write the queued blocks to disk within `timeout_s`, stop the copier, and log what
+        was flushed; writes left undone are counted as dropped."""
+        self.submit()
+        flushed = self.copier.close(timeout_s)
+        if self.book.disk is not None:
+            self.book.disk.counters.dropped += flushed.left
+            log.info(
+                "kv_tier_flush blocks_flushed=%d dropped=%d seconds=%.2f",
+                flushed.written, flushed.left, flushed.seconds,
+            )  # fmt: skip
 
     def wait(self) -> None:
         """Before a forward: until its copies are done. A failed load (a file gone bad since
@@ -69,6 +87,7 @@ class KVTiers:
             out[f"{name}_bytes_out"] = self.copier.bytes[f"{name}_out"]
         out["copy_errors"] = self.copier.errors
         out["copy_backlog"] = self.copier.backlog
+        out["disk_write_backlog"] = self.copier.disk_backlog
         for reason, n in self.disk_files_dropped.items():
             out[f"disk_files_dropped_{reason}"] = n
         return out
@@ -98,14 +117,15 @@ def build_tiers(
             )
         found = disk.scan()
         entries, dropped = found.entries, found.dropped
-    book = TierBook(host_blocks, disk_blocks, entries)
-    manager = TieredBlockManager(num_blocks, config.block_size, config.enable_prefix_caching, book)
     copier = TierCopier(kv_cache, layout, host_blocks, disk)
+    backlog = copy_backlog(copier.copy_bytes_per_s, layout.block_bytes)
+    book = TierBook(host_blocks, disk_blocks, entries, max_backlog=backlog)
+    manager = TieredBlockManager(num_blocks, config.block_size, config.enable_prefix_caching, book)
     copier.submit(*book.take_orders())  # files past the disk tier's size: deleted
     log.info(
-        "kv_tiers host_blocks=%d disk_blocks=%d disk_files=%d disk_files_dropped=%d "
-        "copy_gbps=%.2f",
-        host_blocks, disk_blocks, len(entries), sum(dropped.values()),
-        copier.copy_bytes_per_s / 1e9,
+        "kv_tiers host_blocks=%d disk_blocks=%d disk_files=%d disk_blocks_indexed=%d "
+        "disk_files_dropped=%d copy_gbps=%.2f copy_backlog=%d",
+        host_blocks, disk_blocks, len(entries), len(book.disk) if book.disk else 0,
+        sum(dropped.values()), copier.copy_bytes_per_s / 1e9, backlog,
     )  # fmt: skip
     return manager, KVTiers(book, copier, dropped, manager)

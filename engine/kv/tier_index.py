@@ -5,7 +5,8 @@ holds, in which slot, in LRU order. Integers only; the bytes live in the host ti
 An entry holds the block's chained hash, its parent's hash and its own token ids: a lookup
 checks both, so a hash collision is a miss, never a wrong answer. Slots are either cached
 entries (evicted least recently used first) or reserved (a preempted request's swapped
-blocks, never evicted, given back by `unreserve`).
+blocks, never evicted, given back by `unreserve`). A cached entry may be pinned (the host
+slot a pending file write reads): it is found as usual but not evicted until `unpin`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class TierCounters:
     loads: int = 0  # blocks copied out of this tier into the device cache
     stores: int = 0  # blocks written into this tier
     evictions: int = 0  # cached blocks dropped for room
-    dropped: int = 0  # writes skipped (the copy queue was full) or files refused at start
+    dropped: int = 0  # writes skipped: the copy queue was full, or every slot was held
 
 
 @dataclass
@@ -49,6 +50,7 @@ class TierIndex:
         self._entries: OrderedDict[int, TierEntry] = OrderedDict()  # oldest first
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))  # pop() gives slot 0 first
         self._reserved: set[int] = set()
+        self._pinned: set[int] = set()  # cached slots that may not be evicted for now
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._entries
@@ -61,9 +63,13 @@ class TierIndex:
         return len(self._reserved)
 
     @property
+    def num_pinned(self) -> int:
+        return len(self._pinned)
+
+    @property
     def num_available(self) -> int:
-        """Slots a reservation or an insert may take: free ones plus cached ones."""
-        return len(self._free) + len(self._entries)
+        """Slots a reservation or an insert may take: free ones plus unpinned cached ones."""
+        return len(self._free) + len(self._entries) - len(self._pinned)
 
     def entries(self) -> list[TierEntry]:
         """Every cached entry, least recently used first."""
@@ -118,18 +124,31 @@ class TierIndex:
         self._reserved.remove(slot)
         self._free.append(slot)
 
+    def pin(self, slot: int) -> None:
+        """Keep the cached entry in `slot` from eviction until `unpin`."""
+        if slot in self._pinned:
+            raise RuntimeError(f"{self.name} tier slot {slot} is pinned already")
+        self._pinned.add(slot)
+
+    def unpin(self, slot: int) -> None:
+        self._pinned.remove(slot)
+
     def audit(self) -> None:
-        """RuntimeError unless every slot is exactly one of free, cached or reserved."""
+        """RuntimeError unless every slot is exactly one of free, cached or reserved, and
+        only cached slots are pinned."""
         cached = [e.slot for e in self._entries.values()]
         slots = [*self._free, *cached, *self._reserved]
         if sorted(slots) != list(range(self.capacity)):
             raise RuntimeError(f"{self.name} tier slots are inconsistent")
+        if not self._pinned <= set(cached):
+            raise RuntimeError(f"{self.name} tier pins a slot that caches nothing")
 
     def _take(self) -> tuple[int | None, list[TierEntry]]:
         if self._free:
             return self._free.pop(), []
-        if not self._entries:
+        oldest = next((e for e in self._entries.values() if e.slot not in self._pinned), None)
+        if oldest is None:
             return None, []
-        _, oldest = self._entries.popitem(last=False)
+        del self._entries[oldest.block_hash]
         self.counters.evictions += 1
         return oldest.slot, [oldest]

@@ -3,8 +3,10 @@
 HTTP handlers never touch the engine. They send commands (callables taking the engine)
 through a thread-safe queue; the thread runs every queued command between two steps, then
 one step, and hands each request's outputs to that request's asyncio queue with
-`call_soon_threadsafe`. With no request to run, the thread sleeps on the command queue, so
-an idle node spends no CPU.
+`call_soon_threadsafe`. With no request to run, the thread hands the KV tiers' pending
+copies to their copier (the blocks a finished request left are written behind at once) and
+sleeps on the command queue, so an idle node spends no CPU; while copies are under way it
+wakes every TIER_POLL_S to refresh the snapshot's counters.
 
     loop = EngineLoop(engine, torch_threads=1)
     loop.start()
@@ -31,13 +33,15 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import EngineCounters, EngineStats, LLMEngine
 from engine.loop.commands import Command, Job
-from engine.loop.stream import EngineFailed, LoopOutput, OutputSink, RequestStream
-from engine.outputs import StepOutput
+from engine.loop.stream import EngineFailed, OutputSink, RequestStream, StreamOutput
+from engine.outputs import RequestOutput
 from engine.scheduler.request import FinishReason, RequestStatus
 
 log = logging.getLogger("splitserve.engine.loop.engine_loop")
 
 T = TypeVar("T")
+
+TIER_POLL_S = 0.05  # an idle loop's snapshot lags the KV tiers' copies by at most this
 
 
 @dataclass(frozen=True)
@@ -208,16 +212,26 @@ class EngineLoop:
         if self._torch_threads is not None:
             torch.set_num_threads(self._torch_threads)
         try:
-            while self._run_commands(block=not self.engine.has_unfinished()):
+            while self._run_commands(self._idle_wait()):
                 if self.engine.has_unfinished():
                     self._step()
         finally:
             self._shut_down()
 
-    def _run_commands(self, block: bool) -> bool:
-        """Run the queued commands (waiting for one when `block`); False on stop."""
+    def _idle_wait(self) -> float | None:
+        """Seconds to wait for a command: 0 with work to step, else None (until one comes)
+        or TIER_POLL_S while the KV tiers' copies run."""
+        if self.engine.has_unfinished():
+            return 0.0
+        copying = self.engine.sync_tiers()
+        self._refresh()
+        return TIER_POLL_S if copying else None
+
+    def _run_commands(self, wait_s: float | None) -> bool:
+        """Run the queued commands, waiting up to `wait_s` for one (None: until one comes);
+        False on stop."""
         try:
-            first = self._commands.get(block=block)
+            first = self._commands.get(block=wait_s != 0, timeout=wait_s or None)
         except queue.Empty:
             return True
         pending = [first]
@@ -263,7 +277,7 @@ class EngineLoop:
                 self._unscheduled.discard(request_id)  # gone: finished in this step
                 self._scheduled_at[request_id] = step_started
 
-    def _deliver(self, out: StepOutput) -> None:
+    def _deliver(self, out: RequestOutput) -> None:
         pinned: tuple[int, ...] = ()
         if out.finish_reason is FinishReason.PREFILLED:
             pinned = tuple(self.engine.pinned_blocks(out.request_id))
@@ -274,7 +288,7 @@ class EngineLoop:
         if out.finished:
             del self._sinks[out.request_id]
             self._scheduled_at.pop(out.request_id, None)
-        sink.put(LoopOutput(out, pinned, scheduled_at))
+        sink.put(StreamOutput(out, pinned, scheduled_at))
 
     def _abort_now(self, engine: LLMEngine, request_id: str) -> bool:
         found = engine.abort(request_id)
@@ -287,7 +301,7 @@ class EngineLoop:
         self._unscheduled.discard(request_id)
         self._scheduled_at.pop(request_id, None)
         if sink is not None:
-            sink.put(LoopOutput(StepOutput(request_id, (), (), True, reason, 0, 0)))
+            sink.put(StreamOutput(RequestOutput(request_id, (), (), True, reason, 0, 0)))
 
     def _fail_all(self, message: str) -> None:
         for request_id, sink in list(self._sinks.items()):

@@ -3,10 +3,12 @@ ranks, hands them each step, watches them, and stops them.
 
 The ranks are spawned processes joined in one ``torch.distributed`` group (gloo on the CPU,
 NCCL on CUDA) through rank 0's store on a local port. They belong to the engine: a rank that
-exits makes the next step (or the one running) raise ``RankFailed`` naming it, and calls the
-``on_failure`` callbacks at once (an engine loop stops on it); ``close`` stops them, kills
+exits while the engine starts fails the start at once (``engine.parallel.start``); one that
+exits later makes the next step (or the one running) raise ``RankFailed`` naming it, and calls
+the ``on_failure`` callbacks at once (an engine loop stops on it); ``close`` stops them, kills
 those that do not stop, and a rank whose parent is gone exits by itself
-(``engine.parallel.watchdog``). One multi-rank engine per process (the default group).
+(``engine.parallel.watchdog``). One multi-rank engine per process (the default group): close
+one before starting the next.
 """
 
 from __future__ import annotations
@@ -18,18 +20,24 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
 from multiprocessing.process import BaseProcess
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
-from engine.model.shard import Shard
 from engine.parallel.messages import Report, StepPlan, Stop
 from engine.parallel.pipeline import StagePipe, StageTimes, stage_pipe
+from engine.parallel.process_group import (
+    GROUP_TIMEOUT,
+    init_group,
+    master_store,
+    rank_device,
+    world_size,
+)
+from engine.parallel.start import await_ranks, exit_message, reap, refuse_unguarded_start
 from engine.step.batch import StepInputs
 
 log = logging.getLogger(__name__)
@@ -37,63 +45,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 RankCall = Callable[[torch.Tensor, int, Any], T]  # (the rank's KV cache, its rank, an arg)
 
-GROUP_TIMEOUT = timedelta(minutes=10)  # a collective's longest wait (a rank that hangs)
 _JOIN_S = 10.0  # a rank's time to exit after Stop before it is killed
+_BROKEN = "the engine cannot step any more"
+_NOT_STARTED = "the engine did not start"
 
 
 class RankFailed(RuntimeError):
     """A rank (tensor-parallel, or of a pipeline stage) died or failed: the engine cannot
     step any more."""
-
-
-def master_store(config: EngineConfig) -> dist.TCPStore:
-    """Rank 0's rendezvous store, on a port the kernel picks as it binds (so no other
-    process can take it between the choice and the bind); the ranks join it at its port."""
-    return dist.TCPStore(
-        "127.0.0.1", 0, world_size(config), is_master=True,
-        timeout=GROUP_TIMEOUT, wait_for_workers=False,
-    )  # fmt: skip
-
-
-def backend_for(device: str) -> str:
-    return "nccl" if device.startswith("cuda") else "gloo"
-
-
-def world_size(config: EngineConfig) -> int:
-    return config.tensor_parallel_size * config.pipeline_parallel_size
-
-
-def init_group(
-    rank: int, config: EngineConfig, port: int, device: str, store: dist.Store | None = None
-) -> Shard:
-    """Join the group as global ``rank`` (through rank 0's ``store``, or at ``port`` where
-    rank 0 serves it); its tensor-parallel shard, whose collectives take tensors on
-    ``device`` and span the ranks of its pipeline stage (``engine.parallel.pipeline``
-    numbers them)."""
-    tp = config.tensor_parallel_size
-    if store is None:
-        store = dist.TCPStore("127.0.0.1", port, world_size(config), False, GROUP_TIMEOUT)
-    dist.init_process_group(
-        backend_for(device),
-        store=store,
-        rank=rank,
-        world_size=world_size(config),
-        timeout=GROUP_TIMEOUT,
-    )
-    group = None  # one stage: the default group is the stage's
-    if config.pipeline_parallel_size > 1 and tp > 1:  # every rank makes every stage's group
-        stages = range(config.pipeline_parallel_size)
-        groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in stages]
-        group = groups[rank // tp]
-    return Shard(rank % tp, tp, group=group, device=device)
-
-
-def rank_device(device: str, rank: int) -> str:
-    """Rank ``r`` of a CUDA engine on GPU ``r`` (counted from the engine's own)."""
-    if not device.startswith("cuda"):
-        return device
-    first = int(device.split(":")[1]) if ":" in device else 0
-    return f"cuda:{first + rank}"
 
 
 class RankGroup:
@@ -103,11 +62,15 @@ class RankGroup:
     def __init__(self, config: EngineConfig) -> None:
         from engine.parallel.worker import run_rank
 
+        refuse_unguarded_start()
         size = world_size(config)
         self.tensor_parallel_size = config.tensor_parallel_size
         self.pipe: StagePipe | None = stage_pipe(config, ModelConfig.from_dir(config.model_dir), 0)
         if dist.is_initialized():
-            raise RuntimeError("a multi-rank engine is already running in this process")
+            raise RuntimeError(
+                "a multi-rank engine is already running in this process: close it first "
+                "(LLM.close(), or leave its `with LLM(...)` block; LLMEngine.close())"
+            )
         store = master_store(config)
         port = store.port
         spawn = multiprocessing.get_context("spawn")
@@ -133,13 +96,14 @@ class RankGroup:
         self.failure: str | None = None
         self.on_failure: list[Callable[[str], None]] = []
         self._closing = False
+        try:
+            await_ranks(store, self.processes, GROUP_TIMEOUT.total_seconds(), self._start_failed)
+            self.shard = init_group(0, config, port, rank_device(config.device, 0), store)
+        except BaseException:  # Ctrl-C too: no rank outlives a start that did not finish
+            self._end()
+            raise
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
         self._monitor.start()
-        try:
-            self.shard = init_group(0, config, port, rank_device(config.device, 0), store)
-        except Exception:
-            self._kill()
-            raise
 
     @property
     def pids(self) -> list[int]:
@@ -226,30 +190,48 @@ class RankGroup:
                 log.warning("engine ranks did not take Stop; killing them")
         for process in self.processes:
             process.join(_JOIN_S)
-        self._kill()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self._end()
+
+    @contextmanager
+    def starting(self) -> Iterator[None]:
+        """Rank 0's part of the engine's start (its runner built, the KV block count agreed
+        with the ranks): on an error the ranks are killed, and an error of the group (a
+        RuntimeError) raised because a rank exited is ``RankFailed`` naming that rank."""
+        try:
+            yield
+        except BaseException as exc:
+            failed = isinstance(exc, RuntimeError)  # a collective, not rank 0's own checks
+            dead = self._dead_after(_NOT_STARTED) if failed else None
+            self._end()
+            if dead is not None:
+                raise RankFailed(dead) from exc
+            raise
 
     def _broadcast(self, message: StepPlan | Report | Stop) -> None:
         dist.broadcast_object_list([message], src=0)
 
     def _explain(self, exc: Exception) -> str:
         """The failure's message: the dead rank when one died (waited for briefly)."""
-        for process in self.processes:
-            process.join(2.0)
-        dead = self._dead()
+        dead = self._dead_after()
         if dead:
             return dead
         return f"multi-rank step failed: {type(exc).__name__}: {exc}"
 
-    def _dead(self) -> str | None:
+    def _dead_after(self, consequence: str = _BROKEN) -> str | None:
+        """``_dead`` once the ranks had a moment to exit (an error of the group shows as
+        soon as a rank's connections close, its exit code a moment later)."""
+        for process in self.processes:
+            process.join(2.0)
+        return self._dead(consequence)
+
+    def _dead(self, consequence: str = _BROKEN) -> str | None:
         for rank, process in enumerate(self.processes, start=1):
             if process.exitcode is not None:
-                return (
-                    f"{self._role(rank)} rank {rank} (pid {process.pid}) exited with code "
-                    f"{process.exitcode}; the engine cannot step any more"
-                )
+                return exit_message(self._role(rank), rank, process, consequence)
         return None
+
+    def _start_failed(self) -> RankFailed:
+        return RankFailed(self._dead(_NOT_STARTED) or "an engine rank exited")
 
     def _role(self, rank: int) -> str:
         """What a rank is, for errors: ``tensor-parallel`` or its pipeline stage."""
@@ -260,19 +242,22 @@ class RankGroup:
 
     def _watch(self) -> None:
         """Wait for any rank to exit; unless closing, record the failure and tell."""
-        by_sentinel = {p.sentinel: p for p in self.processes}
-        ready = multiprocessing.connection.wait(list(by_sentinel))
+        multiprocessing.connection.wait([p.sentinel for p in self.processes])
         if self._closing:
             return
-        for sentinel in ready:  # its pipe closed: the exit code follows at once
-            by_sentinel[cast(int, sentinel)].join(_JOIN_S)
+        reap(self.processes)
         self.failure = self._dead() or "an engine rank exited"
         log.error("%s", self.failure)
         for callback in list(self.on_failure):
             callback(self.failure)
 
-    def _kill(self) -> None:
+    def _end(self) -> None:
+        """Kill the ranks still running (quietly: the monitor stands down) and leave the
+        group."""
+        self._closing = True
         for process in self.processes:
             if process.is_alive():
                 process.kill()
             process.join(_JOIN_S)
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -20,7 +20,7 @@ from engine import cpu_kernels
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
-from engine.lora.delta import choose_kernel
+from engine.lora.delta import LoraBatch, choose_kernel
 from engine.lora.manager import LoraManager
 from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.backends import select_attention
@@ -36,6 +36,7 @@ from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
 from engine.step.memory_profile import BatchShape, measure_device_memory, profile_lengths
+from models.weights import has_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,8 @@ def _load_weights(
 def engine_quantization(config: EngineConfig) -> str:
     """The quantization the engine loads with (``auto`` resolved). Quantized weights are not
     sharded across ranks yet: with tensor parallelism ``auto`` keeps a GGUF directory's fp32
-    conversion, and a quantized checkpoint is refused, naming both settings."""
+    conversion, and a quantized checkpoint (a GGUF alone too) is refused, naming both
+    settings."""
     fp32 = config.torch_dtype == torch.float32
     random = config.load_format == "random"
     method = resolve_quantization(
@@ -145,11 +147,14 @@ def engine_quantization(config: EngineConfig) -> str:
     )
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     if tp * pp > 1 and method != "none":
-        if config.quantization == "auto" and method == "gguf":
+        converted = has_safetensors(config.model_dir)
+        if config.quantization == "auto" and method == "gguf" and converted:
             return "none"
+        alone = "" if converted else f" ({config.model_dir} has no safetensors weights)"
         raise ValueError(
             f"quantization {method!r} with tensor_parallel_size {tp} and "
-            f"pipeline_parallel_size {pp}: quantized weights are not sharded across ranks yet"
+            f"pipeline_parallel_size {pp}: quantized weights are not sharded across ranks "
+            f"yet{alone}"
         )
     return method
 
@@ -230,7 +235,7 @@ class ModelRunner:
         inputs = self.batch.prepare(out, sampled_prefills)
         self._check_lengths(inputs.meta)
         if self.lora is not None:
-            inputs = inputs._replace(lora=self.lora.prepare(out))
+            inputs = inputs._replace(lora=lora_batch(self.lora, out))
         return inputs
 
     @torch.inference_mode()
@@ -263,6 +268,15 @@ class ModelRunner:
             raise ValueError(
                 f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
             )
+
+
+def lora_batch(manager: LoraManager, out: SchedulerOutput) -> LoraBatch | None:
+    """The step's LoRA batch: each row's adapter, decodes then prefill chunks."""
+    return manager.prepare(
+        [r.lora for r in out.decodes],
+        [r.lora for r in out.prefill_requests],
+        [c.num_tokens for c in out.prefills],
+    )
 
 
 def lora_manager(

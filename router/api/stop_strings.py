@@ -28,6 +28,7 @@ class StopMatcher:
         self._max_hold = max((len(s) - 1 for s in self._stops), default=0)
         self._pending = ""
         self.stopped = False
+        self.after = ""  # once stopped: what followed the stop string in what was fed
 
     def feed(self, text: str) -> StopResult:
         """Add text; return what is safe to emit. After a stop, everything is swallowed."""
@@ -38,9 +39,11 @@ class StopMatcher:
         buf = self._pending + text
         hit = self._earliest_match(buf)
         if hit is not None:
+            at, stop = hit
             self.stopped = True
             self._pending = ""
-            return StopResult(buf[:hit], True)
+            self.after = buf[at + len(stop) :]
+            return StopResult(buf[:at], True)
         keep = self._held_tail(buf)
         self._pending = buf[len(buf) - keep :] if keep else ""
         return StopResult(buf[: len(buf) - keep], False)
@@ -50,9 +53,10 @@ class StopMatcher:
         text, self._pending = self._pending, ""
         return "" if self.stopped else text
 
-    def _earliest_match(self, buf: str) -> int | None:
-        found = [i for s in self._stops if (i := buf.find(s)) >= 0]
-        return min(found) if found else None
+    def _earliest_match(self, buf: str) -> tuple[int, str] | None:
+        """(where, which) of the earliest stop string in buf."""
+        found = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
+        return min(found, key=lambda hit: hit[0]) if found else None
 
     def _held_tail(self, buf: str) -> int:
         """Length of the longest suffix of buf that is a proper prefix of a stop string."""

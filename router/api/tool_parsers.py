@@ -30,6 +30,7 @@ MISTRAL_MARK = "[TOOL_CALLS]"
 # a call ends at its closing tag, or at the end of the output (a last tag left open)
 _WRAPPED = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + "|$)", re.DOTALL)
 _ALNUM = string.ascii_letters + string.digits
+_UNREADABLE = (json.JSONDecodeError, RecursionError)  # nested past json's limit: no call
 
 ParserName = Literal["auto", "json", "hermes", "mistral"]
 PARSER_NAMES: tuple[ParserName, ...] = ("auto", "json", "hermes", "mistral")
@@ -103,7 +104,7 @@ def _mistral(text: str, names: frozenset[str]) -> ParsedOutput | None:
     head, body = (text[:start], text[start + len(MISTRAL_MARK) :]) if start >= 0 else ("", text)
     try:
         values = json.loads(body)
-    except json.JSONDecodeError:
+    except _UNREADABLE:
         return None
     values = [values] if isinstance(values, dict) else values
     if not isinstance(values, list) or not values:
@@ -117,22 +118,24 @@ def _mistral(text: str, names: frozenset[str]) -> ParsedOutput | None:
 def _call(body: str, names: frozenset[str]) -> ParsedCall | None:
     try:
         return _value_call(json.loads(body), names)
-    except json.JSONDecodeError:
+    except _UNREADABLE:
         return None
 
 
 def _value_call(value: Any, names: frozenset[str]) -> ParsedCall | None:
-    if not isinstance(value, dict) or value.get("name") not in names:
+    if not isinstance(value, dict) or not isinstance(name := value.get("name"), str):
+        return None
+    if name not in names:
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except _UNREADABLE:
             return None
     if not isinstance(arguments, dict):
         return None
-    return ParsedCall(value["name"], dumps(arguments))
+    return ParsedCall(name, dumps(arguments))
 
 
 def dumps(value: Any) -> str:

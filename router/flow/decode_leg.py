@@ -1,14 +1,23 @@
 """The decode leg: a decode stream for one request, opened with the prefill's KV handle or
-with a local prefill, read token by token, and resumed on another node when one fails."""
+with a local prefill, read token by token, and resumed on another node when one fails.
+
+Once token 1 is out (after a remote prefill, or on a resume) the request must finish: while
+every decode node answers busy (batch and import queue full), the leg tries them again after
+growing pauses, within the request's deadline. The KV handle goes to a decode node while its
+lease has `LEASE_SLACK_S` left; after that the decode node prefills prompt + token 1 itself.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
+from typing import NamedTuple
 
 from cluster.protocol import DecodeRequest, KVHandle, NodeInfo, NodeRecord, TokenEvent
 from router.errors import APIError, overloaded, unavailable
+from router.flow.backoff import Backoff
 from router.flow.failures import node_failed, refused
 from router.flow.lease import KVLease
 from router.flow.leg import Leg
@@ -20,10 +29,31 @@ from router.state import RouterState
 
 log = logging.getLogger("splitserve.router")
 
+LEASE_SLACK_S = 2.0  # what a KV handle's lease must have left when a decode node gets it
+# The healthy nodes of a Pools that may take the request.
+Candidates = Callable[[Pools], Sequence[NodeRecord]]
+
+
+def local_nodes(pools: Pools) -> Sequence[NodeRecord]:
+    """The nodes that prefill locally: decode and colocated."""
+    return pools.local
+
+
+class _Round(NamedTuple):
+    """How one round of tries ended, when no node took the request."""
+
+    busy: int  # nodes that answered busy: worth another round
+    failed: int  # nodes that failed: not tried again
+
+
+class _LeaseEnding(Exception):
+    """The KV handle's lease has too little time left to be given to a decode node."""
+
 
 class DecodeLeg(Leg):
-    """At most one open /internal/generate stream at a time; every decode node it tried
-    (up to `decode_attempts`) is tried once only."""
+    """At most one open /internal/generate stream at a time. A node that failed or took the
+    request (up to `decode_attempts` of them) is not tried again; a busy one is, in the
+    next round."""
 
     def __init__(
         self,
@@ -53,48 +83,89 @@ class DecodeLeg(Leg):
 
     async def open_with(self, kv: KVHandle, output_ids: list[int]) -> None:
         """After a remote prefill: a decode node of the same KV layout (or one that converts
-        it: another kv_cache_dtype) imports the blocks;
-        when there is none, release the lease and prefill locally instead."""
+        it: another kv_cache_dtype) imports the blocks, waiting while they are all busy.
+        When there is none, or the lease ends first, release the lease and prefill on a
+        decode node instead."""
+        fingerprint = kv.layout_fingerprint
         pools = Pools.of(self._s.membership.nodes())
-        matching = kv_importers(pools.decode, kv.layout_fingerprint)
-        if matching:
-            await self.open(matching, kv, output_ids)
-            self._lease.taken()
-            return
-        reason = "layout_mismatch" if pools.decode else "no_decode_node"
+        if kv_importers(pools.decode, fingerprint):
+            try:
+                await self.open(importers_of(fingerprint), kv, output_ids, wait=True)
+            except _LeaseEnding:
+                reason = "lease_ending"
+            else:
+                self._lease.taken()
+                return
+        else:
+            reason = "layout_mismatch" if pools.decode else "no_decode_node"
         self._s.metrics.local_prefill.labels(reason).inc()
         self._lease.release()
-        await self.open(pools.local, None, output_ids)
+        await self.open(local_nodes, None, output_ids, wait=True)
 
     async def open(
-        self, candidates: Sequence[NodeRecord], kv: KVHandle | None, output_ids: list[int]
+        self,
+        candidates: Candidates,
+        kv: KVHandle | None,
+        output_ids: list[int],
+        *,
+        wait: bool = False,
     ) -> None:
-        """Start /internal/generate on one of `candidates`; raises APIError if none accepts."""
+        """Start /internal/generate on one of the healthy nodes `candidates` picks. Raises
+        APIError when none takes it: 400 for a refused request, 429 when every node tried
+        was busy, else 503. With `wait`, a round in which the nodes left were busy is tried
+        again after a pause, each time on the nodes then healthy, until the deadline."""
+        backoff = Backoff(self._deadline)
+        while True:
+            nodes = candidates(Pools.of(self._s.membership.nodes()))
+            ended = await self._round(nodes, kv, output_ids)
+            if ended is None:
+                return
+            if not (wait and ended.busy):
+                raise self._none_took(ended)
+            if backoff.pauses == 0:
+                log.info("decode_wait id=%s busy_nodes=%d", self._request.request_id, ended.busy)
+            self._s.metrics.decode_waits.inc()
+            await backoff.pause()
+
+    async def _round(
+        self, candidates: Sequence[NodeRecord], kv: KVHandle | None, output_ids: list[int]
+    ) -> _Round | None:
+        """One try on each of `candidates` not tried before, until one takes the request
+        (None then)."""
         state = self._s
-        busy = tried = 0
+        busy: set[str] = set()
+        failed = 0
         while len(self._tried) < state.settings.decode_attempts:
-            node = state.picker.pick("decode", candidates, self._tried, self._query)
+            skip = self._tried | busy
+            node = state.picker.pick("decode", candidates, skip, self._query)
             if node is None:
                 break
-            left = [c.info.node_id for c in candidates if c.info.node_id not in self._tried]
-            predicted = state.kv.routed(node.info.role, self._query, node.info.node_id, left)
-            self._tried.add(node.info.node_id)
-            tried += 1
+            node_id = node.info.node_id
+            left = [c.info.node_id for c in candidates if c.info.node_id not in skip]
+            predicted = state.kv.routed(node.info.role, self._query, node_id, left)
             try:
                 await self._open_on(node.info, kv, output_ids)
             except NodeCallError as err:
                 node_failed(state, self._request.request_id, "decode", err)
                 if err.kind == "refused":
                     raise refused(err) from None
-                busy += err.kind == "busy"
+                if err.kind == "busy":
+                    busy.add(node_id)
+                else:
+                    self._tried.add(node_id)
+                    failed += 1
                 continue
+            self._tried.add(node_id)
             self._node, self._imported = node.info, kv is not None
             self._predicted, self._recorded = predicted, False
-            state.picker.begin(node.info.node_id)
-            return
-        if busy and busy == tried:
-            raise overloaded("every decode node is busy", self._retry_after)
-        raise unavailable("no decode node could take the request", self._retry_after)
+            state.picker.begin(node_id)
+            return None
+        return _Round(len(busy), failed)
+
+    def _none_took(self, ended: _Round) -> APIError:
+        if ended.busy and not ended.failed:
+            return overloaded("every decode node is busy", self._retry_after)
+        return unavailable("no decode node could take the request", self._retry_after)
 
     async def _open_on(self, node: NodeInfo, kv: KVHandle | None, output_ids: list[int]) -> None:
         req = DecodeRequest(
@@ -104,11 +175,21 @@ class DecodeLeg(Leg):
             sampling=self._request.sampling,
             kv=kv,
             priority=self._request.priority,
-            wait_s=self._deadline.left_s(),
+            wait_s=self._import_wait_s(kv),
             lora=self._request.lora,
         )
         ctx = self._s.require_nodes().generate(node, req, self._deadline.at)
         self._stream = await self._stream_ctx.enter_async_context(ctx)
+
+    def _import_wait_s(self, kv: KVHandle | None) -> float | None:
+        """How long the node may queue the import: until the deadline, or until the lease
+        has LEASE_SLACK_S left (_LeaseEnding when it has less). None without a handle."""
+        if kv is None:
+            return None
+        lease_left = kv.lease_expires_at - time.time() - LEASE_SLACK_S  # the node's clock
+        if lease_left <= 0:
+            raise _LeaseEnding
+        return min(self._deadline.left_s(), lease_left)
 
     async def read(self) -> AsyncIterator[TokenEvent]:
         """The open stream's events; the first one's prefix hits go to the KV index."""
@@ -137,8 +218,10 @@ class DecodeLeg(Leg):
             "decode_resume id=%s tokens_so_far=%d", self._request.request_id, len(output_ids)
         )
         try:
-            await self.open(Pools.of(self._s.membership.nodes()).local, None, output_ids)
-        except APIError:
+            await self.open(local_nodes, None, output_ids, wait=True)
+        except APIError as exc:
+            if exc.code == "timeout":  # the deadline passed while every node was busy
+                raise
             raise unavailable(
                 f"the decode node failed mid-generation and no other took over ({err})",
                 self._retry_after,
@@ -156,6 +239,11 @@ class DecodeLeg(Leg):
 
     async def close_stream(self) -> None:
         await self._stream_ctx.aclose()
+
+
+def importers_of(fingerprint: str) -> Candidates:
+    """The decode nodes that import KV of layout `fingerprint`."""
+    return lambda pools: kv_importers(pools.decode, fingerprint)
 
 
 def kv_importers(nodes: Sequence[NodeRecord], fingerprint: str) -> list[NodeRecord]:

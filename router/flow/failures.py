@@ -12,9 +12,11 @@ log = logging.getLogger("splitserve.router")
 
 
 def node_failed(state: RouterState, request_id: str, role: str, err: NodeCallError) -> None:
-    """Count and log the failure; an unreachable node is marked unhealthy."""
+    """Count and log the failure (a busy node, which the flow tries again, at debug level);
+    an unreachable node is marked unhealthy."""
     state.metrics.node_errors.labels(role, err.kind).inc()
-    log.warning(
+    log.log(
+        logging.DEBUG if err.kind == "busy" else logging.WARNING,
         "node_call_failed id=%s role=%s node=%s kind=%s error=%s",
         request_id, role, err.node_id, err.kind, err,
     )  # fmt: skip

@@ -17,11 +17,11 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 
-from cluster.protocol import PrefillResponse, TokenEvent
+from cluster.protocol import NodeRecord, PrefillResponse, TokenEvent
 from router.admission import Ticket
 from router.api.text_deltas import TokenChunk
 from router.errors import APIError, overloaded, unavailable
-from router.flow.decode_leg import DecodeLeg
+from router.flow.decode_leg import DecodeLeg, local_nodes
 from router.flow.failures import node_failed
 from router.flow.lease import KVLease
 from router.flow.prefill_leg import Prefilled, PrefillLeg
@@ -104,14 +104,17 @@ class RequestFlow:
             raise overloaded("every decode node is at its queue limit", retry_after)
         self._s.metrics.local_prefill.labels(reason).inc()
         self.path = "local"
-        await self._decode.open(pools.local, None, self.output_ids)
+        await self._decode.open(local_nodes, None, self.output_ids)
 
     async def _start_beside(self, node_id: str | None) -> bool:
         """A sibling sample on the decode node holding the prompt's KV: a local prefill there
         finds the full blocks in its prefix cache and computes only the partial last one.
         False when that node is gone, busy or unknown (then the sample starts as a plain one)."""
-        near = [n for n in Pools.of(self._s.membership.nodes()).local if n.info.node_id == node_id]
-        if not near:
+
+        def near(pools: Pools) -> list[NodeRecord]:
+            return [n for n in pools.local if n.info.node_id == node_id]
+
+        if not near(Pools.of(self._s.membership.nodes())):
             return False
         try:
             await self._decode.open(near, None, self.output_ids)

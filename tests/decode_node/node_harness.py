@@ -5,6 +5,7 @@ tests/decode_node (the prefill tests put this folder on sys.path in their confte
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from cluster.listen import open_listener
-from cluster.protocol import DecodeRequest, NodeStats, TokenEvent
+from cluster.protocol import DecodeRequest, NodeStats, PrefillResponse, TokenEvent
 from config_kit import build
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -145,6 +146,17 @@ async def wait_idle(
         if (idle and load.running == 0) or asyncio.get_running_loop().time() > deadline:
             return now
         await asyncio.sleep(0.05)
+
+
+async def prefill(
+    client: httpx.AsyncClient, rid: str, prompt: list[int], params: SamplingParams
+) -> PrefillResponse:
+    """POST /internal/prefill, then /internal/release (no decode node reads the blocks)."""
+    body = {"request_id": rid, "prompt_token_ids": prompt, "sampling": dataclasses.asdict(params)}
+    resp = await client.post("/internal/prefill", json=body)
+    assert resp.status_code == 200, resp.text
+    await client.post("/internal/release", json={"request_id": rid})
+    return PrefillResponse.model_validate_json(resp.content)
 
 
 async def generate(client: httpx.AsyncClient, req: DecodeRequest) -> list[TokenEvent]:

@@ -227,6 +227,14 @@ async def test_colocated_node_prefills_alone(nodes: Nodes, expected: list[int]) 
     await nodes.prefill.post("/internal/release", json={"request_id": "colo-kv"})
 
 
+async def test_nodes_report_the_requests_they_hold(nodes: Nodes) -> None:
+    """What the router sizes its admission from: each node's batch (64 on the CPU) and the
+    KV imports a decode node queues (as many, by default)."""
+    prefill, decode = (await stats(nodes.prefill)).info, (await stats(nodes.decode)).info
+    assert (prefill.max_num_seqs, prefill.max_queued) == (64, 0)
+    assert (decode.max_num_seqs, decode.max_queued) == (64, 64)
+
+
 async def test_a_body_that_is_no_decode_request_answers_400(nodes: Nodes) -> None:
     for raw, param in [(b"{not json", None), (b'{"request_id": "x"}', "prompt_token_ids")]:
         resp = await nodes.decode.post("/internal/generate", content=raw, headers=JSON)

@@ -96,9 +96,12 @@ def _idle(stats: NodeStats) -> bool:
     )
 
 
-def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
+def start_cluster(
+    model_dir: Path, run_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> Cluster:
     """`splitserve up` on the CPU in float32 (the oracle's settings), 1 torch thread per node;
-    returns once it reports ready."""
+    returns once it reports ready. `env`: more environment for every process (settings
+    `up` has no flag for, SPLITSERVE_<FIELD>)."""
     argv = [sys.executable, "-m", "launcher.cli", "up", "--model", str(model_dir)]
     # port 0: the launcher binds one and writes the router's URL in cluster.json
     argv += ["--port", "0", "--device", "cpu", "--dtype", "float32"]
@@ -111,7 +114,7 @@ def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=dict(os.environ, **{CLUSTER_TOKEN_ENV: CLUSTER_TOKEN}),
+            env=dict(os.environ, **(env or {}), **{CLUSTER_TOKEN_ENV: CLUSTER_TOKEN}),
         )
     cluster = Cluster(proc, run_dir, {})
     deadline = time.monotonic() + UP_TIMEOUT_S
@@ -126,14 +129,18 @@ def start_cluster(model_dir: Path, run_dir: Path, *args: str) -> Cluster:
 
 @contextmanager
 def running_cluster(
-    model_dir: Path, run_dir: Path, *args: str, check_clean_exit: bool = False
+    model_dir: Path,
+    run_dir: Path,
+    *args: str,
+    check_clean_exit: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Cluster]:
     """`start_cluster`, then stop it; any process of ours still alive is SIGKILLed.
 
     With `check_clean_exit`, the launcher must exit 0 and leave no process behind (checked
     after the stragglers are killed, so a failure never leaks them into later tests).
     """
-    up = start_cluster(model_dir, run_dir, *args)
+    up = start_cluster(model_dir, run_dir, *args, env=env)
     try:
         yield up
     finally:

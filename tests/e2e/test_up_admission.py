@@ -2,7 +2,9 @@
 and a flood far past capacity queues instead of failing.
 
 (1) While a long request holds the slot, ten priority-5 requests and then one priority-0
-request arrive; the priority-0 one finishes first. (2) 3x the node's capacity (slot + a
+request arrive; the priority-0 one finishes first. The decode node queues 16 requests
+(SPLITSERVE_MAX_QUEUED_IMPORTS), so the router's admission, sized from that, sends all of
+them there and the node's queue orders them. (2) 3x the node's capacity (slot + a
 short queue) at once: every request completes or gets 429 before any token, none gets a 5xx,
 and afterwards every KV block is free and no lease is held."""
 
@@ -28,7 +30,8 @@ PROMPT = "In the middle of the night, the city was quiet except for the sound of
 def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     run_dir = tmp_path_factory.mktemp("up-admission")
     args = ("--max-num-seqs", "1", "--num-kv-blocks", "128")
-    with running_cluster(default_model_dir, run_dir, *args, check_clean_exit=True) as up:
+    env = {"SPLITSERVE_MAX_QUEUED_IMPORTS": "16"}
+    with running_cluster(default_model_dir, run_dir, *args, check_clean_exit=True, env=env) as up:
         yield up
 
 

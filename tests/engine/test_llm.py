@@ -1,11 +1,19 @@
 """LLM(...) takes the KV tier settings as keyword arguments: on the default model, a restart
-with a disk tier answers a known conversation from its files, as the offline engine does."""
+with a disk tier answers a known conversation from its files, as the offline engine does. A
+multi-rank LLM is released by its `with` block, by close() and when it is collected, so that
+the process can start the next one."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
+import pytest
+import torch.distributed as dist
+from tiny_llama import save_tiny_text_model
+
 from engine.llm import LLM
+from engine.parallel import RankGroup
 from models.sampling_params import SamplingParams
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -30,3 +38,33 @@ def test_a_restart_answers_a_known_conversation_from_disk(
     stats = restarted.engine.counters.kv_tiers
     assert stats["disk_hits"] == stats["disk_loads"] > 0
     restarted.close()
+
+
+TINY_GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+
+def _released(ranks: RankGroup | None) -> bool:
+    assert ranks is not None
+    return not dist.is_initialized() and not any(p.is_alive() for p in ranks.processes)
+
+
+def test_leaving_a_with_block_releases_a_multi_rank_llm(tmp_path: Path) -> None:
+    save_tiny_text_model(tmp_path)
+    with LLM(tmp_path, pipeline_parallel_size=2, num_kv_blocks=16) as llm:
+        first = llm.generate("hi", TINY_GREEDY)[0].token_ids
+        ranks = llm.engine.ranks
+    assert _released(ranks)
+    with LLM(tmp_path, pipeline_parallel_size=2, num_kv_blocks=16) as llm:
+        assert llm.generate("hi", TINY_GREEDY)[0].token_ids == first
+
+
+def test_a_collected_multi_rank_llm_is_released(tmp_path: Path) -> None:
+    save_tiny_text_model(tmp_path)
+    llm = LLM(tmp_path, pipeline_parallel_size=2, num_kv_blocks=16)
+    ranks = llm.engine.ranks
+    with pytest.raises(RuntimeError, match=r"already running .*close it first \(LLM\.close\(\)"):
+        LLM(tmp_path, pipeline_parallel_size=2, num_kv_blocks=16)
+    del llm
+    gc.collect()
+    assert _released(ranks)
+    LLM(tmp_path, pipeline_parallel_size=2, num_kv_blocks=16).close()

@@ -22,8 +22,9 @@ def gib(blocks: int) -> float:
 
 
 def disk_gib(blocks: int) -> float:
-    """kv_offload_disk_gb for a disk tier of that many block files (header + token ids)."""
-    return (blocks + 0.5) * (BLOCK_BYTES + 89 + 8 * BS) / GIB
+    """kv_offload_disk_gb for a disk tier of that many block files (a 61-byte header, token
+    ids, the block)."""
+    return (blocks + 0.5) * (BLOCK_BYTES + 61 + 8 * BS) / GIB
 
 
 def engine(tiny_dir: Path, **kw: Any) -> LLMEngine:

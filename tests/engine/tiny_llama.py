@@ -57,6 +57,15 @@ def save_tiny_llama(path: Path, seed: int = 0, **overrides: Any) -> LlamaForCaus
     return model
 
 
+def save_tiny_text_model(path: Path, **overrides: Any) -> None:
+    """A tiny random Llama with the byte tokenizer (tiny_tokenizer): a directory that
+    ``LLM(...)`` loads and takes text prompts for."""
+    from tiny_tokenizer import VOCAB, save_byte_tokenizer
+
+    save_tiny_llama(path, vocab_size=VOCAB, **overrides)
+    save_byte_tokenizer(path)
+
+
 def hf_logits(model: LlamaForCausalLM, token_ids: list[int]) -> torch.Tensor:
     """[len, vocab] fp32 logits of every position."""
     with torch.no_grad():

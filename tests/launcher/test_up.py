@@ -29,6 +29,7 @@ from launcher.up import LaunchError
 from launcher.up_announce import announcement
 from launcher.up_layout import UpLayout, write_headers
 from launcher.up_plan import NodePlan
+from tests.models.gguf_files import write_gguf
 
 API_KEY_ENV = "SPLITSERVE_API_KEY"
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -272,6 +273,24 @@ def test_bad_arguments_exit_2_with_a_message(
     assert message in capsys.readouterr().err
 
 
+def test_a_corrupt_gguf_exits_2_in_one_line_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GGUF-only directory whose file was cut short: named with what is wrong, at once."""
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "tokenizer.json").write_text("{}")
+    gguf = write_gguf(tmp_path / "m.gguf")
+    gguf.write_bytes(gguf.read_bytes()[:-100])
+    run_dir = tmp_path / "run"
+    assert (
+        launcher.run(_args("--model", str(tmp_path), "--port", "0", "--run-dir", str(run_dir))) == 2
+    )
+    out = capsys.readouterr()
+    err = out.err.strip()
+    assert "\n" not in err and f"{gguf}: not a valid GGUF file: tensor " in err
+    assert "past the end of the file" in err and not run_dir.exists() and "logs:" not in out.out
+
+
 def test_a_busy_router_port_exits_1_before_the_model_is_pulled(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -327,7 +346,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
     try:
         deadline = time.monotonic() + 30
-        while not pid_file.exists() and time.monotonic() < deadline:
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
         child_pid = int(pid_file.read_text())
         assert _alive(child_pid)

@@ -22,8 +22,9 @@ import models
 import models.convert
 from launcher import cli
 from models import MARKER, ModelNotPulledError, ModelSpec, PullError
+from tests.models.gguf_files import gguf_bytes, write_gguf
 
-FAKE_GGUF = b"GGUF fake weights " * 1000
+FAKE_GGUF = gguf_bytes()
 FAKE_MEMBER = "tinyfake/tiny.gguf"
 
 
@@ -120,10 +121,10 @@ def test_missing_architectures_falls_back_on_model_type(tmp_path: Path) -> None:
     assert "names no architecture" in _error_line(path)
 
 
-def test_no_safetensors(tmp_path: Path) -> None:
+def test_no_weights(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
-    assert "no *.safetensors weights found" in _error_line(path)
+    assert "no weights found (*.safetensors, or a *.gguf file)" in _error_line(path)
 
 
 def test_a_dir_without_weights_serves_random_weights(tmp_path: Path) -> None:
@@ -139,6 +140,47 @@ def test_missing_tokenizer(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "tokenizer.json").unlink()
     assert "tokenizer.json not found" in _error_line(path)
+
+
+def _gguf_only_dir(path: Path) -> Path:
+    _write_hf_dir(path)
+    (path / "model.safetensors").unlink()
+    write_gguf(path / "m.gguf")
+    return path
+
+
+def test_a_gguf_alone_is_the_weights(tmp_path: Path) -> None:
+    path = _gguf_only_dir(tmp_path / "m")
+    assert models.resolve_model(str(path)) == path
+
+
+def test_a_gguf_only_dir_names_only_what_is_missing(tmp_path: Path) -> None:
+    path = _gguf_only_dir(tmp_path / "m")
+    (path / "tokenizer.json").unlink()
+    assert _error_line(path).endswith(": tokenizer.json not found")
+    (path / "m.gguf").unlink()
+    (path / "config.json").unlink()
+    message = _error_line(path).split(": ", 1)[1]
+    assert message == (
+        "config.json not found; tokenizer.json not found; "
+        "no weights found (*.safetensors, or a *.gguf file)"
+    )
+
+
+def test_several_ggufs_without_safetensors_are_refused(tmp_path: Path) -> None:
+    path = _gguf_only_dir(tmp_path / "m")
+    write_gguf(path / "other.gguf")
+    assert "several GGUF files (m.gguf, other.gguf); keep one" in _error_line(path)
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_corrupt_gguf_is_refused_naming_the_file(tmp_path: Path, alone: bool) -> None:
+    path = _gguf_only_dir(tmp_path / "m") if alone else _write_hf_dir(tmp_path / "m")
+    gguf = write_gguf(path / "m.gguf")
+    gguf.write_bytes(gguf.read_bytes()[:-100])
+    message = _error_line(path)
+    assert message.startswith(f"{gguf}: not a valid GGUF file: tensor ")
+    assert "past the end of the file" in message
 
 
 # --- resolving names and paths ------------------------------------------------------------

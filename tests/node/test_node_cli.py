@@ -1,5 +1,6 @@
 """The node command line: flags are the declared settings (the node's, the engine's, the
-transfer agent's), bad values and busy ports fail before any model loads."""
+transfer agent's), bad values, busy ports and broken model directories fail before any model
+loads."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher.redis_server import free_port
 from node.cli import add_node_arguments, run_node, settings_from_args
 from node.core import build_engine_config, transfer_config
 from node.settings import NodeSettings
+from tests.models.gguf_files import write_gguf
 from tests.node.node_args import refusal
 
 
@@ -94,3 +97,30 @@ def test_a_busy_port_exits_1_before_loading(capsys: pytest.CaptureFixture[str]) 
         args = _parse("--port", str(busy.getsockname()[1]))
         assert run_node(args, "decode", _never) == 1
     assert "cannot listen" in capsys.readouterr().err
+
+
+def test_a_corrupt_gguf_exits_2_in_one_line_before_the_app_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (model / "tokenizer.json").write_text("{}")
+    gguf = write_gguf(model / "m.gguf")
+    gguf.write_bytes(gguf.read_bytes()[:-100])  # a download cut short
+    args = _parse("--model", str(model), "--port", str(free_port()))
+    assert run_node(args, "decode", _never) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"{gguf}: not a valid GGUF file: tensor ")
+
+
+def test_a_missing_model_exits_2_naming_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    args = _parse("--model", str(tmp_path), "--port", str(free_port()))
+    assert run_node(args, "decode", _never) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        "tokenizer.json not found; no weights found (*.safetensors, or a *.gguf file)"
+    )

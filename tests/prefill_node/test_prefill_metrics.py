@@ -3,7 +3,6 @@ generated token each, prefix-cache hits and lookups, one latency sample per requ
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from node_harness import (
     BLOCK_SIZE,
     metric,
     node_settings,
+    prefill,
     scrape,
     serving,
     wait_idle,
@@ -37,12 +37,7 @@ async def node(model_dir: Path, redis_url: str) -> AsyncIterator[tuple[httpx.Asy
 
 
 async def _prefill(client: httpx.AsyncClient, rid: str) -> PrefillResponse:
-    body = {"request_id": rid, "prompt_token_ids": PROMPT, "sampling": dataclasses.asdict(SPEC)}
-    resp = await client.post("/internal/prefill", json=body)
-    assert resp.status_code == 200, resp.text
-    answer = PrefillResponse.model_validate_json(resp.content)
-    await client.post("/internal/release", json={"request_id": rid})  # no decode node here
-    return answer
+    return await prefill(client, rid, PROMPT, SPEC)
 
 
 async def test_counters_match_the_prefills(node: tuple[httpx.AsyncClient, str]) -> None:

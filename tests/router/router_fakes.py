@@ -76,10 +76,13 @@ class FakeNode:
     die_after: int | None = None  # decode: cut the stream after this many events
     prefill_status: int = 200
     decode_status: int = 200
+    busy_answers: int = 0  # decode: the first calls answered 503 (batch and queue full)
+    lease_s: float = 30.0  # prefill: the KV lease's time to live
     max_model_len: int = 256
     fingerprint: str = FINGERPRINT
     url: str = ""
     gate: asyncio.Event | None = None  # decode waits for it before the first event
+    gate_at: int | None = None  # with gate: it waits before the script's token at this index
     accept_gate: asyncio.Event | None = None  # decode waits for it before answering at all
     prefill_gate: asyncio.Event | None = None  # prefill waits for it before answering
     token: str | None = None  # the cluster token every /internal/* call must carry
@@ -139,7 +142,7 @@ class FakeNode:
             block_ids=[0, 1],
             num_tokens=len(req.prompt_token_ids),
             layout_fingerprint=self.fingerprint,
-            lease_expires_at=time.time() + 30,
+            lease_expires_at=time.time() + self.lease_s,
         )
         resp = p.PrefillResponse(
             request_id=req.request_id,
@@ -158,17 +161,21 @@ class FakeNode:
         self.decode_started.set()
         if self.accept_gate is not None:
             await self.accept_gate.wait()
-        if self.decode_status != 200:
+        status = self.decode_status
+        if self.busy_answers > 0:
+            self.busy_answers -= 1
+            status = 503
+        if status != 200:
             err = p.NodeErrorResponse(error=p.ErrorInfo(code="busy", message="scripted"))
-            return JSONResponse(err.model_dump(), status_code=self.decode_status)
+            return JSONResponse(err.model_dump(), status_code=status)
         return StreamingResponse(self._events(req), media_type="application/x-ndjson")
 
     async def _events(self, req: p.DecodeRequest) -> AsyncIterator[bytes]:
-        if self.gate is not None:
-            await self.gate.wait()
         produced = len(req.output_token_ids)
         sent = 0
         while True:
+            if self.gate is not None and (self.gate_at or len(req.output_token_ids)) == produced:
+                await self.gate.wait()
             if req.request_id in self.aborts:
                 yield _line(p.TokenEvent(finished=True, finish_reason="abort"))
                 return

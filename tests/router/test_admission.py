@@ -99,3 +99,23 @@ async def test_a_waiter_cancelled_after_its_slot_was_granted_hands_it_back() -> 
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert admission.inflight == 0 and admission.queued == 0
+
+
+async def test_the_limit_follows_what_the_pools_hold() -> None:
+    held: list[int | None] = [2]
+    admission = Admission(8, 8, retry_after_s=2, metrics=RouterMetrics(), capacity=lambda: held[0])
+    first, second = await admission.admit(), await admission.admit()
+    third = asyncio.create_task(admission.admit())
+    await _queued(admission, 1)  # the pools hold 2: the third waits, before any work
+    assert admission.limit == 2 and admission.inflight == 2
+    held[0] = 3  # a node joined: the next arrival lets the head of the queue in
+    fourth = asyncio.create_task(admission.admit())
+    (await asyncio.wait_for(third, 30)).release()
+    (await asyncio.wait_for(fourth, 30)).release()
+    held[0] = None  # unknown (an older node): max_inflight alone
+    assert admission.limit == 8
+    held[0] = 100
+    assert admission.limit == 8
+    first.release()
+    second.release()
+    assert admission.inflight == 0 and admission.queued == 0

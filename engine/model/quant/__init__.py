@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from models.weights import gguf_file, gguf_files, has_safetensors
+
 QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # vLLM's names
 # quantization_config.quant_method -> the loader that serves it (safetensors_loader)
 CHECKPOINT_METHODS = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "compressed-tensors": "fp8"}
@@ -30,24 +32,15 @@ def checkpoint_quantization(model_dir: Path) -> str | None:
     return CHECKPOINT_METHODS[method.lower()]
 
 
-def gguf_file(model_dir: Path) -> Path | None:
-    """The GGUF checkpoint of a model directory: its one ``*.gguf`` file, None if it has
-    none; several are refused (which one is meant?)."""
-    files = sorted(Path(model_dir).glob("*.gguf"))
-    if len(files) > 1:
-        names = ", ".join(f.name for f in files)
-        raise ValueError(f"{model_dir}: several GGUF files ({names}); keep one")
-    return files[0] if files else None
-
-
 def resolve_quantization(
     quantization: str, model_dir: Path, device: str, fp32: bool, checkpoint: bool = True
 ) -> str:
     """The method the engine loads with. A checkpoint whose config.json declares one (AWQ,
     GPTQ, FP8) loads with it (``auto`` or that name; anything else is refused, naming both);
-    otherwise ``auto`` is ``gguf`` for a CPU fp32 engine on a directory with a GGUF file (the
-    packed kernels compute exactly what its fp32 conversion does), else ``none``. ``gguf``
-    without a GGUF file raises ValueError naming the directory."""
+    otherwise ``auto`` is ``gguf`` for a directory whose weights are a GGUF file alone, and
+    for a CPU fp32 engine on one with a GGUF file beside the safetensors (the packed kernels
+    compute exactly what its fp32 conversion does), else ``none``. ``gguf`` without a GGUF
+    file, or ``none`` with a GGUF but no safetensors, raises ValueError naming the directory."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(
             f"quantization {quantization!r} is not supported (one of {', '.join(QUANTIZATIONS)})"
@@ -66,10 +59,15 @@ def resolve_quantization(
             "has a quantization_config naming it"
         )
     if quantization == "auto":
-        cpu = str(device).startswith("cpu") and fp32 and checkpoint
-        return "gguf" if cpu and gguf_file(model_dir) is not None else "none"
+        wanted = (str(device).startswith("cpu") and fp32) or not has_safetensors(model_dir)
+        return "gguf" if checkpoint and wanted and gguf_file(model_dir) is not None else "none"
     if quantization == "gguf":
         require_gguf_file(model_dir)
+    elif checkpoint and not has_safetensors(model_dir) and gguf_files(model_dir):
+        raise ValueError(
+            f"{model_dir}: quantization 'none' loads *.safetensors weights; the directory has "
+            f"{gguf_files(model_dir)[0].name} only (use quantization gguf or auto)"
+        )
     return quantization
 
 

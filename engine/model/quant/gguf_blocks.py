@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine.model.quant.weight import RowQuant
+from models.gguf_header import TYPE_SIZES
 
 QK_K = 256  # the K-quants' super-block
 
@@ -85,14 +86,17 @@ def _q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int
 
 
 Decoder = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int]]
-# type name -> (bytes per block, weights per block, decoder)
+_DECODERS: dict[str, Decoder] = {
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q8_0": _q8_0,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+}
+# type name -> (bytes per block, weights per block, decoder); the sizes: ggml's (models)
 BLOCKS: dict[str, tuple[int, int, Decoder]] = {
-    "Q4_0": (18, 32, _q4_0),
-    "Q4_1": (20, 32, _q4_1),
-    "Q8_0": (34, 32, _q8_0),
-    "Q4_K": (144, QK_K, _q4_k),
-    "Q5_K": (176, QK_K, _q5_k),
-    "Q6_K": (210, QK_K, _q6_k),
+    name: (TYPE_SIZES[name][1], TYPE_SIZES[name][0], decode) for name, decode in _DECODERS.items()
 }
 
 

@@ -26,6 +26,7 @@ from engine.model.decoder import DecoderModel
 from engine.model.layers import Packed
 from engine.model.quant.gguf_blocks import BLOCKS, decode_blocks
 from engine.model.quant.weight import QuantWeight, RowQuant, concat_rows
+from models.gguf_header import read_gguf_header
 
 ARCHITECTURES = ("llama",)  # the q / k row permutation is Llama's
 _PLAIN = {"F32": np.float32, "F16": np.float16}
@@ -64,6 +65,7 @@ def load_gguf(model: DecoderModel, path: Path) -> None:
     """Fill every weight of ``model`` from the GGUF file ``path``."""
     from gguf import GGUFReader
 
+    read_gguf_header(path)  # a truncated or corrupt file: one line naming what is wrong
     try:
         reader = GGUFReader(path)
     except (ValueError, OSError) as exc:

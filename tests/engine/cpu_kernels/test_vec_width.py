@@ -1,7 +1,11 @@
 """The kernels are built for the machine's vector width (16 floats with AVX-512, else 8), and
 the linear kernel's code for each width gives F.linear's results: the other width is built
 with SPLITSERVE_CPU_VEC_WIDTH and run in a child process (a narrower machine runs 16-float
-vectors as register pairs), so both widths are checked on whichever machine runs the tests."""
+vectors as register pairs), so both widths are checked on whichever machine runs the tests.
+
+An int8 KV cache's path (the rotated, quantized row write, and the prefill and decode
+attention reading those rows) gives the same bits at both widths: what int8 KV keeps of
+float32's greedy answers does not depend on the width through it (bench.kv_greedy)."""
 
 from __future__ import annotations
 
@@ -43,6 +47,50 @@ print("ok")
 """
 
 
+# int8 rows written by the RoPE kernel, then read by prefill attention (a fresh prompt, and a
+# chunk after a cached prefix of 50 tokens) and by decode attention; a digest of every output
+INT8_ROWS = """
+import hashlib, torch
+from engine import cpu_kernels
+assert cpu_kernels.vec_width() == {width}, cpu_kernels.vec_width()
+gen = torch.Generator().manual_seed(0)
+heads, kv_heads, d, tokens = 9, 3, 64, 70
+qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen) * 3
+qkv += torch.randn((heads + 2 * kv_heads) * d, generator=gen)  # per-channel offsets
+cos, sin = torch.randn(128, d // 2, generator=gen), torch.randn(128, d // 2, generator=gen)
+kv = torch.zeros(8, 2, 2, 16, kv_heads, d + 8, dtype=torch.int8)
+table, positions = torch.tensor([[5, 2, 7, 0, 3]], dtype=torch.int32), torch.arange(tokens)
+slots = table[0].long()[positions // 16] * 16 + positions % 16
+cpu_kernels.rope_write_kv(qkv, heads, kv_heads, positions, cos, sin, kv, 1, slots)
+q, k, v = qkv.view(tokens, -1, d).split([heads, kv_heads, kv_heads], dim=1)
+q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+prefill = cpu_kernels.paged_prefill_attention
+lens = torch.tensor([tokens])
+outs = [kv, qkv, prefill(q, k, v, kv, 1, torch.tensor([0, tokens]), lens, table, 0.125)]
+outs.append(prefill(q[50:], k[50:], v[50:], kv, 1, torch.tensor([0, 20]), lens, table, 0.125))
+decode = cpu_kernels.paged_decode_attention
+outs.append(decode(q[-4:], kv, 1, table.expand(4, -1), torch.arange(67, 71), 0.125))
+digest = hashlib.sha256()
+for t in outs:
+    digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+print(digest.hexdigest())
+"""
+
+
+def _child(script: str, width: int) -> str:
+    """stdout of ``script`` run with the kernels built for ``width``."""
+    env = dict(os.environ, **{WIDTH_ENV: str(width)})
+    done = subprocess.run(
+        [sys.executable, "-c", script.format(width=width)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
 def _has_avx512() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
@@ -57,15 +105,11 @@ def test_kernels_use_the_machines_width() -> None:
 
 @pytest.mark.parametrize("width", [8, 16])
 def test_linear_at_each_width_equals_torch(width: int) -> None:
-    env = dict(os.environ, **{WIDTH_ENV: str(width)})
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK.format(width=width)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert _child(CHECK, width) == "ok"
+
+
+def test_int8_kv_rows_give_the_same_bits_at_both_widths() -> None:
+    assert _child(INT8_ROWS, 8) == _child(INT8_ROWS, 16)
 
 
 def test_a_bad_width_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,10 +1,12 @@
 """The disk KV tier across a restart: a known conversation's first request loads its prefix
-from disk; corrupted, truncated, foreign and stray files are dropped and counted, and the
-answer is still the offline engine's."""
+from disk, one long prompt's blocks come back nearly all; corrupted, truncated, foreign and
+stray files are dropped and counted, and the answer is still the offline engine's."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tier_driver import BS, GREEDY, back_to_start, conversation, disk_gib, engine, gib, prompt, run
@@ -26,13 +28,16 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def with_disk_options(kv_dir: Path) -> dict[str, Any]:
+    return {
+        "kv_offload_cpu_gb": gib(64),
+        "kv_offload_disk_path": kv_dir,
+        "kv_offload_disk_gb": disk_gib(64),
+    }
+
+
 def with_disk(tiny_dir: Path, kv_dir: Path) -> LLMEngine:
-    return engine(
-        tiny_dir,
-        kv_offload_cpu_gb=gib(64),
-        kv_offload_disk_path=kv_dir,
-        kv_offload_disk_gb=disk_gib(64),
-    )
+    return engine(tiny_dir, **with_disk_options(kv_dir))
 
 
 def first_life(tiny_dir: Path, kv_dir: Path) -> None:
@@ -54,6 +59,27 @@ def test_a_restarted_node_loads_a_known_prefix_from_disk(tiny_dir: Path, tmp_pat
     assert node.counters.prefix_hit_tokens == 7 * BS
     assert not any(k.startswith("disk_files_dropped") for k in stats)
     back_to_start(node)
+    node.close()
+
+
+def test_a_restart_after_one_long_prompt_gets_its_blocks_back_from_disk(
+    tiny_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its 51 blocks leave the device at once, a burst of file writes that the shutdown
+    flushes; the restarted node indexes them all and loads them."""
+    long = [("long", prompt(5, 200))]
+    expected = run(engine(tiny_dir, num_kv_blocks=64), long)
+    first = engine(tiny_dir, num_kv_blocks=64, **with_disk_options(tmp_path))
+    first.add_request("long", long[0][1], GREEDY)
+    while first.has_unfinished():
+        first.step()
+    caplog.set_level(logging.INFO, logger="splitserve.engine.kv.offload")
+    first.close()  # stopped at once: its blocks are written now, at the latest
+    assert "kv_tier_flush blocks_flushed=51 dropped=0 " in caplog.text
+    node = engine(tiny_dir, num_kv_blocks=64, **with_disk_options(tmp_path))
+    assert "disk_files=51 disk_blocks_indexed=51 " in caplog.text
+    assert run(node, long) == expected
+    assert node.counters.kv_tiers["disk_hits"] >= 0.9 * ((200 - 1) // BS)  # the reusable
     node.close()
 
 

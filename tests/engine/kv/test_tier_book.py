@@ -1,13 +1,14 @@
 """The lower tiers' bookkeeping on plain integers: LRU per tier, reserved slots never evicted,
 collisions refused, write-behind to host then disk in order, drops counted past the backlog,
-and the KV events saying which tier holds a block."""
+a burst of file writes held in the host tier until written (never dropped while there is
+room), and the KV events saying which tier holds a block."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.kv.events import KVEventLog
-from engine.kv.tier_book import MAX_DISK_BACKLOG, CopyKind, TierBook
+from engine.kv.tier_book import MAX_BACKLOG, CopyKind, TierBook, copy_backlog
 from engine.kv.tier_index import TierIndex
 from engine.kv.tiered_blocks import TieredBlockManager
 from engine.scheduler.request import Request
@@ -39,6 +40,7 @@ def test_write_behind_goes_to_host_then_disk_in_order_and_drops_past_the_backlog
     assert [o.kind for o in orders] == [CopyKind.DEVICE_TO_HOST, CopyKind.HOST_TO_DISK]
     assert orders[0].block_id == 7 and orders[1].slot == orders[0].slot
     book.save(8, 101, 100, (3, 4))
+    book.writes_done(2)  # the copier wrote both files
     book.save(9, 102, 101, (5, 6))  # host full: 100 leaves it, stays on disk; disk full too
     kinds = [o.kind for o in book.take_orders()[0]]
     assert kinds.count(CopyKind.DELETE_FILE) == 1
@@ -49,14 +51,34 @@ def test_write_behind_goes_to_host_then_disk_in_order_and_drops_past_the_backlog
     book.audit()
 
 
-def test_a_long_file_write_queue_skips_the_disk_not_the_host() -> None:
-    book = TierBook(host_blocks=4, disk_blocks=4)
-    book.disk_backlog = MAX_DISK_BACKLOG  # the copier is that many file writes behind
-    book.save(7, 100, None, (1, 2))
+def test_a_burst_of_file_writes_is_kept_until_written_not_dropped() -> None:
+    burst = MAX_BACKLOG // 2  # far more than any queue of file writes used to take
+    book = TierBook(host_blocks=burst, disk_blocks=2 * burst)
+    for i in range(burst):
+        book.save(i, 1000 + i, None, (i,))
     orders, _ = book.take_orders()
-    assert [o.kind for o in orders] == [CopyKind.DEVICE_TO_HOST]
-    assert book.disk is not None and book.disk.counters.dropped == 1
-    assert book.where(100) == "host"
+    assert sum(o.kind is CopyKind.HOST_TO_DISK for o in orders) == burst
+    assert book.disk is not None and book.disk.counters.dropped == 0
+    # every host slot waits for its file write: neither a new block nor a swap may take one
+    book.save(burst, 1000 + burst, None, (burst,))
+    assert book.host.counters.dropped == book.disk.counters.dropped == 1
+    assert book.where(1000 + burst) is None and book.swap_out([0]) is None
+    book.writes_done(2)  # the copier wrote the first two: they may leave the host tier
+    book.save(burst + 1, 2000, None, (burst + 1,))
+    assert book.where(1000) == "disk" and book.where(2000) == "host"
+    assert book.host.num_pinned == burst - 2 + 1
+    book.audit()
+
+
+def test_a_long_prompts_burst_of_memory_copies_is_kept_at_the_copiers_rate() -> None:
+    """A 10,000-token prompt's 625 blocks of 16 leave the device at once. The copier moves
+    10 GB/s of 0.74 MB blocks: 678 copies take 50 ms, the most a step's loads may wait."""
+    backlog = copy_backlog(10e9, 737_280)
+    assert backlog == 678 and copy_backlog(1e9, 737_280) == MAX_BACKLOG
+    book = TierBook(host_blocks=1000, max_backlog=backlog)
+    for i in range(backlog + 1):
+        book.save(i, 1000 + i, None, (i,))
+    assert len(book.host) == backlog and book.host.counters.dropped == 1
 
 
 def _request(rid: str, tokens: list[int]) -> Request:

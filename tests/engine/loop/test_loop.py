@@ -1,5 +1,6 @@
 """EngineLoop: the thread that owns an engine delivers outputs, aborts free blocks, an
-engine failure ends the streams instead of hanging them, and an idle loop sleeps."""
+engine failure ends the streams instead of hanging them, an idle loop sleeps, and an idle
+loop writes the KV blocks a request left to the disk tier without another step."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import tier_driver
 import torch
 from tiny_llama import save_tiny_llama
 
@@ -176,6 +178,39 @@ async def test_idle_loop_does_not_spin(loop: EngineLoop) -> None:
     before = time.process_time()
     await asyncio.sleep(0.5)
     assert time.process_time() - before < 0.1  # a busy loop would burn ~0.5 s
+
+
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.COLOCATED])
+async def test_an_idle_loop_writes_the_blocks_a_request_left_to_disk(
+    tiny_dir: Path, tmp_path: Path, role: Role
+) -> None:
+    """No other request comes after it: its blocks are on disk and the snapshot counts them
+    all the same (the tiers' numbers show from the start)."""
+    tiers = {
+        "kv_offload_cpu_gb": tier_driver.gib(64),
+        "kv_offload_disk_path": tmp_path,
+        "kv_offload_disk_gb": tier_driver.disk_gib(64),
+    }
+    engine = tier_driver.engine(tiny_dir, num_kv_blocks=64, role=role, **tiers)
+    engine_loop = EngineLoop(engine, torch_threads=1)
+    engine_loop.start()
+    try:
+        start = engine_loop.snapshot.counters.kv_tiers
+        assert start["disk_capacity_blocks"] == 64 and start["disk_bytes_in"] == 0
+        prompt = tier_driver.prompt(3, 40)
+        await _collect(await _open(engine_loop, "r", prompt, GREEDY))
+        if role is Role.PREFILL:  # its blocks leave the device when the decode side read them
+            assert await engine_loop.call(lambda e: e.release("r"))
+        computed = len(prompt) + (GREEDY.max_tokens - 1 if role is Role.COLOCATED else 0)
+        blocks = computed // tier_driver.BS
+        written = blocks * engine.runner.layout.block_bytes
+        deadline = time.monotonic() + 30
+        while engine_loop.snapshot.counters.kv_tiers["disk_bytes_in"] < written:
+            assert time.monotonic() < deadline, engine_loop.snapshot.counters.kv_tiers
+            await asyncio.sleep(0.02)
+        assert len(list(tmp_path.glob("*.kvb"))) == blocks
+    finally:
+        engine_loop.stop()
 
 
 async def test_stop_fails_open_streams_and_refuses_commands(tiny_dir: Path) -> None:

@@ -84,7 +84,11 @@ def test_calls_are_read_in_each_format(
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}',  # cut JSON
         "[TOOL_CALLS][]",
         "",
+        '<tool_call>{"name": ["get_weather"], "arguments": {}}</tool_call>',  # a name that is
+        '{"name": {"get_weather": 1}}',  # no string (these were a 500)
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"a": ' + "[" * 10**5 + "]" * 10**5 + "}}]",
     ],
+    ids=lambda text: text[:40],
 )
 def test_what_does_not_parse_is_no_call(parser: str, text: str) -> None:
     assert PARSERS[parser].parse(text, NAMES) is None
@@ -169,30 +173,45 @@ async def test_qwen_calls_become_tool_calls_with_the_text_before_as_content(
     assert '<tools>{"type": "function", "function": {"name": "get_weather"' in prompt
 
 
-async def test_qwen_calls_stream_as_content_then_calls(qwen_like: Tokenizer) -> None:
+async def test_qwen_calls_stream_as_content_then_each_call(qwen_like: Tokenizer) -> None:
     resp, _ = await _serve(qwen_like, QWEN_OUTPUT, _chat(tools=[WEATHER, TIME], stream=True))
     assert resp.status_code == 200, resp.text
     chunks = _chunks(resp)
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert deltas[0] == {"role": "assistant", "content": "Let me check."}
-    heads = deltas[1]["tool_calls"]
-    assert [(h["index"], h["function"]["name"]) for h in heads] == [
-        (0, "get_weather"),
-        (1, "get_time"),
-    ]
-    arguments = {
-        t["index"]: t["function"]["arguments"] for d in deltas[2:] for t in d.get("tool_calls", [])
-    }
+    assert deltas[0]["role"] == "assistant"
+    first_call = next(i for i, d in enumerate(deltas) if "tool_calls" in d)
+    assert "".join(d.get("content") or "" for d in deltas[:first_call]) == "Let me check."
+    assert not any(d.get("content") for d in deltas[first_call:])  # no markup as content
+    calls = [t for d in deltas for t in d.get("tool_calls", [])]
+    heads = [(t["index"], t["function"]["name"]) for t in calls if "id" in t]
+    assert heads == [(0, "get_weather"), (1, "get_time")]
+    arguments: dict[int, str] = {}
+    for t in calls:
+        arguments[t["index"]] = arguments.get(t["index"], "") + t["function"]["arguments"]
     assert {i: json.loads(a) for i, a in arguments.items()} == {0: {"city": "Paris"}, 1: {}}
     reasons = [c["choices"][0]["finish_reason"] for c in chunks]
     assert reasons == [None] * (len(chunks) - 1) + ["tool_calls"]
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_a_malformed_qwen_call_stays_content(qwen_like: Tokenizer, stream: bool) -> None:
-    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>'
-    resp, _ = await _serve(qwen_like, text, _chat(tools=[WEATHER], stream=stream))
-    assert stopped_content(resp, stream) == text
+MALFORMED = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\n</tool_call>'
+
+
+async def test_a_malformed_qwen_call_stays_content(qwen_like: Tokenizer) -> None:
+    resp, _ = await _serve(qwen_like, MALFORMED, _chat(tools=[WEATHER]))
+    assert stopped_content(resp, stream=False) == MALFORMED
+
+
+async def test_a_streamed_call_that_breaks_off_never_says_tool_calls(qwen_like: Tokenizer) -> None:
+    """Streamed, the call went out from its name on, up to where its JSON broke; the stream
+    ends with the generation's finish reason, and the markup never shows as content."""
+    resp, _ = await _serve(qwen_like, MALFORMED, _chat(tools=[WEATHER], stream=True))
+    assert resp.status_code == 200, resp.text
+    deltas = [c["choices"][0]["delta"] for c in _chunks(resp)]
+    calls = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert [t["function"]["name"] for t in calls if "id" in t] == ["get_weather"]
+    assert "".join(t["function"]["arguments"] for t in calls) == '{"city": "Par'
+    assert not any(d.get("content") for d in deltas)
+    assert _chunks(resp)[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 async def test_the_setting_overrides_the_templates_parser(qwen_like: Tokenizer) -> None:

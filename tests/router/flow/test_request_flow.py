@@ -393,16 +393,93 @@ async def test_silent_decode_node_times_out_with_an_error_event(
     assert "d0" not in healthy
 
 
+@pytest.mark.parametrize(
+    "decode", [{"token_delay_s": 0.3}, {"decode_status": 503}], ids=["slow", "always_busy"]
+)
 async def test_request_deadline_ends_generation_without_blaming_the_node(
-    tokenizer: Tokenizer, script: list[int]
+    tokenizer: Tokenizer, script: list[int], decode: dict[str, Any]
 ) -> None:
-    nodes = _nodes(script, token_delay_s=0.3)
+    """A decode too slow for the deadline, or a decode pool busy until it: a timeout error
+    ends the stream, and the decode is aborted or the untaken lease released."""
+    nodes = _nodes(script, **decode)
     async with (
         fake_cluster(tokenizer, nodes, request_timeout_s=0.5) as c,
         httpx.AsyncClient() as client,
     ):
         r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT | {"stream": True})
         assert {"d0"} <= {n.info.node_id for n in c.membership.nodes()}
-        decode = c.nodes[1]
-        await _eventually(lambda: decode.aborts == [decode.decodes[0].request_id])
+        prefill, decode_node = c.nodes
+        rid = prefill.prefills[0].request_id
+        await _eventually(lambda: decode_node.aborts + prefill.releases == [rid])
     assert '"code":"timeout"' in r.text and r.text.endswith("data: [DONE]\n\n")
+    assert r.text.count('"error"') == 1
+
+
+def _errors(events: list[Any]) -> list[Any]:
+    return [e["error"] for e in events if isinstance(e, dict) and "error" in e]
+
+
+async def test_a_prefilled_request_waits_out_a_busy_decode_pool_and_finishes(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    """Both decode nodes answer 503 (batch and import queue full) three times each after
+    token 1 went out: the stream waits for a place and finishes, with no error event."""
+    nodes = [
+        FakeNode("p0", "prefill", script),
+        FakeNode("d0", "decode", script, busy_answers=3),
+        FakeNode("d1", "decode", script, busy_answers=3),
+    ]
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        body = CHAT | {"stream": True}
+        async with client.stream("POST", c.router_url + "/v1/chat/completions", json=body) as r:
+            events = await _sse(r)
+        metrics = (await client.get(c.router_url + "/metrics")).text
+        healthy = {n.info.node_id for n in c.membership.nodes()}
+    assert _errors(events) == [] and events[-1] == "[DONE]"
+    assert _chat_text(events) == ANSWER
+    calls = [d for node in c.nodes[1:] for d in node.decodes]
+    assert len(calls) == 7 and all(d.kv is not None for d in calls)  # the last one took it
+    assert metric(metrics, "splitserve_router_decode_waits_total") == 3
+    assert c.nodes[0].releases == []  # the lease went to the decode node
+    assert {"d0", "d1"} <= healthy  # busy is no fault
+
+
+async def test_a_lease_that_ends_while_the_decode_pool_is_busy_is_released_and_prefilled_again(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    """The KV lease has 0.3 s left past the slack the router keeps: once it is spent, the
+    router releases the lease and the decode node prefills prompt + token 1 itself."""
+    nodes = [
+        FakeNode("p0", "prefill", script, lease_s=2.3),
+        FakeNode("d0", "decode", script, busy_answers=6),
+    ]
+    async with fake_cluster(tokenizer, nodes) as c, httpx.AsyncClient() as client:
+        r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
+        metrics = (await client.get(c.router_url + "/metrics")).text
+        prefill, decode = c.nodes
+        await _eventually(lambda: prefill.releases == [prefill.prefills[0].request_id])
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
+    imports = [d for d in decode.decodes if d.kv is not None]
+    assert imports and all(d.wait_s is not None and d.wait_s <= 0.3 for d in imports)
+    last = decode.decodes[-1]
+    assert last.kv is None and last.output_token_ids == script[:1]
+    assert metric(metrics, "splitserve_router_local_prefill_total", reason="lease_ending") == 1
+
+
+async def test_a_decode_node_may_hold_its_answer_while_the_import_waits_in_its_queue(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    """The node answers only after 1 s (queued for KV blocks), past the 0.5 s idle timeout:
+    that is no silence, and the node is not marked unhealthy."""
+    gate = asyncio.Event()
+    async with (
+        fake_cluster(tokenizer, _nodes(script, accept_gate=gate), decode_idle_timeout_s=0.5) as c,
+        httpx.AsyncClient() as client,
+    ):
+        asyncio.get_running_loop().call_later(1.0, gate.set)
+        r = await client.post(c.router_url + "/v1/chat/completions", json=CHAT)
+        healthy = {n.info.node_id for n in c.membership.nodes()}
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER
+    (call,) = c.nodes[1].decodes
+    assert call.wait_s is not None and 20 < call.wait_s <= 28  # the lease's 30 s less slack
+    assert "d0" in healthy

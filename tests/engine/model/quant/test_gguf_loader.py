@@ -91,5 +91,14 @@ def test_a_tensor_of_another_shape_is_refused(tmp_path: Path) -> None:
 def test_not_a_gguf_file_is_refused(tmp_path: Path) -> None:
     save_tiny_gguf(tmp_path, lambda _: T.Q8_0)
     (tmp_path / "tiny.gguf").write_bytes(b"not a gguf at all")
-    with pytest.raises(ValueError, match=r"tiny\.gguf: not a readable GGUF file"):
+    with pytest.raises(ValueError, match=r"tiny\.gguf: not a valid GGUF file: it starts with"):
+        _load(tmp_path)
+
+
+def test_a_truncated_gguf_is_refused_naming_the_tensor_cut(tmp_path: Path) -> None:
+    save_tiny_gguf(tmp_path, lambda _: T.Q8_0)
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(gguf.read_bytes()[:-5000])
+    with pytest.raises(ValueError, match=r"tiny\.gguf: not a valid GGUF file: tensor '.*' ends "
+                       r"at byte \d+, past the end of the file"):  # fmt: skip
         _load(tmp_path)
