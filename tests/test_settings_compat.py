@@ -1,9 +1,11 @@
 """The flags and SPLITSERVE_* variables users had before the settings kit still work with the
 same meaning: tests/settings_before.json lists every flag of `splitserve up`, `router`,
 `prefill`, `decode` and `planner` and every variable the router and the nodes read, as of
-commit 56c2389, each with a sample value and what it changed (the settings of the process,
-or of each child `up` starts), written by running each with the code of that commit. Every
-flag and variable the user's pages name is one a command takes or a process reads."""
+commit 56c2389, and every flag of `generate` as of 6f08e08 (which gave it the nodes' engine
+flags), each with a sample value and what it changed (the settings of the process, of each
+child `up` starts, or what `generate` hands the engine), written by running each with the code
+of that commit. Every flag and variable the user's pages name is one a command takes or a
+process reads."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from typing import Any
 import pytest
 
 from config_kit import Secret, declared, given_flags, load
+from engine import cli as generate_cli
+from engine.config import EngineConfig
 from launcher import cli, up_plan
 from node.cli import settings_from_args
 from node.settings import NodeSettings
@@ -33,8 +37,9 @@ OTHER_VARIABLES = {
     "SPLITSERVE_CPU_KERNELS", "SPLITSERVE_KERNEL_CACHE", "SPLITSERVE_CPU_VEC_WIDTH",
     "SPLITSERVE_LISTEN_FD", "SPLITSERVE_CHROMIUM", "SPLITSERVE_TEST_MODEL_DIR",
 }  # fmt: skip
-# named in prose: an abbreviation shown refused (commands.md), docker build's (helm.md)
-NOT_FLAGS = {"--kv-offload-cpu", "--build-arg"}
+# named in prose: an abbreviation shown refused (commands.md), docker build's (helm.md), the
+# GPU check's (gpu.md)
+NOT_FLAGS = {"--kv-offload-cpu", "--build-arg", "--list", "--only"}
 
 
 def plain(value: Any) -> Any:
@@ -122,7 +127,18 @@ def up_meaning(argv: list[str]) -> dict[str, Any]:
     return out
 
 
+def generate_meaning(argv: list[str]) -> dict[str, Any]:
+    """What `generate` hands the engine (LLM's keyword arguments, its dtype and device
+    defaults written out), and its other flags."""
+    args = parse("generate", ["a prompt", *argv])
+    engine = {"dtype": "float32", "device": "cpu"} | generate_cli._llm_options(args)
+    names = {d.name for d in declared(EngineConfig)} | {"prompts"}
+    return plain(engine | {k: v for k, v in vars(args).items() if k not in names})
+
+
 def meaning(command: str, argv: list[str]) -> dict[str, Any]:
+    if command == "generate":
+        return generate_meaning(argv)
     if command == "up":
         return up_meaning(argv)
     if command == "router":
@@ -199,11 +215,10 @@ def test_a_variable_users_had_means_what_it_meant(
 
 def documented() -> Iterator[tuple[str, str | None, str]]:
     """(flag or variable, the subcommand the line names, page) of every one the user's pages
-    name (the README, the commands, operations, Helm and feature pages), but on lines that run
-    another tool (helm, pip, docker, a benchmark script)."""
-    docs = ROOT / "docs"
-    pages = [ROOT / "README.md", *(docs / f for f in ("commands.md", "operations.md", "helm.md"))]
-    for page in [*pages, *sorted((docs / "features").glob("*.md"))]:
+    name (the README and every page of docs/ but the benchmarks', whose flags are the
+    scripts'), but on lines that run another tool (helm, pip, docker, a benchmark script)."""
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    for page in [ROOT / "README.md", *(p for p in pages if "benchmarks" not in p.parts)]:
         other = False  # a line of another tool's command (continued with a backslash too)
         for line in page.read_text().splitlines():
             other = bool(re.search(r"\b(helm|pip|docker|kubectl) |python -m ", line)) or other
@@ -235,6 +250,8 @@ def test_every_flag_and_variable_the_docs_name_is_taken() -> None:
             continue
         if word.startswith("SPLITSERVE_"):
             ok = word in variables | OTHER_VARIABLES or word.endswith("_")  # a family: KV_*
+        elif word.endswith("-"):  # a family: --prefill-*, --min-*
+            ok = any(flag.startswith(word) for flag in everywhere)
         else:
             ok = word in commands.get(command or "", everywhere) or word in everywhere
         if not ok:
