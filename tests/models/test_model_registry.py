@@ -133,7 +133,7 @@ def test_a_dir_without_weights_serves_random_weights(tmp_path: Path) -> None:
     (path / "model.safetensors").unlink()
     models.validate_model_dir(path, weights=False)
     assert models.resolve_model(str(path), weights=False) == path
-    assert "no *.safetensors weights found" in _error_line(path)
+    assert "no weights found" in _error_line(path)
 
 
 def test_missing_tokenizer(tmp_path: Path) -> None:
