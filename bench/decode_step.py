@@ -106,7 +106,7 @@ def measure_decode_step(
         )
     )  # fmt: skip
     timing = time_decode_steps(engine, prompts, steps)
-    model_dtype = engine.config.dtype
+    model_dtype = engine.config.torch_dtype
     del engine  # its cache leaves room for the second copy measurement
     gc.collect()
     if device.startswith("cuda"):

@@ -58,7 +58,7 @@ def run_engine(
     grammar: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    from engine.config import EngineConfig, parse_dtype
+    from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from models.sampling_params import SamplingParams
 
@@ -67,7 +67,7 @@ def run_engine(
     engine = LLMEngine(
         EngineConfig(
             model_dir=model_dir,
-            dtype=parse_dtype(dtype),
+            dtype=dtype,
             device=device,
             num_kv_blocks=blocks,
             max_num_seqs=len(prompts),

@@ -30,14 +30,15 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import SecretStr
 
 from bench.common import RESULTS_DIR, write_json
 from bench.multiturn import Multiturn, format_lengths, parse_lengths, prefix_summary
 from bench.serve import DEFAULT_SLO, MULTITURN, SMOLLM2_VOCAB, ServeConfig, run_sweep
 from bench.serve_client import LoadOptions
 from bench.serve_stats import summarize
-from cluster.auth import CLUSTER_TOKEN_ENV, cluster_headers, new_token
+from cluster.auth import cluster_headers, new_token
+from cluster.settings import CLUSTER_TOKEN_ENV
+from config_kit import Secret
 
 UP_TIMEOUT_S = 300.0
 POLICIES = ("round_robin", "least_loaded", "kv_aware")
@@ -48,7 +49,7 @@ class Up:
 
     def __init__(self, policy: str, args: argparse.Namespace, run_dir: Path) -> None:
         self.run_dir = run_dir
-        argv = [sys.executable, "-m", "cluster.cli", "up", "--policy", policy]
+        argv = [sys.executable, "-m", "launcher.cli", "up", "--policy", policy]
         argv += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
         argv += ["--port", "0", "--run-dir", str(run_dir), *args.up_args]
         if args.threads_per_node:
@@ -91,7 +92,7 @@ class Up:
         return total
 
     def _stats(self, node_url: str) -> dict[str, Any]:
-        headers = cluster_headers(SecretStr(self.token))
+        headers = cluster_headers(Secret(self.token))
         resp = httpx.get(node_url + "/stats", headers=headers, timeout=10, trust_env=False)
         resp.raise_for_status()
         stats: dict[str, Any] = resp.json()

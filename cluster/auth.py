@@ -14,10 +14,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import SecretStr
+from config_kit import Secret
 
 CLUSTER_TOKEN_HEADER = "x-splitserve-token"
-CLUSTER_TOKEN_ENV = "SPLITSERVE_CLUSTER_TOKEN"
 
 
 def new_token() -> str:
@@ -36,14 +35,14 @@ def matches_any(given: str | None, expected: Iterable[bytes]) -> bool:
     return found
 
 
-def token_ok(given: str | None, expected: SecretStr | None) -> bool:
+def token_ok(given: str | None, expected: Secret | None) -> bool:
     """The cluster token check: anything passes when no token is configured."""
     if expected is None:
         return True
     return matches_any(given, [expected.get_secret_value().encode()])
 
 
-def cluster_headers(token: SecretStr | None) -> dict[str, str]:
+def cluster_headers(token: Secret | None) -> dict[str, str]:
     """Headers that carry `token` on a call to a node (none without a token)."""
     return {} if token is None else {CLUSTER_TOKEN_HEADER: token.get_secret_value()}
 

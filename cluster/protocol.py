@@ -64,7 +64,7 @@ STATS = "/stats"
 PRIORITY_LIMIT = 1_000_000  # priorities lie in [-PRIORITY_LIMIT, PRIORITY_LIMIT]
 HEALTH = "/health"
 READY = "/ready"  # 200 while a node is registered and not draining; its body says which
-VERSION = "/version"  # the package's version (cluster.cli.build_info); open, like the probes
+VERSION = "/version"  # the package's version (cluster.version.build_info); open, like the probes
 
 # finish_reason values on the wire: "stop" (EOS or a stop token id), "length" (max_tokens or
 # the context length), "abort" (cancelled through /internal/abort), "error" (see `error`).

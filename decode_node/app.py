@@ -14,11 +14,11 @@ from cluster.protocol import (
     ControlResponse,
     DecodeRequest,
 )
-from cluster.settings import NodeSettings
 from decode_node.events import EventStream
 from decode_node.runtime import DecodeRuntime
 from node.body import read_body
 from node.server import accepting_work, create_node_app, node_route_paths, runtime_of
+from node.settings import NodeSettings
 
 routes = APIRouter()
 ROLES = ("decode", "colocated")

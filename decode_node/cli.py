@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from cluster.settings import NodeSettings
 from node.cli import add_node_arguments, run_node
+from node.settings import NodeSettings
 
 ROLES = ("decode", "colocated")
 
@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_node(args, getattr(args, "role", None) or ROLES[0], _create_app)
+    return run_node(args, ROLES[0], _create_app)  # --role picks another of ROLES
 
 
 def _create_app(settings: NodeSettings) -> object:

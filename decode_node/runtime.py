@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from cluster.protocol import PROTOCOL_VERSION, DecodeRequest, TokenEvent, compatible
-from cluster.settings import NodeSettings
 from decode_node.events import abort_event, error_event, token_event
 from decode_node.import_queue import ImportQueue
 from decode_node.importer import DecodeJob, check_handle, pull
@@ -30,6 +29,7 @@ from kv_transfer import KVTransferAgent
 from node.core import NodeCore
 from node.errors import NodeError, bad_request, checked_async
 from node.metrics import NodeMetrics
+from node.settings import NodeSettings
 
 log = logging.getLogger("splitserve.decode")
 

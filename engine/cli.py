@@ -1,5 +1,6 @@
-"""`splitserve generate`: offline generation with the engine, no cluster. The engine flags
-(quantization, KV cache dtype, LoRA) are the nodes' (engine.flags), checked alike."""
+"""`splitserve generate`: offline generation with the engine, no cluster. The engine flags are
+the nodes' (engine.config.EngineConfig's declarations, and the adapters to load:
+models.lora_modules), checked alike."""
 
 from __future__ import annotations
 
@@ -9,41 +10,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.flags import ENGINE_FLAGS, add_lora_switches, flag
+from config_kit import add_flags, given_flags
+from engine.config import EngineConfig
 from engine.lora.request import LoRARequest
-from models.cli import add_model_cache_flag
-from models.lora_modules import lora_module_map
+from models import ModelSource
+from models.lora_modules import LoraModules, lora_module_map
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
-    parser.add_argument("--model", default="smollm2", help="registry name or HF model directory")
-    add_model_cache_flag(parser)
+    add_flags(parser, ModelSource)
     parser.add_argument("--raw", action="store_true", help="no chat template")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="cpu")
-    _add_engine_flags(parser)
-
-
-def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """The nodes' engine flags, their choices the engine's own (torch loads here: generate
-    runs the engine anyway)."""
-    from engine.kv_format.dtypes import KV_CACHE_DTYPES
-    from engine.model.quant import QUANTIZATIONS
-
-    choices = {"quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES}
-    for name, help_text in ENGINE_FLAGS.items():
-        kind = str if name in choices else int
-        parser.add_argument(
-            flag(name), type=kind, choices=choices.get(name), default=None, help=help_text
-        )
-    add_lora_switches(parser)
-    parser.add_argument(
+    engine = parser.add_argument_group("the engine's settings")
+    add_flags(engine, EngineConfig)
+    add_flags(engine, LoraModules)
+    engine.add_argument(
         "--lora", default=None, metavar="NAME",
         help="generate under the adapter NAME of --lora-modules (default: the base model)",
     )  # fmt: skip
@@ -51,15 +37,17 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 def _llm_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine flags given, as LLM keyword arguments (the others keep the defaults);
-    of --lora-modules, the adapter --lora names is loaded by itself."""
-    names = (*ENGINE_FLAGS, "enable_lora")
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    adapters to load turn LoRA on, as on a node."""
+    options = given_flags(args, EngineConfig)
+    if args.lora_modules:
+        options.setdefault("enable_lora", True)
+    return options
 
 
 def _lora_request(args: argparse.Namespace) -> LoRARequest | None:
     """The LoRARequest `--lora` names among `--lora-modules` (None: the base model);
     ValueError naming what does not fit."""
-    modules = lora_module_map(args.lora_modules or [], bool(args.enable_lora))
+    modules = lora_module_map(args.lora_modules or [])
     if args.lora is None:
         if modules:
             raise ValueError("--lora-modules is given but no --lora names the adapter to use")
@@ -75,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         lora = _lora_request(args)
-        model_dir = resolve_model(args.model, Path(args.model_cache) if args.model_cache else None)
+        cache = Path(args.model_cache) if args.model_cache else None
+        model_dir = resolve_model(args.model, cache, args.load_format != "random")
         from engine.llm import LLM
         from models.sampling_params import SamplingParams
 
@@ -86,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
         )
-        llm = LLM(model_dir, dtype=args.dtype, device=args.device, **_llm_options(args))
+        llm = LLM(model_dir, **_llm_options(args))
         if lora is not None:
             llm.engine.add_lora(lora)  # a bad adapter: LoraLoadError, naming its file
     except (ValueError, LookupError) as exc:

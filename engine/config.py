@@ -1,24 +1,25 @@
-"""Engine configuration: one frozen dataclass, validated at construction."""
+"""Engine configuration: one frozen dataclass, validated at construction, torch-free at import
+(the launcher and the chart's schema read its declarations).
+
+The fields declared with `setting(...)` are the engine's settings: a node takes them as flags
+and SPLITSERVE_* variables (config_kit); the others are for code that builds an engine.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from config_kit import Helm, Up, check_fields, setting
+from engine.kv_format.dtypes import KV_CACHE_DTYPES
 
-from engine.kv_format.dtypes import check_kv_cache_dtype
+if TYPE_CHECKING:
+    import torch
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+DTYPES = ("float32", "bfloat16", "float16")
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 class Role(StrEnum):
@@ -29,23 +30,32 @@ class Role(StrEnum):
     DECODE = "decode"  # admits requests whose KV was filled from outside
 
 
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        if name not in _DTYPES.values():
-            raise ValueError(f"dtype {name} is not supported (float32, bfloat16, float16)")
-        return name
-    try:
-        return _DTYPES[name.lower()]
-    except KeyError:
-        raise ValueError(
-            f"dtype {name!r} is not supported; use one of {sorted(set(_DTYPES))}"
-        ) from None
+def dtype_name(value: Any) -> str:
+    """A dtype's name: "float32", "bfloat16", "float16" (or "auto") from a name, one of its
+    aliases (fp32, bf16, fp16) or a torch.dtype; ValueError naming an unsupported one."""
+    name = str(value).removeprefix("torch.").lower()
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in (*DTYPES, "auto"):
+        raise ValueError(f"dtype {value!r} is not supported; use one of {', '.join(DTYPES)}")
+    return name
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of a name, alias or torch.dtype (float32, bfloat16, float16)."""
+    import torch
+
+    name = dtype_name(value)
+    if name == "auto":
+        raise ValueError("dtype 'auto' depends on the device: resolve it first")
+    return getattr(torch, name)  # type: ignore[no-any-return]
 
 
 QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
 # float32_matmul_precision: torch.set_float32_matmul_precision's values ("high" is not built)
 MATMUL_PRECISIONS = ("highest", "medium")
+SPECULATIVE_METHODS = ("none", "ngram", "draft")
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 
 
 @dataclass(frozen=True)
@@ -53,22 +63,43 @@ class EngineConfig:
     """Static engine settings. Runtime-discovered numbers (block count) live in engine state."""
 
     model_dir: Path
-    dtype: torch.dtype = torch.float32
-    device: str = "cpu"
+    dtype: str = setting(
+        "float32", "weights and KV cache dtype (auto: bfloat16 on CUDA, float32 on CPU; a node's "
+        "default)", choices=("auto", *DTYPES), normalize=dtype_name,
+    )  # fmt: skip
+    device: str = setting(
+        "cpu", "where the engine runs: auto (a node's default: CUDA when available), cpu, cuda "
+        "or cuda:N", pattern=DEVICE_PATTERN, metavar="{auto,cpu,cuda}", helm=Helm.CHART,
+    )  # fmt: skip
     role: Role = Role.COLOCATED
-    block_size: int = 16
+    block_size: int = setting(16, "tokens per KV block", ge=1, le=1024)
     # KV cache size, the first that is set (engine.kv.sizing): num_kv_blocks, else
     # kv_cache_memory_gb, else on CUDA gpu_memory_utilization of the device's memory minus the
     # weights and the activation peak, else (CPU) 1 GiB.
-    num_kv_blocks: int | None = None
-    kv_cache_memory_gb: float | None = None
-    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = setting(None, "KV blocks to allocate (else sized by memory)", ge=1)
+    kv_cache_memory_gb: float | None = setting(
+        None, "memory for the KV cache, in GiB (default: on CUDA sized by "
+        "--gpu-memory-utilization, on CPU 1)", gt=0,
+    )  # fmt: skip
+    gpu_memory_utilization: float = setting(
+        0.9, "CUDA: share of the GPU's memory for weights, activations and KV cache together, "
+        "when neither --num-kv-blocks nor --kv-cache-memory-gb is set (default 0.9; `up`: for "
+        "all its nodes together, each gets an equal part)", gt=0, le=1, up=Up.SHARE,
+    )  # fmt: skip
     # KV cache element type (engine.kv_format.rows): auto (the model dtype), int8 or fp8_e4m3
     # (one-byte codes, a bf16 scale and mid per half row: about 3.6x the tokens of fp32).
-    kv_cache_dtype: str = "auto"
-    max_num_seqs: int = 64  # engine_config(): 256 on CUDA
-    max_num_batched_tokens: int = 2048  # token budget per step
-    max_model_len: int | None = None  # None: model's max_position_embeddings
+    kv_cache_dtype: str = setting(
+        "auto", "KV cache dtype: auto (the model dtype), int8 or fp8_e4m3 (one-byte codes with a "
+        "scale and a mid per half row: about 3.6x the tokens of float32); `up`: a decode node "
+        "converts KV of another dtype on import", choices=KV_CACHE_DTYPES, up=Up.POOL,
+    )  # fmt: skip
+    max_num_seqs: int = setting(
+        64, "requests batched together at most (default 256 on CUDA, 64 on CPU)", ge=1
+    )
+    max_num_batched_tokens: int = setting(2048, "tokens computed per engine step at most", ge=1)
+    max_model_len: int | None = setting(
+        None, "context length (default: the model's; `up`: the router's too)", ge=1
+    )
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto | torch | triton
@@ -78,152 +109,158 @@ class EngineConfig:
     # CPU fp32: C kernels (engine.cpu_kernels) for decode attention, rotary + KV write and
     # SiLU * up, where a C compiler is found; else the torch ops.
     cpu_kernels: bool = True
-    # "safetensors": the checkpoint in model_dir; "random": seeded random weights of the
-    # shape in model_dir/config.json (benchmarks of published shapes without their weights).
-    load_format: str = "safetensors"
-    # Weights kept quantized (engine.model.quant): "gguf" loads the directory's *.gguf file
-    # packed; "auto" picks it on a CPU fp32 engine when the directory has one; "none": fp32.
-    # "awq", "gptq", "fp8": what a checkpoint's quantization_config declares ("auto" too).
-    quantization: str = "auto"
+    load_format: str = setting(
+        "safetensors", "safetensors (the checkpoint in the model directory) or random (seeded "
+        "random weights of the shapes in its config.json: published shapes without their "
+        "weights, for benchmarks)", choices=("safetensors", "random"),
+    )  # fmt: skip
+    quantization: str = setting(
+        "auto", "weights kept quantized: gguf (the model directory's GGUF, packed), awq, gptq or "
+        "fp8 (what the checkpoint's quantization_config declares), none (fp32 safetensors) or "
+        "auto (the checkpoint's declared method; else gguf when the directory's weights are a GGUF "
+        "alone, or on a CPU float32 engine when it has one)", choices=QUANTIZATIONS,
+    )  # fmt: skip
     # torch's name and values: "highest" keeps every product fp32-accurate; "medium" lets
     # the decoder layers' packed products on AMX tiles (prefill chunks, decode batches over
     # a few rows) take bf16 inputs, summed in fp32: a bf16 model's precision, about 3x the
     # speed. Elsewhere (no AMX, unpacked weights, CUDA) the products stay as they are.
-    float32_matmul_precision: str = "highest"
+    float32_matmul_precision: str = setting(
+        "highest", "highest (every product fp32-accurate) or medium (torch's name: on AMX CPUs "
+        "the packed layers' products over many rows take bf16 inputs, summed in fp32: a bf16 "
+        "model's precision, prefill about 2x faster)", choices=MATMUL_PRECISIONS,
+    )  # fmt: skip
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role. None: on where the device runs
     # the step asynchronously (CUDA); on the CPU the forward runs in the calling thread, so
     # overlap would only hand each token out one step later.
     async_scheduling: bool | None = None
-    # Speculative decoding (engine.speculative): "none", "ngram" (prompt lookup) or "draft"
-    # (a smaller model of the same vocabulary in draft_model). Up to num_speculative_tokens
-    # guesses per decoding request are verified in one forward; a step that proposes runs
-    # without overlap (on a GPU, stretches whose proposals grant nothing overlap).
-    speculative_method: str = "none"
-    num_speculative_tokens: int = 4
-    draft_model: Path | None = None
+    # Speculative decoding (engine.speculative): up to num_speculative_tokens guesses per
+    # decoding request are verified in one forward; a step that proposes runs without
+    # overlap (on a GPU, stretches whose proposals grant nothing overlap).
+    speculative_method: str = setting(
+        "none", "speculative decoding on decode and colocated nodes: none, ngram (prompt lookup) "
+        "or draft (a smaller model, --draft-model)", choices=SPECULATIVE_METHODS, up=Up.DECODE,
+        helm=Helm.CHART,
+    )  # fmt: skip
+    num_speculative_tokens: int = setting(
+        4, "speculative decoding: tokens guessed per step and request at most (1 to 16, default "
+        "4)", ge=1, le=16, up=Up.DECODE, helm=Helm.CHART,
+    )  # fmt: skip
+    draft_model: Path | None = setting(
+        None, "speculative decoding: the draft model (a model directory; a node also takes a "
+        "registry name), same vocabulary as the model", up=Up.DECODE, helm=Helm.CHART,
+    )  # fmt: skip
     ngram_min: int = 1  # shortest suffix the ngram proposer matches
     ngram_max: int = 4  # longest
-    # KV tiers below the device (engine.kv.offload): GiB of host memory (pinned on CUDA)
-    # for evicted prefix blocks and swapped-out requests, and a directory with its GiB for
-    # block files that outlive a restart (written through the host tier, so it needs it).
-    kv_offload_cpu_gb: float | None = None
-    kv_offload_disk_path: Path | None = None
-    kv_offload_disk_gb: float | None = None
+    # KV tiers below the device (engine.kv.offload): host memory for evicted prefix blocks and
+    # swapped-out requests, and block files that outlive a restart, written through the host
+    # tier (so the disk tier needs it).
+    kv_offload_cpu_gb: float | None = setting(
+        None, "GiB of host memory (pinned on CUDA) for KV blocks evicted from the device and for "
+        "preempted requests swapped out (default: no host tier)", gt=0, helm=Helm.CHART,
+    )  # fmt: skip
+    kv_offload_disk_path: Path | None = setting(
+        None, "directory for KV block files that outlive a restart (an emptyDir or a volume; "
+        "needs --kv-offload-cpu-gb and --kv-offload-disk-gb; `up`: each node a subdirectory)",
+        up=Up.SUBDIR, helm=Helm.CHART,
+    )  # fmt: skip
+    kv_offload_disk_gb: float | None = setting(
+        None, "GiB of KV block files under --kv-offload-disk-path", gt=0, helm=Helm.CHART
+    )
     # Multi-LoRA (engine.lora): requests may name a PEFT adapter; up to max_loras distinct
     # adapters run in one step (device slots), ranks up to max_lora_rank, and up to
     # max_cpu_loras parsed adapters stay in host memory (None: max_loras).
-    enable_lora: bool = False
-    max_loras: int = 1
-    max_lora_rank: int = 16
-    max_cpu_loras: int | None = None
+    enable_lora: bool = setting(False, "serve LoRA adapters", helm=Helm.CHART)
+    max_loras: int = setting(
+        1, "LoRA: distinct adapters in one batch at most (device slots, default 1)", ge=1,
+        helm=Helm.CHART,
+    )  # fmt: skip
+    max_lora_rank: int = setting(
+        16, "LoRA: the largest adapter rank served (default 16)", ge=1, helm=Helm.CHART
+    )
+    max_cpu_loras: int | None = setting(
+        None, "LoRA: adapters kept in host memory (default: --max-loras)", ge=1, helm=Helm.CHART
+    )
     # Tensor parallelism (engine.parallel): the model's heads, MLP rows, experts and
     # vocabulary split over this many ranks, one process each (rank 0 is the engine's own);
     # each holds 1/N of the weights and its heads' share of the KV cache (sized per rank).
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = setting(
+        1, "ranks the model is split over, one process each (GPUs: one each)", ge=1,
+        aliases=("tp",), up=Up.POOL,
+    )  # fmt: skip
     # Pipeline parallelism (engine.parallel.pipeline): contiguous layer stages, each of
     # tensor_parallel_size ranks holding its layers' weights and KV cache; a step's rows
     # flow through them in micro-batches.
-    pipeline_parallel_size: int = 1
+    pipeline_parallel_size: int = setting(
+        1, "layer stages, each of --tensor-parallel-size ranks (GPUs: TP x PP)", ge=1,
+        aliases=("pp",), up=Up.POOL,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
-        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
         object.__setattr__(self, "role", Role(self.role))
-        if not str(self.device).startswith(("cpu", "cuda")):
-            raise ValueError(f"device {self.device!r} is not supported (cpu, cuda, cuda:N)")
-        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} asked for, but CUDA is not available")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"EngineConfig.num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
-            raise ValueError(
-                f"EngineConfig.kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}"
-            )
-        check_fraction(self.gpu_memory_utilization, "EngineConfig.gpu_memory_utilization")
-        check_kv_cache_dtype(self.kv_cache_dtype, "EngineConfig.kv_cache_dtype")
+        check_fields(self)
+        if self.device == "auto":
+            object.__setattr__(self, "device", default_device())
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", default_dtype(self.device))
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"EngineConfig.attention_backend must be auto, torch or triton, "
                 f"got {self.attention_backend!r}"
             )
-        if self.load_format not in ("safetensors", "random"):
-            raise ValueError(
-                f"EngineConfig.load_format must be safetensors or random, got {self.load_format!r}"
-            )
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(
-                f"EngineConfig.quantization must be one of {', '.join(QUANTIZATIONS)}, "
-                f"got {self.quantization!r}"
-            )
-        if self.float32_matmul_precision not in MATMUL_PRECISIONS:
-            raise ValueError(
-                f"EngineConfig.float32_matmul_precision must be one of "
-                f"{', '.join(MATMUL_PRECISIONS)}, got {self.float32_matmul_precision!r}"
-            )
-        check_speculative(self)
-        check_offload(self)
-        check_lora(self)
-        check_parallel(self)
+        if self.max_cpu_loras is None:
+            object.__setattr__(self, "max_cpu_loras", self.max_loras)
+        self.check_relations(self)
+        check_environment(self)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The weights' and KV cache's torch dtype."""
+        return parse_dtype(self.dtype)
+
+    @staticmethod
+    def check_relations(config: Any) -> None:
+        """ValueError naming settings that do not go together (reads attributes only: a
+        node's given settings are checked with it before any engine is built)."""
+        if config.num_kv_blocks is not None and config.kv_cache_memory_gb is not None:
+            raise ValueError("set num_kv_blocks or kv_cache_memory_gb, not both")
+        check_speculative(config)
+        check_offload(config)
+        check_lora(config)
+        check_parallel(config)
         if (
-            not self.enable_chunked_prefill
-            and self.max_model_len is not None
-            and self.max_model_len > self.max_num_batched_tokens
+            not config.enable_chunked_prefill
+            and config.max_model_len is not None
+            and config.max_model_len > config.max_num_batched_tokens
         ):
             raise ValueError(
                 "without chunked prefill, max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+                f"({config.max_num_batched_tokens}) must be >= max_model_len "
+                f"({config.max_model_len})"
             )
 
 
-SPECULATIVE_METHODS = ("none", "ngram", "draft")
-
-
-def check_speculative(config: EngineConfig) -> None:
+def check_speculative(config: Any) -> None:
     """ValueError naming the bad speculative setting."""
     method = config.speculative_method
-    if method not in SPECULATIVE_METHODS:
-        raise ValueError(
-            f"EngineConfig.speculative_method must be one of {', '.join(SPECULATIVE_METHODS)}, "
-            f"got {method!r}"
-        )
-    k = config.num_speculative_tokens
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
-        raise ValueError(f"EngineConfig.num_speculative_tokens must be in [1, 16], got {k!r}")
     if not 1 <= config.ngram_min <= config.ngram_max:
         raise ValueError(
             f"EngineConfig ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got "
             f"{config.ngram_min} and {config.ngram_max}"
         )
-    if method == "draft":
-        if config.draft_model is None:
-            raise ValueError("EngineConfig.speculative_method 'draft' needs draft_model")
-        object.__setattr__(config, "draft_model", Path(config.draft_model))
-        if not (Path(config.draft_model) / "config.json").is_file():
-            raise ValueError(
-                f"EngineConfig.draft_model {str(config.draft_model)!r} is not a model "
-                "directory (no config.json)"
-            )
-    elif config.draft_model is not None:
+    if method == "draft" and config.draft_model is None:
+        raise ValueError("EngineConfig.speculative_method 'draft' needs draft_model")
+    if method != "draft" and config.draft_model is not None:
         raise ValueError(
             f"EngineConfig.draft_model is set but speculative_method is {method!r} (use 'draft')"
         )
 
 
-def check_lora(config: EngineConfig) -> None:
+def check_lora(config: Any) -> None:
     """ValueError naming the bad LoRA setting."""
-    for name in ("max_loras", "max_lora_rank"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
     cpu = config.max_cpu_loras
-    if cpu is None:
-        object.__setattr__(config, "max_cpu_loras", config.max_loras)
-    elif not isinstance(cpu, int) or cpu < config.max_loras:
+    if cpu is not None and cpu < config.max_loras:
         raise ValueError(
             f"EngineConfig.max_cpu_loras must be an integer >= max_loras ({config.max_loras}), "
             f"got {cpu!r}"
@@ -232,56 +269,75 @@ def check_lora(config: EngineConfig) -> None:
         raise ValueError("EngineConfig.enable_lora does not work with speculative decoding yet")
 
 
-def check_parallel(config: EngineConfig) -> None:
-    """ValueError naming the bad parallelism setting or the feature it cannot go with."""
-    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"EngineConfig.{name} must be an integer >= 1, got {value!r}")
+def check_parallel(config: Any) -> None:
+    """ValueError naming the feature a TP x PP engine cannot go with yet."""
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     if tp * pp == 1:
         return
-    name = f"tensor_parallel_size={tp}" if pp == 1 else f"pipeline_parallel_size={pp}"
-    if tp > 1 and pp > 1:
-        name = f"tensor_parallel_size={tp} x pipeline_parallel_size={pp}"
+    name = parallel_name(tp, pp)
     if config.speculative_method != "none":
         raise ValueError(f"EngineConfig.{name} does not go with speculative decoding yet")
     if config.kv_offload_cpu_gb is not None:
         raise ValueError(f"EngineConfig.{name} does not go with KV tiers yet")
     if config.enable_lora:
         raise ValueError(f"EngineConfig.{name} does not go with LoRA yet")
-    if str(config.device).startswith("cuda"):
-        first = int(str(config.device).split(":")[1]) if ":" in str(config.device) else 0
-        if first + tp * pp > torch.cuda.device_count():
-            raise ValueError(
-                f"EngineConfig.{name} needs GPUs {first}..{first + tp * pp - 1}, "
-                f"found {torch.cuda.device_count()}"
-            )
 
 
-def check_offload(config: EngineConfig) -> None:
+def parallel_name(tp: int, pp: int) -> str:
+    if tp > 1 and pp > 1:
+        return f"tensor_parallel_size={tp} x pipeline_parallel_size={pp}"
+    return f"tensor_parallel_size={tp}" if pp == 1 else f"pipeline_parallel_size={pp}"
+
+
+def check_offload(config: Any) -> None:
     """ValueError naming the bad KV tier setting."""
-    for name in ("kv_offload_cpu_gb", "kv_offload_disk_gb"):
-        value = getattr(config, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"EngineConfig.{name} must be > 0, got {value!r}")
     path, disk_gb = config.kv_offload_disk_path, config.kv_offload_disk_gb
     if (path is None) != (disk_gb is None):
         raise ValueError(
             "EngineConfig.kv_offload_disk_path and kv_offload_disk_gb go together, got "
             f"{path!r} and {disk_gb!r}"
         )
-    if path is not None:
-        object.__setattr__(config, "kv_offload_disk_path", Path(path))
-        if config.kv_offload_cpu_gb is None:
+    if path is not None and config.kv_offload_cpu_gb is None:
+        raise ValueError(
+            "EngineConfig.kv_offload_disk_path needs kv_offload_cpu_gb (the disk tier is "
+            "written through the host tier)"
+        )
+
+
+def check_environment(config: EngineConfig) -> None:
+    """ValueError naming what this machine lacks: CUDA, enough GPUs, the draft model."""
+    if config.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {config.device!r} asked for, but CUDA is not available")
+        first = int(config.device.split(":")[1]) if ":" in config.device else 0
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        if tp * pp > 1 and first + tp * pp > torch.cuda.device_count():
             raise ValueError(
-                "EngineConfig.kv_offload_disk_path needs kv_offload_cpu_gb (the disk tier is "
-                "written through the host tier)"
+                f"EngineConfig.{parallel_name(tp, pp)} needs GPUs {first}..{first + tp * pp - 1}, "
+                f"found {torch.cuda.device_count()}"
             )
+    draft = config.draft_model
+    if draft is not None and not (draft / "config.json").is_file():
+        raise ValueError(
+            f"EngineConfig.draft_model {str(draft)!r} is not a model directory (no config.json)"
+        )
+
+
+def default_device() -> str:
+    """cuda when torch sees a GPU, else cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> str:
+    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def engine_config(
-    model_dir: Path, *, device: str = "auto", dtype: str | torch.dtype = "auto", **options: Any
+    model_dir: Path, *, device: str = "auto", dtype: Any = "auto", **options: Any
 ) -> EngineConfig:
     """An EngineConfig with the device's defaults: "auto" is CUDA when available, else CPU;
     on CUDA the dtype defaults to bfloat16 and max_num_seqs to 256, on the CPU to float32
@@ -291,14 +347,11 @@ def engine_config(
     values keep the default.
     """
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    cuda = device.startswith("cuda")
-    if dtype == "auto":
-        dtype = "bfloat16" if cuda else "float32"
+        device = default_device()
     given = {k: v for k, v in options.items() if v is not None}
-    if cuda:
+    if device.startswith("cuda"):
         given.setdefault("max_num_seqs", CUDA_MAX_NUM_SEQS)
-    return EngineConfig(model_dir=Path(model_dir), device=device, dtype=parse_dtype(dtype), **given)
+    return EngineConfig(model_dir=Path(model_dir), device=device, dtype=dtype, **given)
 
 
 def check_fraction(value: float, name: str = "gpu_memory_utilization") -> None:

@@ -1,6 +1,6 @@
 """Start-up phases as key=value log lines: `phase=NAME begin`, then `phase=NAME seconds=S`
 once it has passed (kernels, weights, kv_cache; a node adds transfer). `splitserve up` shows
-them while its nodes start (cluster.up_progress reads these lines)."""
+them while its nodes start (launcher.up_progress reads these lines)."""
 
 from __future__ import annotations
 

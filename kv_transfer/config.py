@@ -1,8 +1,11 @@
-"""Transfer agent settings: one frozen dataclass, validated at construction."""
+"""Transfer agent settings: one frozen dataclass, validated at construction. The fields
+declared with `setting(...)` are a node's settings too (config_kit)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from config_kit import Helm, Up, check_fields, setting
 
 TRANSPORTS = ("auto", "nixl", "tcp")
 
@@ -25,9 +28,15 @@ class TransferConfig:
     """
 
     node_name: str
-    transport: str = "auto"
+    transport: str = setting(
+        "auto", "KV transport: nixl, tcp, or auto (NIXL when available)", name="transfer",
+        choices=TRANSPORTS,
+    )  # fmt: skip
     tcp_host: str = "127.0.0.1"
-    tcp_port: int = 0
+    tcp_port: int = setting(
+        0, "TCP port of the KV block server (0: any free port)", name="transfer_port", ge=0,
+        le=65535, up=Up.OWN, helm=Helm.CHART,
+    )  # fmt: skip
     advertise_host: str | None = None
     deadline_s: float = 5.0
     ucx_tls: str | None = None
@@ -37,16 +46,11 @@ class TransferConfig:
     token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not self.node_name or any(c.isspace() for c in self.node_name):
             raise ValueError(
                 f"TransferConfig.node_name must be a non-empty word: {self.node_name!r}"
             )
-        if self.transport not in TRANSPORTS:
-            raise ValueError(
-                f"TransferConfig.transport must be one of {TRANSPORTS}, got {self.transport!r}"
-            )
-        if not 0 <= self.tcp_port <= 65535:
-            raise ValueError(f"TransferConfig.tcp_port must be in [0, 65535], got {self.tcp_port}")
         for name in ("deadline_s", "poll_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TransferConfig.{name} must be > 0, got {getattr(self, name)!r}")

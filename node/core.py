@@ -13,12 +13,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from typing import Any, Self
+from pathlib import Path
+from typing import Self
 from urllib.parse import urlsplit
 
 from cluster.protocol import PROTOCOL_VERSION, NodeInfo, NodeLoad
-from cluster.settings import NodeSettings
-from engine.config import engine_config
+from engine.config import EngineConfig, engine_config
 from engine.kv.sizing import KVCapacity
 from engine.loop.engine_loop import EngineLoop
 from engine.phases import phase
@@ -29,6 +29,7 @@ from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
 from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards
 from node.metrics import NodeMetrics
+from node.settings import NodeSettings
 
 
 class NodeCore:
@@ -46,20 +47,18 @@ class NodeCore:
         self.agent: KVTransferAgent | None = None
         self.counts: Counter[str] = Counter()
         self._info: NodeInfo | None = None
-        self.adapters = NodeAdapters(loop, settings.enable_lora)
+        self.adapters = NodeAdapters(loop, loop.engine.config.enable_lora)
 
     @classmethod
     @asynccontextmanager
     async def open(cls, settings: NodeSettings, metrics: NodeMetrics) -> AsyncIterator[Self]:
         """Load the model, start the engine thread and the transfer agent; stop them after."""
         started_at = time.time()
-        model_dir = await asyncio.to_thread(resolve_model, settings.model, settings.model_cache)
-        options = engine_options(settings)
-        if settings.draft_model is not None:
-            options["draft_model"] = await asyncio.to_thread(
-                resolve_model, settings.draft_model, settings.model_cache
-            )
-        config = engine_config(model_dir, **options)
+        random = settings.engine.load_format == "random"  # weights of config.json's shapes
+        model_dir = await asyncio.to_thread(
+            resolve_model, settings.model, settings.model_cache, not random
+        )
+        config = await asyncio.to_thread(build_engine_config, settings, model_dir)
         loop = await EngineLoop.launch(config, settings.torch_threads)
         metrics.set_kv_capacity(loop.engine.runner.kv_capacity)
         node = cls(settings, loop, started_at, metrics)
@@ -95,7 +94,7 @@ class NodeCore:
             engine.runner.kv_cache,
             fingerprint=model_layout(engine).fingerprint(),
             layout=layout_text(engine),
-            config=TransferConfig(**transfer_options(self.settings)),
+            config=transfer_config(self.settings),
             leases=self._leases(),
             shards=kv_shards(engine),
         )
@@ -180,6 +179,19 @@ class NodeCore:
         return out
 
 
+def build_engine_config(settings: NodeSettings, model_dir: Path) -> EngineConfig:
+    """The engine's config: the node's engine settings as given (the device fills in its
+    defaults), its role, the draft model resolved like the model; adapters to load at start
+    turn LoRA on."""
+    given = settings.engine
+    draft = given.draft_model
+    if draft is not None:
+        draft = resolve_model(str(draft), settings.model_cache)
+    lora = given.enable_lora or bool(settings.lora_modules)
+    given = given.replace(draft_model=draft, enable_lora=lora)
+    return engine_config(model_dir, role=settings.role, **given.values)
+
+
 def node_info(
     settings: NodeSettings,
     *,
@@ -233,46 +245,13 @@ def node_load(
     )
 
 
-def engine_options(settings: NodeSettings) -> dict[str, Any]:
-    """The engine settings among a node's, as keyword arguments (device and dtype may be
-    "auto", None keeps the device's default); engine.config.engine_config turns them into an
-    EngineConfig."""
-    return {
-        "role": settings.role,
-        "device": settings.device,
-        "dtype": settings.dtype,
-        "quantization": settings.quantization,
-        "float32_matmul_precision": settings.float32_matmul_precision,
-        "block_size": settings.block_size,
-        "num_kv_blocks": settings.num_kv_blocks,
-        "kv_cache_memory_gb": settings.kv_cache_memory_gb,
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "kv_cache_dtype": settings.kv_cache_dtype,
-        "kv_offload_cpu_gb": settings.kv_offload_cpu_gb,
-        "kv_offload_disk_path": settings.kv_offload_disk_path,
-        "kv_offload_disk_gb": settings.kv_offload_disk_gb,
-        "max_num_seqs": settings.max_num_seqs,
-        "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "max_model_len": settings.max_model_len,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "pipeline_parallel_size": settings.pipeline_parallel_size,
-        "speculative_method": settings.speculative_method,
-        "num_speculative_tokens": settings.num_speculative_tokens,
-        "enable_lora": settings.enable_lora,
-        "max_loras": settings.max_loras,
-        "max_lora_rank": settings.max_lora_rank,
-        "max_cpu_loras": settings.max_cpu_loras,
-    }
-
-
-def transfer_options(settings: NodeSettings) -> dict[str, Any]:
-    """kv_transfer.TransferConfig keyword arguments for this node; peers dial the host of
-    the node's URL."""
-    return {
-        "node_name": settings.resolved_node_id(),
-        "transport": settings.transfer,
-        "tcp_host": settings.host,
-        "tcp_port": settings.transfer_port,
-        "advertise_host": urlsplit(settings.url()).hostname,
-        "token": token.get_secret_value() if (token := settings.cluster_token) else None,
-    }
+def transfer_config(settings: NodeSettings) -> TransferConfig:
+    """The node's transfer agent config: its transfer settings, and its id, address and token;
+    peers dial the host of the node's URL."""
+    token = settings.cluster_token
+    return settings.transfer.build(
+        node_name=settings.resolved_node_id(),
+        tcp_host=settings.host,
+        advertise_host=urlsplit(settings.url()).hostname,
+        token=token.get_secret_value() if token is not None else None,
+    )

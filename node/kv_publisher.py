@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from cluster.kv_events import CacheChanges, KVEventPublisher
-from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
 from engine.kv.tiered_blocks import TieredBlockManager
 from engine.loop.engine_loop import EngineLoop
+from node.settings import NodeSettings
 
 log = logging.getLogger("splitserve.node")
 

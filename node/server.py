@@ -27,7 +27,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from cluster.auth import CLUSTER_TOKEN_HEADER, token_ok
-from cluster.cli import build_info
 from cluster.protocol import (
     HEALTH,
     INTERNAL_LORA_LOAD,
@@ -42,10 +41,11 @@ from cluster.protocol import (
     NodeStats,
 )
 from cluster.registry import REDIS_ERRORS, NodeRegistry
-from cluster.settings import NodeSettings
+from cluster.version import build_info
 from node.drain import wait_for_leases
 from node.errors import NodeError, bad_request, not_ready
 from node.metrics import NodeMetrics
+from node.settings import NodeSettings
 
 log = logging.getLogger("splitserve.node")
 

@@ -14,9 +14,9 @@ from cluster.protocol import (
     PrefillRequest,
     ReleaseRequest,
 )
-from cluster.settings import NodeSettings
 from node.body import read_body
 from node.server import accepting_work, create_node_app, node_route_paths, runtime_of
+from node.settings import NodeSettings
 from prefill_node.runtime import PrefillRuntime
 
 routes = APIRouter()

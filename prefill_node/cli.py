@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from cluster.settings import NodeSettings
 from node.cli import add_node_arguments, run_node
+from node.settings import NodeSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

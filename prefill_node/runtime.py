@@ -18,7 +18,6 @@ from cluster.protocol import (
     PrefillResponse,
     TokenLogprobMsg,
 )
-from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
 from engine.loop.stream import EngineFailed, RequestStream, StreamOutput
@@ -29,6 +28,7 @@ from models.sampling_params import SamplingParams
 from node.core import NodeCore
 from node.errors import NodeError, bad_request, checked_async
 from node.metrics import NodeMetrics
+from node.settings import NodeSettings
 
 log = logging.getLogger("splitserve.prefill")
 

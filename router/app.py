@@ -21,9 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.auth import cluster_headers
-from cluster.cli import version
 from cluster.registry import Membership, StaticMembership
-from cluster.settings import RouterSettings
+from cluster.version import version
 from models.tokenizer import Tokenizer
 from router import endpoints
 from router.adapters import RouterAdapters
@@ -40,6 +39,7 @@ from router.node_client import NodeClient
 from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
+from router.settings import RouterSettings
 from router.state import RouterState
 from router.usage import UsageLedger
 
@@ -141,9 +141,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def _load_tokenizer(settings: RouterSettings) -> Tokenizer:
+    """The model directory's tokenizer (the router reads no weights: a node may make its own,
+    --load-format random)."""
     from models import resolve_model
 
-    return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache))
+    return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache, weights=False))
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -20,8 +20,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from cluster.auth import find_key
-from cluster.cli import build_info
 from cluster.protocol import VERSION
+from cluster.version import build_info
 from models.tokenizer import Tokenizer
 from router.api.choices import Samples
 from router.api.ignored import ignored_fields, shown

@@ -12,7 +12,6 @@ from typing import Any
 
 from cluster.auth import ApiKey
 from cluster.registry import StaticMembership
-from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
 from router.adapters import RouterAdapters
 from router.admission import Admission
@@ -20,6 +19,7 @@ from router.metrics import RouterMetrics
 from router.node_client import NodeClient
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
+from router.settings import RouterSettings
 from router.usage import UsageLedger
 
 log = logging.getLogger("splitserve.router")

@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 # package -> project packages it may import (itself always).
-ALLOWED: dict[str, frozenset[str]] = {
+# config_kit (declaring settings) is at the bottom: every package may import it.
+_RULES: dict[str, frozenset[str]] = {
+    "config_kit": frozenset(),
     "models": frozenset(),
     "engine": frozenset({"models"}),
     "kv_transfer": frozenset(),
@@ -26,14 +28,27 @@ ALLOWED: dict[str, frozenset[str]] = {
     "decode_node": frozenset({"node", "engine", "kv_transfer", "cluster", "models"}),
     "router": frozenset({"cluster", "models"}),
     "planner": frozenset({"cluster", "models"}),
+    # the `splitserve` command: starts every role (its subcommands), so it imports them all
+    "launcher": frozenset(
+        {"models", "engine", "kv_transfer", "cluster", "node", "prefill_node", "decode_node"}
+        | {"router", "planner", "bench"}
+    ),
 }
-# package -> third-party packages that importing it must never load (eagerly, transitively).
+ALLOWED = {pkg: may | {"config_kit"} for pkg, may in _RULES.items()}
+# package (or module) -> third-party packages that importing it must never load (eagerly,
+# transitively).
 HEAVY = frozenset({"torch", "triton", "transformers", "nixl", "nixl_cu12", "nixl_cu13"})
 NEVER_LOADS: dict[str, frozenset[str]] = {
+    "config_kit": HEAVY,
     "router": HEAVY,
     "planner": HEAVY,
     "cluster": HEAVY,
     "models": HEAVY,
+    "launcher": HEAVY,  # `splitserve router` loads no torch: a subcommand is imported lazily
+    # the declarations the launcher and the chart's schema read
+    "engine.config": HEAVY,
+    "kv_transfer.config": HEAVY,
+    "node.settings": HEAVY,
 }
 PROJECT = frozenset({*ALLOWED, "bench"})
 
@@ -309,7 +324,7 @@ def _heavy_loads(all_edges: list[Edge], modules: set[str]) -> list[str]:
             eager.setdefault(e.source, []).append(e)
     problems = []
     for package, banned in NEVER_LOADS.items():
-        starts = sorted(m for m in modules if m.split(".")[0] == package)
+        starts = sorted(m for m in modules if m == package or m.startswith(f"{package}."))
         for chain in _reach(starts, eager, modules):
             last = chain[-1]
             if last.target.split(".")[0] in banned:

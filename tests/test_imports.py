@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from import_rules import violations
+from import_rules import edges, violations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,6 +132,16 @@ def test_a_submodule_import_is_not_a_circle_with_its_package(tmp_path: Path) -> 
         },
     )
     assert violations(root) == []
+
+
+def test_the_launcher_imports_each_subcommand_where_the_checker_sees_it() -> None:
+    """`splitserve`'s dispatch is plain imports (no importlib by name), so the layering test
+    above covers it."""
+    dispatch = {e.target for e in edges(ROOT, ["launcher"]) if e.source == "launcher.cli"}
+    for command in ("models", "engine", "router", "prefill_node", "decode_node", "planner"):
+        assert f"{command}.cli" in dispatch, command
+    assert "launcher.up" in dispatch
+    assert "importlib" not in {e.target for e in edges(ROOT, ["launcher"])}
 
 
 def test_an_upward_room_import_is_reported_whatever_its_kind(tmp_path: Path) -> None:

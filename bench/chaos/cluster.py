@@ -1,6 +1,6 @@
 """A splitserve cluster spread over the hosts of a HostNet: Redis, the router, 2 prefill and 2
 decode nodes, each on its own host, started with the real command line (`python -m
-cluster.cli ...` under `ip netns exec`), the default model in float32 with a small KV cache
+launcher.cli ...` under `ip netns exec`), the default model in float32 with a small KV cache
 and 1 torch thread per node. KV moves over TCP or NIXL (UCX over TCP: processes in other
 network namespaces of one machine would otherwise share memory, past any network fault).
 """
@@ -22,7 +22,7 @@ import redis
 from bench.chaos.netns import INNER_DEV, HostNet
 from cluster.auth import CLUSTER_TOKEN_ENV, CLUSTER_TOKEN_HEADER
 from cluster.protocol import NodeStats
-from cluster.redis_server import server_argv
+from launcher.redis_server import server_argv
 
 PREFILL = ("prefill-0", "prefill-1")
 DECODE = ("decode-0", "decode-1")
@@ -103,12 +103,12 @@ class ChaosCluster:
 
     def start_node(self, name: str, wait: bool = True) -> None:
         command = "prefill" if name in PREFILL else "decode"
-        argv = self._cli(command, name, "--port", str(NODE_PORT), "--node-id", name)
+        tree = self.trees.get(name)
+        argv = self._cli(command, name, "--port", str(NODE_PORT), "--node-id", name, tree=tree)
         argv += ["--redis-url", self.redis_url, "--model", str(self.config.model_dir)]
         argv += ["--device", "cpu", "--dtype", "float32", "--transfer", self.config.transfer]
         argv += ["--transfer-port", str(TRANSFER_PORT), "--num-kv-blocks"]
         argv += [str(self.config.num_kv_blocks), "--torch-threads", str(self.config.torch_threads)]
-        tree = self.trees.get(name)
         env = self._env() if tree is None else dict(self._env(), PYTHONPATH=str(tree))
         self._procs[name] = self.net.popen(name, argv, self._log(name), env, cwd=tree)
         if wait:
@@ -117,8 +117,8 @@ class ChaosCluster:
     def wait_node(self, name: str) -> None:
         self._wait(lambda: self._get(self.node_url(name) + "/ready") == 200, name)
 
-    def _cli(self, command: str, host: str, *args: str) -> list[str]:
-        argv = [sys.executable, "-m", "cluster.cli", command]
+    def _cli(self, command: str, host: str, *args: str, tree: Path | None = None) -> list[str]:
+        argv = [sys.executable, "-m", _cli_module(tree), command]
         return [*argv, "--host", self.net.address(host), *args]
 
     def _env(self) -> dict[str, str]:
@@ -184,3 +184,11 @@ def running(net: HostNet, config: ClusterConfig) -> Iterator[ChaosCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+def _cli_module(tree: Path | None) -> str:
+    """The command's module in a source tree: this one's, or an older release's (v0.1.0 kept
+    the command in cluster/, before the launcher had a package of its own)."""
+    if tree is None or (tree / "launcher" / "cli.py").exists():
+        return "launcher.cli"
+    return "cluster.cli"

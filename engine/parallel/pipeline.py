@@ -63,7 +63,7 @@ class StagePipe:
         self.returns_logits = rank == self.head
         self.hidden = model_config.hidden_size
         self.vocab = model_config.vocab_size
-        self.dtype = config.dtype
+        self.dtype = config.torch_dtype
         self.device = torch.device(config.device)
         self.times = StageTimes(stage.index, rank % tp)
 

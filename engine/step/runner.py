@@ -90,7 +90,7 @@ def load_model(
     device = torch.device(config.device)
     if device.type == "cpu":
         retain_freed_host_memory()
-        if config.cpu_kernels and config.dtype == torch.float32:
+        if config.cpu_kernels and config.torch_dtype == torch.float32:
             with phase("kernels"):  # compiled at a first start, then cached
                 cpu_kernels.available()
     with phase("weights"):
@@ -116,7 +116,7 @@ def _load_weights(
             config.attention_backend, device, config.cpu_kernels, config.kv_cache_dtype
         ),
         max_model_len,
-        config.dtype,
+        config.torch_dtype,
         device,
         shard,
         stage,
@@ -131,7 +131,7 @@ def _load_weights(
         taken = model.use_bf16_products(True)
         log.info("float32_matmul_precision medium: %d packed weights take bf16 products", taken)
     local = stage_config(shard_config(model_config, shard or Shard()), model.stage)
-    layout = KVLayout.for_model(local, config.dtype, config.block_size, config.kv_cache_dtype)
+    layout = KVLayout.for_model(local, config.torch_dtype, config.block_size, config.kv_cache_dtype)
     return LoadedModel(model_config, model, max_model_len, layout, packed)
 
 
@@ -140,7 +140,7 @@ def engine_quantization(config: EngineConfig) -> str:
     sharded across ranks yet: with tensor parallelism ``auto`` keeps a GGUF directory's fp32
     conversion, and a quantized checkpoint (a GGUF alone too) is refused, naming both
     settings."""
-    fp32 = config.dtype == torch.float32
+    fp32 = config.torch_dtype == torch.float32
     random = config.load_format == "random"
     method = resolve_quantization(
         config.quantization, config.model_dir, config.device, fp32, not random
@@ -286,10 +286,10 @@ def lora_manager(
     if not config.enable_lora:
         return None
     device = torch.device(config.device)
-    kernel = choose_kernel(device, config.dtype, config.cpu_kernels)
+    kernel = choose_kernel(device, config.torch_dtype, config.cpu_kernels)
     return LoraManager(
         model, model_config, config.max_loras, config.max_lora_rank,
-        config.max_cpu_loras or config.max_loras, kernel, device, config.dtype,
+        config.max_cpu_loras or config.max_loras, kernel, device, config.torch_dtype,
     )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from bench import serve
 from bench.serve_client import Clock, stream_one
 from bench.serve_stats import SLO, summarize
 from bench.workloads import RequestSpec, get_workload, poisson_arrivals
-from cluster.cli import main as splitserve
+from launcher.cli import main as splitserve
 
 HANG = 7  # a prompt starting with this token id never gets an answer
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Sockets the launcher binds and hands to its children (cluster.listen, cluster.process)."""
+"""Sockets the launcher binds and hands to its children (cluster.listen, launcher.process)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.listen import LISTEN_FD_ENV, bound_port, listener, open_listener
-from cluster.process import Child
+from launcher.process import Child
 
 SERVE_ONCE = """
 import os, socket

@@ -11,7 +11,6 @@ import pytest
 import redis
 
 from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
-from cluster.redis_server import EmbeddedRedis
 from cluster.registry import (
     REDIS_ERRORS,
     Membership,
@@ -19,6 +18,7 @@ from cluster.registry import (
     StaticMembership,
     node_key,
 )
+from launcher.redis_server import EmbeddedRedis
 
 
 def _info(node_id: str, role: str = "decode", url: str | None = None) -> NodeInfo:

@@ -22,11 +22,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from cluster.listen import open_listener
 from cluster.protocol import DecodeRequest, NodeStats, PrefillResponse, TokenEvent
-from cluster.redis_server import EmbeddedRedis, free_port
-from cluster.settings import NodeSettings
+from config_kit import build
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from launcher.redis_server import EmbeddedRedis, free_port
 from models.sampling_params import SamplingParams
+from node.settings import NodeSettings
 
 VOCAB = 128
 TINY: dict[str, Any] = {
@@ -91,7 +92,7 @@ def node_settings(model_dir: Path, redis_url: str, role: str, **overrides: Any) 
         "heartbeat_s": 0.2,
         "ttl_s": 1.0,
     }
-    return NodeSettings(**(fields | overrides))
+    return build(NodeSettings, **(fields | overrides))
 
 
 @asynccontextmanager

@@ -23,9 +23,9 @@ from node_harness import (
 )
 
 from cluster.protocol import DecodeRequest, KVHandle, PrefillResponse, TokenEvent
-from cluster.redis_server import free_port
 from decode_node.app import create_app as decode_app
 from kv_transfer import PeerInfo
+from launcher.redis_server import free_port
 from models.sampling_params import SamplingParams
 from prefill_node.app import create_app as prefill_app
 

@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import openai
 
-from cluster.auth import CLUSTER_TOKEN_ENV, CLUSTER_TOKEN_HEADER
+from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.protocol import NodeStats
+from cluster.settings import CLUSTER_TOKEN_ENV
 
 UP_TIMEOUT_S = 240.0
 # the clusters' token (the launcher keeps one it finds in its environment): /stats needs it
@@ -101,7 +102,7 @@ def start_cluster(
     """`splitserve up` on the CPU in float32 (the oracle's settings), 1 torch thread per node;
     returns once it reports ready. `env`: more environment for every process (settings
     `up` has no flag for, SPLITSERVE_<FIELD>)."""
-    argv = [sys.executable, "-m", "cluster.cli", "up", "--model", str(model_dir)]
+    argv = [sys.executable, "-m", "launcher.cli", "up", "--model", str(model_dir)]
     # port 0: the launcher binds one and writes the router's URL in cluster.json
     argv += ["--port", "0", "--device", "cpu", "--dtype", "float32"]
     argv += ["--threads-per-node", "1", "--run-dir", str(run_dir), *args]

@@ -1,5 +1,5 @@
-"""`splitserve generate`: the nodes' engine flags (quantization, KV cache dtype, LoRA) by the
-same names, help and choices, checked alike, and reaching the engine."""
+"""`splitserve generate`: the nodes' engine flags (every EngineConfig setting, the adapters to
+load) by the same names, help and choices, checked alike, and reaching the engine."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 import engine.llm
+from config_kit import declared
 from engine import cli
-from engine.flags import ENGINE_FLAGS, LORA_SWITCHES, flag
+from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.lora.request import LoRARequest
+from models.lora_modules import LoraModules
 from models.sampling_params import SamplingParams
 from node.cli import add_node_arguments
 from tests.engine.tiny_llama import save_tiny_llama
@@ -48,15 +50,22 @@ def test_the_engine_flags_are_the_nodes() -> None:
     parser = argparse.ArgumentParser()
     add_node_arguments(parser, ("decode",))
     node = _actions(parser)
-    for name in (*ENGINE_FLAGS, *LORA_SWITCHES):
-        mine, theirs = generate[flag(name)], node[flag(name)]
-        assert (mine.help, mine.type, mine.nargs) == (theirs.help, theirs.type, theirs.nargs)
-        assert list(mine.choices or ()) == list(theirs.choices or ()), name
+    for d in (*declared(EngineConfig), *declared(LoraModules)):
+        mine, theirs = generate[d.flag], node[d.flag]
+        assert (mine.help, mine.nargs) == (theirs.help, theirs.nargs), d.flag
+        assert getattr(mine.type, "__name__", None) == getattr(theirs.type, "__name__", None)
+        assert list(mine.choices or ()) == list(theirs.choices or ()), d.flag
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--quantization", "int3"], ["--kv-cache-dtype", "int4"], ["--max-loras", "two"]],
+    [
+        ["--quantization", "int3"],
+        ["--kv-cache-dtype", "int4"],
+        ["--max-loras", "two"],
+        ["--max-loras", "0"],
+        ["--load-format", "pickle"],
+    ],
 )
 def test_bad_values_are_refused_by_both(argv: list[str]) -> None:
     with pytest.raises(argparse.ArgumentError):
@@ -68,13 +77,15 @@ def test_bad_values_are_refused_by_both(argv: list[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--lora-modules", "sql=/x"], "lora_modules needs enable_lora"),
+        (["--lora-modules", "sql=/x"],
+         "--lora-modules is given but no --lora names the adapter to use"),
         (["--enable-lora", "--lora-modules", "sql"], "lora_modules entry 'sql' is not name=path"),
         (["--enable-lora", "--lora-modules", "sql=/x", "--lora", "web"],
          "--lora 'web' is not one of --lora-modules (sql)"),
         (["--enable-lora", "--lora-modules", "sql=/x"],
          "--lora-modules is given but no --lora names the adapter to use"),
-        (["--enable-lora", "--max-loras", "0"], "max_loras must be an integer >= 1, got 0"),
+        (["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "1"],
+         "max_cpu_loras must be an integer >= max_loras (2), got 1"),
     ],
 )  # fmt: skip
 def test_bad_lora_settings_exit_2_naming_them(

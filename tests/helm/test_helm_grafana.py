@@ -11,11 +11,11 @@ from typing import Any
 from helm_render import CHART, of_kind, render
 from prometheus_client import CollectorRegistry
 
-from cluster.settings import RouterSettings
 from node.metrics import NodeMetrics
 from planner.metrics import PlannerMetrics
 from router.app import create_app
 from router.dashboard.data import HISTOGRAMS, NODE_COUNTERS, ROUTER_COUNTERS
+from router.settings import RouterSettings
 
 NAME = re.compile(r"\bsplitserve_[a-z0-9_]+")
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}

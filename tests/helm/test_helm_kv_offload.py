@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
 from typing import Any
 
 import helm_python
@@ -36,7 +37,7 @@ def test_host_and_disk_tiers_on_an_empty_dir() -> None:
     disk = {"enabled": True, "sizeGb": 2}
     args, spec = _pod({"decode": {"kvOffload": {"cpuGb": 4, "disk": disk}}}, "decode")
     assert (args.kv_offload_cpu_gb, args.kv_offload_disk_gb) == (4.0, 2.0)
-    assert args.kv_offload_disk_path == "/var/cache/splitserve-kv"
+    assert args.kv_offload_disk_path == Path("/var/cache/splitserve-kv")
     assert _volume(spec) == {"name": "kv-offload", "emptyDir": {"sizeLimit": "2112Mi"}}
     mounts = main_container({"spec": {"template": {"spec": spec}}})["volumeMounts"]
     assert {"name": "kv-offload", "mountPath": "/var/cache/splitserve-kv"} in mounts
@@ -47,7 +48,7 @@ def test_host_and_disk_tiers_on_an_empty_dir() -> None:
 def test_disk_tier_on_a_claim() -> None:
     disk = {"enabled": True, "sizeGb": 50, "claimName": "kv-cache", "mountPath": "/kv"}
     args, spec = _pod({"prefill": {"kvOffload": {"cpuGb": 1, "disk": disk}}}, "prefill")
-    assert args.kv_offload_disk_path == "/kv"
+    assert args.kv_offload_disk_path == Path("/kv")
     assert _volume(spec) == {
         "name": "kv-offload",
         "persistentVolumeClaim": {"claimName": "kv-cache"},

@@ -7,8 +7,9 @@ import argparse
 import pytest
 from helm_render import deployments, env_of, main_container, render
 
-from cluster.settings import RouterSettings
+from config_kit import load
 from router.cli import add_arguments
+from router.settings import RouterSettings
 
 
 def _router(values: dict[str, object]) -> tuple[argparse.Namespace, dict[str, str]]:
@@ -24,8 +25,8 @@ def test_the_default_is_kv_aware_with_the_settings_default_weights() -> None:
     args, env = _router({})
     assert args.policy == "kv_aware"
     weights = {k: v for k, v in env.items() if k.startswith("SPLITSERVE_KV_")}
-    settings = RouterSettings.model_validate({k[11:].lower(): v for k, v in weights.items()})
-    assert settings == RouterSettings()
+    assert len(weights) == 5
+    assert load(RouterSettings, environ=weights) == RouterSettings()
 
 
 def test_policy_and_weights_are_values() -> None:

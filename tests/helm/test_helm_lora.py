@@ -11,8 +11,10 @@ import helm_python
 import pytest
 from helm_render import deployments, main_container, pod_spec, render
 
-from cluster.settings import NodeSettings, RouterSettings, load
+from config_kit import load
 from node.cli import settings_from_args
+from node.settings import NodeSettings
+from router.settings import RouterSettings
 
 ADAPTERS = [
     {"name": "sql", "path": "/adapters/sql"},
@@ -47,9 +49,9 @@ def _node(role: str, values: dict[str, Any]) -> NodeSettings:
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_both_pools_serve_the_adapters(role: str) -> None:
     s = _node(role, VALUES)
-    assert s.enable_lora
+    assert s.engine.enable_lora
     assert s.lora_modules == PAIRS
-    assert (s.max_loras, s.max_lora_rank, s.max_cpu_loras) == (3, 32, 6)
+    assert (s.engine.max_loras, s.engine.max_lora_rank, s.engine.max_cpu_loras) == (3, 32, 6)
 
 
 def test_the_router_knows_the_same_adapters() -> None:
@@ -61,13 +63,13 @@ def test_the_router_knows_the_same_adapters() -> None:
 def test_off_by_default() -> None:
     for role in ("prefill", "decode"):
         s = _node(role, {})
-        assert not s.enable_lora and s.lora_modules == []
+        assert not s.engine.enable_lora and s.lora_modules == []
     assert _args("router", {}).lora_modules is None
 
 
 def test_enabled_without_modules_loads_at_run_time() -> None:
     s = _node("decode", {"lora": {"enabled": True}})
-    assert s.enable_lora and s.lora_modules == [] and s.max_cpu_loras is None
+    assert s.engine.enable_lora and s.lora_modules == [] and s.engine.max_cpu_loras is None
     assert _args("router", {"lora": {"enabled": True}}).lora_modules is None
 
 

@@ -40,7 +40,7 @@ def _args(values: dict) -> argparse.Namespace:
 def test_the_planner_command_line_parses_with_the_pools_limits() -> None:
     args = _args(PLANNER)
     assert args.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
-    assert args.router_url == [] and args.ttft_slo_ms == 500
+    assert args.router_url is None and args.ttft_slo_ms == 500
     assert (args.min_prefill, args.max_prefill, args.min_decode, args.max_decode) == (2, 6, 1, 4)
     direct = _args(PLANNER | {"planner": {"enabled": True, "source": "direct"}})
     assert direct.prometheus_url is None and direct.router_url == [

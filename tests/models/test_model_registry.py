@@ -20,7 +20,7 @@ import pytest
 
 import models
 import models.convert
-from cluster import cli
+from launcher import cli
 from models import MARKER, ModelNotPulledError, ModelSpec, PullError
 from tests.models.gguf_files import gguf_bytes, write_gguf
 
@@ -125,6 +125,15 @@ def test_no_weights(tmp_path: Path) -> None:
     path = _write_hf_dir(tmp_path / "m")
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
     assert "no weights found (*.safetensors, or a *.gguf file)" in _error_line(path)
+
+
+def test_a_dir_without_weights_serves_random_weights(tmp_path: Path) -> None:
+    """--load-format random needs config.json's shapes, not the weights."""
+    path = _write_hf_dir(tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    models.validate_model_dir(path, weights=False)
+    assert models.resolve_model(str(path), weights=False) == path
+    assert "no weights found" in _error_line(path)
 
 
 def test_missing_tokenizer(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The node command line: flags are NodeSettings fields, bad values, busy ports and broken
-model directories fail before any model loads."""
+"""The node command line: flags are the declared settings (the node's, the engine's, the
+transfer agent's), bad values, busy ports and broken model directories fail before any model
+loads."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.redis_server import free_port
-from cluster.settings import NodeSettings
-from engine.config import engine_config
+from launcher.redis_server import free_port
 from node.cli import add_node_arguments, run_node, settings_from_args
-from node.core import engine_options
+from node.core import build_engine_config, transfer_config
+from node.settings import NodeSettings
 from tests.models.gguf_files import write_gguf
+from tests.node.node_args import refusal
 
 
 def _parse(*argv: str, roles: tuple[str, ...] = ("decode", "colocated")) -> argparse.Namespace:
@@ -32,18 +33,16 @@ def test_flags_become_settings() -> None:
         "--port", "9100", "--num-kv-blocks", "12", "--lease-ttl-s", "2.5",
         "--transfer", "tcp", "--role", "colocated", "--model-cache", "/m",
     )  # fmt: skip
-    settings = settings_from_args(args, args.role)
-    assert (settings.port, settings.num_kv_blocks, settings.lease_ttl_s) == (9100, 12, 2.5)
-    assert (settings.transfer, settings.role, str(settings.model_cache)) == (
-        "tcp",
-        "colocated",
-        "/m",
-    )
+    settings = settings_from_args(args, "decode")
+    assert (settings.port, settings.engine.num_kv_blocks, settings.lease_ttl_s) == (9100, 12, 2.5)
+    assert (settings.role, str(settings.model_cache)) == ("colocated", "/m")
+    assert settings.transfer.transport == "tcp"
+    assert transfer_config(settings).transport == "tcp"
 
 
 def test_gpu_memory_utilization_reaches_the_engine_config(tmp_path: Path) -> None:
-    settings = settings_from_args(_parse("--gpu-memory-utilization", "0.45"), "decode")
-    config = engine_config(tmp_path, **(engine_options(settings) | {"device": "cpu"}))
+    args = _parse("--gpu-memory-utilization", "0.45", "--device", "cpu")
+    config = build_engine_config(settings_from_args(args, "decode"), tmp_path)
     assert config.gpu_memory_utilization == 0.45
     assert (config.num_kv_blocks, config.kv_cache_memory_gb) == (None, None)  # sized by memory
     assert config.max_num_seqs == 64  # the CPU default; engine_config gives 256 on CUDA
@@ -51,19 +50,19 @@ def test_gpu_memory_utilization_reaches_the_engine_config(tmp_path: Path) -> Non
 
 def test_quantization_reaches_the_engine_config(tmp_path: Path) -> None:
     settings = settings_from_args(_parse("--quantization", "none"), "decode")
-    assert engine_config(tmp_path, **engine_options(settings)).quantization == "none"
+    assert build_engine_config(settings, tmp_path).quantization == "none"
     default = settings_from_args(_parse(), "decode")
-    assert engine_config(tmp_path, **engine_options(default)).quantization == "auto"
+    assert build_engine_config(default, tmp_path).quantization == "auto"
     with pytest.raises(argparse.ArgumentError):
         _parse("--quantization", "int3")
 
 
 def test_float32_matmul_precision_reaches_the_engine_config(tmp_path: Path) -> None:
     settings = settings_from_args(_parse("--float32-matmul-precision", "medium"), "prefill")
-    config = engine_config(tmp_path, **engine_options(settings))
-    assert config.float32_matmul_precision == "medium"
+    config = build_engine_config(settings, tmp_path)
+    assert (config.float32_matmul_precision, config.role) == ("medium", "prefill")
     default = settings_from_args(_parse(), "decode")
-    assert engine_config(tmp_path, **engine_options(default)).float32_matmul_precision == "highest"
+    assert build_engine_config(default, tmp_path).float32_matmul_precision == "highest"
     with pytest.raises(argparse.ArgumentError):
         _parse("--float32-matmul-precision", "high")
 
@@ -72,8 +71,7 @@ def test_float32_matmul_precision_reaches_the_engine_config(tmp_path: Path) -> N
 def test_gpu_memory_utilization_outside_zero_one_exits_2(
     bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_node(_parse("--gpu-memory-utilization", bad), "decode", _never) == 2
-    assert "gpu_memory_utilization" in capsys.readouterr().err
+    assert "--gpu-memory-utilization: must be" in refusal(["--gpu-memory-utilization", bad], capsys)
 
 
 def test_choices_come_from_the_settings() -> None:

@@ -9,29 +9,28 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launcher, up_plan
-from engine.config import engine_config
-from node.cli import run_node, settings_from_args
-from node.core import engine_options
-from tests.node.node_args import never_build, parse_decode_args
+from launcher import up as launcher
+from launcher import up_plan
+from node.cli import settings_from_args
+from node.core import build_engine_config
+from tests.node.node_args import parse_decode_args, refusal
 
 
 def test_flags_reach_the_engine_config(tmp_path: Path) -> None:
-    args = parse_decode_args("--speculative-method", "ngram", "--num-speculative-tokens", "6")
-    settings = settings_from_args(args, "decode")
-    config = engine_config(tmp_path, **(engine_options(settings) | {"device": "cpu"}))
-    assert (config.speculative_method, config.num_speculative_tokens) == ("ngram", 6)
-    default = engine_config(
-        tmp_path, **engine_options(settings_from_args(parse_decode_args(), "decode"))
+    args = parse_decode_args(
+        "--speculative-method", "ngram", "--num-speculative-tokens", "6", "--device", "cpu"
     )
+    config = build_engine_config(settings_from_args(args, "decode"), tmp_path)
+    assert (config.speculative_method, config.num_speculative_tokens) == ("ngram", 6)
+    default = build_engine_config(settings_from_args(parse_decode_args(), "decode"), tmp_path)
     assert default.speculative_method == "none"
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--num-speculative-tokens", "0"], "num_speculative_tokens"),
-        (["--num-speculative-tokens", "17"], "num_speculative_tokens"),
+        (["--num-speculative-tokens", "0"], "--num-speculative-tokens: must be >= 1"),
+        (["--num-speculative-tokens", "17"], "--num-speculative-tokens: must be <= 16"),
         (["--speculative-method", "draft"], "draft_model"),
         (["--draft-model", "tiny"], "draft_model"),
     ],
@@ -39,8 +38,7 @@ def test_flags_reach_the_engine_config(tmp_path: Path) -> None:
 def test_bad_values_exit_2_naming_them(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_node(parse_decode_args(*argv), "decode", never_build) == 2
-    assert message in capsys.readouterr().err
+    assert message in refusal(argv, capsys)
 
 
 def test_unknown_method_is_refused_by_the_parser() -> None:
@@ -49,7 +47,7 @@ def test_unknown_method_is_refused_by_the_parser() -> None:
 
 
 def _launcher_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(exit_on_error=False)
     launcher.add_arguments(parser)
     return parser.parse_args(list(argv))
 
@@ -67,7 +65,7 @@ def test_up_passes_the_flags_to_decode_nodes_only(tmp_path: Path) -> None:
     seen = {}
     for plan in up_plan.plan_nodes(args):
         argv = up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
-        assert argv[:3] == [sys.executable, "-m", "cluster.cli"]
+        assert argv[:3] == [sys.executable, "-m", "launcher.cli"]
         parsed = _parse_child(argv)
         seen[plan.role] = (parsed.speculative_method, parsed.num_speculative_tokens)
     assert seen == {"prefill": (None, None), "decode": ("ngram", 3)}
@@ -77,13 +75,18 @@ def test_up_passes_the_flags_to_decode_nodes_only(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["--num-speculative-tokens", "0"], "--num-speculative-tokens"),
-        (["--speculative-method", "draft"], "--draft-model"),
+        (["--speculative-method", "draft"], "needs draft_model"),
     ],
 )
 def test_up_refuses_bad_values(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert launcher.run(_launcher_args(*argv)) == 2
+    try:
+        args = _launcher_args(*argv, "--port", "0")
+    except argparse.ArgumentError as exc:
+        assert message in str(exc)
+        return
+    assert launcher.run(args) == 2
     assert message in capsys.readouterr().err
 
 

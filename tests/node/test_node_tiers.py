@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import engine_config
-from node.cli import run_node, settings_from_args
-from node.core import engine_options
+from node.cli import settings_from_args
+from node.core import build_engine_config
 from node.metrics import NodeMetrics
-from tests.node.node_args import never_build, parse_decode_args
+from tests.node.node_args import parse_decode_args, refusal
 
 
 def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
@@ -20,7 +19,7 @@ def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
         "--kv-offload-cpu-gb", "2", "--kv-offload-disk-path", str(tmp_path / "kv"),
         "--kv-offload-disk-gb", "10",
     )  # fmt: skip
-    config = engine_config(tmp_path, **(engine_options(settings_from_args(args, "decode"))))
+    config = build_engine_config(settings_from_args(args, "decode"), tmp_path)
     assert config.kv_offload_cpu_gb == 2.0 and config.kv_offload_disk_gb == 10.0
     assert config.kv_offload_disk_path == tmp_path / "kv"
 
@@ -30,14 +29,13 @@ def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
     [
         (("--kv-offload-disk-path", "/kv", "--kv-offload-disk-gb", "1"), "needs kv_offload_cpu"),
         (("--kv-offload-cpu-gb", "1", "--kv-offload-disk-path", "/kv"), "go together"),
-        (("--kv-offload-cpu-gb", "0"), "kv_offload_cpu_gb"),
+        (("--kv-offload-cpu-gb", "0"), "--kv-offload-cpu-gb: must be > 0"),
     ],
 )
 def test_bad_tier_settings_exit_2(
     argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_node(parse_decode_args(*argv), "decode", never_build) == 2
-    assert message in capsys.readouterr().err
+    assert message in refusal(argv, capsys)
 
 
 def test_metrics_show_every_tier_preemptions_by_kind_and_dropped_files() -> None:

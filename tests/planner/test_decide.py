@@ -11,7 +11,7 @@ from planner.config import PlannerConfig, PoolLimits
 from planner.decide import PoolDecider, PoolInputs
 
 CONFIG = PlannerConfig(
-    prefill=PoolLimits(1, 4), scale_down_intervals=3, up_cooldown_s=30, down_cooldown_s=60
+    min_prefill=1, max_prefill=4, scale_down_intervals=3, up_cooldown_s=30, down_cooldown_s=60
 )
 IDLE = PoolInputs(
     replicas=1,
@@ -147,7 +147,7 @@ def test_bad_config_is_refused_with_the_field_named() -> None:
         PoolLimits(3, 2)
     with pytest.raises(ValueError, match="scale_down_utilization"):
         PlannerConfig(scale_down_utilization=0.9, scale_up_utilization=0.8)
-    with pytest.raises(ValueError, match="ttft_slo_s"):
-        PlannerConfig(ttft_slo_s=0)
+    with pytest.raises(ValueError, match="ttft_slo_ms"):
+        PlannerConfig(ttft_slo_ms=0)
     with pytest.raises(ValueError, match="start_timeout_s"):
         PlannerConfig(start_timeout_s=0)

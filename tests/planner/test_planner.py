@@ -8,14 +8,16 @@ import pytest
 from series import Cluster
 
 from cluster.planner_status import PlannerStatus
-from planner.config import PlannerConfig, PoolLimits
+from planner.config import PlannerConfig
 from planner.planner import Planner
 
 CONFIG = PlannerConfig(
-    ttft_slo_s=1.0,
-    itl_slo_s=0.1,
-    prefill=PoolLimits(1, 3),
-    decode=PoolLimits(1, 3),
+    ttft_slo_ms=1000.0,
+    itl_slo_ms=100.0,
+    min_prefill=1,
+    max_prefill=3,
+    min_decode=1,
+    max_decode=3,
     interval_s=5.0,
     scale_down_intervals=2,
     up_cooldown_s=10.0,

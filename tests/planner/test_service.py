@@ -10,8 +10,8 @@ import pytest
 
 from cluster.planner_status import PlannerStatus, status_key
 from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
-from cluster.redis_server import EmbeddedRedis
 from cluster.registry import Membership, NodeRegistry
+from launcher.redis_server import EmbeddedRedis
 from planner.config import PlannerConfig
 from planner.observation import Sample
 from planner.planner import Planner

@@ -15,16 +15,18 @@ import pytest
 from series import Cluster
 
 from cluster.planner_status import PlannerStatus
-from cluster.process import Child, stop_all
-from cluster.scaler import LocalScaler
-from cluster.up_plan import NodePlan
-from planner.config import PlannerConfig, PoolLimits
+from launcher.process import Child, stop_all
+from launcher.scaler import LocalScaler
+from launcher.up_plan import NodePlan
+from planner.config import PlannerConfig
 from planner.planner import Planner
 
 CONFIG = PlannerConfig(
-    ttft_slo_s=1.5,
-    prefill=PoolLimits(1, 2),
-    decode=PoolLimits(1, 2),
+    ttft_slo_ms=1500.0,
+    min_prefill=1,
+    max_prefill=2,
+    min_decode=1,
+    max_decode=2,
     interval_s=5.0,
     up_cooldown_s=30.0,
     down_cooldown_s=60.0,

@@ -14,7 +14,7 @@ from node_harness import NUM_BLOCKS, node_settings, save_tiny_model, serving
 
 from cluster.kv_event_reader import KVEventReader
 from cluster.kv_events import stream_key
-from cluster.redis_server import EmbeddedRedis
+from launcher.redis_server import EmbeddedRedis
 from prefill_node.app import create_app
 from router.routing.prefix_index import PrefixIndex, PrefixQuery
 

@@ -25,9 +25,9 @@ from node_harness import (
     wait_idle,
 )
 
-from cluster.cli import build_info
 from cluster.protocol import NodeRecord, PrefillResponse
 from cluster.registry import node_key
+from cluster.version import build_info
 from prefill_node.app import create_app, route_paths
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from node_harness import BLOCK_SIZE, metric, node_settings, prefill, scrape, serving
 
-from cluster.settings import NodeSettings
 from models.sampling_params import SamplingParams
+from node.settings import NodeSettings
 from prefill_node.app import create_app
 
 pytestmark = pytest.mark.asyncio

@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster import protocol as p
 from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.registry import StaticMembership
-from cluster.settings import RouterSettings
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
 from router.app import create_app
+from router.settings import RouterSettings
 
 FINGERPRINT = "fake-layout"
 # What the fake nodes generate (as token ids, see the `script` fixture).

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from router_fakes import ANSWER, FakeNode, fake_cluster
 
-from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
+from router.settings import RouterSettings
 
 IDS = {"model": "smollm2", "prompt": [1, 2, 3, 4]}
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}

@@ -22,7 +22,7 @@ def test_router_runs_without_torch_in_a_fresh_interpreter() -> None:
     code = """
 import sys
 from cluster.registry import StaticMembership
-from cluster.settings import RouterSettings
+from router.settings import RouterSettings
 from router.app import create_app, route_paths
 import router.cli, router.flow.request_flow, router.api.streaming
 create_app(RouterSettings(), membership=StaticMembership())
@@ -46,9 +46,13 @@ def test_route_paths_lists_the_api_and_the_probes() -> None:
             "/metrics"} <= route_paths()  # fmt: skip
 
 
-def test_cli_refuses_invalid_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser()
+def test_cli_refuses_invalid_settings(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = argparse.ArgumentParser(exit_on_error=False)
     cli.add_arguments(parser)
-    args = parser.parse_args(["--port", "70000", "--policy", "round_robin"])
-    assert cli.run(args) == 2
-    assert "port (env SPLITSERVE_PORT)" in capsys.readouterr().err
+    with pytest.raises(argparse.ArgumentError, match="--port: must be <= 65535, got 70000"):
+        parser.parse_args(["--port", "70000"])
+    monkeypatch.setenv("SPLITSERVE_PORT", "70000")
+    assert cli.run(parser.parse_args(["--policy", "round_robin"])) == 2
+    assert "port (--port, env SPLITSERVE_PORT): must be <= 65535" in capsys.readouterr().err

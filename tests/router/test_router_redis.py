@@ -11,8 +11,8 @@ import pytest
 from router_fakes import ANSWER, FakeNode, router_settings, serving
 
 from cluster.protocol import NodeLoad
-from cluster.redis_server import EmbeddedRedis
 from cluster.registry import NodeRegistry
+from launcher.redis_server import EmbeddedRedis
 from models.tokenizer import Tokenizer
 from router.app import create_app
 

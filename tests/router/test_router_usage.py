@@ -12,8 +12,8 @@ import httpx
 import pytest
 from router_fakes import FakeNode, fake_cluster, metric
 
-from cluster.settings import RouterSettings
 from models.tokenizer import Tokenizer
+from router.settings import RouterSettings
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
 KEYS = "alice:key-alice\nbob:key-bob\nops:key-ops\n"

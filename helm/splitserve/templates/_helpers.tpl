@@ -239,3 +239,30 @@ maxUnavailable: {{ .maxUnavailable }}
 {{- fail "lora.modules needs lora.enabled: true" }}
 {{- end }}
 {{- end }}
+
+{{/* A component's settings from its values, one flag per key: files/settings.json lists each
+component's keys and flags (generated from the settings' declarations by
+`python -m launcher.helm_schema --write`). An absent key or an empty string leaves the
+setting at the process's default. Call with (dict "root" $ "values" $pool "component" "node"). */}}
+{{- define "splitserve.settingArgs" -}}
+{{- $flags := index (.root.Files.Get "files/settings.json" | fromJson) .component }}
+{{- range $key, $flag := $flags }}
+{{- if hasKey $.values $key }}
+{{- $v := index $.values $key }}
+{{- if kindIs "bool" $v }}
+- {{ ternary $flag (printf "--no-%s" (trimPrefix "--" $flag)) $v }}
+{{- else if kindIs "slice" $v }}
+- {{ $flag }}
+{{- range $v }}
+- {{ . | quote }}
+{{- end }}
+{{- else if and (kindIs "float64" $v) (eq $v (float64 (int64 $v))) }}
+- {{ $flag }}
+- {{ int64 $v | quote }}
+{{- else if ne (toString $v) "" }}
+- {{ $flag }}
+- {{ $v | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -93,24 +93,7 @@ spec:
             - {{ $root.Values.model.name | quote }}
             - --device
             - {{ ternary "cuda" "cpu" $gpu }}
-            - --dtype
-            - {{ $pool.dtype | default (ternary "bfloat16" "float32" $gpu) }}
-            {{- if $pool.kvCacheDtype }}
-            - --kv-cache-dtype
-            - {{ $pool.kvCacheDtype | quote }}
-            {{- end }}
-            {{- if $gpu }}
-            - --gpu-memory-utilization
-            - {{ $pool.gpuMemoryUtilization | default 0.9 | quote }}
-            {{- end }}
-            {{- if gt (int ($pool.tensorParallelSize | default 1)) 1 }}
-            - --tensor-parallel-size
-            - {{ $pool.tensorParallelSize | quote }}
-            {{- end }}
-            {{- if gt (int ($pool.pipelineParallelSize | default 1)) 1 }}
-            - --pipeline-parallel-size
-            - {{ $pool.pipelineParallelSize | quote }}
-            {{- end }}
+            {{- include "splitserve.settingArgs" (dict "root" $root "values" $pool "component" "node") | nindent 12 }}
             {{- $spec := $pool.speculative | default dict }}
             {{- if and (eq .role "decode") (ne ($spec.method | default "none") "none") }}
             - --speculative-method

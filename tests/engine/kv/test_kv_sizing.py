@@ -137,10 +137,14 @@ def test_fraction_is_validated_with_the_config(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("fake_cuda")
 def test_engine_config_defaults_per_device(tmp_path: Path) -> None:
     cuda = engine_config(tmp_path, device="cuda")
-    assert (cuda.max_num_seqs, cuda.dtype, cuda.kv_cache_memory_gb) == (256, torch.bfloat16, None)
+    assert (cuda.max_num_seqs, cuda.torch_dtype, cuda.kv_cache_memory_gb) == (
+        256,
+        torch.bfloat16,
+        None,
+    )
     assert engine_config(tmp_path, device="cuda", max_num_seqs=8).max_num_seqs == 8
     cpu = engine_config(tmp_path, device="cpu", max_num_seqs=None)
-    assert (cpu.max_num_seqs, cpu.dtype) == (64, torch.float32)
+    assert (cpu.max_num_seqs, cpu.torch_dtype) == (64, torch.float32)
 
 
 # a draft model's cache of as many blocks: 2 layers, 3 KV heads of 64 dims, bf16, 16 tokens

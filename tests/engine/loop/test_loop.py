@@ -243,7 +243,7 @@ def test_engine_config_resolves_auto_and_drops_unset_options(tiny_dir: Path) -> 
     config = engine_config(tiny_dir, role="prefill", num_kv_blocks=None, max_num_seqs=3)
     want_device = "cuda" if torch.cuda.is_available() else "cpu"
     assert str(config.device) == want_device
-    assert config.dtype == (torch.bfloat16 if want_device == "cuda" else torch.float32)
+    assert config.torch_dtype == (torch.bfloat16 if want_device == "cuda" else torch.float32)
     assert (config.role, config.num_kv_blocks, config.max_num_seqs) == (Role.PREFILL, None, 3)
 
 

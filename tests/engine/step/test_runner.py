@@ -100,7 +100,7 @@ def test_model_dir_without_weights(tmp_path: Path) -> None:
 def test_start_up_phases_are_logged_in_order(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`splitserve up` shows these lines while a node starts (cluster.up_progress)."""
+    """`splitserve up` shows these lines while a node starts (launcher.up_progress)."""
     save_tiny_llama(tmp_path)
     caplog.set_level("INFO", logger="splitserve.engine.phases")
     make_runner(tmp_path, max_model_len=32)

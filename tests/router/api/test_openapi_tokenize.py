@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 from router_fakes import FakeNode, fake_cluster
 
-from cluster.cli import version
 from cluster.protocol import PROTOCOL_VERSION
+from cluster.version import version
 from models.tokenizer import Tokenizer
 from router.app import route_paths
 

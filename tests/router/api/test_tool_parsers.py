@@ -14,9 +14,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from router_fakes import FakeNode, fake_cluster
 from test_tool_calls import stopped_content
 
-from cluster.settings import RouterSettings, SettingsError, load
+from config_kit import SettingsError, load
 from models.tokenizer import Tokenizer
 from router.api.tool_parsers import PARSERS, ParsedCall, ParsedOutput, parser_for
+from router.settings import RouterSettings
 
 pytestmark = pytest.mark.timeout(120)
 NAMES = frozenset({"get_weather", "get_time"})

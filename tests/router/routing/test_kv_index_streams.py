@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from cluster.kv_event_reader import KVEventReader
 from cluster.kv_events import CacheChanges, KVEventPublisher, stream_key
-from cluster.redis_server import EmbeddedRedis
+from launcher.redis_server import EmbeddedRedis
 from models.block_hash import prefix_block_hashes
 from router.routing.prefix_index import PrefixIndex, PrefixQuery
 

@@ -1,36 +1,84 @@
-"""The `splitserve` command. Subcommands live in their own packages and are imported lazily,
-so `splitserve router` never imports torch."""
+"""The `splitserve` command. Each subcommand's module is imported explicitly, in a function of
+its own, and only for the subcommand that runs: `splitserve router` never imports torch."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
-import platform
 import sys
-from collections.abc import Sequence
-from importlib import metadata
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-# subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
-_COMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("models.cli", "pull and list models"),
-    "generate": ("engine.cli", "offline generation with the engine (no cluster)"),
-    "up": ("cluster.launcher", "start a local cluster: Redis, router, prefill and decode nodes"),
-    "router": ("router.cli", "run the OpenAI-compatible router"),
-    "prefill": ("prefill_node.cli", "run a prefill node"),
-    "decode": ("decode_node.cli", "run a decode node"),
-    "planner": ("planner.cli", "size the prefill and decode pools from TTFT / ITL targets"),
-    "bench": ("bench.cli", "benchmarks"),
+from cluster.version import version
+
+
+class Command(Protocol):
+    """A subcommand's module."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _model() -> Command:
+    from models import cli
+
+    return cli
+
+
+def _generate() -> Command:
+    from engine import cli
+
+    return cli
+
+
+def _up() -> Command:
+    from launcher import up
+
+    return up
+
+
+def _router() -> Command:
+    from router import cli
+
+    return cli
+
+
+def _prefill() -> Command:
+    from prefill_node import cli
+
+    return cli
+
+
+def _decode() -> Command:
+    from decode_node import cli
+
+    return cli
+
+
+def _planner() -> Command:
+    from planner import cli
+
+    return cli
+
+
+def _bench() -> Command:
+    from bench import cli
+
+    return cli
+
+
+# subcommand -> (its module, help)
+COMMANDS: dict[str, tuple[Callable[[], Command], str]] = {
+    "model": (_model, "pull and list models"),
+    "generate": (_generate, "offline generation with the engine (no cluster)"),
+    "up": (_up, "start a local cluster: Redis, router, prefill and decode nodes"),
+    "router": (_router, "run the OpenAI-compatible router"),
+    "prefill": (_prefill, "run a prefill node"),
+    "decode": (_decode, "run a decode node"),
+    "planner": (_planner, "size the prefill and decode pools from TTFT / ITL targets"),
+    "bench": (_bench, "benchmarks"),
 }
-
-
-def version() -> str:
-    """The installed package's version ("unknown" when run from a source tree only)."""
-    try:
-        return metadata.version("splitserve")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class Parser(argparse.ArgumentParser):
@@ -42,24 +90,15 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def build_info() -> dict[str, str]:
-    """What GET /version answers: the package's version, its wire protocol's version and the
-    Python running it."""
-    from cluster.protocol import PROTOCOL_VERSION
-
-    protocol = str(PROTOCOL_VERSION)
-    return {"version": version(), "protocol_version": protocol, "python": platform.python_version()}
-
-
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = Parser(prog="splitserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module_name, help_text) in _COMMANDS.items():
+    for name, (load, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text)
         if name == wanted:  # import only the module that runs
-            module = importlib.import_module(module_name)
+            module = load()
             module.add_arguments(sp)
             sp.set_defaults(_run=module.run)
     return parser

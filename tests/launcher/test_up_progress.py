@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cluster.log_format import configure_logging
-from cluster.up_progress import STATUS_S, LogTail, StartProgress
 from engine.phases import phase
+from launcher.up_progress import STATUS_S, LogTail, StartProgress
 
 
 class _Clock:

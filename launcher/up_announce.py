@@ -9,8 +9,8 @@ import json
 import shlex
 from pathlib import Path
 
-from cluster.up_layout import API_KEY_HEADER, CLUSTER_HEADER
-from cluster.up_plan import NodePlan, local_host
+from launcher.up_layout import API_KEY_HEADER, CLUSTER_HEADER
+from launcher.up_plan import NodePlan, local_host
 
 
 def announcement(

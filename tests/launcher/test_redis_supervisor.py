@@ -9,8 +9,8 @@ import time
 import pytest
 import redis
 
-from cluster.redis_server import EmbeddedRedis
-from cluster.redis_supervisor import RedisSupervisor, RestartPolicy
+from launcher.redis_server import EmbeddedRedis
+from launcher.redis_supervisor import RedisSupervisor, RestartPolicy
 
 FAST = RestartPolicy(max_restarts=2, window_s=60, first_backoff_s=0.05, max_backoff_s=0.1)
 

@@ -3,10 +3,10 @@
 Pulls the model when missing, starts an embedded Redis (unless --redis), the router and
 N prefill + M decode nodes (default 1 + 1; --colocated: M colocated nodes instead), and
 waits until every node and the router are ready, showing each node's start-up phases as they
-pass (cluster.up_progress). The launcher binds every child's port itself and hands the socket
+pass (launcher.up_progress). The launcher binds every child's port itself and hands the socket
 over (cluster.listen), so no other process can take it in between; `--port 0` lets the
 kernel pick the router's. Then it prints the URL and an example request that works as printed
-(cluster.up_announce), and runs until Ctrl-C or SIGTERM, when it stops every process it
+(launcher.up_announce), and runs until Ctrl-C or SIGTERM, when it stops every process it
 started (SIGTERM, then SIGKILL after a grace period), Redis last.
 A launcher that dies anyhow takes its children along (PR_SET_PDEATHSIG).
 
@@ -15,14 +15,15 @@ directory, printed at start). RUN_DIR/cluster.json, written as the children star
 the router URL, the Redis URL, each node's URL and every process id (launcher included);
 RUN_DIR/cluster-token.header and api-key.header (mode 0600) serve curl's `-H @FILE`.
 A node that exits is reported and the cluster keeps serving without it. An embedded Redis that
-dies is restarted on the same port (cluster.redis_supervisor); when the router exits, or Redis
+dies is restarted on the same port (launcher.redis_supervisor); when the router exits, or Redis
 keeps dying, the launcher stops everything and exits 1. Every run gets its own cluster token
 (SPLITSERVE_CLUSTER_TOKEN in the children's environment, unless already set). `--api-key`
-reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line; the
-router's key flags are checked before anything starts (cluster.up_args.check_keys);
-`--max-model-len` goes to the router and every node, `--served-model-name` to the router.
+reaches the router in its environment (SPLITSERVE_API_KEY), never on a command line. Every
+setting of the router and the nodes is also a flag of `up`, handed to each child that declares
+it (launcher.up_plan); the router's and each node's settings (its key flags too) are checked
+before anything starts.
 With --planner a `splitserve planner` child sizes the two pools from TTFT / ITL targets, and
-the launcher starts and drains nodes to follow it (cluster.scaler); cluster.json follows.
+the launcher starts and drains nodes to follow it (launcher.scaler); cluster.json follows.
 """
 
 from __future__ import annotations
@@ -41,25 +42,27 @@ from types import FrameType
 
 import httpx
 
-from cluster.auth import CLUSTER_TOKEN_ENV, ApiKey, new_token
+from cluster.auth import ApiKey, new_token
 from cluster.listen import bound_port, open_listener
-from cluster.process import Child, stop_all
-from cluster.redis_server import EmbeddedRedis
-from cluster.redis_supervisor import RedisSupervisor
-from cluster.scaler import LocalScaler
-from cluster.up_announce import announcement
-from cluster.up_args import add_arguments as add_arguments
-from cluster.up_args import check_args, check_keys
-from cluster.up_layout import UpLayout, note_pid, write_headers
-from cluster.up_plan import (
+from cluster.settings import CLUSTER_TOKEN_ENV
+from launcher.process import Child, stop_all
+from launcher.redis_server import EmbeddedRedis
+from launcher.redis_supervisor import RedisSupervisor
+from launcher.scaler import LocalScaler
+from launcher.up_announce import announcement
+from launcher.up_args import add_arguments as add_arguments
+from launcher.up_args import check_args
+from launcher.up_layout import UpLayout, note_pid, write_headers
+from launcher.up_plan import (
     NodePlan,
+    check_children,
     node_argv,
     plan_nodes,
     planner_argv,
     router_argv,
     router_environment,
 )
-from cluster.up_progress import StartProgress
+from launcher.up_progress import StartProgress
 
 STOP_GRACE_S = 15.0
 POLL_S = 0.25
@@ -72,7 +75,7 @@ class LaunchError(RuntimeError):
 def run(args: argparse.Namespace) -> int:
     try:
         check_args(args)
-        keys = check_keys(args)
+        keys = check_children(args).api_keys()
     except ValueError as exc:
         print(f"splitserve up: {exc}", file=sys.stderr)
         return 2
@@ -108,7 +111,7 @@ def _ensure_model(args: argparse.Namespace) -> Path:
 
     cache = Path(args.model_cache) if args.model_cache else None
     try:
-        return ensure_model(args.model, cache, progress=True)
+        return ensure_model(args.model, cache, True, args.load_format != "random")
     except Exception as exc:
         raise LaunchError(f"model {args.model!r}: {exc}") from None
 
@@ -209,7 +212,7 @@ def _wait_ready(
     args: argparse.Namespace, children: list[Child], nodes: list[NodePlan], run_dir: Path
 ) -> None:
     """Until every node's /ready and the router's /ready (knowing all nodes) answer 200;
-    meanwhile each node's start-up phases are shown as they pass (cluster.up_progress)."""
+    meanwhile each node's start-up phases are shown as they pass (launcher.up_progress)."""
     deadline = time.monotonic() + args.ready_timeout_s
     pending = {n.name: f"{n.url}/ready" for n in nodes}
     router_url = f"http://127.0.0.1:{args.port}/ready"

@@ -21,8 +21,8 @@ import httpx
 from pydantic import ValidationError
 
 from cluster.planner_status import PlannerStatus, PoolStatus
-from cluster.process import Child
-from cluster.up_plan import NodePlan
+from launcher.process import Child
+from launcher.up_plan import NodePlan
 
 log = logging.getLogger("splitserve.launcher")
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cluster.planner_status import PlannerStatus, PoolStatus
-from cluster.process import Child, stop_all
-from cluster.scaler import LocalScaler
-from cluster.up_plan import NodePlan
+from launcher.process import Child, stop_all
+from launcher.scaler import LocalScaler
+from launcher.up_plan import NodePlan
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 

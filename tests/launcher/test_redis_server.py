@@ -7,8 +7,8 @@ import socket
 import pytest
 import redis
 
-from cluster import redis_server
-from cluster.redis_server import EmbeddedRedis, RedisStartError
+from launcher import redis_server
+from launcher.redis_server import EmbeddedRedis, RedisStartError
 
 
 def test_a_port_taken_before_redis_binds_it_is_picked_again(

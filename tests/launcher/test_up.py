@@ -21,16 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from cluster import launcher, up_plan
 from cluster.auth import ApiKey, find_key
-from cluster.launcher import LaunchError
-from cluster.process import Child, stop_all
-from cluster.up_announce import announcement
-from cluster.up_args import API_KEY_ENV
-from cluster.up_layout import UpLayout, write_headers
-from cluster.up_plan import NodePlan
+from launcher import cli, up_plan
+from launcher import up as launcher
+from launcher.process import Child, stop_all
+from launcher.up import LaunchError
+from launcher.up_announce import announcement
+from launcher.up_layout import UpLayout, write_headers
+from launcher.up_plan import NodePlan
 from tests.models.gguf_files import write_gguf
 
+API_KEY_ENV = "SPLITSERVE_API_KEY"
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 STUBBORN = [
     sys.executable,
@@ -40,14 +41,26 @@ STUBBORN = [
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(exit_on_error=False)
     launcher.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
+def _exit_code(argv: list[str]) -> int:
+    """What `splitserve up ARGV` exits with (a flag's bad value exits while parsing)."""
+    try:
+        return cli.main(["up", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+def _keys(args: argparse.Namespace) -> tuple[ApiKey, ...]:
+    return up_plan.check_children(args).api_keys()
+
+
 def _parse_child(argv: list[str]) -> argparse.Namespace:
     """Parse a child's command line with the subcommand module it names."""
-    assert argv[:3] == [sys.executable, "-m", "cluster.cli"]
+    assert argv[:3] == [sys.executable, "-m", "launcher.cli"]
     command, rest = argv[3], argv[4:]
     module = {"router": "router.cli", "prefill": "prefill_node.cli", "decode": "decode_node.cli"}
     parser = argparse.ArgumentParser(exit_on_error=False)
@@ -140,14 +153,25 @@ def test_each_pool_gets_its_pipeline_parallel_size(
 @pytest.mark.parametrize(
     ("flags", "problem"),
     [
-        (("--prefill-tp", "0"), "--prefill-tp must be >= 1, got 0"),
-        (("--tp", "0"), "--tp must be >= 1"),
-        (("--colocated", "--decode-tp", "2"), "use --tp with --colocated"),
-        (("--decode-pp", "0"), "--decode-pp must be >= 1, got 0"),
-        (("--colocated", "--prefill-pp", "2"), "use --pp with --colocated"),
+        (("--prefill-tp", "0"), "--prefill-tp: must be >= 1, got 0"),
+        (("--tp", "0"), "--tp: must be >= 1"),
+        (("--decode-pp", "0"), "--decode-pp: must be >= 1, got 0"),
     ],
 )
 def test_bad_tensor_parallel_flags_are_named(flags: tuple[str, ...], problem: str) -> None:
+    with pytest.raises(argparse.ArgumentError, match=problem):
+        _args(*flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (("--colocated", "--decode-tp", "2"), "use --tensor-parallel-size with --colocated"),
+        (("--colocated", "--prefill-pp", "2"), "use --pipeline-parallel-size with --colocated"),
+        (("--colocated", "--decode-kv-cache-dtype", "int8"), "use --kv-cache-dtype with"),
+    ],
+)
+def test_a_pool_flag_with_colocated_is_refused(flags: tuple[str, ...], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         launcher.check_args(_args(*flags))
 
@@ -161,7 +185,7 @@ def test_kv_tier_flags_reach_every_node_with_a_disk_directory_each(tmp_path: Pat
     for plan in up_plan.plan_nodes(args):
         parsed = _parse_child(up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan))
         assert (parsed.kv_offload_cpu_gb, parsed.kv_offload_disk_gb) == (2.0, 8.0)
-        assert parsed.kv_offload_disk_path == str(tmp_path / "kv" / plan.name)
+        assert parsed.kv_offload_disk_path == tmp_path / "kv" / plan.name
         paths.add(parsed.kv_offload_disk_path)
     assert len(paths) == 2  # a node's files are its own
     plain = _parse_child(
@@ -210,7 +234,16 @@ def test_nodes_split_the_gpu_fraction(tmp_path: Path, argv: list[str], share: fl
         for plan in plans
     ]
     assert shares == [share] * len(plans)
-    assert sum(shares) <= args.gpu_memory_utilization
+    assert sum(shares) <= (args.gpu_memory_utilization or 0.9)  # 0.9: the default
+
+
+def test_load_format_reaches_every_node_and_not_the_router(tmp_path: Path) -> None:
+    """A node setting no code of the launcher names: its declaration makes it an up flag."""
+    args = _args("--load-format", "random")
+    for plan in up_plan.plan_nodes(args):
+        argv = up_plan.node_argv(args, tmp_path, "redis://h:1/0", plan)
+        assert _parse_child(argv).load_format == "random"
+    assert "--load-format" not in up_plan.router_argv(args, tmp_path, "redis://h:1/0")
 
 
 def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
@@ -228,13 +261,15 @@ def test_colocated_starts_colocated_nodes_only(tmp_path: Path) -> None:
     ("argv", "message"),
     [(["--decode", "0"], "--decode"), (["--prefill", "0"], "--prefill"),
      (["--model", "./no/such/model"], "no/such/model"),
-     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
-     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be >= 1, got 0")],
+     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: must be <= 1, got 1.5"),
+     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens: must be >= 1, got 0"),
+     (["--speculative-method", "draft"], "draft_model"),
+     (["--kv-offload-disk-gb", "2"], "kv_offload_disk_path and kv_offload_disk_gb go together")],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_a_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert launcher.run(_args(*argv, "--port", "0")) == 2
+    assert _exit_code([*argv, "--port", "0"]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -302,7 +337,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
         f"""
         import os, sys, time
         from pathlib import Path
-        from cluster.process import Child
+        from launcher.process import Child
         child = Child("c", {SLEEPER!r}, Path({str(tmp_path / "c.log")!r}), dict(os.environ))
         Path({str(pid_file)!r}).write_text(str(child.pid))
         time.sleep(60)
@@ -311,7 +346,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
     try:
         deadline = time.monotonic() + 30
-        while not pid_file.exists() and time.monotonic() < deadline:
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
         child_pid = int(pid_file.read_text())
         assert _alive(child_pid)
@@ -345,7 +380,7 @@ def test_sigint_stops_the_launcher_even_when_the_shell_ignored_it() -> None:
     import signal
     import time
 
-    from cluster.launcher import _stop_on_sigterm
+    from launcher.up import _stop_on_sigterm
 
     saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -431,10 +466,10 @@ def test_the_router_key_flags_reach_the_router_and_batched_tokens_every_node(
         "--key-limits", "alice:rpm=60;*:rpm=600", "--max-num-batched-tokens", "256",
         "--tensor-parallel-size", "2", "--pipeline-parallel-size", "3",
     )  # fmt: skip
-    assert [k.name for k in launcher.check_keys(args)] == ["alice"]
+    assert [k.name for k in _keys(args)] == ["alice"]
     router_argv = up_plan.router_argv(args, tmp_path, "redis://h:1/0")
     router = _parse_child(router_argv)
-    assert (router.api_key_file, router.usage_admin_keys) == (str(keys), "alice")
+    assert (router.api_key_file, router.usage_admin_keys) == (keys, "alice")
     assert router.key_limits == "alice:rpm=60;*:rpm=600"
     assert not any("sk-alice" in a for a in router_argv)
     for plan in up_plan.plan_nodes(args):
@@ -501,7 +536,7 @@ def test_the_printed_request_works_with_several_keys(
     thread.start()
     try:
         args = _args(*flags, "--port", str(server.server_address[1]))
-        keys = launcher.check_keys(args)
+        keys = _keys(args)
         _KeyCheckingRouter.keys = keys
         write_headers(tmp_path, "cluster-token-0123456789abcdef", keys[0])
         nodes = [NodePlan("decode-0", "decode", "decode", 8123)]

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 from cluster.auth import CLUSTER_TOKEN_HEADER, ApiKey
-from cluster.process import Child
-from cluster.redis_server import EmbeddedRedis
-from cluster.up_plan import NodePlan
+from launcher.process import Child
+from launcher.redis_server import EmbeddedRedis
+from launcher.up_plan import NodePlan
 
 CLUSTER_HEADER = "cluster-token.header"
 API_KEY_HEADER = "api-key.header"

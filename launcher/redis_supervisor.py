@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.redis_server import EmbeddedRedis, RedisStartError
+from launcher.redis_server import EmbeddedRedis, RedisStartError
 
 
 def _say(line: str) -> None:

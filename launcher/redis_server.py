@@ -21,7 +21,7 @@ from types import TracebackType
 
 import redis
 
-from cluster.process import die_with_parent_hook
+from launcher.process import die_with_parent_hook
 
 
 class RedisStartError(RuntimeError):

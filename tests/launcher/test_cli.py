@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 from pathlib import Path
 
 import pytest
 
-from cluster import cli
+from cluster.version import version
+from launcher import cli
 
 MODEL_CACHE_COMMANDS = [
     ["model", "pull"], ["model", "list"], ["model", "path", "smollm2"], ["generate", "hi"],
@@ -23,7 +23,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="splitserve", exit_on_error=False)
     sub = parser.add_subparsers(dest="command")
     command = sub.add_parser(argv[0], prog=f"splitserve {argv[0]}")
-    importlib.import_module(cli._COMMANDS[argv[0]][0]).add_arguments(command)
+    cli.COMMANDS[argv[0]][0]().add_arguments(command)
     return parser.parse_args(argv)
 
 
@@ -32,7 +32,7 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
         cli.main(["--version"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out.strip()
-    assert out == f"splitserve {cli.version()}" and cli.version() != "unknown"
+    assert out == f"splitserve {version()}" and version() != "unknown"
 
 
 @pytest.mark.parametrize(
@@ -77,9 +77,9 @@ def test_an_unknown_flag_with_nothing_close_gets_no_suggestion(
 def test_every_subcommand_takes_model_cache_and_the_old_name_with_a_warning(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _parse([*argv, "--model-cache", "/cache/a"]).model_cache == "/cache/a"
+    assert _parse([*argv, "--model-cache", "/cache/a"]).model_cache == Path("/cache/a")
     assert "deprecated" not in capsys.readouterr().err
-    assert _parse([*argv, "--cache-dir", "/cache/b"]).model_cache == "/cache/b"
+    assert _parse([*argv, "--cache-dir", "/cache/b"]).model_cache == Path("/cache/b")
     assert "--cache-dir is deprecated; use --model-cache" in capsys.readouterr().err
 
 
