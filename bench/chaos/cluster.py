@@ -20,8 +20,9 @@ import httpx
 import redis
 
 from bench.chaos.netns import INNER_DEV, HostNet
-from cluster.auth import CLUSTER_TOKEN_ENV, CLUSTER_TOKEN_HEADER
+from cluster.auth import CLUSTER_TOKEN_HEADER
 from cluster.protocol import NodeStats
+from cluster.settings import CLUSTER_TOKEN_ENV
 from launcher.redis_server import server_argv
 
 PREFILL = ("prefill-0", "prefill-1")
