@@ -213,6 +213,9 @@ def test_a_variable_users_had_means_what_it_meant(
     assert changes(before, after).keys() <= case["meaning"].keys() | case["needs"].keys()
 
 
+OTHER_TOOL = re.compile(r"\b(helm|pip|docker|kubectl) |python -m |\bbench\.\w+ --")
+
+
 def documented() -> Iterator[tuple[str, str | None, str]]:
     """(flag or variable, the subcommand the line names, page) of every one the user's pages
     name (the README and every page of docs/ but the benchmarks', whose flags are the
@@ -221,7 +224,7 @@ def documented() -> Iterator[tuple[str, str | None, str]]:
     for page in [ROOT / "README.md", *(p for p in pages if "benchmarks" not in p.parts)]:
         other = False  # a line of another tool's command (continued with a backslash too)
         for line in page.read_text().splitlines():
-            other = bool(re.search(r"\b(helm|pip|docker|kubectl) |python -m ", line)) or other
+            other = bool(OTHER_TOOL.search(line)) or other
             if other:
                 other = line.rstrip().endswith("\\")
                 continue

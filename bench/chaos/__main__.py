@@ -36,7 +36,9 @@ def _faults(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chaos", description=__doc__, allow_abbrev=False
+    )
     parser.add_argument("--requests", type=int, default=300, help="requests per fault")
     parser.add_argument("--faults", type=_faults, default=list(FAULTS),
                         help=f"all, or some of: {', '.join([*FAULTS, UPGRADE.name])}")  # fmt: skip

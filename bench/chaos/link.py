@@ -97,7 +97,9 @@ def serve(fd: int, line: Line, stop: list[bool]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.chaos.link", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chaos.link", description=__doc__, allow_abbrev=False
+    )
     parser.add_argument("--tap", required=True, help="name of the TAP device to create")
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--delay-ms", type=float, default=0.0)
