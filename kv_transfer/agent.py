@@ -26,7 +26,7 @@ from kv_transfer.errors import LayoutMismatch, TransferError, TransferTimeout, T
 from kv_transfer.head_plan import HeadPlan, is_identity, plan_kv, sizes_text
 from kv_transfer.hugepages import use_hugepages
 from kv_transfer.lease import LeaseTable
-from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
+from kv_transfer.peer_info import Identity, PeerInfo, TransportKind, stated_protocol
 from kv_transfer.rank_agent import RankAgent, RankAgentSetup
 from kv_transfer.rank_server import RankListener
 from kv_transfer.region import KVRegion, check_block_ids
@@ -93,7 +93,7 @@ class KVTransferAgent:
             base_address=self.region.base_address,
             num_kv_heads=shards.num_kv_heads if shards is not None else 0,
             shards=shards.rank_shards() if shards is not None and shards.size > 1 else (),
-            protocol=PROTOCOL_VERSION,
+            protocol=stated_protocol(PROTOCOL_VERSION),
             **self.transport.peer_fields(),  # type: ignore[arg-type]
         )
 

@@ -24,6 +24,12 @@ _VERSION = 1  # the JSON form's own version; the protocol's is `PeerInfo.protoco
 _PROTOCOL_WRITTEN_FROM = 2
 
 
+def stated_protocol(version: int) -> int:
+    """The protocol a PeerInfo of an owner speaking `version` states: the version from the first
+    that writes it, else 0 (not stated), so that what is published reads back the same."""
+    return version if version >= _PROTOCOL_WRITTEN_FROM else 0
+
+
 class TransportKind(StrEnum):
     NIXL = "nixl"
     TCP = "tcp"
