@@ -95,6 +95,10 @@ class EngineConfig:
     # the step asynchronously (CUDA); on the CPU the forward runs in the calling thread, so
     # overlap would only hand each token out one step later.
     async_scheduling: bool | None = None
+    # CUDA: decode steps replay CUDA graphs captured at start for batch-size buckets up to
+    # max_num_seqs (engine.step.graphs); True runs every step eagerly (kernel by kernel).
+    # The CPU always runs eagerly.
+    enforce_eager: bool = False
     # Speculative decoding (engine.speculative): "none", "ngram" (prompt lookup) or "draft"
     # (a smaller model of the same vocabulary in draft_model). Up to num_speculative_tokens
     # guesses per decoding request are verified in one forward; a step that proposes runs
