@@ -145,6 +145,8 @@ class NodeSettings(_Base):
     quantization: Literal["auto", "none", "gguf", "awq", "gptq", "fp8"] = "auto"
     # torch's names: medium lets packed layers on AMX tiles take bf16 products (engine.config)
     float32_matmul_precision: Literal["highest", "medium"] = "highest"
+    # CUDA: no decode CUDA graphs, every step kernel by kernel (engine.step.graphs)
+    enforce_eager: bool = False
     block_size: int = Field(default=16, ge=1, le=1024)
     # KV cache size: num_kv_blocks or kv_cache_memory_gb when set (not both); else on CUDA
     # gpu_memory_utilization of the device's memory minus the weights and activations; else 1 GiB

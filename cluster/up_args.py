@@ -66,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every node: highest (default) or medium (on AMX CPUs, packed layers' products "
         "over many rows in bf16 inputs summed in fp32: prefill about 2x faster)",
     )  # fmt: skip
+    parser.add_argument(
+        "--enforce-eager", action="store_true",
+        help="CUDA: every node runs its steps without the decode CUDA graphs",
+    )  # fmt: skip
     parser.add_argument("--threads-per-node", type=int, default=None, help="torch threads")
     for short, what, vllm in VLLM_PARALLEL:
         parser.add_argument(

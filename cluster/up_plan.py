@@ -132,6 +132,8 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
+    if getattr(args, "enforce_eager", False):
+        argv.append("--enforce-eager")
     return argv + lora_argv(args)
 
 

@@ -1,5 +1,6 @@
 """`splitserve generate`: offline generation with the engine, no cluster. The engine flags
-(quantization, KV cache dtype, LoRA) are the nodes' (engine.flags), checked alike."""
+(quantization, KV cache dtype, --enforce-eager, LoRA) are the nodes' (engine.flags), checked
+alike."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.flags import ENGINE_FLAGS, add_lora_switches, flag
+from engine.flags import ENGINE_FLAGS, ENGINE_SWITCHES, add_engine_switches, add_lora_switches, flag
 from engine.lora.request import LoRARequest
 from models.cli import add_model_cache_flag
 from models.lora_modules import lora_module_map
@@ -42,6 +43,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             flag(name), type=kind, choices=choices.get(name), default=None, help=help_text
         )
+    add_engine_switches(parser)
     add_lora_switches(parser)
     parser.add_argument(
         "--lora", default=None, metavar="NAME",
@@ -52,7 +54,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def _llm_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine flags given, as LLM keyword arguments (the others keep the defaults);
     of --lora-modules, the adapter --lora names is loaded by itself."""
-    names = (*ENGINE_FLAGS, "enable_lora")
+    names = (*ENGINE_FLAGS, *ENGINE_SWITCHES, "enable_lora")
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 

@@ -20,11 +20,22 @@ ENGINE_FLAGS: dict[str, str] = {
     "max_cpu_loras": "LoRA: adapters kept in host memory (default: --max-loras)",
 }
 LORA_SWITCHES = ("enable_lora", "lora_modules")  # flags of their own (a switch, a list)
+# setting -> help of its on/off --flag (store_true; None when not given)
+ENGINE_SWITCHES: dict[str, str] = {
+    "enforce_eager": "CUDA: run every step kernel by kernel, without the decode CUDA graphs "
+    "captured at start (the CPU always does)",
+}
 
 
 def flag(name: str) -> str:
     """The --flag of a setting."""
     return "--" + name.replace("_", "-")
+
+
+def add_engine_switches(parser: argparse.ArgumentParser) -> None:
+    """The on/off engine flags (--enforce-eager), None when not given."""
+    for name, help_text in ENGINE_SWITCHES.items():
+        parser.add_argument(flag(name), action="store_true", default=None, help=help_text)
 
 
 def add_lora_switches(parser: argparse.ArgumentParser) -> None:

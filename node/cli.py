@@ -21,7 +21,14 @@ from typing import Any
 from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import NodeSettings, SettingsError, load
-from engine.flags import ENGINE_FLAGS, LORA_SWITCHES, add_lora_switches, flag
+from engine.flags import (
+    ENGINE_FLAGS,
+    ENGINE_SWITCHES,
+    LORA_SWITCHES,
+    add_engine_switches,
+    add_lora_switches,
+    flag,
+)
 from models import resolve_model
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 
@@ -87,6 +94,7 @@ def add_node_arguments(parser: argparse.ArgumentParser, roles: Sequence[str]) ->
         kind, choices = _arg_type(NodeSettings.model_fields[name].annotation)
         parser.add_argument(flag(name), type=kind, choices=choices, default=None, help=help_text)
     add_model_cache_flag(parser, alias_only=True)
+    add_engine_switches(parser)
     add_lora_switches(parser)
     if len(roles) > 1:
         parser.add_argument("--role", choices=list(roles), default=None, help=f"default {roles[0]}")
@@ -107,7 +115,8 @@ def _arg_type(annotation: Any) -> tuple[Callable[[str], Any], list[str] | None]:
 
 def settings_from_args(args: argparse.Namespace, role: str) -> NodeSettings:
     """NodeSettings from the environment and the flags; SettingsError names bad values."""
-    overrides = {name: getattr(args, name, None) for name in (*_HELP, *LORA_SWITCHES)}
+    names = (*_HELP, *ENGINE_SWITCHES, *LORA_SWITCHES)
+    overrides = {name: getattr(args, name, None) for name in names}
     return load(NodeSettings, role=role, **overrides)
 
 

@@ -242,6 +242,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         "dtype": settings.dtype,
         "quantization": settings.quantization,
         "float32_matmul_precision": settings.float32_matmul_precision,
+        "enforce_eager": settings.enforce_eager,
         "block_size": settings.block_size,
         "num_kv_blocks": settings.num_kv_blocks,
         "kv_cache_memory_gb": settings.kv_cache_memory_gb,

@@ -1,4 +1,5 @@
-"""`splitserve generate`: the nodes' engine flags (quantization, KV cache dtype, LoRA) by the
+"""`splitserve generate`: the nodes' engine flags (quantization, KV cache dtype,
+--enforce-eager, LoRA) by the
 same names, help and choices, checked alike, and reaching the engine."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 import engine.llm
 from engine import cli
-from engine.flags import ENGINE_FLAGS, LORA_SWITCHES, flag
+from engine.flags import ENGINE_FLAGS, ENGINE_SWITCHES, LORA_SWITCHES, flag
 from engine.llm import LLM
 from engine.lora.request import LoRARequest
 from models.sampling_params import SamplingParams
@@ -48,7 +49,7 @@ def test_the_engine_flags_are_the_nodes() -> None:
     parser = argparse.ArgumentParser()
     add_node_arguments(parser, ("decode",))
     node = _actions(parser)
-    for name in (*ENGINE_FLAGS, *LORA_SWITCHES):
+    for name in (*ENGINE_FLAGS, *ENGINE_SWITCHES, *LORA_SWITCHES):
         mine, theirs = generate[flag(name)], node[flag(name)]
         assert (mine.help, mine.type, mine.nargs) == (theirs.help, theirs.type, theirs.nargs)
         assert list(mine.choices or ()) == list(theirs.choices or ()), name
@@ -99,12 +100,12 @@ def test_the_flags_reach_the_engine_and_the_adapter_the_prompt(
 
     monkeypatch.setattr(engine.llm, "LLM", Recorded)
     argv = ["--model", str(base), "--raw", "--max-tokens", "8", "--quantization", "none",
-            "--kv-cache-dtype", "int8", "--enable-lora", "--max-lora-rank", "8",
+            "--kv-cache-dtype", "int8", "--enable-lora", "--max-lora-rank", "8", "--enforce-eager",
             "--lora-modules", f"sql={adapter}", "--lora", "sql", PROMPT]  # fmt: skip
     assert cli.run(_parser().parse_args(argv)) == 0
     config = made[0].engine.config
     assert (config.quantization, config.kv_cache_dtype) == ("none", "int8")
-    assert (config.enable_lora, config.max_lora_rank) == (True, 8)
+    assert (config.enable_lora, config.max_lora_rank, config.enforce_eager) == (True, 8, True)
     params = SamplingParams(max_tokens=8, temperature=0.0)
     lora = LoRARequest("sql", 1, adapter)
     want = made[0].generate([PROMPT], params, lora_request=lora)[0].text
