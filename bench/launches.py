@@ -19,13 +19,18 @@ class Launches(NamedTuple):
 
 
 def count_launches(work: Callable[[], object]) -> Launches:
-    """Run ``work`` once under the profiler (CUDA), synchronised at both ends."""
+    """Run ``work`` once under the profiler, synchronised at both ends (without CUDA both
+    counts are 0)."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        work()
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
         torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        work()
+        if cuda:
+            torch.cuda.synchronize()
     host = kernels = 0
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

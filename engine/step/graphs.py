@@ -89,6 +89,7 @@ class DecodeGraphs:
         self.inputs = inputs
         self.lora = lora
         self.sizes: tuple[int, ...] = ()  # ascending: those captured
+        self.captured: GraphCapture | None = None  # the latest capture's figures
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}  # each graph's output [rows, vocab]
         self._pool: Any = None  # the graphs' memory pool, from the first captured
@@ -104,7 +105,8 @@ class DecodeGraphs:
             self._capture(rows)
         self.sizes = tuple(sorted(self._graphs))
         seconds = time.perf_counter() - started
-        return GraphCapture(len(wanted), seconds, used_memory(device) - before)
+        self.captured = GraphCapture(len(wanted), seconds, used_memory(device) - before)
+        return self.captured
 
     def _capture(self, rows: int) -> None:
         if rows > self.inputs.max_rows:

@@ -199,6 +199,7 @@ class ModelRunner:
         self.ranks = ranks
         self.pipe = pipe
         self.max_blocks = -(-self.max_model_len // config.block_size)  # the widest table
+        self.memory: DeviceMemory | None = None  # as measured for the KV plan (CUDA)
         self.eager_reason = eager_reason(
             config.enforce_eager, self.device, self.model, pipe is not None
         )
@@ -270,9 +271,10 @@ class ModelRunner:
         c = self.config
         lengths = profile_lengths(c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len)
         shape = BatchShape(c.max_num_seqs, self.max_blocks, self.model_config.vocab_size)
-        return measure_device_memory(
+        self.memory = measure_device_memory(
             self.model, self.layout, lengths, self.device, shape, self._graph_estimate()
         )
+        return self.memory
 
     def _graph_estimate(self) -> Callable[[], int] | None:
         """What measures the graphs' memory before the KV plan (None: no graphs)."""
