@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Role
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.lora.delta import LoraBatch
 from engine.lora.manager import LoraManager
@@ -41,13 +41,15 @@ GIB = 2**30
 
 
 def eager_reason(
-    enforce_eager: bool, device: torch.device, model: DecoderModel, pipelined: bool
+    config: EngineConfig, device: torch.device, model: DecoderModel, pipelined: bool
 ) -> str | None:
     """Why this engine runs every step eagerly (None: it captures decode graphs)."""
-    if enforce_eager:
+    if config.enforce_eager:
         return "enforce_eager"
     if device.type != "cuda":
         return "cpu"
+    if config.role is Role.PREFILL:
+        return "prefill_role"  # it never decodes: a request is pinned after its first token
     if model.triton_ops is None:
         return "attention_backend_torch"  # the torch attention plans on the host
     if pipelined:

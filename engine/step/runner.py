@@ -200,9 +200,7 @@ class ModelRunner:
         self.pipe = pipe
         self.max_blocks = -(-self.max_model_len // config.block_size)  # the widest table
         self.memory: DeviceMemory | None = None  # as measured for the KV plan (CUDA)
-        self.eager_reason = eager_reason(
-            config.enforce_eager, self.device, self.model, pipe is not None
-        )
+        self.eager_reason = eager_reason(config, self.device, self.model, pipe is not None)
         with phase("kv_cache"):
             self.kv_capacity = plan_kv_cache(
                 config, self.layout, self._measure_memory, shared_caches

@@ -168,20 +168,28 @@ class _Model:
 
 
 @pytest.mark.parametrize(
-    ("enforce", "device", "triton", "pipelined", "reason"),
+    ("setting", "device", "triton", "pipelined", "reason"),
     [
-        (True, "cuda", True, False, "enforce_eager"),
-        (False, "cpu", True, False, "cpu"),
-        (False, "cuda", False, False, "attention_backend_torch"),
-        (False, "cuda", True, True, "pipeline_parallel"),
-        (False, "cuda", True, False, None),
+        ({"enforce_eager": True}, "cuda", True, False, "enforce_eager"),
+        ({}, "cpu", True, False, "cpu"),
+        ({"role": "prefill"}, "cuda", True, False, "prefill_role"),
+        ({}, "cuda", False, False, "attention_backend_torch"),
+        ({}, "cuda", True, True, "pipeline_parallel"),
+        ({"role": "decode"}, "cuda", True, False, None),
+        ({}, "cuda", True, False, None),
     ],
 )
 def test_eager_reasons(
-    enforce: bool, device: str, triton: bool, pipelined: bool, reason: str | None
+    model_dir: Path,
+    setting: dict[str, Any],
+    device: str,
+    triton: bool,
+    pipelined: bool,
+    reason: str | None,
 ) -> None:
     model: Any = _Model(triton)
-    assert eager_reason(enforce, torch.device(device), model, pipelined) == reason
+    config = EngineConfig(model_dir, **setting)  # the device is eager_reason's argument
+    assert eager_reason(config, torch.device(device), model, pipelined) == reason
 
 
 def test_the_cpu_runs_eagerly_and_says_why(
