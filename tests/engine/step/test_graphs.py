@@ -268,3 +268,16 @@ def test_a_replayed_step_launches_a_few_kernels_from_the_host(default_model_dir:
         llm.close()
     assert counts[False].host_calls < counts[True].host_calls / 4, counts
     assert counts[False].kernels > 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_kv_plan_keeps_room_for_the_graphs(model_dir: Path) -> None:
+    """Sized by gpu_memory_utilization, the plan's estimate (the largest and the smallest
+    graph captured against a scratch block) covers what the capture then took."""
+    llm = _llm(model_dir, num_kv_blocks=None, gpu_memory_utilization=0.2, dtype="float32")
+    runner = llm.engine.runner
+    assert runner.memory is not None and runner.graphs is not None
+    captured = runner.graphs.captured
+    assert captured is not None and captured.graphs == 4
+    assert 0 < captured.memory_bytes <= runner.memory.graphs + (64 << 20)
