@@ -188,7 +188,7 @@ STEPS: list[Step] = [
     Step(
         "cuda_graphs",
         ("-m", "bench.cuda_graphs", "--random-model", "llama-1b", "--batches", "64", "256"),
-        timeout_s=150,
+        timeout_s=120,
         figures_of=graph_figures,
         targets=_graph_targets(("64", "256")),
     ),
