@@ -28,6 +28,7 @@ import torch
 
 from engine.config import EngineConfig, Role
 from engine.kv.cache import KVLayout, allocate_kv_cache
+from engine.kv.sizing import GIB
 from engine.lora.delta import LoraBatch
 from engine.lora.manager import LoraManager
 from engine.model.decoder import DecoderModel
@@ -36,8 +37,6 @@ from engine.step.batch import StepInputs
 from engine.step.graph_inputs import GraphInputs, bucket_for, capture_sizes
 
 log = logging.getLogger(__name__)
-
-GIB = 2**30
 
 
 def eager_reason(
