@@ -95,14 +95,16 @@ def measure_decode_step(
     budget: int,
     steps: int,
     matmul_gflops: float,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Time decode steps of `prompts` on `device` (KV cache sized by the engine's default)
-    and compare with the roofline from the same-run copy traffic and `matmul_gflops`."""
+    and compare with the roofline from the same-run copy traffic and `matmul_gflops`;
+    `options`: other engine settings (``load_format="random"`` for a random-weight shape)."""
     traffic = [2 * memcpy_gbps(COPY_BYTES, device=device)]
     engine = LLMEngine(
         engine_config(
             model_dir, device=device, dtype=dtype, max_num_seqs=len(prompts),
-            max_num_batched_tokens=budget,
+            max_num_batched_tokens=budget, **(options or {}),
         )
     )  # fmt: skip
     timing = time_decode_steps(engine, prompts, steps)

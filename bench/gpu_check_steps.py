@@ -107,6 +107,41 @@ def offline_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
     }
 
 
+def graph_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
+    """Per batch: the decode step eager and replayed (ms), the replayed step over its
+    roofline, the host's launch calls per step both ways, the rows whose bf16 greedy tokens
+    the two share; the capture's seconds and memory against the KV plan's estimate."""
+    figures: Figures = {}
+    for batch, entry in result["batches"].items():
+        eager, graphs = entry["eager"], entry["graphs"]
+        figures[f"b{batch}_eager_ms"] = eager["median_step_s"] * 1e3
+        figures[f"b{batch}_graphs_ms"] = graphs["median_step_s"] * 1e3
+        figures[f"b{batch}_graphs_over_roofline"] = graphs["step_over_roofline"]
+        figures[f"b{batch}_launch_calls_eager"] = eager["launches"]["host_calls"]
+        figures[f"b{batch}_launch_calls_graphs"] = graphs["launches"]["host_calls"]
+        figures[f"b{batch}_greedy_rows_same"] = entry["greedy"]["fraction"]
+    start = result["start"]["graphs"]
+    for name in ("capture_s", "graph_memory_gib", "graph_estimate_gib"):
+        figures[name] = start.get(name)
+    return figures
+
+
+def _graph_targets(batches: tuple[str, ...]) -> dict[str, Callable[[Figures], bool]]:
+    """Each batch's replayed step within 1.5x its roofline and faster than eager; the KV
+    plan kept at least what the graphs took."""
+
+    def within(b: str) -> Callable[[Figures], bool]:
+        return lambda f: bool(f[f"b{b}_graphs_over_roofline"] <= 1.5)
+
+    def faster(b: str) -> Callable[[Figures], bool]:
+        return lambda f: bool(f[f"b{b}_graphs_ms"] < f[f"b{b}_eager_ms"])
+
+    targets = {f"b{b}<=1.5x_roofline": within(b) for b in batches}
+    targets |= {f"b{b}_faster": faster(b) for b in batches}
+    targets["estimate_covers_graphs"] = lambda f: f["graph_estimate_gib"] >= f["graph_memory_gib"]
+    return targets
+
+
 PYTEST_ARGS = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120", "-rfE")
 OFFLINE_ARGS = ("-m", "bench.offline", "--random-model", "llama-1b", "--device", "cuda")
 OFFLINE_WORKLOAD = ("--dtype", "bfloat16", "--requests", "256")
@@ -149,6 +184,13 @@ STEPS: list[Step] = [
             ">=20k_tok_s": lambda f: f["output_tok_s"] >= 20_000,
             "step<=1.5x_roofline": lambda f: (f["decode_step_over_roofline"] or 99) <= 1.5,
         },
+    ),
+    Step(
+        "cuda_graphs",
+        ("-m", "bench.cuda_graphs", "--random-model", "llama-1b", "--batches", "64", "256"),
+        timeout_s=120,
+        figures_of=graph_figures,
+        targets=_graph_targets(("64", "256")),
     ),
     Step(
         "tests",

@@ -311,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench.decode_step import describe, measure_decode_step
 
         decode_step = measure_decode_step(
-            model_dir, prompts, args.dtype, args.device, args.budget, args.decode_steps, peak
-        )
+            model_dir, prompts, args.dtype, args.device, args.budget, args.decode_steps, peak,
+            options,
+        )  # fmt: skip
         print(describe(decode_step))
     write_json(
         args.out,

@@ -134,6 +134,12 @@ class EngineConfig:
     # the step asynchronously (CUDA); on the CPU the forward runs in the calling thread, so
     # overlap would only hand each token out one step later.
     async_scheduling: bool | None = None
+    # CUDA: decode steps replay CUDA graphs captured at start for batch-size buckets up to
+    # max_num_seqs (engine.step.graphs); the CPU always runs eagerly.
+    enforce_eager: bool = setting(
+        False, "CUDA: run every step kernel by kernel, without the decode CUDA graphs captured "
+        "at start (the CPU always does)", helm=Helm.CHART,
+    )  # fmt: skip
     # Speculative decoding (engine.speculative): up to num_speculative_tokens guesses per
     # decoding request are verified in one forward; a step that proposes runs without
     # overlap (on a GPU, stretches whose proposals grant nothing overlap).

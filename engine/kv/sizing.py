@@ -3,9 +3,10 @@
 The first rule that applies:
 - ``num_kv_blocks``: that many blocks.
 - ``kv_cache_memory_gb``: as many blocks as that many GiB hold.
-- on CUDA: ``gpu_memory_utilization`` of the device's total memory, minus the weights and the
-  activation peak of a profiling forward (engine.step.memory_profile measures both), and never more
-  than what is free on the device once room for the activations is kept.
+- on CUDA: ``gpu_memory_utilization`` of the device's total memory, minus the weights, the
+  activation peak of a profiling forward and what the decode CUDA graphs will hold
+  (engine.step.memory_profile measures all three), and never more than what is free on the
+  device once room for the activations and the graphs is kept.
 - on the CPU: 1 GiB.
 
 Other caches may take as many blocks as this one and share its budget (`SharedCache`: a
@@ -44,9 +45,15 @@ class DeviceMemory:
     free: int  # free on the device now: after our weights, CUDA contexts, other processes
     weights: int  # held by this process before the profiling forward (weights, rope tables)
     activation_peak: int  # most held above `weights` during the profiling forward
+    graphs: int = 0  # to be held by the decode CUDA graphs (engine.step.graphs), 0: none
+
+    @property
+    def kept(self) -> int:
+        """What the KV cache must leave free beside the weights: activations and graphs."""
+        return self.activation_peak + self.graphs
 
     def __post_init__(self) -> None:
-        for name in ("total", "free", "weights", "activation_peak"):
+        for name in ("total", "free", "weights", "activation_peak", "graphs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"DeviceMemory.{name} must be an integer >= 0, got {value!r}")
@@ -118,21 +125,23 @@ def blocks_for_gpu(
     memory: DeviceMemory, fraction: float, block_bytes: int, shared: Sequence[SharedCache] = ()
 ) -> int:
     """Blocks of `block_bytes` (plus the `shared` caches' of as many blocks, after their
-    fixed bytes) in ``fraction * total - weights - activation_peak``, capped by
-    ``free - activation_peak``. ValueError naming the numbers when not even one fits."""
+    fixed bytes) in ``fraction * total - weights - activation_peak - graphs``, capped by
+    ``free - activation_peak - graphs``. ValueError naming the numbers when not even one
+    fits."""
     check_fraction(fraction)
-    share = int(fraction * memory.total) - memory.weights - memory.activation_peak
-    room = memory.free - memory.activation_peak
+    share = int(fraction * memory.total) - memory.weights - memory.kept
+    room = memory.free - memory.kept
     blocks = _blocks_in(min(share, room), block_bytes, shared)
     if blocks < 1:
         raise ValueError(
             f"no room for one KV block ({_block(block_bytes, shared)}): "
             f"gpu_memory_utilization {fraction} "
             f"x {_gib(memory.total)} total = {_gib(int(fraction * memory.total))}, minus weights "
-            f"{_gib(memory.weights)} and activation peak {_gib(memory.activation_peak)} leaves "
-            f"{_gib(share)}; free on the device {_gib(memory.free)}, minus the activation peak "
-            f"leaves {_gib(room)}. Raise gpu_memory_utilization, lower max_num_batched_tokens, "
-            "or set num_kv_blocks / kv_cache_memory_gb"
+            f"{_gib(memory.weights)}, activation peak {_gib(memory.activation_peak)} and CUDA "
+            f"graphs {_gib(memory.graphs)} leaves {_gib(share)}; free on the device "
+            f"{_gib(memory.free)}, minus the activation peak and graphs leaves {_gib(room)}. "
+            "Raise gpu_memory_utilization, lower max_num_batched_tokens or max_num_seqs, "
+            "set enforce_eager, or set num_kv_blocks / kv_cache_memory_gb"
         )
     return blocks
 
@@ -171,9 +180,11 @@ def plan_kv_cache(
         rule = "kv_cache_memory_gb"
     elif str(config.device).startswith("cuda"):
         memory = measure()
+        figures = (memory.total, memory.free, memory.weights, memory.activation_peak, memory.graphs)
         log.info(
-            "gpu_memory total_gib=%.2f free_gib=%.2f weights_gib=%.2f activation_peak_gib=%.2f",
-            *(v / GIB for v in (memory.total, memory.free, memory.weights, memory.activation_peak)),
+            "gpu_memory total_gib=%.2f free_gib=%.2f weights_gib=%.2f activation_peak_gib=%.2f "
+            "cuda_graphs_gib=%.2f",
+            *(v / GIB for v in figures),
         )
         blocks = blocks_for_gpu(memory, config.gpu_memory_utilization, bytes_per_block, shared)
         rule = "gpu_memory_utilization"

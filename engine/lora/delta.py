@@ -27,10 +27,13 @@ class LoraBatch:
     token_slots: torch.Tensor  # [tokens] int64 on the device; negative: no adapter
     slots: tuple[int, ...]  # the distinct slots of the step's tokens, ascending
     plan: cpu_lora.CpuPlan | None = None  # the tokens grouped by slot, for the C kernel
+    # run every matrix's kernels whatever the slots hold now: a CUDA graph's batch, captured
+    # before the adapters it will serve are loaded (engine.step.graphs)
+    every_matrix: bool = False
 
     def uses(self, matrix: MatrixSlots) -> bool:
         """Some adapter of the step has weights for this matrix."""
-        return any(matrix.targeted[s] for s in self.slots)
+        return self.every_matrix or any(matrix.targeted[s] for s in self.slots)
 
 
 def torch_shrink(

@@ -20,10 +20,16 @@ class StepPlan:
     input_ids: torch.Tensor  # [tokens] int64
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [sampled] int64
+    plain_decode: bool = False  # every rank replays its CUDA graph for it (StepInputs')
 
     @classmethod
     def of(cls, inputs: StepInputs) -> StepPlan:
-        return cls(inputs.input_ids.cpu(), _moved(inputs.meta, "cpu"), inputs.logits_indices.cpu())
+        return cls(
+            inputs.input_ids.cpu(),
+            _moved(inputs.meta, "cpu"),
+            inputs.logits_indices.cpu(),
+            inputs.plain_decode,
+        )
 
     def inputs(self, device: torch.device) -> StepInputs:
         return StepInputs(
@@ -31,6 +37,7 @@ class StepPlan:
             _moved(self.meta, device),
             self.logits_indices.to(device),
             None,
+            plain_decode=self.plain_decode,
         )
 
 

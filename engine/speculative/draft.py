@@ -40,7 +40,8 @@ class _Shadow:
 
 def draft_runner_config(config: EngineConfig, num_blocks: int | None = None) -> EngineConfig:
     """The engine's settings as the draft's runner takes them: the draft's directory, no
-    speculation of its own, one batch row, and `num_blocks` blocks (the target's count)."""
+    speculation of its own, one batch row, `num_blocks` blocks (the target's count), and
+    no CUDA graphs (the proposer calls the model itself)."""
     assert config.draft_model is not None
     return dataclasses.replace(
         config,
@@ -50,6 +51,7 @@ def draft_runner_config(config: EngineConfig, num_blocks: int | None = None) -> 
         speculative_method="none",
         draft_model=None,
         max_num_seqs=1,
+        enforce_eager=True,
     )
 
 

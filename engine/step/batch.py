@@ -33,6 +33,10 @@ class StepInputs(NamedTuple):
     logits_indices: torch.Tensor  # [sampled] int64: the step's rows to score
     sampling: StepSampling | None  # settings of the sampled rows (None: no batch given)
     lora: LoraBatch | None = None  # the tokens' adapter slots (None: no adapter in the step)
+    # every row a plain decode, each scored in order (logits_indices = arange): a step a
+    # CUDA graph may replay (engine.step.graphs); False for prefill chunks and chunks laid
+    # out as decode rows (speculative guesses)
+    plain_decode: bool = False
 
 
 class PersistentBatch:
@@ -167,7 +171,8 @@ class PersistentBatch:
         sampling = None
         if sampled_prefills is not None:
             sampling = self._sampling(rows + prefill_rows, rows_t)
-        return StepInputs(input_ids, meta, logits_indices, sampling)
+        plain = d > 0 and not pre.tokens and extra is None
+        return StepInputs(input_ids, meta, logits_indices, sampling, plain_decode=plain)
 
     def _decode_positions(
         self, rows: torch.Tensor, starts: Sequence[int]

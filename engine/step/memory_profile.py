@@ -8,10 +8,13 @@ full top-p sort, min-p, penalties, 20 logprobs). A persistent batch of the engin
 its penalty tables is held throughout, as the running engine holds its own: everything a
 step allocates after the KV plan is inside the measurement. The allocator's peak above the
 weights, less that scratch cache, is the activation peak that engine.kv.sizing keeps free.
+Then, where the engine will capture decode CUDA graphs, what they will hold is estimated
+(``graphs``: engine.step.graphs.estimate_graph_memory) and kept free too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -95,9 +98,11 @@ def measure_device_memory(
     lengths: list[int],
     device: torch.device,
     batch_shape: BatchShape,
+    graphs: Callable[[], int] | None = None,
 ) -> DeviceMemory:
     """CUDA only: the device's memory around one profiling step of `lengths`, sampled, with
-    a persistent batch of `batch_shape` held (module docstring)."""
+    a persistent batch of `batch_shape` held, and `graphs`' estimate of what the CUDA graphs
+    will hold (module docstring)."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -108,6 +113,9 @@ def measure_device_memory(
     torch.cuda.synchronize(device)
     scratch = sum(-(-n // layout.block_size) for n in lengths) * layout.block_bytes
     peak = torch.cuda.max_memory_allocated(device) - weights - scratch
+    graph_bytes = graphs() if graphs is not None else 0
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    return DeviceMemory(total=total, free=free, weights=weights, activation_peak=max(peak, 0))
+    return DeviceMemory(
+        total=total, free=free, weights=weights, activation_peak=max(peak, 0), graphs=graph_bytes
+    )

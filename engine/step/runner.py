@@ -9,7 +9,7 @@ import ctypes
 import ctypes.util
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +35,7 @@ from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
+from engine.step.graphs import eager_reason, estimate_graph_memory, graph_sizes, start_graphs
 from engine.step.memory_profile import BatchShape, measure_device_memory, profile_lengths
 from models.weights import has_safetensors
 
@@ -197,6 +198,9 @@ class ModelRunner:
         self.lora = lora_manager(config, model_config, self.model)
         self.ranks = ranks
         self.pipe = pipe
+        self.max_blocks = -(-self.max_model_len // config.block_size)  # the widest table
+        self.memory: DeviceMemory | None = None  # as measured for the KV plan (CUDA)
+        self.eager_reason = eager_reason(config, self.device, self.model, pipe is not None)
         with phase("kv_cache"):
             self.kv_capacity = plan_kv_cache(
                 config, self.layout, self._measure_memory, shared_caches
@@ -206,14 +210,17 @@ class ModelRunner:
                 self.num_blocks = pipe.min_int(self.num_blocks)
             # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
             self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
-        max_blocks = min(-(-self.max_model_len // config.block_size), self.num_blocks)
+        self.max_blocks = min(self.max_blocks, self.num_blocks)
         self.batch = PersistentBatch(
             config.max_num_seqs,
-            max_blocks,
+            self.max_blocks,
             config.block_size,
             model_config.vocab_size,
             self.device,
             chunk_rows=chunk_rows,
+        )
+        self.graphs = start_graphs(
+            config, self.model, self.kv_cache, self.max_blocks, self.lora, self.eager_reason
         )
 
     @torch.inference_mode()
@@ -251,16 +258,29 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         if self.pipe is not None:
             return self.pipe.forward(self.model, inputs, self.kv_cache).float()
+        if self.graphs is not None and (replayed := self.graphs.run(inputs)) is not None:
+            return replayed.float()
         logits = self.model(inputs.input_ids, inputs.meta, self.kv_cache, inputs.logits_indices)
         return logits.float()
 
     def _measure_memory(self) -> DeviceMemory:
-        """The GPU's memory around a forward of the largest step (engine.step.memory_profile)."""
+        """The GPU's memory around a forward of the largest step, and what the decode graphs
+        will hold (engine.step.memory_profile)."""
         c = self.config
         lengths = profile_lengths(c.max_num_batched_tokens, c.max_num_seqs, self.max_model_len)
-        blocks = -(-self.max_model_len // c.block_size)  # the widest the batch's tables get
-        shape = BatchShape(c.max_num_seqs, blocks, self.model_config.vocab_size)
-        return measure_device_memory(self.model, self.layout, lengths, self.device, shape)
+        shape = BatchShape(c.max_num_seqs, self.max_blocks, self.model_config.vocab_size)
+        self.memory = measure_device_memory(
+            self.model, self.layout, lengths, self.device, shape, self._graph_estimate()
+        )
+        return self.memory
+
+    def _graph_estimate(self) -> Callable[[], int] | None:
+        """What measures the graphs' memory before the KV plan (None: no graphs)."""
+        if self.eager_reason is not None:
+            return None
+        sizes = graph_sizes(self.config)
+        model, layout, blocks, lora = self.model, self.layout, self.max_blocks, self.lora
+        return lambda: estimate_graph_memory(model, layout, sizes, blocks, lora)
 
     def _check_lengths(self, meta: AttentionMetadata) -> None:
         longest = max(meta.context_lens_host)

@@ -12,7 +12,8 @@ Shapes (d = head_dim):
   tokens' K/V must be written first (write_kv).
 - Both attentions take ``window``: 0 is full causal attention; > 0 a sliding window, a
   query at position p sees the keys at (p - window, p].
-- write_kv: k, v [tokens, kv_heads, d], slot_mapping [tokens] int64.
+- write_kv: k, v [tokens, kv_heads, d], slot_mapping [tokens] int64; a token whose slot is
+  ``PAD_SLOT`` (negative: a CUDA graph's padding row) writes nothing, in rope_write_kv too.
 - rms_norm: x, residual [tokens, hidden], weight [hidden] -> (out, new_residual).
 - apply_rope: q [tokens, heads, d], k [tokens, kv_heads, d], positions [tokens],
   cos_sin_cache [max_position, d] (cos half | sin half) -> (q, k), rotated in place.
@@ -29,6 +30,8 @@ import importlib.util
 import os
 
 import torch
+
+PAD_SLOT = -1  # a token's slot that writes nothing (engine.step.graphs' padding rows)
 
 
 def triton_available() -> bool:
@@ -120,6 +123,7 @@ def rope_write_kv(
 
 
 __all__ = [
+    "PAD_SLOT",
     "apply_rope",
     "paged_decode_attention",
     "paged_prefill_attention",

@@ -53,7 +53,6 @@ def _decode_split_kernel(
     stride_kb,
     stride_kt,
     stride_kh,
-    partition,  # keys per split, a multiple of TILE_N
     num_splits,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
@@ -71,8 +70,11 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     ctx_len = tl.load(ctx_ptr + seq).to(tl.int32)
     first = tl.where(window > 0, tl.maximum(ctx_len - window, 0), 0)  # first visible key
-    start = first + split * partition
-    end = tl.minimum(start + partition, ctx_len)
+    # each sequence's keys cut into num_splits parts of whole tiles, by its own length: a
+    # grid planned for a longer context (a CUDA graph's) still spreads a short one
+    part = tl.cdiv(tl.cdiv(ctx_len - first, num_splits), TILE_N) * TILE_N
+    start = first + split * part
+    end = tl.minimum(start + part, ctx_len)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_PAD)
@@ -203,7 +205,7 @@ def paged_decode_attention(
         scale * _LOG2E, window, softcap * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
-        view.head_stride, partition, splits,
+        view.head_stride, splits,
         BLOCK_SIZE=view.block_size, GROUP=group, GROUP_PAD=pow2(group, 16),
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, TILE_N=tile_n, SINGLE=splits == 1,
         PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0, QUANT=view.quant,

@@ -39,7 +39,9 @@ def _write_kv_kernel(
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
-    h = tl.arange(0, HEADS_PAD)
+    live = slot >= 0  # a negative slot (PAD_SLOT: a CUDA graph's padding row) writes nothing
+    slot = tl.maximum(slot, 0)
+    h = tl.arange(0, HEADS_PAD) + tl.where(live, 0, HEADS_PAD)  # padding: all masked
     cell = layer_offset + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
     if QUANT:
         half: tl.constexpr = HEAD_DIM // 2
@@ -92,10 +94,11 @@ def write_kv(
 ) -> None:
     """Write k, v ``[tokens, kv_heads, d]`` into layer ``layer`` of ``kv`` in place.
 
-    slot_mapping: [tokens] int64, ``block_id * block_size + offset`` per token; every slot
-    must be valid. k and v may be strided views (e.g. slices of a fused QKV output) as long
-    as the head dimension is contiguous. A quantized cache (int8 / fp8 e4m3 rows of
-    ``head_dim`` + 8 bytes) stores ``quantize_rows(k)`` and ``quantize_rows(v)``.
+    slot_mapping: [tokens] int64, ``block_id * block_size + offset`` per token; a token
+    whose slot is negative (``PAD_SLOT``) is not written. k and v may be strided views (e.g.
+    slices of a fused QKV output) as long as the head dimension is contiguous. A quantized
+    cache (int8 / fp8 e4m3 rows of ``head_dim`` + 8 bytes) stores ``quantize_rows(k)`` and
+    ``quantize_rows(v)``.
     """
     view = kv_layer_view(kv, layer)
     if k.shape != v.shape or k.shape[1:] != (view.num_kv_heads, view.head_dim):

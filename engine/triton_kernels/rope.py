@@ -89,7 +89,9 @@ def _rope_kernel(
     )
     if WRITE_KV:
         slot = tl.load(slot_ptr + row).to(tl.int64)
-        h = tl.arange(0, K_HEADS_PAD)
+        live = slot >= 0  # a negative slot (a CUDA graph's padding row) writes nothing
+        slot = tl.maximum(slot, 0)
+        h = tl.arange(0, K_HEADS_PAD) + tl.where(live, 0, K_HEADS_PAD)  # padding: all masked
         mask = (h < K_HEADS)[:, None] & (i < HALF)[None, :]
         cell = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
         src = v_ptr + row * stride_vt + h[:, None] * stride_vh + i[None, :]
@@ -172,7 +174,7 @@ def rope_write_kv(
     q: [tokens, heads, d], k, v: [tokens, kv_heads, d] (strided views allowed); q and k are
     rotated in place; kv: [blocks, layers, 2, block, kv_heads, d] (or quantized rows, see
     ``kv_write``); slot_mapping: [tokens]
-    int64, ``block_id * block_size + offset``, every slot valid.
+    int64, ``block_id * block_size + offset``; a negative slot (``PAD_SLOT``) writes nothing.
     """
     _check(q, k, positions, cos_sin_cache)
     view = kv_layer_view(kv, layer)

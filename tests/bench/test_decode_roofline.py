@@ -85,3 +85,19 @@ def test_chunked_prefill_is_waited_out(tiny_dir: Path) -> None:
     assert timing.mean_context_tokens > 21 + 3 + 3 * WARMUP_STEPS
     assert timing.mean_context_tokens <= TINY["max_position_embeddings"] * 3
     assert not llm.has_unfinished() and llm.stats().free_blocks == 64
+
+
+def test_a_random_weight_shape_is_measured_with_its_load_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench.offline --random-model hands its engine settings on: the model directory holds
+    a config alone, its weights are drawn (a checkpoint load would fail)."""
+    from bench import decode_step
+    from bench.random_model import write_random_model_dir
+
+    monkeypatch.setattr(decode_step, "COPY_BYTES", 1 << 20)
+    model_dir = write_random_model_dir("tiny", tmp_path / "tiny")
+    report = decode_step.measure_decode_step(
+        model_dir, [[5] * 6, [9] * 4], "float32", "cpu", 64, 2, 1.0, {"load_format": "random"}
+    )
+    assert report["batch"] == 2 and report["step_over_roofline"] > 0

@@ -80,7 +80,7 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
     args = _args(
         "--threads-per-node", "2", "--num-kv-blocks", "64", "--transfer", "tcp",
         "--device", "cpu", "--dtype", "bfloat16", "--quantization", "none",
-        "--float32-matmul-precision", "medium",
+        "--float32-matmul-precision", "medium", "--enforce-eager",
     )  # fmt: skip
     plans = up_plan.plan_nodes(args)
     assert [(p.name, p.role) for p in plans] == [("prefill-0", "prefill"), ("decode-0", "decode")]
@@ -90,8 +90,15 @@ def test_node_command_lines_parse_with_the_node_subcommands(tmp_path: Path) -> N
         assert (parsed.torch_threads, parsed.num_kv_blocks, parsed.transfer) == (2, 64, "tcp")
         assert (parsed.device, parsed.dtype, parsed.quantization) == ("cpu", "bfloat16", "none")
         assert parsed.float32_matmul_precision == "medium"
+        assert parsed.enforce_eager is True
     router = _parse_child(up_plan.router_argv(args, tmp_path, "redis://h:1/0"))
     assert (router.port, router.redis_url) == (8000, "redis://h:1/0")
+
+
+def test_nodes_capture_cuda_graphs_unless_told_not_to(tmp_path: Path) -> None:
+    for plan in up_plan.plan_nodes(_args()):
+        parsed = _parse_child(up_plan.node_argv(_args(), tmp_path, "redis://h:1/0", plan))
+        assert parsed.enforce_eager is None  # the node's default: graphs on CUDA
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,13 @@ def test_quantization_reaches_the_engine_config(tmp_path: Path) -> None:
         _parse("--quantization", "int3")
 
 
+def test_enforce_eager_reaches_the_engine_config(tmp_path: Path) -> None:
+    settings = settings_from_args(_parse("--enforce-eager"), "decode")
+    assert build_engine_config(settings, tmp_path).enforce_eager is True
+    default = settings_from_args(_parse(), "prefill")
+    assert build_engine_config(default, tmp_path).enforce_eager is False
+
+
 def test_float32_matmul_precision_reaches_the_engine_config(tmp_path: Path) -> None:
     settings = settings_from_args(_parse("--float32-matmul-precision", "medium"), "prefill")
     config = build_engine_config(settings, tmp_path)

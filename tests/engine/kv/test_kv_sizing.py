@@ -81,6 +81,7 @@ def test_exactly_one_block_fits() -> None:
         {"total": GIB, "free": 2 * GIB, "weights": 0, "activation_peak": 0},
         {"total": GIB, "free": GIB, "weights": -1, "activation_peak": 0},
         {"total": GIB, "free": GIB, "weights": 0, "activation_peak": 0.5},
+        {"total": GIB, "free": GIB, "weights": 0, "activation_peak": 0, "graphs": -1},
     ],
 )
 def test_memory_report_is_validated(fields: dict[str, int]) -> None:
@@ -217,3 +218,26 @@ def test_fixed_bytes_of_a_shared_cache_come_off_every_budget_but_an_exact_count(
         blocks_for_gib((both + 5 * BLOCK - 1) / GIB, BLOCK, shared=fixed)
     with pytest.raises(ValueError, match="fixed_bytes"):
         SharedCache("side", DRAFT, fixed_bytes=-1)
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_cuda_graphs_come_off_every_gpu_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the decode CUDA graphs will hold (a made-up capture cost of 2 GiB here) is kept
+    free beside the activations, under the fraction and under what is free."""
+    with_graphs = DeviceMemory(
+        total=80 * GIB, free=77 * GIB, weights=2 * GIB, activation_peak=1 * GIB, graphs=2 * GIB
+    )
+    assert blocks_for_gpu(with_graphs, 0.9, BLOCK) == (72 * GIB - 5 * GIB) // BLOCK
+    assert blocks_for_gpu(with_graphs, 1.0, BLOCK) == (77 * GIB - 3 * GIB) // BLOCK
+    config = EngineConfig(tmp_path, device="cuda")
+    with caplog.at_level(logging.INFO, logger="splitserve.engine.kv.cache"):
+        plan = plan_kv_cache(config, LAYOUT, lambda: with_graphs)
+    assert plan.num_blocks == (72 * GIB - 5 * GIB) // BLOCK < blocks_for_gpu(H100, 0.9, BLOCK)
+    assert "cuda_graphs_gib=2.00" in caplog.text
+    tight = DeviceMemory(
+        total=80 * GIB, free=6 * GIB, weights=67 * GIB, activation_peak=3 * GIB, graphs=2 * GIB
+    )
+    with pytest.raises(ValueError, match=r"CUDA graphs 2\.00 GiB.*enforce_eager"):
+        blocks_for_gpu(tight, 0.9, BLOCK)

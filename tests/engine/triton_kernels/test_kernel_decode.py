@@ -75,6 +75,20 @@ def test_decode_with_a_context_hint_matches_reference() -> None:
     torch.testing.assert_close(out, decode_attention_ref(*args), **tolerance(torch.float32))
 
 
+@pytest.mark.parametrize("window", [0, 9])
+def test_decode_planned_for_a_longer_context_matches_reference(window: int) -> None:
+    """A CUDA graph plans the splits for the longest context its tables hold: each
+    sequence's keys are still cut by its own length, and every one is read once."""
+    lengths = [1, 6, 37, 130]
+    cache = make_cache(lengths, 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(len(lengths), KV_HEADS * 3, HEAD_DIM, device=DEVICE)
+    scale = HEAD_DIM**-0.5
+    args = (q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, scale)
+    out = paged_decode_attention(*args, num_splits=4, max_ctx_len=4096, window=window)
+    expected = decode_attention_ref(*args, window=window)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_splits", [None, 3])
 @pytest.mark.parametrize("window", [1, 6, 23, 100])
