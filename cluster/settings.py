@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cluster.auth import ApiKey, named_keys, read_key_file, split_keys
@@ -88,6 +88,9 @@ class RouterSettings(_Base):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # how tool calls are read from the output (vLLM's names); auto: by the chat template
     tool_call_parser: Literal["auto", "json", "hermes", "mistral"] = "auto"
+    # how a reasoning model's thinking is read apart from its answer (vLLM's names:
+    # router/api/reasoning.py); None: the thinking stays in the answer
+    reasoning_parser: Literal["qwen3", "deepseek_r1", "gpt_oss"] | None = None
 
     @model_validator(mode="after")
     def _check_keys(self) -> RouterSettings:
@@ -98,6 +101,16 @@ class RouterSettings(_Base):
         _check_token(self.cluster_token)
         lora_module_map(self.lora_modules)
         return self
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _served_reasoning_parser(cls, value: str | None) -> str | None:
+        if value == "gpt_oss":
+            raise ValueError(
+                "'gpt_oss' needs the harmony output format, which splitserve does not serve "
+                "yet (use qwen3 or deepseek_r1)"
+            )
+        return value
 
     def api_keys(self) -> tuple[ApiKey, ...]:
         """Every accepted API key with its name (empty: no key is needed)."""

@@ -13,6 +13,7 @@ from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import RouterSettings, SettingsError, load
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
+from router.api.reasoning import REASONING_PARSERS
 from router.api.tool_parsers import PARSER_NAMES
 
 _FLAGS: tuple[tuple[str, type, str], ...] = (
@@ -47,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the format tool calls are read in (default auto: the chat template's)",
     )
     parser.add_argument(
+        "--reasoning-parser", choices=REASONING_PARSERS, default=None,
+        help="read a reasoning model's thinking apart from its answer (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
         "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
         help="LoRA adapters a request's model may name (the nodes' --lora-modules)",
     )  # fmt: skip
@@ -54,7 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {flag.lstrip("-").replace("-", "_"): None for flag, _, _ in _FLAGS}
-    overrides.update(policy=None, log_level=None, tool_call_parser=None, lora_modules=None)
+    overrides.update(
+        policy=None, log_level=None, tool_call_parser=None, lora_modules=None, reasoning_parser=None
+    )
     try:
         settings = load(RouterSettings, **{k: getattr(args, k, None) for k in overrides})
     except SettingsError as exc:

@@ -27,6 +27,7 @@ from router.api.choices import Samples
 from router.api.ignored import ignored_fields, shown
 from router.api.objects import ModelCard, ModelList, Usage
 from router.api.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
+from router.api.reasoning import splitter_for
 from router.api.render import ChatFormatter, CompletionFormatter, Formatter
 from router.api.render_samples import serve_samples
 from router.api.requests import (
@@ -169,22 +170,20 @@ async def serve(
     wait_s = min(limit, req.timeout) if req.timeout else limit
     ticket = await state.admission.admit(req.priority, wait_s)
     try:
-        flow_req, output, fmt = await _prepare(state, req, kind, arrived)
+        flow_req, outputs, fmt = await _prepare(state, req, kind, arrived)
         flow_req = replace(flow_req, lora=lora)
     except BaseException:
         ticket.release()
         raise
     if req.num_samples() > 1:
-        tokenizer, stops = state.require_tokenizer(), req.stop_strings()
         samples = _ChargedSamples(
-            key, state, flow_req, ticket,
-            lambda: OutputProcessor(tokenizer, flow_req.prompt_ids, stops),
+            key, state, flow_req, ticket, outputs,
             req.num_samples(), need_logprobs=req.num_samples() > req.num_choices(),
         )  # fmt: skip
         return await serve_samples(
             request, samples, fmt, req.num_choices(), req.stream, req.include_usage()
         )
-    flow = RequestFlow(state, flow_req, ticket)
+    flow, output = RequestFlow(state, flow_req, ticket), outputs()
     charge = _charger(state, key, lambda: usage_of(flow, output))
 
     async def close() -> None:
@@ -246,7 +245,8 @@ async def _prepare(
     req: SamplingRequest,
     kind: Literal["chat", "completion"],
     arrived: float,
-) -> tuple[FlowRequest, OutputProcessor, Formatter]:
+) -> tuple[FlowRequest, Callable[[], OutputProcessor], Formatter]:
+    """The request for the cluster, a maker of its output's text state, and its formatter."""
     tokenizer = state.require_tokenizer()
     max_len = state.settings.max_model_len or Pools.of(state.membership.nodes()).max_model_len()
     if max_len is None:
@@ -272,7 +272,13 @@ async def _prepare(
     flow_req = FlowRequest(
         request_id, prompt.token_ids, sampling, arrived, req.priority, req.timeout
     )
-    output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
+    stops, kwargs = req.stop_strings(), getattr(req, "chat_template_kwargs", None)
+    thinking_parser = state.settings.reasoning_parser if kind == "chat" else None
+
+    def outputs() -> OutputProcessor:
+        thinking = splitter_for(thinking_parser, prompt.text, kwargs, grammar is not None)
+        return OutputProcessor(tokenizer, prompt.token_ids, stops, thinking)
+
     fmt: Formatter
     if isinstance(req, CompletionRequest):
         echo = None
@@ -284,7 +290,7 @@ async def _prepare(
         fmt = ToolChatFormatter(plan, parser, request_id, req.model, tokenizer, logprobs)
     else:
         fmt = ChatFormatter(request_id, req.model, tokenizer, logprobs)
-    return flow_req, output, fmt
+    return flow_req, outputs, fmt
 
 
 async def _prompt_text(tokenizer: Tokenizer, req: CompletionRequest, ids: list[int]) -> str:

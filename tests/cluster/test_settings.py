@@ -27,6 +27,8 @@ def test_settings_are_frozen() -> None:
         (RouterSettings, {"port": 70000}, "port (env SPLITSERVE_PORT)"),
         (RouterSettings, {"policy": "random"}, "policy"),
         (RouterSettings, {"local_prefill_max_tokens": -1}, "local_prefill_max_tokens"),
+        (RouterSettings, {"reasoning_parser": "gpt_oss"}, "reasoning_parser"),
+        (RouterSettings, {"reasoning_parser": "granite"}, "reasoning_parser"),
         (NodeSettings, {"role": "router"}, "role"),
         (NodeSettings, {"transfer": "carrier-pigeon"}, "transfer"),
         (NodeSettings, {"block_size": 0}, "block_size"),
@@ -55,6 +57,11 @@ def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("SPLITSERVE_MAX_NUM_SEQS", "many")
     with pytest.raises(SettingsError, match="max_num_seqs"):
         load(NodeSettings)
+
+
+def test_gpt_oss_reasoning_is_refused_saying_why() -> None:
+    with pytest.raises(SettingsError, match="harmony"):
+        load(RouterSettings, reasoning_parser="gpt_oss")
 
 
 def test_served_model_name_defaults_to_the_model_name() -> None:
