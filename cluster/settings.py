@@ -91,6 +91,8 @@ class RouterSettings(_Base):
     # how a reasoning model's thinking is read apart from its answer (vLLM's names:
     # router/api/reasoning.py); None: the thinking stays in the answer
     reasoning_parser: Literal["qwen3", "deepseek_r1", "gpt_oss"] | None = None
+    # how long Redis keeps a stored Responses API response (`store`, previous_response_id)
+    response_ttl_s: int = Field(default=86400, ge=1)
 
     @model_validator(mode="after")
     def _check_keys(self) -> RouterSettings:

@@ -31,12 +31,14 @@ from router.admission import Admission
 from router.api.docs import install_docs
 from router.api.lora import lora_routes
 from router.api.openapi import install_openapi
+from router.api.responses.routes import responses_routes
 from router.api.tokenize import tokens
 from router.capacity import pool_capacity
 from router.dashboard import dashboard
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
+from router.response_store import ResponseStore
 from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
@@ -81,6 +83,9 @@ def create_app(
         usage_admins=frozenset(settings.admin_key_names()),
         tokenizer=tokenizer,
         adapters=RouterAdapters(settings.lora_modules),
+        responses=ResponseStore(
+            settings.redis_url, settings.response_ttl_s, settings.retry_after_s
+        ),
     )
     app = FastAPI(
         title="splitserve router", version=version(), lifespan=_lifespan, docs_url=None,
@@ -96,7 +101,7 @@ def create_app(
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes, tokens, lora_routes, dashboard)
+_ROUTERS = (endpoints.v1, endpoints.probes, tokens, lora_routes, responses_routes, dashboard)
 
 
 def route_paths() -> set[str]:
@@ -135,6 +140,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await state.kv.stop()
+        if state.responses is not None:
+            await state.responses.close()
         await state.membership.stop()
         await state.drain()
         await http.aclose()

@@ -12,12 +12,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from cluster.auth import find_key
 from cluster.cli import build_info
@@ -25,7 +26,7 @@ from cluster.protocol import VERSION
 from models.tokenizer import Tokenizer
 from router.api.choices import Samples
 from router.api.ignored import ignored_fields, shown
-from router.api.objects import ModelCard, ModelList, Usage
+from router.api.objects import ChatCompletion, ModelCard, ModelList, Usage
 from router.api.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
 from router.api.reasoning import splitter_for
 from router.api.render import ChatFormatter, CompletionFormatter, Formatter
@@ -36,7 +37,13 @@ from router.api.requests import (
     SamplingRequest,
     parse_request,
 )
-from router.api.streaming import EventStreamResponse, collect, sse_events, usage_of
+from router.api.streaming import (
+    EventStreamResponse,
+    chat_chunks,
+    collect,
+    sse_events,
+    usage_of,
+)
 from router.api.structured import response_format_grammar
 from router.api.text_deltas import OutputProcessor
 from router.api.tool_answers import ToolChatFormatter
@@ -155,13 +162,26 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
+class Dialect(Protocol):
+    """Another API's shape over a chat completion (the Responses API, Anthropic's Messages):
+    its answer and its event stream, made from the chat path's."""
+
+    async def answer(self, completion: ChatCompletion) -> dict[str, Any]: ...
+
+    def events(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
+        """The SSE body from the chat chunks (usage last); it answers failures itself."""
+        ...
+
+
 async def serve(
     request: Request,
     state: RouterState,
     req: SamplingRequest,
     kind: Literal["chat", "completion"],
+    dialect: Dialect | None = None,
 ) -> Response:
-    """Shared path of both endpoints, streaming or not."""
+    """Shared path of every generating endpoint, streaming or not; `dialect` (one sample of a
+    chat) answers in another API's shape."""
     arrived = time.monotonic()
     lora = state.adapters.resolve(req.model, state.settings.model_name())
     key: str = getattr(request.state, "key_name", ANONYMOUS)
@@ -197,6 +217,9 @@ async def serve(
     except BaseException:
         await close()
         raise
+    if req.stream and dialect is not None:
+        events = dialect.events(chat_chunks(flow, output, fmt, include_usage=True))
+        return EventStreamResponse(events, on_close=close)
     if req.stream:
         events = sse_events(flow, output, fmt, req.include_usage())
         return EventStreamResponse(events, on_close=close)
@@ -206,7 +229,10 @@ async def serve(
         await close()
     if deltas is None:  # the client left; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(fmt.response(deltas, usage_of(flow, output)).model_dump())
+    answer = fmt.response(deltas, usage_of(flow, output))
+    if dialect is not None and isinstance(answer, ChatCompletion):
+        return JSONResponse(await dialect.answer(answer))
+    return JSONResponse(answer.model_dump())
 
 
 def _charger(state: RouterState, key: str, usage: Callable[[], Usage]) -> Callable[[], None]:

@@ -19,6 +19,8 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from cluster.protocol import LoadAdapterRequest
 from router.api.objects import ChatCompletion, ChatCompletionChunk, Completion, ModelList
 from router.api.requests import ChatCompletionRequest, CompletionRequest
+from router.api.responses.objects import DeletedResponse, ResponseObject
+from router.api.responses.request import ResponsesRequest
 from router.api.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -90,7 +92,20 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (VersionResponse, "serialization"),
     (LoadAdapterRequest, "validation"),
     (AdapterResponse, "serialization"),
+    (ResponsesRequest, "validation"),
+    (ResponseObject, "serialization"),
+    (DeletedResponse, "serialization"),
 ]
+
+
+def _typed_events() -> dict[str, Any]:
+    """One event of the Responses API's stream: `event: TYPE` and its JSON `data`."""
+    data = {"type": "string", "contentMediaType": "application/json"}
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {"event": {"type": "string"}, "data": data},
+    }
 
 
 def _events(chunk: type[BaseModel]) -> dict[str, Any]:
@@ -130,6 +145,26 @@ _OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] 
         {"application/json": Completion, "text/event-stream": _events(Completion)},
         _GENERATE_ERRORS,
     ),
+    ("/v1/responses", "post"): (
+        ResponsesRequest,
+        {"application/json": ResponseObject, "text/event-stream": _typed_events()},
+        _GENERATE_ERRORS,
+    ),
+    ("/v1/responses/{response_id}", "get"): (
+        None,
+        {"application/json": ResponseObject},
+        (401, 404, 500, 503),
+    ),
+    ("/v1/responses/{response_id}", "delete"): (
+        None,
+        {"application/json": DeletedResponse},
+        (401, 404, 500, 503),
+    ),
+    ("/v1/responses/{response_id}/cancel", "post"): (
+        None,
+        {"application/json": ResponseObject},
+        (400, 401, 404, 500, 503),
+    ),
     ("/v1/models", "get"): (None, {"application/json": ModelList}, (401, 500)),
     ("/tokenize", "post"): (
         (TokenizeCompletionRequest, TokenizeChatRequest),
@@ -161,6 +196,7 @@ _KEYED = ("/v1/", "/tokenize", "/detokenize")
 _EXAMPLES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
     "/v1/completions": {"prompt": "The capital of France is", "max_tokens": 8},
+    "/v1/responses": {"input": "Hello!", "max_output_tokens": 8},
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -50,25 +50,33 @@ async def sse_events(
     A failure after the stream started becomes an error event (`data: {"error": ...}`)
     followed by `[DONE]`.
     """
-    first = True
     try:
-        async with aclosing(flow.events()) as events:
-            async for chunk in events:
-                delta = output.feed(chunk)
-                piece = fmt.chunk(delta, first)
-                for one in chunks_of(piece):
-                    first = False
-                    yield sse(one, include_usage)
-                if delta.finish_reason is not None:
-                    break
-        if include_usage:
-            yield sse(fmt.usage_chunk(usage_of(flow, output)), include_usage)
+        async with aclosing(chat_chunks(flow, output, fmt, include_usage)) as chunks:
+            async for chunk in chunks:
+                yield sse(chunk, include_usage)
     except APIError as err:
         yield sse(err.body())
     except Exception:
         log.exception("stream_failed id=%s", flow.request.request_id)
         yield sse(internal_error().body())
     yield DONE
+
+
+async def chat_chunks(
+    flow: RequestFlow, output: OutputProcessor, fmt: Formatter, include_usage: bool
+) -> AsyncGenerator[BaseModel, None]:
+    """The stream's chunks as tokens arrive, then the usage chunk if asked; a failure raises."""
+    first = True
+    async with aclosing(flow.events()) as events:
+        async for chunk in events:
+            delta = output.feed(chunk)
+            for one in chunks_of(fmt.chunk(delta, first)):
+                first = False
+                yield one
+            if delta.finish_reason is not None:
+                break
+    if include_usage:
+        yield fmt.usage_chunk(usage_of(flow, output))
 
 
 async def collect(flow: RequestFlow, output: OutputProcessor) -> list[TextDelta]:

@@ -4,6 +4,7 @@ well-formed answer (or stream). Derandomized, so CI runs the same bounded set ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,13 +17,16 @@ from hypothesis import strategies as st
 from router_fakes import FakeNode, fake_cluster
 from schema_strategies import bodies
 
+from cluster.redis_server import EmbeddedRedis
 from models.tokenizer import Tokenizer
 from router.api.requests import ChatCompletionRequest, CompletionRequest
+from router.api.responses.request import ResponsesRequest
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 ERROR_KEYS = {"message", "type", "param", "code"}
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
 COMPLETION = {"model": "smollm2", "prompt": "The capital of France is"}
+RESPONSES = {"model": "smollm2", "input": "Capital of France?", "store": False}
 FUZZ = settings(
     max_examples=80,
     deadline=None,
@@ -36,10 +40,17 @@ FUZZ = settings(
 async def router(tokenizer: Tokenizer, script: list[int]) -> AsyncIterator[httpx.AsyncClient]:
     nodes = [FakeNode("p0", "prefill", script), FakeNode("d0", "decode", script)]
     async with (
-        fake_cluster(tokenizer, nodes, max_model_len=None) as c,
+        _redis() as redis_url,  # the Responses API's store
+        fake_cluster(tokenizer, nodes, max_model_len=None, redis_url=redis_url) as c,
         httpx.AsyncClient(base_url=c.router_url, timeout=30) as client,
     ):
         yield client
+
+
+@contextlib.asynccontextmanager
+async def _redis() -> AsyncIterator[str]:
+    with EmbeddedRedis() as server:
+        yield server.url
 
 
 def _check_error(payload: Any) -> None:
@@ -57,12 +68,17 @@ async def _check(client: httpx.AsyncClient, path: str, body: Any) -> None:
         return
     if resp.headers["content-type"].startswith("text/event-stream"):
         events = [ln[6:] for ln in raw.decode().splitlines() if ln.startswith("data: ")]
+        if path == "/v1/responses":  # typed events, the last one the end or an error
+            assert json.loads(events[-1])["type"] in ("response.completed",
+                                                      "response.incomplete", "error")  # fmt: skip
+            return
         assert events[-1] == "[DONE]", events[-3:]
         for event in map(json.loads, events[:-1]):
             if "error" in event:
                 _check_error(event)
         return
-    assert "choices" in json.loads(raw)
+    answer = json.loads(raw)
+    assert "choices" in answer or answer.get("object") == "response", answer
 
 
 @FUZZ
@@ -81,3 +97,9 @@ async def test_chat_completions_never_5xx(
 @given(body=bodies(CompletionRequest.model_json_schema(), "smollm2", COMPLETION))
 async def test_completions_never_5xx(router: httpx.AsyncClient, body: Any) -> None:
     await _check(router, "/v1/completions", body)
+
+
+@FUZZ
+@given(body=bodies(ResponsesRequest.model_json_schema(), "smollm2", RESPONSES))
+async def test_responses_never_5xx(router: httpx.AsyncClient, body: Any) -> None:
+    await _check(router, "/v1/responses", body)
