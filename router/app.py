@@ -30,6 +30,9 @@ from router.adapters import RouterAdapters
 from router.admission import Admission
 from router.api.docs import install_docs
 from router.api.lora import lora_routes
+from router.api.messages.errors import anthropic_body
+from router.api.messages.routes import PREFIX as MESSAGES
+from router.api.messages.routes import messages_routes
 from router.api.openapi import install_openapi
 from router.api.responses.routes import responses_routes
 from router.api.tokenize import tokens
@@ -101,7 +104,12 @@ def create_app(
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes, tokens, lora_routes, responses_routes, dashboard)
+_ROUTERS = (
+    endpoints.v1, endpoints.probes, tokens, lora_routes, responses_routes, messages_routes,
+    dashboard,
+)  # fmt: skip
+# error bodies by path prefix (OpenAI's error object elsewhere)
+_ERROR_SHAPES = ((MESSAGES, anthropic_body),)
 
 
 def route_paths() -> set[str]:
@@ -153,29 +161,36 @@ def _load_tokenizer(settings: RouterSettings) -> Tokenizer:
     return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache))
 
 
+def _answer(request: Request, err: APIError) -> JSONResponse:
+    """The error in the shape of the API the path belongs to."""
+    path = request.url.path
+    shape = next((s for prefix, s in _ERROR_SHAPES if path.startswith(prefix)), None)
+    return err.response(shape)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+    async def api_error(request: Request, exc: Exception) -> JSONResponse:
         if not isinstance(exc, APIError):
             raise TypeError(f"unexpected {type(exc).__name__}")
-        return exc.response()
+        return _answer(request, exc)
 
-    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         errors = exc.errors() if isinstance(exc, RequestValidationError) else []
         loc = [str(p) for p in errors[0]["loc"][1:]] if errors else []
         msg = errors[0]["msg"] if errors else "invalid request"
-        return bad_request(f"invalid request: {msg}", param=".".join(loc) or None).response()
+        return _answer(request, bad_request(f"invalid request: {msg}", param=".".join(loc) or None))
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
         detail = exc.detail if isinstance(exc, StarletteHTTPException) else "error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(status)
-        return APIError(status, str(detail), code=code).response()
+        return _answer(request, APIError(status, str(detail), code=code))
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error(
             "unhandled_error path=%s error=%s", request.url.path, type(exc).__name__, exc_info=exc
         )
-        return internal_error().response()
+        return _answer(request, internal_error())
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)

@@ -67,7 +67,8 @@ def get_state(request: Request) -> RouterState:
 
 
 async def require_api_key(request: Request) -> None:
-    """401 unless `Authorization: Bearer <key>` names one of the keys (when keys are set).
+    """401 unless `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) names one
+    of the keys (when keys are set).
     The key's name (`anonymous` without keys) is what usage and limits count by. A coroutine:
     FastAPI runs a plain function dependency in its thread pool, a hop per request."""
     keys = get_state(request).api_keys
@@ -76,6 +77,8 @@ async def require_api_key(request: Request) -> None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     key = find_key(token.strip(), keys) if scheme.lower() == "bearer" else None
+    if key is None and "x-api-key" in request.headers:
+        key = find_key(request.headers["x-api-key"].strip(), keys)
     if key is None:
         raise APIError(
             401,
@@ -168,8 +171,9 @@ class Dialect(Protocol):
 
     async def answer(self, completion: ChatCompletion) -> dict[str, Any]: ...
 
-    def events(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
-        """The SSE body from the chat chunks (usage last); it answers failures itself."""
+    def events(self, chunks: AsyncIterator[BaseModel], start: Usage) -> AsyncIterator[bytes]:
+        """The SSE body from the chat chunks (usage last); it answers failures itself.
+        `start`: the usage once the prompt is in (its tokens, cached ones)."""
         ...
 
 
@@ -218,7 +222,8 @@ async def serve(
         await close()
         raise
     if req.stream and dialect is not None:
-        events = dialect.events(chat_chunks(flow, output, fmt, include_usage=True))
+        chunks = chat_chunks(flow, output, fmt, include_usage=True)
+        events = dialect.events(chunks, usage_of(flow, output))
         return EventStreamResponse(events, on_close=close)
     if req.stream:
         events = sse_events(flow, output, fmt, req.include_usage())

@@ -28,6 +28,14 @@ MAX_LOGIT_BIAS = 300  # logit_bias entries a request may carry, as OpenAI allows
 MAX_CHOICES = 16  # the most samples (n, best_of) one request may ask for
 
 
+def check_stops(stops: list[str] | None) -> None:
+    """At most 16 stop strings of 1 to 256 characters (ValueError otherwise)."""
+    if len(stops or []) > 16:
+        raise ValueError("at most 16 stop strings")
+    if any(not s or len(s) > 256 for s in stops or []):
+        raise ValueError("stop strings must be 1 to 256 characters")
+
+
 class _Request(NotesIgnored):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
@@ -70,11 +78,7 @@ class SamplingRequest(SamplingFields):
     @field_validator("stop")
     @classmethod
     def _stops_are_short_and_nonempty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop strings")
-        if any(not s or len(s) > 256 for s in stops):
-            raise ValueError("stop strings must be 1 to 256 characters")
+        check_stops([value] if isinstance(value, str) else value)
         return value
 
     @field_validator("stop_token_ids")

@@ -38,6 +38,11 @@ def sse(payload: BaseModel | dict[str, Any], with_usage: bool = False) -> bytes:
     return b"data: " + body.encode() + b"\n\n"
 
 
+def named_event(kind: str, body: dict[str, Any]) -> bytes:
+    """One `event: KIND` with its JSON `data` (the Responses and Messages APIs' events)."""
+    return f"event: {kind}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
+
+
 def usage_of(flow: RequestFlow, output: OutputProcessor) -> Usage:
     return make_usage(len(flow.request.prompt_ids), output.num_tokens, flow.num_cached_tokens)
 

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from router.api.objects import ChatCompletion
+from router.api.objects import ChatCompletion, Usage
 from router.api.requests import field_names, parse_request, to_api_error
 from router.api.responses.objects import (
     DeletedResponse,
@@ -63,7 +63,7 @@ class _Dialect:
         await self._keep(final)
         return final.model_dump(mode="json")
 
-    def events(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
+    def events(self, chunks: AsyncIterator[BaseModel], start: Usage) -> AsyncIterator[bytes]:
         return ResponseEvents(self._shell, self._keep).stream(chunks)
 
     async def _keep(self, final: ResponseObject) -> None:

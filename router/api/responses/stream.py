@@ -10,7 +10,6 @@ event carries its `sequence_number`. A failure after the start is an `error` eve
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from router.api.responses.objects import (
     finished,
     new_id,
 )
+from router.api.streaming import named_event
 from router.errors import APIError, internal_error
 
 log = logging.getLogger("splitserve.router")
@@ -179,4 +179,4 @@ class ResponseEvents:
             for k, v in fields.items()
         }
         self._seq += 1
-        return f"event: {kind}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
+        return named_event(kind, body)
