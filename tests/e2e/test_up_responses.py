@@ -1,9 +1,10 @@
-"""The Responses API with the official openai client against `splitserve up` (1 prefill +
-1 decode node, the default model, its embedded Redis): greedy text equals Chat Completions'
-for the same conversation, streamed and not; `previous_response_id` carries the turn before;
-a forced function call comes back as a `function_call` item and its output goes back in;
-`text.format` json_schema gives JSON that validates. Every answer parses in the SDK's types.
-Few tokens each, to keep the test short."""
+"""The Responses API with the official openai client, and Anthropic's Messages API with the
+official anthropic client, against `splitserve up` (1 prefill + 1 decode node, the default
+model, its embedded Redis): greedy text equals Chat Completions' for the same conversation,
+streamed and not; `previous_response_id` carries the turn before; a forced function call
+comes back as a `function_call` item (a `tool_use` block) and its output goes back in;
+`text.format` json_schema gives JSON that validates; count_tokens counts the prompt the
+answer reports. Every answer parses in the SDK's types. Few tokens each, to keep it short."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
+from anthropic.types import Message
 from cluster_harness import Cluster, running_cluster
 from openai.types.responses import Response
 
@@ -106,3 +109,51 @@ def test_text_format_json_schema_validates(client: openai.OpenAI) -> None:
         text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}},
     )  # fmt: skip
     assert set(json.loads(got.output_text)) == {"city"}
+
+
+def messages_client(cluster: Cluster) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=cluster.base_url, api_key="unused", max_retries=0)
+
+
+GREEDY = {"temperature": 0}  # the SDK has no sampling arguments: they go in the body
+
+
+def test_messages_greedy_text_equals_chat_completions_streamed_and_not(
+    cluster: Cluster, client: openai.OpenAI
+) -> None:
+    want = chat_text(client, [{"role": "system", "content": "Be brief."},
+                              {"role": "user", "content": ASK}])  # fmt: skip
+    claude = messages_client(cluster)
+    args = {"model": MODEL, "max_tokens": N, "system": "Be brief.",
+            "messages": [{"role": "user", "content": ASK}], "extra_body": GREEDY}  # fmt: skip
+    whole = Message.model_validate(claude.messages.create(**args).to_dict(), strict=True)  # type: ignore[arg-type]
+    with claude.messages.stream(**args) as stream:  # type: ignore[arg-type]
+        streamed = stream.get_final_message()
+    counted = claude.messages.count_tokens(
+        model=MODEL, system="Be brief.", messages=[{"role": "user", "content": ASK}]
+    )
+    for message in (whole, streamed):
+        assert [b.type for b in message.content] == ["text"]
+        assert message.content[0].text == want  # type: ignore[union-attr]
+        assert message.stop_reason in ("end_turn", "max_tokens")
+    assert counted.input_tokens == whole.usage.input_tokens == streamed.usage.input_tokens
+
+
+def test_messages_tool_use_tool_result_round_trip(cluster: Cluster) -> None:
+    claude = messages_client(cluster)
+    weather = {"name": "get_weather", "input_schema": WEATHER["parameters"]}
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    first = claude.messages.create(
+        model=MODEL, max_tokens=32, messages=ask, tools=[weather],  # type: ignore[list-item]
+        tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY,
+    )  # fmt: skip
+    use = first.content[-1]
+    assert use.type == "tool_use" and use.name == "get_weather" and set(use.input) == {"city"}
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "22 C"}
+    second = claude.messages.create(
+        model=MODEL, max_tokens=N, tools=[weather], extra_body=GREEDY,  # type: ignore[list-item]
+        messages=[*ask, {"role": "assistant", "content": [use.to_dict()]},  # type: ignore[list-item]
+                  {"role": "user", "content": [result]}],
+    )  # fmt: skip
+    Message.model_validate(second.to_dict(), strict=True)
+    assert second.content and second.usage.output_tokens > 0
