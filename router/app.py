@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.auth import cluster_headers
@@ -199,19 +200,26 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class RequestMetrics:
-    """Pure ASGI middleware: counts answered requests by route and status code."""
+    """Pure ASGI middleware: counts answered requests by route (its template, for a path with
+    parameters) and status code."""
 
     def __init__(self, app: ASGIApp, metrics: RouterMetrics, routes: set[str]) -> None:
         self.app = app
         self.metrics = metrics
         self.routes = routes
+        self.templates = [(compile_path(p)[0], p) for p in sorted(routes) if "{" in p]
+
+    def route(self, path: str) -> str:
+        """The route a path takes (`/v1/responses/{response_id}`), or "other"."""
+        if path in self.routes:
+            return path
+        return next((p for regex, p in self.templates if regex.match(path)), "other")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        route = path if path in self.routes else "other"
+        route = self.route(scope.get("path", ""))
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
