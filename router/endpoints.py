@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -165,15 +165,23 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
+@dataclass(frozen=True)
+class Generation:
+    """What a dialect reads besides the chat answer: the usage once the prompt was in (its
+    tokens, the cached ones) and the output's text state (the stop string that ended it)."""
+
+    prompt: Usage
+    output: OutputProcessor
+
+
 class Dialect(Protocol):
     """Another API's shape over a chat completion (the Responses API, Anthropic's Messages):
     its answer and its event stream, made from the chat path's."""
 
-    async def answer(self, completion: ChatCompletion) -> dict[str, Any]: ...
+    async def answer(self, completion: ChatCompletion, run: Generation) -> dict[str, Any]: ...
 
-    def events(self, chunks: AsyncIterator[BaseModel], start: Usage) -> AsyncIterator[bytes]:
-        """The SSE body from the chat chunks (usage last); it answers failures itself.
-        `start`: the usage once the prompt is in (its tokens, cached ones)."""
+    def events(self, chunks: AsyncIterator[BaseModel], run: Generation) -> AsyncIterator[bytes]:
+        """The SSE body from the chat chunks (usage last); it answers failures itself."""
         ...
 
 
@@ -223,7 +231,7 @@ async def serve(
         raise
     if req.stream and dialect is not None:
         chunks = chat_chunks(flow, output, fmt, include_usage=True)
-        events = dialect.events(chunks, usage_of(flow, output))
+        events = dialect.events(chunks, Generation(usage_of(flow, output), output))
         return EventStreamResponse(events, on_close=close)
     if req.stream:
         events = sse_events(flow, output, fmt, req.include_usage())
@@ -236,7 +244,8 @@ async def serve(
         return Response(status_code=499)
     answer = fmt.response(deltas, usage_of(flow, output))
     if dialect is not None and isinstance(answer, ChatCompletion):
-        return JSONResponse(await dialect.answer(answer))
+        run = Generation(usage_of(flow, output), output)
+        return JSONResponse(await dialect.answer(answer, run))
     return JSONResponse(answer.model_dump())
 
 

@@ -77,6 +77,11 @@ class OutputProcessor:
         self.finish_reason = finish
         return delta
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the output, if one did."""
+        return self._stops.matched
+
     def _split(self, text: str, last: bool) -> Split:
         if self._reasoning is None:
             return Split(content=text)

@@ -22,8 +22,11 @@ def new_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def stop_reason(finish_reason: str | None) -> StopReason:
-    """The Messages API's stop reason of a chat finish reason."""
+def stop_reason(finish_reason: str | None, stop: str | None) -> StopReason:
+    """The Messages API's stop reason of a chat finish reason (`stop`: the stop sequence
+    that ended the output, if one did)."""
+    if stop is not None and finish_reason == "stop":
+        return "stop_sequence"
     return _STOP_REASONS.get(finish_reason, "end_turn")
 
 
@@ -88,8 +91,9 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def message_of(completion: ChatCompletion, model: str) -> MessageObject:
-    """The message of a chat completion's first choice: thinking, text, tool calls."""
+def message_of(completion: ChatCompletion, model: str, stop: str | None) -> MessageObject:
+    """The message of a chat completion's first choice: thinking, text, tool calls; `stop`:
+    the stop sequence that ended it, if one did."""
     choice = completion.choices[0]
     message = choice.message
     content: list[ContentOut] = []
@@ -106,6 +110,7 @@ def message_of(completion: ChatCompletion, model: str) -> MessageObject:
         id=new_id(),
         model=model,
         content=content,
-        stop_reason=stop_reason(choice.finish_reason),
+        stop_reason=stop_reason(choice.finish_reason, stop),
+        stop_sequence=stop if choice.finish_reason == "stop" else None,
         usage=MessageUsage.of(completion.usage),
     )

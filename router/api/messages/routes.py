@@ -34,11 +34,11 @@ from router.api.messages.request import (
     chat_request,
 )
 from router.api.messages.stream import MessageEvents
-from router.api.objects import ChatCompletion, Usage
+from router.api.objects import ChatCompletion
 from router.api.prompt import chat_prompt
 from router.api.requests import ChatCompletionRequest, field_names, parse_request, to_api_error
 from router.api.tools import plan_tools
-from router.endpoints import get_state, read_body, require_api_key, serve
+from router.endpoints import Generation, get_state, read_body, require_api_key, serve
 
 PREFIX = "/v1/messages"
 messages_routes = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -53,13 +53,14 @@ class _Dialect:
     def __init__(self, model: str) -> None:
         self._model = model
 
-    async def answer(self, completion: ChatCompletion) -> dict[str, Any]:
-        return message_of(completion, self._model).model_dump(mode="json")
+    async def answer(self, completion: ChatCompletion, run: Generation) -> dict[str, Any]:
+        message = message_of(completion, self._model, run.output.stop_string)
+        return message.model_dump(mode="json")
 
-    def events(self, chunks: AsyncIterator[BaseModel], start: Usage) -> AsyncIterator[bytes]:
-        usage = MessageUsage.of(start).model_copy(update={"output_tokens": 0})
+    def events(self, chunks: AsyncIterator[BaseModel], run: Generation) -> AsyncIterator[bytes]:
+        usage = MessageUsage.of(run.prompt).model_copy(update={"output_tokens": 0})
         shell = MessageObject(id=new_id(), model=self._model, content=[], usage=usage)
-        return MessageEvents(shell).stream(chunks)
+        return MessageEvents(shell, lambda: run.output.stop_string).stream(chunks)
 
 
 @messages_routes.post("/messages")

@@ -10,7 +10,7 @@ first; then per content block (thinking, text, each tool call) `content_block_st
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -38,10 +38,12 @@ _DELTAS: dict[Kind, tuple[str, str]] = {
 
 
 class MessageEvents:
-    """The events of one streamed message; `shell` is the message before its content."""
+    """The events of one streamed message; `shell` is the message before its content, `stop`
+    reads the stop sequence that ended the output."""
 
-    def __init__(self, shell: MessageObject) -> None:
+    def __init__(self, shell: MessageObject, stop: Callable[[], str | None]) -> None:
         self._shell = shell
+        self._stop = stop  # the stop sequence that ended the output, once it ended
         self._index = -1  # of the open content block
         self._open: Kind | None = None
 
@@ -106,7 +108,8 @@ class MessageEvents:
         return [_event("content_block_stop", index=self._index)]
 
     def _end(self, finish: str | None, usage: Usage | None) -> bytes:
-        delta = {"stop_reason": stop_reason(finish), "stop_sequence": None}
+        stop = self._stop() if finish == "stop" else None
+        delta = {"stop_reason": stop_reason(finish, stop), "stop_sequence": stop}
         tokens = MessageUsage.of(usage) if usage is not None else self._shell.usage
         return _event("message_delta", delta=delta, usage=tokens)
 

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from router.api.objects import ChatCompletion, Usage
+from router.api.objects import ChatCompletion
 from router.api.requests import field_names, parse_request, to_api_error
 from router.api.responses.objects import (
     DeletedResponse,
@@ -36,7 +36,7 @@ from router.api.responses.request import (
     input_items,
 )
 from router.api.responses.stream import ResponseEvents
-from router.endpoints import get_state, read_body, require_api_key, serve
+from router.endpoints import Generation, get_state, read_body, require_api_key, serve
 from router.errors import APIError
 from router.response_store import ResponseStore
 
@@ -57,13 +57,13 @@ class _Dialect:
         self._store = store
         self._items = items
 
-    async def answer(self, completion: ChatCompletion) -> dict[str, Any]:
+    async def answer(self, completion: ChatCompletion, run: Generation) -> dict[str, Any]:
         finish = completion.choices[0].finish_reason
         final = finished(self._shell, output_items(completion), finish, completion.usage)
         await self._keep(final)
         return final.model_dump(mode="json")
 
-    def events(self, chunks: AsyncIterator[BaseModel], start: Usage) -> AsyncIterator[bytes]:
+    def events(self, chunks: AsyncIterator[BaseModel], run: Generation) -> AsyncIterator[bytes]:
         return ResponseEvents(self._shell, self._keep).stream(chunks)
 
     async def _keep(self, final: ResponseObject) -> None:

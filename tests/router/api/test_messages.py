@@ -88,13 +88,23 @@ async def test_max_tokens_and_stop_sequences(tokenizer: Tokenizer, script: list[
         client = client_of(c.router_url)
         cut = strict(await client.messages.create(model="smollm2", max_tokens=3, messages=ASK))
         stopped = strict(await client.messages.create(
-            model="smollm2", max_tokens=64, messages=ASK, stop_sequences=[" Paris"],
+            model="smollm2", max_tokens=64, messages=ASK, stop_sequences=["never", " Paris"],
             extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 5},
         ))  # fmt: skip
-        sampling = c.nodes[0].prefills[-1].sampling
+        async with client.messages.stream(
+            model="smollm2", max_tokens=64, messages=ASK, stop_sequences=[" Paris"]
+        ) as s:
+            streamed = strict(await s.get_final_message())
+        unmatched = strict(await client.messages.create(
+            model="smollm2", max_tokens=64, messages=ASK, stop_sequences=["never"]
+        ))  # fmt: skip
+        sampling = c.nodes[0].prefills[1].sampling  # the one with sampling fields
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
     assert stopped.content[0].type == "text"
     assert stopped.content[0].text == ANSWER.split(" Paris")[0]
+    for message in (stopped, streamed):
+        assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", " Paris")
+    assert (unmatched.stop_reason, unmatched.stop_sequence) == ("end_turn", None)
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.5, 0.9, 5)
 
 
