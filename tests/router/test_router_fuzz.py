@@ -68,6 +68,10 @@ def _check_error(payload: Any, path: str = "") -> None:
     assert set(error) == ERROR_KEYS and isinstance(error["message"], str), error
 
 
+def _streamed(body: Any, stream: bool) -> Any:
+    return body | {"stream": True} if stream and isinstance(body, dict) else body
+
+
 async def _check(client: httpx.AsyncClient, path: str, body: Any) -> None:
     async with client.stream("POST", path, content=json.dumps(body)) as resp:
         raw = await resp.aread()
@@ -101,9 +105,7 @@ async def _check(client: httpx.AsyncClient, path: str, body: Any) -> None:
 async def test_chat_completions_never_5xx(
     router: httpx.AsyncClient, body: Any, stream: bool
 ) -> None:
-    if stream and isinstance(body, dict):
-        body = body | {"stream": True}
-    await _check(router, "/v1/chat/completions", body)
+    await _check(router, "/v1/chat/completions", _streamed(body, stream))
 
 
 @FUZZ
@@ -121,9 +123,7 @@ async def test_responses_never_5xx(router: httpx.AsyncClient, body: Any) -> None
 @FUZZ
 @given(body=bodies(MessagesRequest.model_json_schema(), "smollm2", MESSAGES), stream=st.booleans())
 async def test_messages_never_5xx(router: httpx.AsyncClient, body: Any, stream: bool) -> None:
-    if stream and isinstance(body, dict):
-        body = body | {"stream": True}
-    await _check(router, "/v1/messages", body)
+    await _check(router, "/v1/messages", _streamed(body, stream))
 
 
 @FUZZ

@@ -9,7 +9,6 @@ first; then per content block (thinking, text, each tool call) `content_block_st
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -24,11 +23,9 @@ from router.api.messages.objects import (
     ToolUseOut,
     stop_reason,
 )
-from router.api.objects import ChatCompletionChunk, Usage
-from router.api.streaming import named_event
-from router.errors import APIError, internal_error
+from router.api.objects import Usage
+from router.api.streaming import ChatDeltas, Piece, named_event, stream_failure
 
-log = logging.getLogger("splitserve.router")
 Kind = Literal["thinking", "text", "tool_use"]
 _DELTAS: dict[Kind, tuple[str, str]] = {
     "thinking": ("thinking_delta", "thinking"),
@@ -50,41 +47,25 @@ class MessageEvents:
     async def stream(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
         yield _event("message_start", message=self._shell)
         yield _event("ping")
-        finish: str | None = None
-        usage: Usage | None = None
+        reader = ChatDeltas(chunks)
         try:
-            async for chunk in chunks:
-                if not isinstance(chunk, ChatCompletionChunk):
-                    raise TypeError(f"unexpected chunk {type(chunk).__name__}")
-                usage = chunk.usage or usage
-                for choice in chunk.choices:
-                    for event in self._deltas(choice.delta):
-                        yield event
-                    finish = choice.finish_reason or finish
+            async for piece in reader:
+                for event in self._events(piece):
+                    yield event
             for event in self._close():
                 yield event
-            yield self._end(finish, usage)
+            yield self._end(reader.finish, reader.usage)
             yield _event("message_stop")
-        except APIError as err:
-            yield named_event("error", anthropic_body(err))
-        except Exception:
-            log.exception("stream_failed id=%s", self._shell.id)
-            yield named_event("error", anthropic_body(internal_error()))
+        except Exception as exc:
+            yield named_event("error", anthropic_body(stream_failure(exc, self._shell.id)))
 
-    def _deltas(self, delta: dict[str, Any]) -> list[bytes]:
-        events: list[bytes] = []
-        if delta.get("reasoning_content"):
-            events += self._piece("thinking", delta["reasoning_content"])
-        if delta.get("content"):
-            events += self._piece("text", delta["content"])
-        for call in delta.get("tool_calls") or []:
-            function = call.get("function") or {}
-            if call.get("id"):
-                block = ToolUseOut(id=call["id"], name=function.get("name", ""), input={})
-                events += self._start("tool_use", block)
-            if function.get("arguments") and self._open == "tool_use":
-                events += self._piece("tool_use", function["arguments"])
-        return events
+    def _events(self, piece: Piece) -> list[bytes]:
+        if piece.kind == "call":
+            block = ToolUseOut(id=piece.call_id, name=piece.text, input={})
+            return self._start("tool_use", block)
+        if piece.kind == "arguments":
+            return self._piece("tool_use", piece.text) if self._open == "tool_use" else []
+        return self._piece(piece.kind, piece.text)
 
     def _piece(self, kind: Kind, text: str) -> list[bytes]:
         events: list[bytes] = []

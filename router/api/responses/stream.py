@@ -10,14 +10,12 @@ event carries its `sequence_number`. A failure after the start is an `error` eve
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from router.api.objects import ChatCompletionChunk, Usage
 from router.api.responses.objects import (
     FunctionCallItem,
     MessageItem,
@@ -29,10 +27,8 @@ from router.api.responses.objects import (
     finished,
     new_id,
 )
-from router.api.streaming import named_event
-from router.errors import APIError, internal_error
+from router.api.streaming import ChatDeltas, Piece, named_event, stream_failure
 
-log = logging.getLogger("splitserve.router")
 Kind = Literal["reasoning", "message", "function_call"]
 
 
@@ -63,46 +59,31 @@ class ResponseEvents:
     async def stream(self, chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
         yield self._event("response.created", response=self._shell)
         yield self._event("response.in_progress", response=self._shell)
-        finish: str | None = None
-        usage: Usage | None = None
+        reader = ChatDeltas(chunks)
         try:
-            async for chunk in chunks:
-                if not isinstance(chunk, ChatCompletionChunk):
-                    raise TypeError(f"unexpected chunk {type(chunk).__name__}")
-                usage = chunk.usage or usage
-                for choice in chunk.choices:
-                    for event in self._deltas(choice.delta):
-                        yield event
-                    finish = choice.finish_reason or finish
+            async for piece in reader:
+                for event in self._events(piece):
+                    yield event
             for event in self._close():
                 yield event
-            final = finished(self._shell, self._items, finish, usage)
+            final = finished(self._shell, self._items, reader.finish, reader.usage)
             await self._on_done(final)
             kind = "response.incomplete" if final.status == "incomplete" else "response.completed"
             yield self._event(kind, response=final)
-        except APIError as err:
+        except Exception as exc:
+            err = stream_failure(exc, self._shell.id)
             yield self._event("error", message=err.message, code=err.code, param=err.param)
-        except Exception:
-            log.exception("stream_failed id=%s", self._shell.id)
-            failure = internal_error()
-            yield self._event("error", message=failure.message, code=failure.code, param=None)
 
-    def _deltas(self, delta: dict[str, Any]) -> list[bytes]:
-        events: list[bytes] = []
-        if delta.get("reasoning_content"):
-            events += self._text("reasoning", delta["reasoning_content"])
-        if delta.get("content"):
-            events += self._text("message", delta["content"])
-        for call in delta.get("tool_calls") or []:
-            function = call.get("function") or {}
-            if call.get("id"):
-                events += self._start("function_call", call["id"], function.get("name", ""))
-            if function.get("arguments") and self._open is not None:
-                self._open.text.append(function["arguments"])
-                events.append(self._event("response.function_call_arguments.delta",
-                                          item_id=self._open.id, output_index=self._open.index,
-                                          delta=function["arguments"]))  # fmt: skip
-        return events
+    def _events(self, piece: Piece) -> list[bytes]:
+        if piece.kind == "call":
+            return self._start("function_call", piece.call_id, piece.text)
+        if piece.kind == "text" or piece.kind == "thinking":
+            return self._text("message" if piece.kind == "text" else "reasoning", piece.text)
+        if self._open is None:
+            return []
+        self._open.text.append(piece.text)
+        return [self._event("response.function_call_arguments.delta", item_id=self._open.id,
+                            output_index=self._open.index, delta=piece.text)]  # fmt: skip
 
     def _text(self, kind: Kind, text: str) -> list[bytes]:
         events = [] if self._open is not None and self._open.kind == kind else self._start(kind)
