@@ -67,7 +67,10 @@ class ToolChoice(_Request):
 
 
 class Thinking(_Request):
-    type: Literal["enabled", "disabled"]
+    """`enabled` and `disabled` set the template's enable_thinking; `adaptive` and
+    `between_tools` leave the template's default."""
+
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(default=None, ge=1)
 
 
@@ -127,7 +130,7 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
         if choice.disable_parallel_tool_use:
             body["parallel_tool_calls"] = False
     kwargs = dict(req.chat_template_kwargs or {})
-    if req.thinking is not None:
+    if req.thinking is not None and req.thinking.type in ("enabled", "disabled"):
         kwargs["enable_thinking"] = req.thinking.type == "enabled"
     if kwargs:
         body["chat_template_kwargs"] = kwargs

@@ -175,11 +175,20 @@ async def test_thinking_comes_back_as_thinking_blocks(
                  {"role": "user", "content": "And Italy?"}]  # fmt: skip
         await client.messages.create(model="smollm2", max_tokens=8, messages=again)
         prompt = prompt_of(c.nodes[0], qwen3)
+        await client.messages.create(
+            model="smollm2", max_tokens=8, messages=ASK, thinking={"type": "disabled"}
+        )
+        off = prompt_of(c.nodes[0], qwen3)
+        await client.messages.create(
+            model="smollm2", max_tokens=8, messages=ASK, thinking={"type": "adaptive"}
+        )
+        adaptive = prompt_of(c.nodes[0], qwen3)
     for message in (whole, streamed):
         assert [b.type for b in message.content] == ["thinking", "text"]
         assert message.content[0].thinking == "Easy."  # type: ignore[union-attr]
         assert message.content[1].text == "Paris."  # type: ignore[union-attr]
     assert "<think>\nEasy.\n</think>" in prompt
+    assert off.endswith("<think>\n\n</think>\n\n") and not adaptive.endswith("</think>\n\n")
 
 
 async def test_x_api_key_is_accepted_where_keys_are_set(
