@@ -127,7 +127,7 @@ async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body)
-    _note_ignored(state, "/v1/chat/completions", req)
+    note_ignored(state, "/v1/chat/completions", req)
     return await serve(request, state, req, "chat")
 
 
@@ -136,11 +136,11 @@ async def completions(request: Request) -> Response:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: CompletionRequest = parse_request(CompletionRequest, body)
-    _note_ignored(state, "/v1/completions", req)
+    note_ignored(state, "/v1/completions", req)
     return await serve(request, state, req, "completion")
 
 
-def _note_ignored(state: RouterState, route: str, req: SamplingRequest) -> None:
+def note_ignored(state: RouterState, route: str, req: BaseModel) -> None:
     """Log and count the fields `req` ignored: their names only, never a value."""
     names = ignored_fields(req)
     if names:

@@ -38,7 +38,14 @@ from router.api.objects import ChatCompletion
 from router.api.prompt import chat_prompt
 from router.api.requests import ChatCompletionRequest, field_names, parse_request, to_api_error
 from router.api.tools import plan_tools
-from router.endpoints import Generation, get_state, read_body, require_api_key, serve
+from router.endpoints import (
+    Generation,
+    get_state,
+    note_ignored,
+    read_body,
+    require_api_key,
+    serve,
+)
 
 PREFIX = "/v1/messages"
 messages_routes = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -68,6 +75,7 @@ async def create_message(request: Request) -> Response:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: MessagesRequest = parse_request(MessagesRequest, body, _NAMES)
+    note_ignored(state, PREFIX, req)
     return await serve(request, state, _chat(req), "chat", _Dialect(req.model))
 
 
@@ -77,6 +85,7 @@ async def count_tokens(request: Request) -> JSONResponse:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: CountTokensRequest = parse_request(CountTokensRequest, body, _NAMES)
+    note_ignored(state, PREFIX + "/count_tokens", req)
     chat = _chat(req)
     state.adapters.resolve(req.model, state.settings.model_name())  # 404 for another model
     prompt = await chat_prompt(state.require_tokenizer(), chat, plan_tools(chat))

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from pydantic import TypeAdapter
-from router_fakes import ANSWER, FakeNode, fake_cluster
+from router_fakes import ANSWER, FakeNode, fake_cluster, metric
 from thinking_model import QWEN3_TEMPLATE, script_of, thinking_tokenizer
 
 from models.tokenizer import Tokenizer
@@ -81,6 +81,24 @@ async def test_text_answers_streamed_and_not(tokenizer: Tokenizer, script: list[
     assert events[0]["message"]["usage"]["input_tokens"] == whole.usage.input_tokens
     assert final.content == whole.content and final.usage == whole.usage
     assert final.stop_reason == "end_turn"
+
+
+async def test_unknown_fields_are_counted_by_name(tokenizer: Tokenizer, script: list[int]) -> None:
+    """Fields of Anthropic's API the router does not read (prompt caching, service tiers)
+    are ignored, counted and logged by name, as on the other routes."""
+    cached = {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}
+    body = {"model": "smollm2", "max_tokens": 4, "service_tier": "auto",
+            "messages": [{"role": "user", "content": [cached]}]}  # fmt: skip
+    async with (
+        fake_cluster(tokenizer, nodes(script)) as c,
+        httpx.AsyncClient(base_url=c.router_url) as http,
+    ):
+        assert (await http.post("/v1/messages", json=body)).status_code == 200
+        assert (await http.post("/v1/messages/count_tokens", json=body)).status_code == 200
+        text = (await http.get("/metrics")).text
+    name = "splitserve_router_ignored_fields_total"
+    assert metric(text, name, route="/v1/messages") == 2
+    assert metric(text, name, route="/v1/messages/count_tokens") == 3  # max_tokens too
 
 
 async def test_max_tokens_and_stop_sequences(tokenizer: Tokenizer, script: list[int]) -> None:
