@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.auth import cluster_headers
@@ -29,13 +30,18 @@ from router.adapters import RouterAdapters
 from router.admission import Admission
 from router.api.docs import install_docs
 from router.api.lora import lora_routes
+from router.api.messages.errors import anthropic_body
+from router.api.messages.routes import PREFIX as MESSAGES
+from router.api.messages.routes import messages_routes
 from router.api.openapi import install_openapi
+from router.api.responses.routes import responses_routes
 from router.api.tokenize import tokens
 from router.capacity import pool_capacity
 from router.dashboard import dashboard
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
+from router.response_store import ResponseStore
 from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
@@ -81,6 +87,9 @@ def create_app(
         usage_admins=frozenset(settings.admin_key_names()),
         tokenizer=tokenizer,
         adapters=RouterAdapters(settings.lora_modules),
+        responses=ResponseStore(
+            settings.redis_url, settings.response_ttl_s, settings.retry_after_s
+        ),
     )
     app = FastAPI(
         title="splitserve router", version=version(), lifespan=_lifespan, docs_url=None,
@@ -96,7 +105,12 @@ def create_app(
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes, tokens, lora_routes, dashboard)
+_ROUTERS = (
+    endpoints.v1, endpoints.probes, tokens, lora_routes, responses_routes, messages_routes,
+    dashboard,
+)  # fmt: skip
+# error bodies by path prefix (OpenAI's error object elsewhere)
+_ERROR_SHAPES = ((MESSAGES, anthropic_body),)
 
 
 def route_paths() -> set[str]:
@@ -135,6 +149,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await state.kv.stop()
+        if state.responses is not None:
+            await state.responses.close()
         await state.membership.stop()
         await state.drain()
         await http.aclose()
@@ -148,29 +164,36 @@ def _load_tokenizer(settings: RouterSettings) -> Tokenizer:
     return Tokenizer.from_dir(resolve_model(settings.model, settings.model_cache, weights=False))
 
 
+def _answer(request: Request, err: APIError) -> JSONResponse:
+    """The error in the shape of the API the path belongs to."""
+    path = request.url.path
+    shape = next((s for prefix, s in _ERROR_SHAPES if path.startswith(prefix)), None)
+    return err.response(shape)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+    async def api_error(request: Request, exc: Exception) -> JSONResponse:
         if not isinstance(exc, APIError):
             raise TypeError(f"unexpected {type(exc).__name__}")
-        return exc.response()
+        return _answer(request, exc)
 
-    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         errors = exc.errors() if isinstance(exc, RequestValidationError) else []
         loc = [str(p) for p in errors[0]["loc"][1:]] if errors else []
         msg = errors[0]["msg"] if errors else "invalid request"
-        return bad_request(f"invalid request: {msg}", param=".".join(loc) or None).response()
+        return _answer(request, bad_request(f"invalid request: {msg}", param=".".join(loc) or None))
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
         detail = exc.detail if isinstance(exc, StarletteHTTPException) else "error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(status)
-        return APIError(status, str(detail), code=code).response()
+        return _answer(request, APIError(status, str(detail), code=code))
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error(
             "unhandled_error path=%s error=%s", request.url.path, type(exc).__name__, exc_info=exc
         )
-        return internal_error().response()
+        return _answer(request, internal_error())
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)
@@ -179,19 +202,26 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class RequestMetrics:
-    """Pure ASGI middleware: counts answered requests by route and status code."""
+    """Pure ASGI middleware: counts answered requests by route (its template, for a path with
+    parameters) and status code."""
 
     def __init__(self, app: ASGIApp, metrics: RouterMetrics, routes: set[str]) -> None:
         self.app = app
         self.metrics = metrics
         self.routes = routes
+        self.templates = [(compile_path(p)[0], p) for p in sorted(routes) if "{" in p]
+
+    def route(self, path: str) -> str:
+        """The route a path takes (`/v1/responses/{response_id}`), or "other"."""
+        if path in self.routes:
+            return path
+        return next((p for regex, p in self.templates if regex.match(path)), "other")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        route = path if path in self.routes else "other"
+        route = self.route(scope.get("path", ""))
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -12,12 +12,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from cluster.auth import find_key
 from cluster.protocol import VERSION
@@ -25,8 +26,9 @@ from cluster.version import build_info
 from models.tokenizer import Tokenizer
 from router.api.choices import Samples
 from router.api.ignored import ignored_fields, shown
-from router.api.objects import ModelCard, ModelList, Usage
+from router.api.objects import ChatCompletion, ModelCard, ModelList, Usage
 from router.api.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
+from router.api.reasoning import splitter_for
 from router.api.render import ChatFormatter, CompletionFormatter, Formatter
 from router.api.render_samples import serve_samples
 from router.api.requests import (
@@ -35,7 +37,13 @@ from router.api.requests import (
     SamplingRequest,
     parse_request,
 )
-from router.api.streaming import EventStreamResponse, collect, sse_events, usage_of
+from router.api.streaming import (
+    EventStreamResponse,
+    chat_chunks,
+    collect,
+    sse_events,
+    usage_of,
+)
 from router.api.structured import response_format_grammar
 from router.api.text_deltas import OutputProcessor
 from router.api.tool_answers import ToolChatFormatter
@@ -59,7 +67,8 @@ def get_state(request: Request) -> RouterState:
 
 
 async def require_api_key(request: Request) -> None:
-    """401 unless `Authorization: Bearer <key>` names one of the keys (when keys are set).
+    """401 unless `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) names one
+    of the keys (when keys are set).
     The key's name (`anonymous` without keys) is what usage and limits count by. A coroutine:
     FastAPI runs a plain function dependency in its thread pool, a hop per request."""
     keys = get_state(request).api_keys
@@ -68,6 +77,8 @@ async def require_api_key(request: Request) -> None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     key = find_key(token.strip(), keys) if scheme.lower() == "bearer" else None
+    if key is None and "x-api-key" in request.headers:
+        key = find_key(request.headers["x-api-key"].strip(), keys)
     if key is None:
         raise APIError(
             401,
@@ -116,7 +127,7 @@ async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body)
-    _note_ignored(state, "/v1/chat/completions", req)
+    note_ignored(state, "/v1/chat/completions", req)
     return await serve(request, state, req, "chat")
 
 
@@ -125,11 +136,11 @@ async def completions(request: Request) -> Response:
     state = get_state(request)
     body = await read_body(request, state.settings.max_body_bytes)
     req: CompletionRequest = parse_request(CompletionRequest, body)
-    _note_ignored(state, "/v1/completions", req)
+    note_ignored(state, "/v1/completions", req)
     return await serve(request, state, req, "completion")
 
 
-def _note_ignored(state: RouterState, route: str, req: SamplingRequest) -> None:
+def note_ignored(state: RouterState, route: str, req: BaseModel) -> None:
     """Log and count the fields `req` ignored: their names only, never a value."""
     names = ignored_fields(req)
     if names:
@@ -154,13 +165,35 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
+@dataclass(frozen=True)
+class Generation:
+    """What a dialect reads besides the chat answer: the usage once the prompt was in (its
+    tokens, the cached ones) and the output's text state (the stop string that ended it)."""
+
+    prompt: Usage
+    output: OutputProcessor
+
+
+class Dialect(Protocol):
+    """Another API's shape over a chat completion (the Responses API, Anthropic's Messages):
+    its answer and its event stream, made from the chat path's."""
+
+    async def answer(self, completion: ChatCompletion, run: Generation) -> dict[str, Any]: ...
+
+    def events(self, chunks: AsyncIterator[BaseModel], run: Generation) -> AsyncIterator[bytes]:
+        """The SSE body from the chat chunks (usage last); it answers failures itself."""
+        ...
+
+
 async def serve(
     request: Request,
     state: RouterState,
     req: SamplingRequest,
     kind: Literal["chat", "completion"],
+    dialect: Dialect | None = None,
 ) -> Response:
-    """Shared path of both endpoints, streaming or not."""
+    """Shared path of every generating endpoint, streaming or not; `dialect` (one sample of a
+    chat) answers in another API's shape."""
     arrived = time.monotonic()
     lora = state.adapters.resolve(req.model, state.settings.model_name())
     key: str = getattr(request.state, "key_name", ANONYMOUS)
@@ -169,22 +202,20 @@ async def serve(
     wait_s = min(limit, req.timeout) if req.timeout else limit
     ticket = await state.admission.admit(req.priority, wait_s)
     try:
-        flow_req, output, fmt = await _prepare(state, req, kind, arrived)
+        flow_req, outputs, fmt = await _prepare(state, req, kind, arrived)
         flow_req = replace(flow_req, lora=lora)
     except BaseException:
         ticket.release()
         raise
     if req.num_samples() > 1:
-        tokenizer, stops = state.require_tokenizer(), req.stop_strings()
         samples = _ChargedSamples(
-            key, state, flow_req, ticket,
-            lambda: OutputProcessor(tokenizer, flow_req.prompt_ids, stops),
+            key, state, flow_req, ticket, outputs,
             req.num_samples(), need_logprobs=req.num_samples() > req.num_choices(),
         )  # fmt: skip
         return await serve_samples(
             request, samples, fmt, req.num_choices(), req.stream, req.include_usage()
         )
-    flow = RequestFlow(state, flow_req, ticket)
+    flow, output = RequestFlow(state, flow_req, ticket), outputs()
     charge = _charger(state, key, lambda: usage_of(flow, output))
 
     async def close() -> None:
@@ -198,6 +229,10 @@ async def serve(
     except BaseException:
         await close()
         raise
+    if req.stream and dialect is not None:
+        chunks = chat_chunks(flow, output, fmt, include_usage=True)
+        events = dialect.events(chunks, Generation(usage_of(flow, output), output))
+        return EventStreamResponse(events, on_close=close)
     if req.stream:
         events = sse_events(flow, output, fmt, req.include_usage())
         return EventStreamResponse(events, on_close=close)
@@ -207,7 +242,11 @@ async def serve(
         await close()
     if deltas is None:  # the client left; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(fmt.response(deltas, usage_of(flow, output)).model_dump())
+    answer = fmt.response(deltas, usage_of(flow, output))
+    if dialect is not None and isinstance(answer, ChatCompletion):
+        run = Generation(usage_of(flow, output), output)
+        return JSONResponse(await dialect.answer(answer, run))
+    return JSONResponse(answer.model_dump())
 
 
 def _charger(state: RouterState, key: str, usage: Callable[[], Usage]) -> Callable[[], None]:
@@ -246,7 +285,8 @@ async def _prepare(
     req: SamplingRequest,
     kind: Literal["chat", "completion"],
     arrived: float,
-) -> tuple[FlowRequest, OutputProcessor, Formatter]:
+) -> tuple[FlowRequest, Callable[[], OutputProcessor], Formatter]:
+    """The request for the cluster, a maker of its output's text state, and its formatter."""
     tokenizer = state.require_tokenizer()
     max_len = state.settings.max_model_len or Pools.of(state.membership.nodes()).max_model_len()
     if max_len is None:
@@ -272,7 +312,13 @@ async def _prepare(
     flow_req = FlowRequest(
         request_id, prompt.token_ids, sampling, arrived, req.priority, req.timeout
     )
-    output = OutputProcessor(tokenizer, prompt.token_ids, req.stop_strings())
+    stops, kwargs = req.stop_strings(), getattr(req, "chat_template_kwargs", None)
+    thinking_parser = state.settings.reasoning_parser if kind == "chat" else None
+
+    def outputs() -> OutputProcessor:
+        thinking = splitter_for(thinking_parser, prompt.text, kwargs, grammar is not None)
+        return OutputProcessor(tokenizer, prompt.token_ids, stops, thinking)
+
     fmt: Formatter
     if isinstance(req, CompletionRequest):
         echo = None
@@ -284,7 +330,7 @@ async def _prepare(
         fmt = ToolChatFormatter(plan, parser, request_id, req.model, tokenizer, logprobs)
     else:
         fmt = ChatFormatter(request_id, req.model, tokenizer, logprobs)
-    return flow_req, output, fmt
+    return flow_req, outputs, fmt
 
 
 async def _prompt_text(tokenizer: Tokenizer, req: CompletionRequest, ids: list[int]) -> str:

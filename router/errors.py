@@ -6,6 +6,7 @@ Every error the router returns has the body
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -35,9 +36,11 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
-    def response(self) -> JSONResponse:
+    def response(self, shape: Callable[[APIError], dict[str, Any]] | None = None) -> JSONResponse:
+        """The answer, its body OpenAI's error object or the one `shape` makes."""
         headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        body = shape(self) if shape is not None else self.body()
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 def error_body(

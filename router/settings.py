@@ -13,6 +13,7 @@ from cluster.key_limits import EVERY_KEY, KeyLimit, parse_key_limits
 from cluster.settings import ModelProcessSettings
 from config_kit import Helm, Secret, Up, setting
 from models.lora_modules import lora_module_map
+from router.api.reasoning import REASONING_PARSERS
 from router.api.tool_parsers import PARSER_NAMES
 
 
@@ -95,6 +96,14 @@ class RouterSettings(ModelProcessSettings):
         "auto", "the format tool calls are read in (vLLM's names; default auto: the chat "
         "template's)", choices=PARSER_NAMES,
     )  # fmt: skip
+    reasoning_parser: str | None = setting(
+        None, "read a reasoning model's thinking apart from its answer (vLLM's names; default: "
+        "none, the thinking stays in the answer)", choices=REASONING_PARSERS,
+    )  # fmt: skip
+    response_ttl_s: int = setting(
+        86400, "seconds Redis keeps a stored Responses API response (store, "
+        "previous_response_id)", ge=1,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,6 +112,11 @@ class RouterSettings(ModelProcessSettings):
         if unknown - names:
             raise ValueError(f"no API key is named {', '.join(sorted(unknown - names))}")
         lora_module_map(self.lora_modules)
+        if self.reasoning_parser == "gpt_oss":
+            raise ValueError(
+                "reasoning_parser 'gpt_oss' needs the harmony output format, which splitserve "
+                "does not serve yet (use qwen3 or deepseek_r1)"
+            )
 
     def api_keys(self) -> tuple[ApiKey, ...]:
         """Every accepted API key with its name (empty: no key is needed)."""

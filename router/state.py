@@ -17,6 +17,7 @@ from router.adapters import RouterAdapters
 from router.admission import Admission
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
+from router.response_store import ResponseStore
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
 from router.settings import RouterSettings
@@ -39,6 +40,7 @@ class RouterState:
     adapters: RouterAdapters = field(default_factory=lambda: RouterAdapters([]))
     api_keys: tuple[ApiKey, ...] = ()
     usage_admins: frozenset[str] = frozenset()
+    responses: ResponseStore | None = None  # the Responses API's stored responses
     tokenizer: Tokenizer | None = None
     nodes: NodeClient | None = None
     started_at: float = 0.0

@@ -36,6 +36,7 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None  # the thinking, with a reasoning parser (vLLM's name)
     refusal: str | None = None
     annotations: list[dict[str, Any]] = Field(default_factory=list)
 

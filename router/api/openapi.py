@@ -17,8 +17,12 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from cluster.protocol import LoadAdapterRequest
+from router.api.messages.objects import MessageObject, TokenCount
+from router.api.messages.request import CountTokensRequest, MessagesRequest
 from router.api.objects import ChatCompletion, ChatCompletionChunk, Completion, ModelList
 from router.api.requests import ChatCompletionRequest, CompletionRequest
+from router.api.responses.objects import DeletedResponse, ResponseObject
+from router.api.responses.request import ResponsesRequest
 from router.api.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -30,8 +34,9 @@ from router.api.tokenize import (
 REF = "#/components/schemas/{model}"
 DESCRIPTION = (
     "The OpenAI-compatible API of a splitserve cluster (chat completions, completions, "
-    "models), vLLM's /tokenize and /detokenize and LoRA adapter loading, and the probes. "
-    "Errors are OpenAI's error object."
+    "models, responses), Anthropic's messages, vLLM's /tokenize and /detokenize and LoRA "
+    "adapter loading, and the probes. Errors are OpenAI's error object (Anthropic's on "
+    "/v1/messages)."
 )
 Names = dict[Any, dict[str, Any]]  # model -> its {"$ref": ...} in the components
 
@@ -47,6 +52,18 @@ class ErrorResponse(BaseModel):
     """Every error the router answers: OpenAI's error object."""
 
     error: ErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Every error of the Messages API's paths: Anthropic's error object."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
 
 
 class ReadyResponse(BaseModel):
@@ -90,7 +107,25 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (VersionResponse, "serialization"),
     (LoadAdapterRequest, "validation"),
     (AdapterResponse, "serialization"),
+    (ResponsesRequest, "validation"),
+    (ResponseObject, "serialization"),
+    (DeletedResponse, "serialization"),
+    (MessagesRequest, "validation"),
+    (CountTokensRequest, "validation"),
+    (MessageObject, "serialization"),
+    (TokenCount, "serialization"),
+    (AnthropicErrorResponse, "serialization"),
 ]
+
+
+def _typed_events() -> dict[str, Any]:
+    """One event of the Responses or Messages API's stream: `event: TYPE`, its JSON `data`."""
+    data = {"type": "string", "contentMediaType": "application/json"}
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {"event": {"type": "string"}, "data": data},
+    }
 
 
 def _events(chunk: type[BaseModel]) -> dict[str, Any]:
@@ -130,6 +165,36 @@ _OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] 
         {"application/json": Completion, "text/event-stream": _events(Completion)},
         _GENERATE_ERRORS,
     ),
+    ("/v1/responses", "post"): (
+        ResponsesRequest,
+        {"application/json": ResponseObject, "text/event-stream": _typed_events()},
+        _GENERATE_ERRORS,
+    ),
+    ("/v1/responses/{response_id}", "get"): (
+        None,
+        {"application/json": ResponseObject},
+        (401, 404, 500, 503),
+    ),
+    ("/v1/responses/{response_id}", "delete"): (
+        None,
+        {"application/json": DeletedResponse},
+        (401, 404, 500, 503),
+    ),
+    ("/v1/responses/{response_id}/cancel", "post"): (
+        None,
+        {"application/json": ResponseObject},
+        (400, 401, 404, 500, 503),
+    ),
+    ("/v1/messages", "post"): (
+        MessagesRequest,
+        {"application/json": MessageObject, "text/event-stream": _typed_events()},
+        _GENERATE_ERRORS,
+    ),
+    ("/v1/messages/count_tokens", "post"): (
+        CountTokensRequest,
+        {"application/json": TokenCount},
+        _TOKENS_ERRORS,
+    ),
     ("/v1/models", "get"): (None, {"application/json": ModelList}, (401, 500)),
     ("/tokenize", "post"): (
         (TokenizeCompletionRequest, TokenizeChatRequest),
@@ -161,7 +226,11 @@ _KEYED = ("/v1/", "/tokenize", "/detokenize")
 _EXAMPLES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
     "/v1/completions": {"prompt": "The capital of France is", "max_tokens": 8},
+    "/v1/responses": {"input": "Hello!", "max_output_tokens": 8},
+    "/v1/messages": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
+    "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "Hello!"}]},
 }
+_ANTHROPIC = "/v1/messages"  # paths answering Anthropic's error object
 
 
 def install_openapi(app: FastAPI, keyed: bool, model: str = "") -> None:
@@ -188,7 +257,10 @@ def build_document(app: FastAPI, keyed: bool, model: str = "") -> dict[str, Any]
     components = doc.setdefault("components", {})
     components["schemas"] = defs.get("$defs", {})
     if keyed:
-        components["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        components["securitySchemes"] = {
+            "apiKey": {"type": "http", "scheme": "bearer"},
+            "xApiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+        }
     for (path, method), (body, ok, errors) in _OPERATIONS.items():
         operation = doc["paths"].get(path, {}).get(method)
         if operation is None:
@@ -201,13 +273,16 @@ def build_document(app: FastAPI, keyed: bool, model: str = "") -> dict[str, Any]
         answers = {"200": _answer("OK", ok, names)}
         if path == "/ready":
             answers["503"] = _answer("not ready", {"application/json": ReadyResponse}, names)
+        anthropic = path.startswith(_ANTHROPIC)
         for status in errors:
             if status != 401 or keyed:
-                content = {"application/json": ErrorResponse}
+                content = {
+                    "application/json": AnthropicErrorResponse if anthropic else ErrorResponse
+                }
                 answers[str(status)] = _answer(_ERRORS[status], content, names)
         operation["responses"] = answers
         if keyed and path.startswith(_KEYED):
-            operation["security"] = [{"apiKey": []}]
+            operation["security"] = [{"apiKey": []}, {"xApiKey": []}]
     return doc
 
 

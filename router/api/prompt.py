@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from models.chat_template import RESERVED
 from models.sampling_params import SamplingParams
@@ -23,10 +23,12 @@ _DEFAULT = SamplingParams()  # what a request leaves out: OpenAI's defaults
 
 @dataclass(frozen=True)
 class Prompt:
-    """Token ids of a prompt and the parameter name to blame if it is too long."""
+    """Token ids of a prompt, the parameter name to blame if it is too long, and the text a
+    chat template rendered (empty for a completion's prompt)."""
 
     token_ids: list[int]
     param: str
+    text: str = ""
 
 
 async def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> Prompt:
@@ -55,14 +57,23 @@ async def chat_prompt(
             f"chat_template_kwargs may not set '{reserved[0]}': the server sets it",
             param=f"chat_template_kwargs.{reserved[0]}",
         )
-    render = tokenizer.apply_chat_template
     try:
-        ids = await asyncio.to_thread(render, messages, True, tools, variables)
+        text, ids = await asyncio.to_thread(_render, tokenizer, messages, tools, variables)
     except ValueError as exc:  # the template refused the conversation
         raise bad_request(str(exc), param="messages", code="invalid_messages") from None
     if not ids:
         raise bad_request("the messages render to an empty prompt", param="messages")
-    return Prompt(ids, "messages")
+    return Prompt(ids, "messages", text)
+
+
+def _render(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
+) -> tuple[str, list[int]]:
+    text = tokenizer.render_chat(messages, True, tools, variables)
+    return text, tokenizer.encode(text, add_special_tokens=False)
 
 
 def _check_ids(tokenizer: Tokenizer, ids: list[int], param: str) -> None:

@@ -56,6 +56,11 @@ class Formatter(Protocol):
         ...
 
 
+def reasoning_of(deltas: Sequence[TextDelta]) -> str | None:
+    """The thinking of a whole output (None without any)."""
+    return "".join(d.reasoning for d in deltas) or None
+
+
 def chunks_of(piece: BaseModel | Sequence[BaseModel] | None) -> Sequence[BaseModel]:
     """What `Formatter.chunk` returned, as a list of chunks to send."""
     if piece is None:
@@ -88,6 +93,8 @@ class ChatFormatter(_Base):
         content: dict[str, str] = {"role": "assistant"} if first else {}
         if delta.text or first:
             content["content"] = delta.text
+        if delta.reasoning:
+            content["reasoning_content"] = delta.reasoning
         logprobs = self._logprobs([delta])
         if not content and logprobs is None and delta.finish_reason is None:
             return None
@@ -115,7 +122,9 @@ class ChatFormatter(_Base):
     def _choice(self, deltas: Sequence[TextDelta], index: int) -> ChatChoice:
         return ChatChoice(
             index=index,
-            message=ChatResponseMessage(content="".join(d.text for d in deltas)),
+            message=ChatResponseMessage(
+                content="".join(d.text for d in deltas), reasoning_content=reasoning_of(deltas)
+            ),
             logprobs=self._logprobs(deltas),
             finish_reason=deltas[-1].finish_reason if deltas else None,
         )

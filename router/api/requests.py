@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import (
+    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -27,6 +28,14 @@ MAX_LOGIT_BIAS = 300  # logit_bias entries a request may carry, as OpenAI allows
 MAX_CHOICES = 16  # the most samples (n, best_of) one request may ask for
 
 
+def check_stops(stops: list[str] | None) -> None:
+    """At most 16 stop strings of 1 to 256 characters (ValueError otherwise)."""
+    if len(stops or []) > 16:
+        raise ValueError("at most 16 stop strings")
+    if any(not s or len(s) > 256 for s in stops or []):
+        raise ValueError("stop strings must be 1 to 256 characters")
+
+
 class _Request(NotesIgnored):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
@@ -35,14 +44,11 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class SamplingRequest(_Request):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class SamplingFields(_Request):
+    """The sampling fields every generating endpoint takes (chat, completions, responses)."""
 
     model: str
     stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int | None = Field(default=1, ge=1, le=MAX_CHOICES)
-    max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
@@ -51,24 +57,28 @@ class SamplingRequest(_Request):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
-    ignore_eos: bool = False
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     user: str | None = None
     # splitserve extensions: lower priority is served first (as vLLM's); timeout caps the
     # router's request deadline, in seconds
     priority: int = Field(default=0, ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)
     timeout: float | None = Field(default=None, gt=0, le=86400)
 
+
+class SamplingRequest(SamplingFields):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(default=1, ge=1, le=MAX_CHOICES)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+
     @field_validator("stop")
     @classmethod
     def _stops_are_short_and_nonempty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop strings")
-        if any(not s or len(s) > 256 for s in stops):
-            raise ValueError("stop strings must be 1 to 256 characters")
+        check_stops([value] if isinstance(value, str) else value)
         return value
 
     @field_validator("stop_token_ids")
@@ -289,40 +299,39 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-_FIELD_NAMES = frozenset(
-    name
-    for cls in (
-        CompletionRequest,
-        ChatCompletionRequest,
-        ChatMessage,
-        TextPart,
-        StreamOptions,
-        ToolCallIn,
-        CalledFunction,
-        ResponseFormat,
-        JSONSchemaFormat,
-        ToolDefinition,
-        FunctionDefinition,
-        NamedToolChoice,
-        FunctionName,
+def field_names(*classes: type[BaseModel]) -> frozenset[str]:
+    """The names a parameter path may hold: the fields (and aliases) of `classes`."""
+    return frozenset(
+        name
+        for cls in classes
+        for key, f in cls.model_fields.items()
+        for name in (key, f.alias)
+        if name is not None
     )
-    for name in cls.model_fields
-) | {"schema"}
 
 
-def parse_request(cls: type[SamplingRequest], raw: bytes) -> Any:
-    """Validate a JSON body into `cls`, or raise a 400 APIError naming the bad parameter."""
+_FIELD_NAMES = field_names(
+    CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions, ToolCallIn,
+    CalledFunction, ResponseFormat, JSONSchemaFormat, ToolDefinition, FunctionDefinition,
+    NamedToolChoice, FunctionName,
+)  # fmt: skip
+
+
+def parse_request(cls: type[BaseModel], raw: bytes, names: frozenset[str] = _FIELD_NAMES) -> Any:
+    """Validate a JSON body into `cls`, or raise a 400 APIError naming the bad parameter
+    (a path through the fields in `names`)."""
     try:
         return cls.model_validate_json(raw)
     except ValidationError as exc:
-        raise _to_api_error(exc) from None
+        raise to_api_error(exc, names) from None
 
 
-def _to_api_error(exc: ValidationError) -> APIError:
+def to_api_error(exc: ValidationError, names: frozenset[str] = _FIELD_NAMES) -> APIError:
+    """The 400 of a validation error, naming the parameter (a path through `names`)."""
     err = exc.errors(include_url=False, include_input=False)[0]
     if err["type"] == "json_invalid":
         return bad_request(f"malformed JSON body: {err['msg']}", code="invalid_json")
-    param = _param(err["loc"])
+    param = _param(err["loc"], names)
     if param is None:
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "model_type":
@@ -334,12 +343,12 @@ def _to_api_error(exc: ValidationError) -> APIError:
     return bad_request(f"invalid '{param}': {msg}", param=param, code="invalid_value")
 
 
-def _param(loc: tuple[int | str, ...]) -> str | None:
+def _param(loc: tuple[int | str, ...], names: frozenset[str]) -> str | None:
     """`messages[0].content` from a pydantic location, skipping union-member tags."""
     param = ""
     for part in loc:
         if isinstance(part, int):
             param += f"[{part}]"
-        elif part in _FIELD_NAMES:
+        elif part in names:
             param += f".{part}" if param else part
     return param or None

@@ -29,6 +29,7 @@ class StopMatcher:
         self._pending = ""
         self.stopped = False
         self.after = ""  # once stopped: what followed the stop string in what was fed
+        self.matched: str | None = None  # once stopped: the stop string found
 
     def feed(self, text: str) -> StopResult:
         """Add text; return what is safe to emit. After a stop, everything is swallowed."""
@@ -43,6 +44,7 @@ class StopMatcher:
             self.stopped = True
             self._pending = ""
             self.after = buf[at + len(stop) :]
+            self.matched = stop
             return StopResult(buf[:at], True)
         keep = self._held_tail(buf)
         self._pending = buf[len(buf) - keep :] if keep else ""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from cluster.protocol import TokenLogprobMsg
 from models import IncrementalDetokenizer, Tokenizer
+from router.api.reasoning import ReasoningSplitter, Split
 from router.api.stop_strings import StopMatcher
 
 
@@ -23,7 +24,8 @@ class TokenChunk:
 class TextDelta:
     """Text that became safe to show, the tokens consumed for it, and whether it is the end.
 
-    `text_offset` is where this delta's text starts in the whole completion.
+    `text_offset` is where this delta's text starts in the whole completion. With a
+    reasoning parser, `text` is the answer and `reasoning` the thinking.
     """
 
     text: str
@@ -31,19 +33,26 @@ class TextDelta:
     logprobs: list[TokenLogprobMsg] | None
     finish_reason: str | None
     text_offset: int
+    reasoning: str = ""
 
 
 class OutputProcessor:
     """Per-request text state. Feed chunks in order; a delta with finish_reason is the last.
 
     A stop string ends the output with finish_reason "stop"; the caller then stops the node.
+    `reasoning` splits the text into thinking and answer.
     """
 
     def __init__(
-        self, tokenizer: Tokenizer, prompt_ids: Sequence[int], stops: Sequence[str]
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int],
+        stops: Sequence[str],
+        reasoning: ReasoningSplitter | None = None,
     ) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=True)
         self._stops = StopMatcher(stops)
+        self._reasoning = reasoning
         self.num_tokens = 0
         self.text_len = 0
         self.finish_reason: str | None = None
@@ -60,7 +69,24 @@ class OutputProcessor:
         finish = "stop" if stopped else chunk.finish_reason
         if finish is not None and not stopped:
             text += self._stops.flush()
-        delta = TextDelta(text, chunk.token_ids, chunk.logprobs, finish, self.text_len)
-        self.text_len += len(text)
+        split = self._split(text, finish is not None)
+        delta = TextDelta(
+            split.content, chunk.token_ids, chunk.logprobs, finish, self.text_len, split.reasoning
+        )
+        self.text_len += len(split.content)
         self.finish_reason = finish
         return delta
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the output, if one did."""
+        return self._stops.matched
+
+    def _split(self, text: str, last: bool) -> Split:
+        if self._reasoning is None:
+            return Split(content=text)
+        split = self._reasoning.feed(text)
+        if not last:
+            return split
+        rest = self._reasoning.flush()
+        return Split(split.reasoning + rest.reasoning, split.content + rest.content)

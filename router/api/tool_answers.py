@@ -23,7 +23,7 @@ from router.api.objects import (
     ToolCallOut,
     ToolCallsMessage,
 )
-from router.api.render import ChatFormatter
+from router.api.render import ChatFormatter, reasoning_of
 from router.api.text_deltas import TextDelta
 from router.api.tool_parsers import ParsedOutput, ToolParser
 from router.api.tool_stream import CallStart, Content, Event, ToolStream, stream_for
@@ -56,19 +56,32 @@ class ToolChatFormatter(ChatFormatter):
             streamed = self._streams[index] = _Streamed(stream_for(self._plan, self._parser))
         streamed.text.append(delta.text)
         streamed.unsent.append(delta)
+        thinking = self._thinking(delta, first, index, streamed)
+        first = first and not thinking
         events = streamed.reader.feed(delta.text)
         finish = delta.finish_reason
         if finish is not None:
             events += streamed.reader.finish()
         if finish is not None and not streamed.reader.calls:  # content, the last with finish
             text = "".join(e.text for e in events if isinstance(e, Content))
-            return [self._content(text, first, index, streamed, finish)]
-        chunks = [self._event(e, first and i == 0, index, streamed) for i, e in enumerate(events)]
+            return [*thinking, self._content(text, first, index, streamed, finish)]
+        chunks = thinking + [
+            self._event(e, first and i == 0, index, streamed) for i, e in enumerate(events)
+        ]
         if finish is not None:
             whole = self._parsed(["".join(streamed.text)], finish)
             reason = "tool_calls" if whole is not None and streamed.reader.complete else finish
             chunks.append(self._chunk({}, reason, index, streamed))
         return chunks or None
+
+    def _thinking(
+        self, delta: TextDelta, first: bool, index: int, streamed: _Streamed
+    ) -> list[ChatCompletionChunk]:
+        """The chunk of the delta's thinking, if it has any."""
+        if not delta.reasoning:
+            return []
+        head: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+        return [self._chunk(head | {"reasoning_content": delta.reasoning}, None, index, streamed)]
 
     def _event(
         self, event: Event, first: bool, index: int, streamed: _Streamed
@@ -100,6 +113,7 @@ class ToolChatFormatter(ChatFormatter):
             return super()._choice(deltas, index)
         message = ToolCallsMessage(
             content=parsed.content,
+            reasoning_content=reasoning_of(deltas),
             tool_calls=[
                 ToolCallOut(
                     id=self._parser.new_call_id(),

@@ -31,6 +31,7 @@ ROUTER_COUNTERS = {
     "completion_tokens": "splitserve_router_completion_tokens_total",
     "errors": "splitserve_router_node_errors_total",
 }
+ROUTE_REQUESTS = "splitserve_router_requests_total"
 HISTOGRAMS = {"ttft": "splitserve_router_ttft_seconds", "itl": "splitserve_router_itl_seconds"}
 NODE_COUNTERS = {
     "transfer_bytes": "splitserve_kv_transfer_bytes_total",
@@ -53,10 +54,24 @@ async def snapshot(state: RouterState) -> dict[str, Any]:
         "at": time.time(),
         "model": state.settings.model_name(),
         "router": {key: _sum(samples, name) for key, name in ROUTER_COUNTERS.items()},
+        "routes": _routes(samples),
         "histograms": {key: _buckets(samples, name) for key, name in HISTOGRAMS.items()},
         "nodes": [_node(r, m) for r, m in zip(records, node_metrics, strict=True)],
         "planner": planner.model_dump() if planner else None,
     }
+
+
+def _routes(samples: Iterable[Any]) -> dict[str, dict[str, float]]:
+    """Requests answered and errors (4xx, 5xx) per route, the dashboard's own left out."""
+    routes: dict[str, dict[str, float]] = {}
+    for s in samples:
+        route = s.labels.get("route", "")
+        if s.name != ROUTE_REQUESTS or route.startswith("/dashboard"):
+            continue
+        counts = routes.setdefault(route, {"requests": 0.0, "errors": 0.0})
+        counts["requests"] += s.value
+        counts["errors"] += s.value if s.labels.get("status", "")[:1] in ("4", "5") else 0.0
+    return routes
 
 
 def _sum(samples: Iterable[Any], name: str) -> float:

@@ -1,7 +1,7 @@
 """The dashboard in a real headless browser (Debian's `chromium`) over a live `splitserve up`
 (1 prefill + 2 decode): the page loads, draws its charts (with axes and a legend; the pools'
 nodes stacked, never one line over the other) and latency figures from the traffic it sees,
-lists every node, and a node that drains away leaves its table."""
+lists every node and the routes requested, and a node that drains away leaves its table."""
 
 from __future__ import annotations
 
@@ -86,6 +86,8 @@ def test_the_dashboard_draws_live_figures_and_loses_a_drained_node(
         prefill_top, decode_top = page.evaluate(BAND_TOPS)
         assert decode_top < prefill_top  # 1 prefill node, then 2 decode nodes above it
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+        routes = '[...document.querySelectorAll("tr[data-route]")].map(r => r.dataset.route)'
+        assert "/v1/completions" in page.evaluate(routes)  # the traffic, counted by route
 
         os.kill(up.pids["decode-1"], signal.SIGTERM)  # it drains and leaves the registry
         gone = "!document.querySelector('tr[data-node=\"decode-1\"]')"

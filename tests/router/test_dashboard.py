@@ -1,5 +1,5 @@
 """The dashboard's files and the snapshot its page polls, over fake nodes: every node with
-its load and counters, the router's histograms, no planner without one."""
+its load and counters, the router's histograms, requests per route, no planner without one."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ async def test_the_page_its_files_and_the_snapshot(tokenizer: Tokenizer, script:
         httpx.AsyncClient(base_url=c.router_url) as client,
     ):
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        assert (await client.post("/v1/completions", json={"model": "smollm2"})).status_code == 400
         page = await client.get("/dashboard")
         js = await client.get("/dashboard/static/dashboard.js")
         missing = [await client.get(f"/dashboard/static/{n}") for n in ("nope.js", "..%2Fx.js")]
@@ -31,6 +32,11 @@ async def test_the_page_its_files_and_the_snapshot(tokenizer: Tokenizer, script:
     assert [n["id"] for n in data["nodes"]] == ["d0", "p0"]
     assert {n["role"] for n in data["nodes"]} == {"prefill", "decode"}
     assert data["router"]["requests"] == 1 and data["router"]["completion_tokens"] > 0
+    assert data["routes"] == {  # requests per route, the dashboard's own polls left out
+        "/v1/chat/completions": {"requests": 1, "errors": 0},
+        "/v1/completions": {"requests": 1, "errors": 1},
+        "other": {"requests": 1, "errors": 1},  # the path no route takes (..%2Fx.js)
+    }
     ttft = data["histograms"]["ttft"]
     assert ttft[-1][0] == 1e308 and ttft[-1][1] == 1  # cumulative, +Inf last
     assert data["planner"] is None

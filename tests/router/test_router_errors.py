@@ -179,7 +179,7 @@ async def test_unknown_route_and_method_answer_in_openai_format(tokenizer: Token
 
 async def test_unexpected_failure_is_a_500_without_internals(tokenizer: Tokenizer) -> None:
     class Broken(Tokenizer):
-        def apply_chat_template(self, *args: Any, **kwargs: Any) -> list[int]:
+        def render_chat(self, *args: Any, **kwargs: Any) -> str:
             raise RuntimeError("secret internal detail")
 
     broken = Broken(tokenizer._backend, tokenizer.special_tokens, tokenizer.eos_token_ids)

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from router_fakes import FakeNode, fake_cluster, metric
 
+from cluster.redis_server import EmbeddedRedis
 from models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -114,3 +115,24 @@ async def test_unknown_fields_are_logged_by_name_and_counted(
         "ignored_fields route=/v1/completions count=1 fields=suffix_x",
     ]
     assert secret not in caplog.text
+
+
+async def test_paths_with_parameters_count_under_their_route(
+    tokenizer: Tokenizer, script: list[int]
+) -> None:
+    nodes = [FakeNode("p0", "prefill", script), FakeNode("d0", "decode", script)]
+    with EmbeddedRedis() as redis:
+        async with (
+            fake_cluster(tokenizer, nodes, redis_url=redis.url) as c,
+            httpx.AsyncClient(base_url=c.router_url) as client,
+        ):
+            assert (await client.get("/v1/responses/resp_1")).status_code == 404
+            assert (await client.delete("/v1/responses/resp_2")).status_code == 404
+            assert (await client.post("/v1/responses/resp_3/cancel")).status_code == 404
+            assert (await client.get("/v1/nothing/here")).status_code == 404
+            text = (await client.get("/metrics")).text
+    one = "/v1/responses/{response_id}"
+    assert metric(text, "splitserve_router_requests_total", route=one, status="404") == 2
+    cancel = "/v1/responses/{response_id}/cancel"
+    assert metric(text, "splitserve_router_requests_total", route=cancel, status="404") == 1
+    assert metric(text, "splitserve_router_requests_total", route="other", status="404") == 1

@@ -23,12 +23,19 @@ def test_environment_is_read_and_overrides_win(monkeypatch: pytest.MonkeyPatch) 
         ({"port": 70000}, "port (--port, env SPLITSERVE_PORT)"),
         ({"policy": "random"}, "policy"),
         ({"local_prefill_max_tokens": -1}, "local_prefill_max_tokens"),
+        ({"reasoning_parser": "granite"}, "reasoning_parser"),
+        ({"response_ttl_s": 0}, "response_ttl_s"),
     ],
 )
 def test_invalid_values_are_named(values: dict[str, object], named: str) -> None:
     with pytest.raises(SettingsError) as exc:
         load(RouterSettings, **values)
     assert named in str(exc.value)
+
+
+def test_gpt_oss_reasoning_is_refused_saying_why() -> None:
+    with pytest.raises(SettingsError, match="harmony"):
+        load(RouterSettings, reasoning_parser="gpt_oss")
 
 
 def test_served_model_name_defaults_to_the_model_name() -> None:

@@ -92,4 +92,5 @@ async def test_chat_response_has_every_field(tokenizer: Tokenizer, script: list[
     assert choice["logprobs"] is None and choice["finish_reason"] == "stop"
     assert choice["message"] | {"content": ""} == {
         "role": "assistant", "content": "", "refusal": None, "annotations": [],
+        "reasoning_content": None,  # the thinking, with a reasoning parser (as vLLM sends)
     }  # fmt: skip

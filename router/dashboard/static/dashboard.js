@@ -150,6 +150,19 @@ function showNodes(now, before) {
   document.querySelector("#nodes tbody").innerHTML = rows.join("");
 }
 
+// Per route: rates over the window, and the totals since the router started, busiest first.
+function showRoutes(now, before, dt) {
+  const old = before.routes || {};
+  const rate = (route, key) =>
+    dt > 0 ? fmtN((now.routes[route][key] - ((old[route] || {})[key] || 0)) / dt) : "–";
+  const rows = Object.keys(now.routes)
+    .sort((a, b) => now.routes[b].requests - now.routes[a].requests)
+    .map((route) => `<tr data-route="${route}"><td class="text">${route}</td>` +
+      `<td>${rate(route, "requests")}</td><td>${rate(route, "errors")}</td>` +
+      `<td>${now.routes[route].requests}</td><td>${now.routes[route].errors}</td></tr>`);
+  document.querySelector("#routes tbody").innerHTML = rows.join("");
+}
+
 function showPlanner(planner) {
   $("planner").hidden = !planner;
   $("planner-none").hidden = !!planner;
@@ -181,6 +194,7 @@ function update(now) {
   $("model").textContent = `model ${now.model}`;
   showPlanner(now.planner);
   showNodes(now, snapshots[Math.max(0, snapshots.length - 2)]);
+  showRoutes(now, before, dt);
   // stacked: prefill, then prefill + decode (the planner's wish alike)
   const [p, d] = ["prefill", "decode"].map((r) => now.nodes.filter((n) => n.role === r).length);
   const wish = now.planner ? now.planner.pools : null;

@@ -120,9 +120,10 @@ async def test_with_api_keys_tokenize_needs_one_and_the_document_says_so(
         assert ok.status_code == 200
         doc = (await client.get(url + "/openapi.json")).json()  # the document itself is open
     assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
-    for path in ("/v1/chat/completions", "/tokenize"):
+    keys = [{"apiKey": []}, {"xApiKey": []}]  # Authorization: Bearer <key> or x-api-key
+    for path in ("/v1/chat/completions", "/tokenize", "/v1/messages"):
         operation = doc["paths"][path]["post"]
-        assert operation["security"] == [{"apiKey": []}] and "401" in operation["responses"]
+        assert operation["security"] == keys and "401" in operation["responses"]
     assert "security" not in doc["paths"]["/health"]["get"]
 
 
