@@ -11,12 +11,14 @@ import os
 import socket
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cluster.auth import ApiKey, named_keys, read_key_file, split_keys
 from cluster.key_limits import EVERY_KEY, KeyLimit, parse_key_limits
+from cluster.tracing import TraceConfig, configured_endpoint
 from models.lora_modules import lora_module_map
 
 ENV_PREFIX = "SPLITSERVE_"
@@ -33,7 +35,30 @@ class _Base(BaseSettings):
     )
 
 
-class RouterSettings(_Base):
+class _Tracing(_Base):
+    """OpenTelemetry traces (cluster.tracing), on the router and every node."""
+
+    # OTLP endpoint of a collector (Jaeger, Tempo): `http://host:4318` or the full traces
+    # URL; unset: the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables, else no tracing
+    otlp_traces_endpoint: str | None = Field(default=None, min_length=1)
+    # share of requests traced (a client's `traceparent` decides for its own requests)
+    trace_sample_ratio: float = Field(default=1.0, ge=0, le=1)
+
+    @field_validator("otlp_traces_endpoint")
+    @classmethod
+    def _check_endpoint(cls, url: str | None) -> str | None:
+        if url is not None and urlsplit(url).scheme not in ("http", "https"):
+            raise ValueError(f"must be an http(s) URL such as http://localhost:4318, got {url!r}")
+        return url
+
+    def trace_config(self, service: str, instance: str) -> TraceConfig:
+        return TraceConfig(
+            configured_endpoint(self.otlp_traces_endpoint), self.trace_sample_ratio,
+            f"splitserve-{service}", instance,
+        )  # fmt: skip
+
+
+class RouterSettings(_Tracing):
     """The OpenAI-compatible router."""
 
     host: str = "127.0.0.1"
@@ -128,7 +153,7 @@ class RouterSettings(_Base):
         return Path(self.model).name if ("/" in self.model or os.sep in self.model) else self.model
 
 
-class NodeSettings(_Base):
+class NodeSettings(_Tracing):
     """A prefill, decode or colocated node."""
 
     host: str = "127.0.0.1"

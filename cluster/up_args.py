@@ -15,6 +15,16 @@ KEY_FLAGS = (
     ("--usage-admin-keys", "key names that may read GET /v1/usage (comma-separated)"),
     ("--key-limits", "requests and tokens per minute by key name: `alice:rpm=60;*:rpm=600`"),
 )
+# OpenTelemetry flags `up` hands on to the router and every node (cluster.tracing)
+TRACE_FLAGS = (
+    (
+        "--otlp-traces-endpoint",
+        str,
+        "send traces over OTLP to this collector URL (Jaeger, "
+        "Tempo): `http://host:4318`; default: OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing",
+    ),
+    ("--trace-sample-ratio", float, "share of requests traced (default 1.0)"),
+)
 # --tp / --pp and vLLM's names for them (same meaning: ranks / stages of one engine)
 VLLM_PARALLEL = (
     ("tp", "tensor-parallel ranks", "--tensor-parallel-size"),
@@ -39,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f" prefer {API_KEY_ENV}, which other users cannot see in the process list",
     )  # fmt: skip
     add_key_arguments(parser)
+    for flag, kind, help_text in TRACE_FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=help_text)
     parser.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
     parser.add_argument("--decode", type=int, default=1, help="decode nodes (default 1)")
     parser.add_argument(
@@ -185,6 +197,9 @@ def check_args(args: argparse.Namespace) -> None:
                 f"--prefill-{short} / --decode-{short} size the two pools: "
                 f"use --{short} with --colocated"
             )
+    ratio = getattr(args, "trace_sample_ratio", None)
+    if ratio is not None and not 0 <= ratio <= 1:
+        raise ValueError(f"--trace-sample-ratio must be in [0, 1], got {ratio}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535] (0: any free port), got {args.port}")
     if not 0 < args.gpu_memory_utilization <= 1:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.listen import bound_port, open_listener
-from cluster.up_args import API_KEY_ENV, KEY_FLAGS
+from cluster.up_args import API_KEY_ENV, KEY_FLAGS, TRACE_FLAGS
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,15 @@ def router_argv(args: argparse.Namespace, model: Path, redis_url: str) -> list[s
             argv += [flag, str(value)]
     if getattr(args, "lora_modules", None):
         argv += ["--lora-modules", *args.lora_modules]
+    return argv + trace_argv(args)
+
+
+def trace_argv(args: argparse.Namespace) -> list[str]:
+    """The tracing flags the router and every node get alike."""
+    argv: list[str] = []
+    for flag, _, _ in TRACE_FLAGS:
+        if (value := getattr(args, flag.removeprefix("--").replace("-", "_"), None)) is not None:
+            argv += [flag, str(value)]
     return argv
 
 
@@ -132,7 +141,7 @@ def node_argv(args: argparse.Namespace, model: Path, redis_url: str, node: NodeP
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
-    return argv + lora_argv(args)
+    return argv + lora_argv(args) + trace_argv(args)
 
 
 def lora_argv(args: argparse.Namespace) -> list[str]:

@@ -31,6 +31,7 @@ from kv_transfer import (
 )
 from models.sampling_params import SamplingParams
 from node.errors import NodeError
+from node.spans import NodeSpans
 
 LEASE_MARGIN_S = 0.5  # a READ must end this long before the lease expires
 
@@ -48,6 +49,14 @@ class DecodeJob:
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     lora: LoRARequest | None = None  # the adapter it runs under, as this node's engine knows it
+    spans: NodeSpans = field(default_factory=NodeSpans)
+    # time.monotonic() stamps of the import, for its spans: blocks reserved, READ begun and
+    # ended (with its result), request admitted into the batch
+    reserved_at: float | None = None
+    pull: tuple[float, float, PullResult] | None = None
+    committed_at: float | None = None
+    tokens: int = 0
+    preemptions: int = 0
 
     @property
     def params(self) -> SamplingParams:
@@ -71,6 +80,9 @@ class PullResult:
     nbytes: int = 0
     seconds: float = 0.0
     kind: str = "other"
+    window_s: float = 0.0  # post to completion (TransferResult)
+    pieces: int = 0
+    retries: int = 0
 
 
 def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -137,8 +149,9 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
             return PullResult(aborted=True)
         raise
     return PullResult(
-        aborted=job.aborted, num_blocks=len(local), nbytes=moved.nbytes, seconds=moved.seconds
-    )
+        aborted=job.aborted, num_blocks=len(local), nbytes=moved.nbytes, seconds=moved.seconds,
+        window_s=moved.window_s, pieces=moved.pieces, retries=moved.retries,
+    )  # fmt: skip
 
 
 async def _release_only(

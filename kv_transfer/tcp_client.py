@@ -34,6 +34,7 @@ from kv_transfer.tcp_protocol import (
     send_json,
     shutdown_quietly,
 )
+from kv_transfer.transport import ReadWindow
 
 
 class ConnectionPool:
@@ -95,6 +96,7 @@ class BlockRead:
         self.label = peer.agent_name  # who this READ talks to, in errors
         self._sock: socket.socket | None = None
         self._aborted = False
+        self.window = ReadWindow()  # the caller's, to time the reads
 
     def abort(self) -> None:
         self._aborted = True
@@ -115,6 +117,7 @@ class BlockRead:
                     raise TransferCancelled("transfer cancelled") from None
                 if cached is None or attempt == 2:
                     raise PeerUnavailable(f"{self.label} closed the connection") from None
+                self.window.retried()
                 continue
             self.pool.give_back(self.peer, sock, self.key)
             return
@@ -197,6 +200,7 @@ class BlockRead:
         assert sock is not None
         try:
             sock.settimeout(self.deadline.remaining())
+            self.window.post()
             send_json(
                 sock, Kind.READ, {"request_id": self.request_id, "block_ids": self.remote_ids}
             )
@@ -210,6 +214,7 @@ class BlockRead:
         if kind is not Kind.DATA or length != expected:
             raise TransferError(f"{self.peer.agent_name} sent {kind.name} of {length} bytes")
         self._receive(sock)
+        self.window.complete()
         send_json(sock, Kind.RELEASE, {"request_id": self.request_id})
         return sock
 

@@ -93,6 +93,7 @@ class RankRead(BlockRead):
     ) -> None:
         try:
             sock.settimeout(self.deadline.remaining())
+            self.window.post()
             send_json(sock, Kind.READ, body)
             kind, length = recv_header(sock)
         except ConnectionError as exc:
@@ -110,6 +111,7 @@ class RankRead(BlockRead):
             for view in views:
                 sock.settimeout(self.deadline.remaining())
                 recv_into_exact(sock, view)
+            self.window.complete()
             return
         kv = self.shards.tensors[0]
         shape = (layers.length, *kv.shape[2:4], heads.length, kv.shape[5])
@@ -118,6 +120,7 @@ class RankRead(BlockRead):
         recv_into_exact(sock, raw.numpy().data)
         staging = raw.view(kv.dtype).view(len(self.local_ids), *shape)
         self.shards.scatter(dst, self.local_ids, heads, staging, layers)
+        self.window.complete()
 
 
 def serve_heads(

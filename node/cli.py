@@ -21,6 +21,7 @@ from typing import Any
 from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import NodeSettings, SettingsError, load
+from cluster.up_args import TRACE_FLAGS
 from engine.flags import ENGINE_FLAGS, LORA_SWITCHES, add_lora_switches, flag
 from models import resolve_model
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
@@ -78,6 +79,7 @@ _HELP: dict[str, str] = {
     "max_cpu_loras": ENGINE_FLAGS["max_cpu_loras"],
     "drain_timeout_s": "after SIGTERM: seconds running requests get to finish",
     "log_level": "log level",
+    **{flag.removeprefix("--").replace("-", "_"): text for flag, _, text in TRACE_FLAGS},
 }
 
 

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from cluster.protocol import NodeInfo, NodeLoad
 from cluster.settings import NodeSettings
+from cluster.tracing import NO_TRACER, Tracer, make_tracer
 from engine.config import engine_config
 from engine.kv.sizing import KVCapacity
 from engine.loop.engine_loop import EngineLoop
@@ -47,6 +48,7 @@ class NodeCore:
         self.counts: Counter[str] = Counter()
         self._info: NodeInfo | None = None
         self.adapters = NodeAdapters(loop, settings.enable_lora)
+        self.tracer: Tracer = NO_TRACER  # set by open() when tracing is on
 
     @classmethod
     @asynccontextmanager
@@ -65,6 +67,8 @@ class NodeCore:
         node = cls(settings, loop, started_at, metrics)
         serving: asyncio.Task[None] | None = None
         try:
+            service = "prefill" if settings.role == "prefill" else "decode"
+            node.tracer = make_tracer(settings.trace_config(service, settings.resolved_node_id()))
             for name, path in lora_module_map(settings.lora_modules).items():
                 await node.adapters.load(name, path)
             if node._moves_kv():
@@ -79,6 +83,7 @@ class NodeCore:
                 serving.cancel()
             if node.agent is not None:
                 node.agent.close()
+            node.tracer.shutdown()
             await asyncio.to_thread(loop.stop)
 
     def _moves_kv(self) -> bool:

@@ -24,6 +24,7 @@ from cluster.auth import cluster_headers
 from cluster.cli import version
 from cluster.registry import Membership, StaticMembership
 from cluster.settings import RouterSettings
+from cluster.tracing import make_tracer
 from models.tokenizer import Tokenizer
 from router import endpoints
 from router.adapters import RouterAdapters
@@ -37,6 +38,7 @@ from router.dashboard import dashboard
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
+from router.request_ids import RequestIds
 from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
@@ -93,10 +95,11 @@ def create_app(
     install_docs(app, OPENAPI_URL)
     _install_error_handlers(app)
     app.add_middleware(RequestMetrics, metrics=metrics, routes=route_paths())
+    app.add_middleware(RequestIds)  # outermost: the arrival stamp comes first
     return app
 
 
-_ROUTERS = (endpoints.v1, endpoints.probes, tokens, lora_routes, dashboard)
+_ROUTERS = (endpoints.v1, endpoints.probes, endpoints.debug, tokens, lora_routes, dashboard)
 
 
 def route_paths() -> set[str]:
@@ -127,6 +130,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.decode_idle_timeout_s,
         cluster_headers(settings.cluster_token),
     )
+    state.tracer = make_tracer(settings.trace_config("router", router_id(settings)))
     await state.membership.start()
     await state.kv.start(settings.redis_url)
     state.started_at = time.time()
@@ -138,6 +142,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.membership.stop()
         await state.drain()
         await http.aclose()
+        state.tracer.shutdown()
 
 
 def _load_tokenizer(settings: RouterSettings) -> Tokenizer:

@@ -12,6 +12,7 @@ import sys
 from cluster.listen import listener
 from cluster.log_format import configure_logging
 from cluster.settings import RouterSettings, SettingsError, load
+from cluster.up_args import TRACE_FLAGS
 from models.cli import MODEL_CACHE_HELP, add_model_cache_flag
 from router.api.tool_parsers import PARSER_NAMES
 
@@ -32,6 +33,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--max-queued", int, "requests waiting by (priority, arrival) before 429"),
     ("--request-timeout-s", float, "deadline of one request"),
     ("--drain-timeout-s", float, "after SIGTERM: seconds running streams get to finish"),
+    *TRACE_FLAGS,
 )
 
 

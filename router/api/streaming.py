@@ -59,6 +59,8 @@ async def sse_events(
                 for one in chunks_of(piece):
                     first = False
                     yield sse(one, include_usage)
+                if delta.text:  # sent by now: the client's TTFT / TPOT marks
+                    flow.trail.sent_text()
                 if delta.finish_reason is not None:
                     break
         if include_usage:
@@ -77,6 +79,8 @@ async def collect(flow: RequestFlow, output: OutputProcessor) -> list[TextDelta]
     async with aclosing(flow.events()) as events:
         async for chunk in events:
             deltas.append(output.feed(chunk))
+            if deltas[-1].text:
+                flow.trail.sent_text()
             if deltas[-1].finish_reason is not None:
                 break
     return deltas

@@ -1,0 +1,35 @@
+"""A request's spans on a node: children of the caller's span, whose W3C trace context came
+in the request's headers. Times are the node's time.monotonic() stamps; every call does
+nothing when tracing is off."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cluster.tracing import NO_TRACER, Attributes, Span, Tracer, trace_context, wall_ns
+
+
+class NodeSpans:
+    """Records spans that already ended under one parent (the caller's span)."""
+
+    def __init__(self, tracer: Tracer = NO_TRACER, headers: Mapping[str, str] | None = None):
+        self.tracer = tracer
+        self._parent = trace_context(headers) if headers is not None and tracer.enabled else {}
+
+    @property
+    def on(self) -> bool:
+        return self.tracer.enabled and bool(self._parent)
+
+    def record(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        attrs: Attributes | None = None,
+        parent: Span | None = None,
+    ) -> Span:
+        """A span from `start` to `end` (time.monotonic()), under `parent` or the caller's."""
+        if not self.on:
+            return Span()
+        under = parent if parent is not None else self._parent
+        return self.tracer.record(name, under, wall_ns(start), wall_ns(end), attrs)

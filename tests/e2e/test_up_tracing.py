@@ -1,0 +1,194 @@
+"""`splitserve up` (1 prefill + 1 decode over TCP) exporting traces over OTLP/HTTP to a
+receiver in the test that decodes the real protobuf: one trace per request holds the router's,
+the prefill node's and the decode node's spans, parented across the three processes; a
+client's `traceparent` is continued; the phase spans add up to the client's TTFT; a collector
+that goes away costs no request; GET /debug/requests shows where a request waits."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cluster_harness import Cluster, running_cluster
+from otlp_receiver import OtlpReceiver, ReceivedSpan
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = (
+    "The history of the lighthouse begins with fires lit on hills near harbours, long before "
+    "towers of stone rose over the rocks, and sailors learned to read the coast by night from"
+)
+ROUTER_PHASES = ("router.receive", "router.admission", "router.tokenize", "router.route")
+EXPECTED = {
+    "splitserve-router": {*ROUTER_PHASES, "splitserve.request", "router.prefill", "router.import",
+                          "router.decode", "router.stream"},
+    "splitserve-prefill": {"prefill.queue", "prefill.compute"},
+    "splitserve-decode": {"decode.import_queue", "decode.import", "decode.kv_transfer",
+                          "decode.first_step", "decode.generate"},
+}  # fmt: skip
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200"}  # ms between the exporter's batches
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    rec = OtlpReceiver()
+    yield rec
+    rec.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
+) -> Iterator[Cluster]:
+    run_dir = tmp_path_factory.mktemp("up-tracing")
+    args = ("--transfer", "tcp", "--otlp-traces-endpoint", receiver.url, "--max-num-seqs", "1")
+    with running_cluster(default_model_dir, run_dir, *args, env=FAST_EXPORT) as up:
+        yield up
+
+
+def _stream(up: Cluster, headers: dict[str, str], max_tokens: int = 8) -> tuple[float, Any]:
+    """A streamed completion; the client's TTFT (first chunk with text, s) and the headers."""
+    body = {"model": "smollm2", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}  # fmt: skip
+    ttft = None
+    url = up.base_url + "/v1/completions"
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        client.get(up.base_url + "/health")  # connected, as a benchmark client is
+        start = time.perf_counter()
+        with client.stream("POST", url, json=body, headers=headers) as resp:
+            assert resp.status_code == 200, resp.read()
+            for line in resp.iter_lines():
+                if ttft is None and line.startswith("data: {") and _has_text(line):
+                    ttft = time.perf_counter() - start
+            reply = resp.headers
+    assert ttft is not None
+    return ttft, reply
+
+
+def _has_text(line: str) -> bool:
+    return any(c.get("text") for c in json.loads(line[6:])["choices"])
+
+
+def _trace_of(spans: list[ReceivedSpan], request_id: str) -> list[ReceivedSpan]:
+    roots = [s for s in spans if s.name == "splitserve.request"
+             and s.attrs.get("splitserve.request_id") == request_id]  # fmt: skip
+    if len(roots) != 1:
+        return []
+    return [s for s in spans if s.trace_id == roots[0].trace_id]
+
+
+def _complete(request_id: str) -> Any:
+    def found(spans: list[ReceivedSpan]) -> bool:
+        names = {s.name for s in _trace_of(spans, request_id)}
+        return all(n in names for want in EXPECTED.values() for n in want)
+
+    return found
+
+
+def test_one_trace_across_three_processes(cluster: Cluster, receiver: OtlpReceiver) -> None:
+    ttft, reply = _stream(cluster, {"x-request-id": "e2e-trace-1"})
+    assert reply["x-request-id"] == "e2e-trace-1"
+    trace = _trace_of(receiver.wait_for(_complete("e2e-trace-1")), "e2e-trace-1")
+    by_name = {s.name: s for s in trace}
+    for service, names in EXPECTED.items():
+        assert {s.name for s in trace if s.service == service} >= names, service
+    root = by_name["splitserve.request"]
+    assert root.parent_id == ""
+    for name in (*ROUTER_PHASES, "router.prefill", "router.respond", "router.import"):
+        assert by_name[name].parent_id == root.span_id, name
+    for name in EXPECTED["splitserve-prefill"]:  # the prefill node's, under the router's call
+        assert by_name[name].parent_id == by_name["router.prefill"].span_id, name
+    call = by_name["router.import"].span_id
+    for name in ("decode.import_queue", "decode.import", "decode.first_step", "decode.generate"):
+        assert by_name[name].parent_id == call, name
+    transfer = by_name["decode.kv_transfer"]
+    assert transfer.parent_id == by_name["decode.import"].span_id
+    assert transfer.attrs["splitserve.transport"] == "tcp"
+    assert transfer.attrs["splitserve.peer"] == "prefill-0"
+    assert transfer.attrs["splitserve.bytes"] > 0 and transfer.attrs["splitserve.gbps"] > 0
+    assert by_name["decode.generate"].attrs["splitserve.tokens"] == 7  # token 1 came from prefill
+    assert by_name["prefill.compute"].attrs["splitserve.chunks"] >= 1
+    routes = {s.attrs["splitserve.pool"]: s for s in trace if s.name == "router.route"}
+    assert routes["prefill"].attrs["splitserve.cost.prefill-0"].startswith("cost=")
+    assert routes["decode"].attrs["splitserve.cost.decode-0"].startswith("cost=")
+    # the phases touch: those before token 1 and the part of `respond` until the first chunk
+    # with text add up to the trace's TTFT, which is the client's
+    respond = by_name["router.respond"]
+    first_text_ns = root.start_ns + root.attrs["splitserve.ttft_ms"] * 1e6
+    phase_spans = [s for s in trace if s.parent_id == root.span_id and s.name != "router.stream"]
+    before = [s.ms for s in phase_spans if s.end_ns <= respond.start_ns]
+    phases = sum(before) + (first_text_ns - respond.start_ns) / 1e6
+    assert abs(phases - root.attrs["splitserve.ttft_ms"]) < 0.01
+    # the router's view lies inside the client's (its connection and parsing come before)
+    assert 0 < root.attrs["splitserve.ttft_ms"] <= ttft * 1e3, (root.attrs, ttft)
+
+
+def test_client_traceparent_is_continued(cluster: Cluster, receiver: OtlpReceiver) -> None:
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    headers = {"traceparent": f"00-{trace_id}-{parent}-01", "x-request-id": "e2e-trace-2"}
+    _stream(cluster, headers)
+    trace = _trace_of(receiver.wait_for(_complete("e2e-trace-2")), "e2e-trace-2")
+    root = next(s for s in trace if s.name == "splitserve.request")
+    assert (root.trace_id, root.parent_id) == (trace_id, parent)
+
+
+def test_debug_requests_shows_a_request_waiting_for_import(cluster: Cluster) -> None:
+    """The decode node's one slot is busy with a long request: the next one waits for its
+    import there, and /debug/requests says so; afterwards it shows the phase timings."""
+    long = threading.Thread(target=_stream, args=(cluster, {"x-request-id": "e2e-long"}, 400))
+    long.start()
+    url = cluster.base_url + "/debug/requests/"
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        _wait(lambda: _state(client, url + "e2e-long").startswith("decoding on decode-0"))
+        waiting = threading.Thread(target=_stream, args=(cluster, {"x-request-id": "e2e-wait"}))
+        waiting.start()
+        _wait(lambda: _state(client, url + "e2e-wait") == "waiting for import on decode-0")
+        view = client.get(url + "e2e-wait").json()
+        assert view["node"] == "decode-0" and view["in_phase_ms"] >= 0
+        long.join()
+        waiting.join()
+        _wait(lambda: _state(client, url + "e2e-wait") == "finished")
+        done = client.get(url + "e2e-wait").json()
+        assert done["state"] == "finished" and done["splitserve.outcome"] == "ok"
+        phases = [p["phase"] for p in done["phases"]]
+        assert "import" in phases and phases[-1] == "decode"
+        assert client.get(url + "no-such-request").status_code == 404
+
+
+def test_collector_down_fails_no_request(cluster: Cluster, receiver: OtlpReceiver) -> None:
+    receiver.close()
+    for i in range(4):
+        _stream(cluster, {"x-request-id": f"e2e-down-{i}"})
+
+
+def test_sampling_zero_exports_nothing(
+    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    rec = OtlpReceiver()
+    run_dir = tmp_path_factory.mktemp("up-tracing-0")
+    args = ("--transfer", "tcp", "--otlp-traces-endpoint", rec.url, "--trace-sample-ratio", "0")
+    try:
+        with running_cluster(default_model_dir, run_dir, *args, env=FAST_EXPORT) as up:
+            for _ in range(3):
+                _stream(up, {})
+        assert rec.spans == []  # stopping flushed whatever the processes held
+    finally:
+        rec.close()
+
+
+def _state(client: httpx.Client, url: str) -> str:
+    resp = client.get(url)
+    return str(resp.json()["state"]) if resp.status_code == 200 else ""
+
+
+def _wait(cond: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.02)
