@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from cluster.tracing import Attributes, Parent, Span, TraceConfig, Tracer, shutdown_bounded
+from cluster.trace_api import Attributes, Parent, Span, TraceConfig, Tracer, shutdown_bounded
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 EXPORT_TIMEOUT_S = 5.0  # one export call; the batch thread drops a batch that fails
