@@ -55,12 +55,12 @@ async def sse_events(
         async with aclosing(flow.events()) as events:
             async for chunk in events:
                 delta = output.feed(chunk)
-                piece = fmt.chunk(delta, first)
-                for one in chunks_of(piece):
-                    first = False
-                    yield sse(one, include_usage)
-                if delta.text:  # sent by now: the client's TTFT / TPOT marks
+                sent = [sse(one, include_usage) for one in chunks_of(fmt.chunk(delta, first))]
+                first = first and not sent
+                if delta.text:  # handed to the server next: the client's TTFT / TPOT marks
                     flow.trail.sent_text()
+                for event in sent:
+                    yield event
                 if delta.finish_reason is not None:
                     break
         if include_usage:

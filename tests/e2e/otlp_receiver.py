@@ -47,11 +47,24 @@ def _span(resource: dict[str, Any], s: Any) -> ReceivedSpan:
     )  # fmt: skip
 
 
+def _decode(body: bytes) -> list[ReceivedSpan]:
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(body)
+    got = []
+    for rs in req.resource_spans:
+        res = {a.key: _value(a.value) for a in rs.resource.attributes}
+        for ss in rs.scope_spans:
+            got.extend(_span(res, s) for s in ss.spans)
+    return got
+
+
 class OtlpReceiver:
-    """Listens on 127.0.0.1 (a free port) until `close()`."""
+    """Listens on 127.0.0.1 (a free port) until `close()`. Bodies are decoded when the spans
+    are read, not on arrival: a test that times requests in this process is not held up."""
 
     def __init__(self) -> None:
-        self.spans: list[ReceivedSpan] = []
+        self._spans: list[ReceivedSpan] = []
+        self._bodies: list[bytes] = []
         self.posts = 0
         self._lock = threading.Lock()
         receiver = self
@@ -80,25 +93,25 @@ class OtlpReceiver:
         return f"http://127.0.0.1:{self.port}"
 
     def _take(self, body: bytes) -> None:
-        req = ExportTraceServiceRequest()
-        req.ParseFromString(body)
-        got = []
-        for rs in req.resource_spans:
-            res = {a.key: _value(a.value) for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    got.append(_span(res, s))
         with self._lock:
             self.posts += 1
-            self.spans.extend(got)
+            self._bodies.append(body)
+
+    @property
+    def spans(self) -> list[ReceivedSpan]:
+        """Every span received so far."""
+        with self._lock:
+            bodies, self._bodies = self._bodies, []
+            for body in bodies:
+                self._spans.extend(_decode(body))
+            return list(self._spans)
 
     def wait_for(
         self, found: Callable[[list[ReceivedSpan]], bool], timeout_s: float = 60.0
     ) -> list[ReceivedSpan]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with self._lock:
-                spans = list(self.spans)
+            spans = self.spans
             if found(spans):
                 return spans
             time.sleep(0.1)

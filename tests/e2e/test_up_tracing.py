@@ -7,6 +7,9 @@ that goes away costs no request; GET /debug/requests shows where a request waits
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +35,7 @@ EXPECTED = {
     "splitserve-decode": {"decode.import_queue", "decode.import", "decode.kv_transfer",
                           "decode.first_step", "decode.generate"},
 }  # fmt: skip
+TIMED_CLIENT = Path(__file__).with_name("timed_client.py")
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200"}  # ms between the exporter's batches
 
 
@@ -127,6 +131,33 @@ def test_one_trace_across_three_processes(cluster: Cluster, receiver: OtlpReceiv
     assert abs(phases - root.attrs["splitserve.ttft_ms"]) < 0.01
     # the router's view lies inside the client's (its connection and parsing come before)
     assert 0 < root.attrs["splitserve.ttft_ms"] <= ttft * 1e3, (root.attrs, ttft)
+
+
+def test_trace_times_are_the_clients(cluster: Cluster, receiver: OtlpReceiver) -> None:
+    """The trace's TTFT and TPOT are those of a client in a process of its own, less the
+    operating system's time to wake the router on arrival and the client on each chunk:
+    under 1 ms on an idle machine, a scheduler tick (4 ms) or more on a loaded one, so the
+    median over 20 requests is held to 5 ms (TTFT) and 1 ms (TPOT over 8 tokens)."""
+    ids = [f"e2e-time-{i}" for i in range(20)]
+    argv = [sys.executable, str(TIMED_CLIENT), cluster.base_url, PROMPT, "8", *ids]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
+    client = {r["id"]: r for r in map(json.loads, out.splitlines())}
+    assert sorted(client) == sorted(ids) and all(r["chunks"] == 8 for r in client.values())
+    spans = receiver.wait_for(lambda got: all(_root(got, rid) for rid in ids))
+    ttft_gaps, tpot_gaps = [], []
+    for rid, timed in client.items():
+        root = _root(spans, rid)
+        assert root is not None
+        assert 0 < root.attrs["splitserve.ttft_ms"] <= timed["ttft_ms"], (root.attrs, timed)
+        ttft_gaps.append(timed["ttft_ms"] - root.attrs["splitserve.ttft_ms"])
+        tpot_gaps.append(abs(timed["tpot_ms"] - root.attrs["splitserve.tpot_ms"]))
+    assert statistics.median(ttft_gaps) <= 5.0, sorted(ttft_gaps)
+    assert statistics.median(tpot_gaps) <= 1.0, sorted(tpot_gaps)
+
+
+def _root(spans: list[ReceivedSpan], request_id: str) -> ReceivedSpan | None:
+    return next((s for s in spans if s.name == "splitserve.request"
+                 and s.attrs.get("splitserve.request_id") == request_id), None)  # fmt: skip
 
 
 def test_client_traceparent_is_continued(cluster: Cluster, receiver: OtlpReceiver) -> None:
