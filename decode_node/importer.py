@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from cluster.protocol import DecodeRequest, KVHandle
+from cluster.tracing import Span
 from engine.lora.request import LoRARequest
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import (
@@ -50,11 +51,12 @@ class DecodeJob:
     first_token_at: float | None = None
     lora: LoRARequest | None = None  # the adapter it runs under, as this node's engine knows it
     spans: NodeSpans = field(default_factory=NodeSpans)
-    # time.monotonic() stamps of the import, for its spans: blocks reserved, READ begun and
-    # ended (with its result), request admitted into the batch
+    # the import, for its spans: when the blocks were reserved and the request admitted into
+    # the batch (time.monotonic()); decode.import and decode.kv_transfer, open during the READ
     reserved_at: float | None = None
-    pull: tuple[float, float, PullResult] | None = None
     committed_at: float | None = None
+    import_span: Span = field(default_factory=Span)
+    transfer_span: Span = field(default_factory=Span)
     tokens: int = 0
     preemptions: int = 0
 
@@ -135,7 +137,10 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
     remote, local = transfer_pairs(plan, list(kv.block_ids))
     rid, deadline_s = job.req.request_id, min(agent.config.deadline_s, left)
     if local:
-        read = agent.read_blocks(peer, remote, local, request_id=rid, deadline_s=deadline_s)
+        trace = job.transfer_span.headers()  # the owner's span joins this trace (TCP)
+        read = agent.read_blocks(
+            peer, remote, local, request_id=rid, deadline_s=deadline_s, trace=trace
+        )
     else:
         read = _release_only(agent, peer, rid, deadline_s)
     job.transfer = asyncio.create_task(read)

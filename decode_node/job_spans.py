@@ -1,16 +1,34 @@
-"""The spans of one request on a decode node, recorded from its DecodeJob's stamps.
+"""The spans of one request on a decode node, from its DecodeJob's stamps.
 
 With a KV handle: decode.import_queue (waiting for blocks), decode.import (the READ and the
 admission into the batch) holding decode.kv_transfer, decode.first_step (until token 1 of
-this node). Without one: decode.local_prefill. Then decode.generate: the whole decode as one
-span, with its token count and preemptions."""
+this node). decode.import and decode.kv_transfer are open during the READ, whose TCP message
+carries the transfer span's context: the prefill node's prefill.kv_send is its child.
+Without a handle: decode.local_prefill. Then decode.generate: the whole decode as one span,
+with its token count and preemptions."""
 
 from __future__ import annotations
 
+from cluster.tracing import wall_ns
 from decode_node.importer import DecodeJob, PullResult
 
 
-def first_token(job: DecodeJob, now: float, transport: str) -> None:
+def transfer_begins(job: DecodeJob, now: float) -> None:
+    """Open decode.import (since the blocks were reserved) and decode.kv_transfer in it."""
+    spans = job.spans
+    if not spans.on or job.reserved_at is None:
+        return
+    job.import_span = spans.start("decode.import", job.reserved_at, _prompt(job))
+    job.transfer_span = spans.start("decode.kv_transfer", now, parent=job.import_span)
+
+
+def transfer_ends(job: DecodeJob, now: float, result: PullResult, transport: str) -> None:
+    if job.req.kv is not None:
+        job.transfer_span.set(transfer_attrs(result, transport, job.req.kv.node_id))
+    job.transfer_span.end(wall_ns(now))
+
+
+def first_token(job: DecodeJob, now: float) -> None:
     """The spans up to this node's first token (at `now`)."""
     spans = job.spans
     if not spans.on:
@@ -20,11 +38,7 @@ def first_token(job: DecodeJob, now: float, transport: str) -> None:
         return
     committed = job.committed_at if job.committed_at is not None else now
     spans.record("decode.import_queue", job.arrived_at, job.reserved_at)
-    imported = spans.record("decode.import", job.reserved_at, committed, _prompt(job))
-    if job.pull is not None:
-        start, end, result = job.pull
-        attrs = transfer_attrs(result, transport, job.req.kv.node_id)
-        spans.record("decode.kv_transfer", start, end, attrs, parent=imported)
+    job.import_span.end(wall_ns(committed))
     spans.record("decode.first_step", committed, now)
 
 
@@ -38,6 +52,12 @@ def finished(job: DecodeJob, now: float, finish_reason: str | None) -> None:
         "splitserve.finish_reason": finish_reason or "none",
     }
     job.spans.record("decode.generate", job.first_token_at, now, attrs)
+
+
+def closed(job: DecodeJob) -> None:
+    """The stream is over: a span an abort left open ends now (an ended one stays)."""
+    job.transfer_span.end()
+    job.import_span.end()
 
 
 def transfer_attrs(result: PullResult, transport: str, peer: str) -> dict[str, str | int | float]:

@@ -132,12 +132,12 @@ class DecodeRuntime(NodeCore):
     async def _import(self, job: DecodeJob, plan: ImportPlan) -> AsyncIterator[TokenEvent]:
         rid = job.req.request_id
         foreign = self._converter().layout_of(job.kv.layout_fingerprint)
-        started = time.monotonic()
+        job_spans.transfer_begins(job, time.monotonic())
         if foreign is None:
             result = await pull(self._require_agent(), job, plan)
         else:  # the prefill node's KV dtype differs: staged read, converted here
             result = await self._converter().pull(job, plan, foreign)
-        job.pull = (started, time.monotonic(), result)
+        job_spans.transfer_ends(job, time.monotonic(), result, self._transport())
         if job.aborted or result.aborted:
             await self.loop.abort(rid)
             yield abort_event()
@@ -223,7 +223,7 @@ class DecodeRuntime(NodeCore):
         if event.token_ids and job.first_token_at is None:
             job.first_token_at = now
             self.metrics.ttft.observe(now - job.arrived_at)
-            job_spans.first_token(job, now, self._transport())
+            job_spans.first_token(job, now)
         if job.ended and event.finish_reason != "abort":
             self.metrics.e2e.observe(now - job.arrived_at)
         if event.finished:
@@ -236,6 +236,7 @@ class DecodeRuntime(NodeCore):
         """After the stream: a request that did not end cleanly (client gone, stalled) is
         aborted and its blocks freed; a READ in flight has stopped by then."""
         rid = job.req.request_id
+        job_spans.closed(job)
         if self._jobs.get(rid) is job:
             del self._jobs[rid]
         if not job.ended:

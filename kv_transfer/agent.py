@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,9 +103,11 @@ class KVTransferAgent:
         *,
         request_id: str,
         deadline_s: float | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> TransferResult:
         """Copy `peer`'s blocks `remote_block_ids` into this node's `local_block_ids` (pairwise,
-        in order), then tell the owner that `request_id` is done with them.
+        in order), then tell the owner that `request_id` is done with them. `trace`: the
+        W3C trace context of the caller's transfer span, sent along over TCP.
 
         Raises ValueError for bad ids, LayoutMismatch, PeerUnavailable, TransferTimeout (after
         `deadline_s`, default `config.deadline_s`) or another TransferError. Once it raises,
@@ -115,7 +117,7 @@ class KVTransferAgent:
         deadline = Deadline.after(self.config.deadline_s if deadline_s is None else deadline_s)
         start = time.perf_counter()
         plan = self._head_plan(peer)
-        window = ReadWindow()
+        window = ReadWindow(trace)
         try:
             if plan is None:
                 nbytes = await self.transport.read(

@@ -32,7 +32,7 @@ from kv_transfer.nixl_peers import NixlPeer, NixlPeers
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
 from kv_transfer.shards import KVShards, read_descriptors
-from kv_transfer.transport import ReadWindow, parse_release, release_message
+from kv_transfer.transport import ReadWindow, ServedHook, parse_release, release_message
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +289,10 @@ class NixlTransport:
         while self._releases:
             out.append(self._releases.popleft())
         return out
+
+    def on_served(self, hook: ServedHook) -> None:
+        """Nothing to report: a NIXL READ is one-sided (the reader's NIC pulls the blocks),
+        so this side never sees it start or end; only the release notice comes after."""
 
     def forget(self, node_name: str) -> None:
         self._driver.submit(lambda: self._peers.forget(node_name))

@@ -201,9 +201,10 @@ class BlockRead:
         try:
             sock.settimeout(self.deadline.remaining())
             self.window.post()
-            send_json(
-                sock, Kind.READ, {"request_id": self.request_id, "block_ids": self.remote_ids}
-            )
+            body: dict[str, object] = {"request_id": self.request_id, "block_ids": self.remote_ids}
+            if self.window.trace:  # the serving side's span joins the reader's trace
+                body["trace"] = self.window.trace
+            send_json(sock, Kind.READ, body)
             kind, length = recv_header(sock)
         except ConnectionError as exc:  # nothing came back: the socket died while idle
             raise _StaleSocket() from exc

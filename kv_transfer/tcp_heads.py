@@ -84,6 +84,8 @@ class RankRead(BlockRead):
                 "layers": [layers.start, layers.length],
                 "rank": self.rank,
             }
+            if self.window.trace:
+                body["trace"] = self.window.trace
             self._read_one(sock, dst, body, first=i == 0)
         self.shards.synchronize()
         return sock
@@ -125,8 +127,9 @@ class RankRead(BlockRead):
 
 def serve_heads(
     conn: socket.socket, body: dict[str, Any], shards: KVShards, first_rank: int = 0
-) -> str | None:
-    """Answer a layer- and head-range READ; the refusal's message when the request is bad.
+) -> int | str:
+    """Answer a layer- and head-range READ: the bytes sent, or the refusal's message when
+    the request is bad.
     ``shards`` are the ranks ``first_rank`` .. of the node (a rank's own listener: its one
     tensor), each holding global layers and heads."""
     ids, heads = body.get("block_ids"), body.get("heads")
@@ -147,25 +150,25 @@ def serve_heads(
     except ValueError as exc:
         return str(exc)
     if rank is None and first_rank == 0:  # a reader that lets the owner pick the ranks
-        _send(conn, shards.gather(ids, span, held))
-        return None
+        return _send(conn, shards.gather(ids, span, held))
     local = rank - first_rank if isinstance(rank, int) else -1
     if not 0 <= local < shards.size or not shards.holds(local, span, held):
         return f"rank {rank} does not hold layers {layers} x heads {heads} here"
     views = shards.block_views(local, ids, span, held)
     if views is None:
-        _send(conn, shards.gather_rank(local, ids, span, held))
-        return None
-    send_data_header(conn, sum(v.nbytes for v in views))
+        return _send(conn, shards.gather_rank(local, ids, span, held))
+    nbytes = sum(v.nbytes for v in views)
+    send_data_header(conn, nbytes)
     for view in views:  # straight from the rank's blocks
         conn.sendall(view)
-    return None
+    return nbytes
 
 
-def _send(conn: socket.socket, data: torch.Tensor) -> None:
+def _send(conn: socket.socket, data: torch.Tensor) -> int:
     payload = data.view(-1).view(torch.uint8).numpy().data
     send_data_header(conn, payload.nbytes)
     conn.sendall(payload)
+    return int(payload.nbytes)
 
 
 def _is_range(value: object) -> TypeGuard[list[int]]:

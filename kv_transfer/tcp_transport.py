@@ -25,7 +25,7 @@ from kv_transfer.shards import KVShards
 from kv_transfer.tcp_client import BlockRead, ConnectionPool
 from kv_transfer.tcp_heads import RankRead, rank_spans
 from kv_transfer.tcp_server import BlockServer
-from kv_transfer.transport import ReadWindow
+from kv_transfer.transport import ReadWindow, ServedHook
 
 _READ_THREADS = 16  # concurrent READs x sending ranks
 _STUCK_GRACE_S = 2.0  # beyond the deadline, stop waiting for a reader thread that hangs
@@ -182,6 +182,9 @@ class TcpTransport:
         while self._releases:
             out.append(self._releases.popleft())
         return out
+
+    def on_served(self, hook: ServedHook) -> None:
+        self._server.on_served = hook
 
     def forget(self, node_name: str) -> None:
         self._pool.forget(node_name)

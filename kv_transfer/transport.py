@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kv_transfer.deadline import Deadline
@@ -36,9 +36,12 @@ class TransferResult(NamedTuple):
 
 class ReadWindow:
     """When a READ's data was first asked for and last arrived (time.perf_counter()), in how
-    many pieces, and how many stale connections it replaced. Reader threads fill it in."""
+    many pieces, and how many stale connections it replaced. Reader threads fill it in.
+    `trace`: the reader's W3C trace context (`traceparent`, `tracestate`), which the TCP
+    READ message carries so that the serving side's span joins the reader's trace."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace: Mapping[str, str] | None = None) -> None:
+        self.trace: dict[str, str] = dict(trace or {})
         self._lock = threading.Lock()
         self.posted: float | None = None
         self.completed: float | None = None
@@ -66,6 +69,28 @@ class ReadWindow:
         if self.posted is None or self.completed is None:
             return 0.0
         return max(self.completed - self.posted, 0.0)
+
+
+class Served(NamedTuple):
+    """A READ this process served (owner side) for a reader that sent its trace context:
+    `start` (READ message in) and `end` (last byte out) are time.monotonic() stamps."""
+
+    request_id: str
+    trace: dict[str, str]
+    start: float
+    end: float
+    nbytes: int
+
+
+ServedHook = Callable[[Served], None]  # called on the serving thread
+
+
+def trace_of(body: Mapping[str, object]) -> dict[str, str]:
+    """The trace context a READ message carries (empty when none, or not strings)."""
+    trace = body.get("trace")
+    if not isinstance(trace, dict):
+        return {}
+    return {k: v for k, v in trace.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 class Transport(Protocol):
@@ -125,6 +150,11 @@ class Transport(Protocol):
 
     def take_releases(self) -> list[str]:
         """Request ids that readers released since the last call (owner side)."""
+        ...
+
+    def on_served(self, hook: ServedHook) -> None:
+        """Call `hook` for each READ served to a reader that sent its trace context (owner
+        side; TCP only: a NIXL READ is one-sided, the owner's CPU never sees it)."""
         ...
 
     def forget(self, node_name: str) -> None:

@@ -30,6 +30,7 @@ from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
 from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards
 from node.metrics import NodeMetrics
+from node.spans import kv_send_spans
 
 
 class NodeCore:
@@ -74,6 +75,8 @@ class NodeCore:
             if node._moves_kv():
                 with phase("transfer"):  # the KV cache registered with the transfer agent
                     node.agent = await asyncio.to_thread(node._make_agent)
+                if node.tracer.enabled:
+                    node.agent.transport.on_served(kv_send_spans(node.tracer, f"{service}.kv_send"))
                 if node.agent.leases is not None:
                     serving = asyncio.create_task(node.agent.serve(), name="lease-serve")
             async with kv_events(settings, loop):

@@ -31,7 +31,7 @@ ROUTER_PHASES = ("router.receive", "router.admission", "router.tokenize", "route
 EXPECTED = {
     "splitserve-router": {*ROUTER_PHASES, "splitserve.request", "router.prefill", "router.import",
                           "router.decode", "router.stream"},
-    "splitserve-prefill": {"prefill.queue", "prefill.compute"},
+    "splitserve-prefill": {"prefill.queue", "prefill.compute", "prefill.kv_send"},
     "splitserve-decode": {"decode.import_queue", "decode.import", "decode.kv_transfer",
                           "decode.first_step", "decode.generate"},
 }  # fmt: skip
@@ -106,7 +106,7 @@ def test_one_trace_across_three_processes(cluster: Cluster, receiver: OtlpReceiv
     assert root.parent_id == ""
     for name in (*ROUTER_PHASES, "router.prefill", "router.respond", "router.import"):
         assert by_name[name].parent_id == root.span_id, name
-    for name in EXPECTED["splitserve-prefill"]:  # the prefill node's, under the router's call
+    for name in ("prefill.queue", "prefill.compute"):  # the prefill node's, under the router's
         assert by_name[name].parent_id == by_name["router.prefill"].span_id, name
     call = by_name["router.import"].span_id
     for name in ("decode.import_queue", "decode.import", "decode.first_step", "decode.generate"):
@@ -116,6 +116,10 @@ def test_one_trace_across_three_processes(cluster: Cluster, receiver: OtlpReceiv
     assert transfer.attrs["splitserve.transport"] == "tcp"
     assert transfer.attrs["splitserve.peer"] == "prefill-0"
     assert transfer.attrs["splitserve.bytes"] > 0 and transfer.attrs["splitserve.gbps"] > 0
+    send = by_name["prefill.kv_send"]  # the serving side, by the context in the TCP READ
+    assert send.parent_id == transfer.span_id
+    assert send.attrs["splitserve.bytes"] == transfer.attrs["splitserve.bytes"]
+    assert transfer.start_ns <= send.start_ns <= send.end_ns <= transfer.end_ns
     assert by_name["decode.generate"].attrs["splitserve.tokens"] == 7  # token 1 came from prefill
     assert by_name["prefill.compute"].attrs["splitserve.chunks"] >= 1
     routes = {s.attrs["splitserve.pool"]: s for s in trace if s.name == "router.route"}
