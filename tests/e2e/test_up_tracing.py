@@ -21,6 +21,8 @@ import pytest
 from cluster_harness import Cluster, running_cluster
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 
+from kv_transfer import nixl_available
+
 pytestmark = pytest.mark.e2e
 
 PROMPT = (
@@ -87,20 +89,50 @@ def _trace_of(spans: list[ReceivedSpan], request_id: str) -> list[ReceivedSpan]:
     return [s for s in spans if s.trace_id == roots[0].trace_id]
 
 
-def _complete(request_id: str) -> Any:
+def _expected(transport: str) -> dict[str, set[str]]:
+    """The spans of a request's trace by service; a NIXL READ is one-sided: the prefill node
+    never sees it, so records no prefill.kv_send."""
+    if transport == "tcp":
+        return EXPECTED
+    return {service: names - {"prefill.kv_send"} for service, names in EXPECTED.items()}
+
+
+def _complete(request_id: str, transport: str = "tcp") -> Any:
     def found(spans: list[ReceivedSpan]) -> bool:
         names = {s.name for s in _trace_of(spans, request_id)}
-        return all(n in names for want in EXPECTED.values() for n in want)
+        return all(n in names for want in _expected(transport).values() for n in want)
 
     return found
 
 
 def test_one_trace_across_three_processes(cluster: Cluster, receiver: OtlpReceiver) -> None:
-    ttft, reply = _stream(cluster, {"x-request-id": "e2e-trace-1"})
-    assert reply["x-request-id"] == "e2e-trace-1"
-    trace = _trace_of(receiver.wait_for(_complete("e2e-trace-1")), "e2e-trace-1")
+    _check_one_trace(cluster, receiver, "e2e-trace-1", "tcp")
+
+
+@pytest.mark.skipif(not nixl_available(), reason="needs NIXL")
+def test_one_trace_over_nixl(
+    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The same trace with the KV read over NIXL (whose one-sided READ the prefill node
+    never sees: no prefill.kv_send)."""
+    rec = OtlpReceiver()
+    run_dir = tmp_path_factory.mktemp("up-tracing-nixl")
+    args = ("--transfer", "nixl", "--otlp-traces-endpoint", rec.url)
+    try:
+        with running_cluster(default_model_dir, run_dir, *args, env=FAST_EXPORT) as up:
+            _check_one_trace(up, rec, "e2e-nixl-1", "nixl")
+    finally:
+        rec.close()
+
+
+def _check_one_trace(up: Cluster, receiver: OtlpReceiver, rid: str, transport: str) -> None:
+    """One request's trace holds every span, parented across the three processes, and its
+    phases add up to its TTFT."""
+    ttft, reply = _stream(up, {"x-request-id": rid})
+    assert reply["x-request-id"] == rid
+    trace = _trace_of(receiver.wait_for(_complete(rid, transport)), rid)
     by_name = {s.name: s for s in trace}
-    for service, names in EXPECTED.items():
+    for service, names in _expected(transport).items():
         assert {s.name for s in trace if s.service == service} >= names, service
     root = by_name["splitserve.request"]
     assert root.parent_id == ""
@@ -113,13 +145,14 @@ def test_one_trace_across_three_processes(cluster: Cluster, receiver: OtlpReceiv
         assert by_name[name].parent_id == call, name
     transfer = by_name["decode.kv_transfer"]
     assert transfer.parent_id == by_name["decode.import"].span_id
-    assert transfer.attrs["splitserve.transport"] == "tcp"
+    assert transfer.attrs["splitserve.transport"] == transport
     assert transfer.attrs["splitserve.peer"] == "prefill-0"
     assert transfer.attrs["splitserve.bytes"] > 0 and transfer.attrs["splitserve.gbps"] > 0
-    send = by_name["prefill.kv_send"]  # the serving side, by the context in the TCP READ
-    assert send.parent_id == transfer.span_id
-    assert send.attrs["splitserve.bytes"] == transfer.attrs["splitserve.bytes"]
-    assert transfer.start_ns <= send.start_ns <= send.end_ns <= transfer.end_ns
+    if transport == "tcp":  # the serving side, by the context in the TCP READ
+        send = by_name["prefill.kv_send"]
+        assert send.parent_id == transfer.span_id
+        assert send.attrs["splitserve.bytes"] == transfer.attrs["splitserve.bytes"]
+        assert transfer.start_ns <= send.start_ns <= send.end_ns <= transfer.end_ns
     assert by_name["decode.generate"].attrs["splitserve.tokens"] == 7  # token 1 came from prefill
     assert by_name["prefill.compute"].attrs["splitserve.chunks"] >= 1
     routes = {s.attrs["splitserve.pool"]: s for s in trace if s.name == "router.route"}
@@ -146,7 +179,7 @@ def test_trace_times_are_the_clients(cluster: Cluster, receiver: OtlpReceiver) -
     argv = [sys.executable, str(TIMED_CLIENT), cluster.base_url, PROMPT, "8", *ids]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
     client = {r["id"]: r for r in map(json.loads, out.splitlines())}
-    assert sorted(client) == sorted(ids) and all(r["chunks"] == 8 for r in client.values())
+    assert sorted(client) == sorted(ids) and all(r["tokens"] == 8 for r in client.values())
     spans = receiver.wait_for(lambda got: all(_root(got, rid) for rid in ids))
     ttft_gaps, tpot_gaps = [], []
     for rid, timed in client.items():
