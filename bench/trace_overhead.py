@@ -7,9 +7,10 @@ process), one with tracing off, the rounds interleaved (on, off, on, off, ...).
 
 Both clusters run for the whole benchmark (1 prefill + 1 decode each, TCP transfer), so the
 one that waits sits idle while the other serves. Reported: TTFT and TPOT p50 per mode over
-every round's requests, tracing's difference (ms, and % of TPOT), the spans the receiver
-took, and the machine's load average before and after: latencies on a shared machine move
-with its load, which interleaving spreads evenly over both modes.
+every round's requests, tracing's difference (ms, and % of TPOT), each round's p50s (their
+spread within one mode is the noise floor the difference is read against), the spans the
+receiver took, and the machine's load average before and after: latencies on a shared
+machine move with its load, which interleaving spreads evenly over both modes.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     records: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     durations = dict.fromkeys(MODES, 0.0)
+    rounds: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}  # each round's p50s
     sink = SpanSink()
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         ups = {m: _up(m, args, sink, Path(tmp)) for m in MODES}
@@ -143,15 +145,18 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in MODES:
                     print(f"== round {round_no + 1} tracing {mode}", flush=True)
                     result = asyncio.run(run_sweep(_config(args, ups[mode].url, mode), None))
-                    records[mode] += result["points"][0]["records"]
-                    durations[mode] += result["points"][0]["duration_s"]
+                    point = result["points"][0]
+                    records[mode] += point["records"]
+                    durations[mode] += point["duration_s"]
+                    summary = point["summary"]
+                    rounds[mode].append({k: summary[f"{k}_ms"]["p50"] for k in ("ttft", "tpot")})
         finally:
             for up in ups.values():
                 up.stop()
     sink.close()
     report = compare(records, durations)
     report.update(spans_received=sink.spans, load_average_before_after=[load_before,
-                  os.getloadavg()], cpus=os.cpu_count())  # fmt: skip
+                  os.getloadavg()], cpus=os.cpu_count(), round_p50_ms=rounds)  # fmt: skip
     print(_line(report, sink.spans))
     config = {k: v for k, v in vars(args).items() if k != "out"}
     out = write_json(args.out, {"bench": "trace_overhead", "config": config, **report,
