@@ -2,14 +2,15 @@
 one tracing every request (--trace-sample-ratio 1, exporting to an OTLP/HTTP receiver in this
 process), one with tracing off, the rounds interleaved (on, off, on, off, ...).
 
-    python -m bench.trace_overhead --rounds 3 --num-requests 16 --rate 0.5 \\
-        --max-prompt 256 --max-output 32
+    python -m bench.trace_overhead --rounds 5 --num-requests 8 --rate 0.25 \\
+        --max-prompt 128 --max-output 32
 
 Both clusters run for the whole benchmark (1 prefill + 1 decode each, TCP transfer), so the
-one that waits sits idle while the other serves. Reported: TTFT and TPOT p50 per mode over
-every round's requests, tracing's difference (ms, and % of TPOT), each round's p50s (their
-spread within one mode is the noise floor the difference is read against), the spans the
-receiver took, and the machine's load average before and after: latencies on a shared
+one that waits sits idle while the other serves. Reported per mode: TTFT and TPOT p50 over
+every round's requests and tracing's difference (ms, and % of TPOT); the CPU time the router
+and the two nodes used per request (steadier than latencies on a loaded machine); each
+round's p50s (their spread within one mode is the noise the difference is read against);
+the spans the receiver took; the load average before and after. Latencies on a shared
 machine move with its load, which interleaving spreads evenly over both modes.
 """
 
@@ -32,6 +33,17 @@ from bench.serve_client import LoadOptions
 from bench.serve_stats import summarize
 
 MODES = ("on", "off")
+SERVING = ("router", "prefill-0", "decode-0")  # the processes whose CPU time counts
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time the processes `pids` have used so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / tick
 
 
 class SpanSink:
@@ -110,7 +122,8 @@ def _line(report: dict[str, Any], spans: int) -> str:
         f"TTFT p50 on {on['ttft_ms']['p50']:.1f} off {off['ttft_ms']['p50']:.1f} ms "
         f"({report['ttft_p50_added_ms']:+.2f}); TPOT p50 on {on['tpot_ms']['p50']:.2f} "
         f"off {off['tpot_ms']['p50']:.2f} ms ({report['tpot_p50_added_pct']:+.2f}%); "
-        f"{spans} spans; load {load[0][0]:.1f} -> {load[1][0]:.1f}"
+        f"CPU per request on {on['cpu_ms_per_request']:.1f} off {off['cpu_ms_per_request']:.1f}"
+        f" ms; {spans} spans; load {load[0][0]:.1f} -> {load[1][0]:.1f}"
     )
 
 
@@ -137,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     records: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     durations = dict.fromkeys(MODES, 0.0)
     rounds: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}  # each round's p50s
+    cpu = dict.fromkeys(MODES, 0.0)  # CPU seconds the serving processes used in the rounds
     sink = SpanSink()
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         ups = {m: _up(m, args, sink, Path(tmp)) for m in MODES}
@@ -144,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             for round_no in range(args.rounds):
                 for mode in MODES:
                     print(f"== round {round_no + 1} tracing {mode}", flush=True)
+                    pids = [int(ups[mode].layout["pids"][name]) for name in SERVING]
+                    used = cpu_seconds(pids)
                     result = asyncio.run(run_sweep(_config(args, ups[mode].url, mode), None))
+                    cpu[mode] += cpu_seconds(pids) - used
                     point = result["points"][0]
                     records[mode] += point["records"]
                     durations[mode] += point["duration_s"]
@@ -155,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                 up.stop()
     sink.close()
     report = compare(records, durations)
+    for mode in MODES:  # the warm-up request of each round ran too
+        report[mode]["cpu_ms_per_request"] = round(
+            1e3 * cpu[mode] / (len(records[mode]) + args.rounds), 2
+        )
     report.update(spans_received=sink.spans, load_average_before_after=[load_before,
                   os.getloadavg()], cpus=os.cpu_count(), round_p50_ms=rounds)  # fmt: skip
     print(_line(report, sink.spans))

@@ -3,10 +3,13 @@ comparison reports tracing's added TTFT and TPOT p50."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.trace_overhead import SpanSink, compare
+from bench.trace_overhead import SpanSink, compare, cpu_seconds
 
 
 def _record(ttft_s: float, tpot_s: float) -> dict[str, object]:
@@ -41,3 +44,11 @@ def test_compare_reports_what_tracing_added() -> None:
     assert report["tpot_p50_added_ms"] == 0.4
     assert report["tpot_p50_added_pct"] == 2.0
     assert report["on"]["completed"] == report["off"]["completed"] == 3
+
+
+def test_cpu_seconds_grow_with_work() -> None:
+    before = cpu_seconds([os.getpid()])
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # 50 ms of CPU
+        pass
+    assert cpu_seconds([os.getpid()]) - before >= 0.03
