@@ -11,6 +11,11 @@ measured in the same run. The fixed cost per READ is the 128-token case and the 
 a least-squares line through all sizes. Targets (dev box): NIXL >= 0.5 of memcpy at 2048
 tokens and more; fixed cost <= 2 ms.
 
+Reported bandwidth: what the nodes report for the same READs (the trace's
+`splitserve.gbps`, the `splitserve_kv_transfer_bandwidth_gbps` histogram): bytes over the
+post-to-completion window (TransferResult.gbps), its ratio to this benchmark's measurement
+(bytes over the whole call) and whether it ever exceeds the same-run memcpy.
+
 UCX settings: UCX_TLS as in the environment, else UCX's own choice (the agent sets nothing by
 default; see kv_transfer/nixl_loader.py); the JSON records it. On one host UCX reads with CMA
 either way, and `UCX_TLS=tcp,cma,self` measured the same as the default. What does matter:
@@ -139,7 +144,7 @@ async def measure_transport(transport: str, args: argparse.Namespace) -> dict[st
     try:
         for tokens in args.tokens:
             n = blocks_for(tokens)
-            times, copies, lags = [], [], []
+            times, windows, copies, lags = [], [], [], []
             for i in range(args.warmup + args.repeats + LAG_READS):
                 remote, local = sparse_ids(rng, n, num_blocks), sparse_ids(rng, n, num_blocks)
                 read = reader.read_blocks(peer, remote, local, request_id=f"b{tokens}-{i}")
@@ -152,8 +157,10 @@ async def measure_transport(transport: str, args: argparse.Namespace) -> dict[st
                 copy_s = memcpy.seconds(n, rng)
                 if args.warmup <= i < args.warmup + args.repeats:
                     times.append(result.seconds)
+                    windows.append(result.window_s)
                     copies.append(copy_s)
-            rows.append(_row(tokens, n, times, copies, lags))
+            row = _row(tokens, n, times, copies, lags)
+            rows.append(row | _reported(row, windows))
             print(_format(transport, rows[-1]), file=sys.stderr, flush=True)
     finally:
         parent.send("stop")
@@ -191,6 +198,17 @@ def _row(
     }
 
 
+def _reported(row: dict[str, Any], windows: list[float]) -> dict[str, Any]:
+    """The bandwidth the nodes report for these READs (bytes over the median post-to-
+    completion window), against this benchmark's (over the call) and the memcpy's."""
+    reported = row["bytes"] / statistics.median(windows) / 1e9
+    return {
+        "reported_gbps": round(reported, 3),
+        "reported_to_measured": round(reported / row["gbps"], 3),
+        "reported_above_memcpy": reported > row["memcpy_gbps"],
+    }
+
+
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     xs, ys = [r["bytes"] for r in rows], [r["ms"] for r in rows]
     slope, intercept = statistics.linear_regression(xs, ys) if len(rows) > 1 else (0.0, 0.0)
@@ -203,6 +221,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "min_ratio_at_2048_plus": min(large) if large else None,
         "meets_bandwidth_target": bool(large) and min(large) >= 0.5,
         "meets_fixed_cost_target": smallest["tokens"] == 128 and smallest["ms"] <= 2.0,
+        "reported_within_10pct": all(abs(r["reported_to_measured"] - 1) <= 0.1 for r in rows),
+        "reported_never_above_memcpy": not any(r["reported_above_memcpy"] for r in rows),
     }
 
 
@@ -210,7 +230,8 @@ def _format(transport: str, row: dict[str, Any]) -> str:
     return (
         f"{transport:5s} {row['tokens']:5d} tok {row['blocks']:4d} blk: {row['ms']:8.2f} ms "
         f"{row['gbps']:6.2f} GB/s | memcpy {row['memcpy_gbps']:6.2f} GB/s | "
-        f"ratio {row['ratio_to_memcpy']:.2f} | loop lag {row['max_loop_lag_ms']:.1f} ms"
+        f"ratio {row['ratio_to_memcpy']:.2f} | loop lag {row['max_loop_lag_ms']:.1f} ms | "
+        f"reported {row['reported_gbps']:6.2f} GB/s ({row['reported_to_measured']:.3f}x)"
     )
 
 

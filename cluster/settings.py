@@ -6,7 +6,9 @@ its own settings (config_kit): router.settings, node.settings, planner.settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+from cluster.tracing import TraceConfig, configured_endpoint
 from config_kit import Helm, Secret, SettingsError, Up, check_fields, setting
 from models import ModelSource
 
@@ -49,10 +51,31 @@ class ModelProcessSettings(ModelSource, ProcessSettings):
     drain_timeout_s: float = setting(
         30.0, "after SIGTERM: seconds running requests get to finish", gt=0, helm=Helm.CHART
     )
+    # OpenTelemetry traces (cluster.tracing), the router's and every node's alike
+    otlp_traces_endpoint: str | None = setting(
+        None, "send traces over OTLP to this collector URL (Jaeger, Tempo): http://host:4318 "
+        "or the full traces URL; default: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else no "
+        "tracing", helm=Helm.CHART,
+    )  # fmt: skip
+    trace_sample_ratio: float = setting(
+        1.0, "share of requests traced (a client's traceparent decides for its own requests)",
+        ge=0, le=1, helm=Helm.CHART,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_fields(self)
         check_token(self.cluster_token)
+        url = self.otlp_traces_endpoint
+        if url is not None and urlsplit(url).scheme not in ("http", "https"):
+            raise ValueError(
+                "otlp_traces_endpoint must be an http(s) URL such as http://localhost:4318, "
+                f"got {url!r}"
+            )
+
+    def trace_config(self, service: str, instance: str) -> TraceConfig:
+        """Where and how often this process exports its spans, named splitserve-<service>."""
+        endpoint = configured_endpoint(self.otlp_traces_endpoint)
+        return TraceConfig(endpoint, self.trace_sample_ratio, f"splitserve-{service}", instance)
 
 
 def check_token(token: Secret | None) -> None:

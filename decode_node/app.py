@@ -45,7 +45,7 @@ def _runtime(request: Request) -> DecodeRuntime:
 async def generate(request: Request) -> EventStream:
     body = await read_body(request, DecodeRequest)
     runtime = _runtime(request)
-    events, on_close = await runtime.generate(body)
+    events, on_close = await runtime.generate(body, request.headers)
     return EventStream(events, on_close, alive=runtime.engine_working)
 
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from cluster.protocol import DecodeRequest, KVHandle
+from cluster.tracing import Span
 from engine.lora.request import LoRARequest
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import (
@@ -31,6 +32,7 @@ from kv_transfer import (
 )
 from models.sampling_params import SamplingParams
 from node.errors import NodeError
+from node.spans import NodeSpans
 
 LEASE_MARGIN_S = 0.5  # a READ must end this long before the lease expires
 
@@ -48,6 +50,15 @@ class DecodeJob:
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     lora: LoRARequest | None = None  # the adapter it runs under, as this node's engine knows it
+    spans: NodeSpans = field(default_factory=NodeSpans)
+    # the import, for its spans: when the blocks were reserved and the request admitted into
+    # the batch (time.monotonic()); decode.import and decode.kv_transfer, open during the READ
+    reserved_at: float | None = None
+    committed_at: float | None = None
+    import_span: Span = field(default_factory=Span)
+    transfer_span: Span = field(default_factory=Span)
+    tokens: int = 0
+    preemptions: int = 0
 
     @property
     def params(self) -> SamplingParams:
@@ -71,6 +82,9 @@ class PullResult:
     nbytes: int = 0
     seconds: float = 0.0
     kind: str = "other"
+    window_s: float = 0.0  # post to completion (TransferResult)
+    pieces: int = 0
+    retries: int = 0
 
 
 def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -123,7 +137,10 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
     remote, local = transfer_pairs(plan, list(kv.block_ids))
     rid, deadline_s = job.req.request_id, min(agent.config.deadline_s, left)
     if local:
-        read = agent.read_blocks(peer, remote, local, request_id=rid, deadline_s=deadline_s)
+        trace = job.transfer_span.headers()  # the owner's span joins this trace (TCP)
+        read = agent.read_blocks(
+            peer, remote, local, request_id=rid, deadline_s=deadline_s, trace=trace
+        )
     else:
         read = _release_only(agent, peer, rid, deadline_s)
     job.transfer = asyncio.create_task(read)
@@ -137,8 +154,9 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
             return PullResult(aborted=True)
         raise
     return PullResult(
-        aborted=job.aborted, num_blocks=len(local), nbytes=moved.nbytes, seconds=moved.seconds
-    )
+        aborted=job.aborted, num_blocks=len(local), nbytes=moved.nbytes, seconds=moved.seconds,
+        window_s=moved.window_s, pieces=moved.pieces, retries=moved.retries,
+    )  # fmt: skip
 
 
 async def _release_only(

@@ -14,12 +14,13 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
 from cluster.protocol import PROTOCOL_VERSION, DecodeRequest, TokenEvent, compatible
+from decode_node import job_spans
 from decode_node.events import abort_event, error_event, token_event
 from decode_node.import_queue import ImportQueue
-from decode_node.importer import DecodeJob, check_handle, pull
+from decode_node.importer import DecodeJob, PullResult, check_handle, pull
 from decode_node.kv_convert import KVConverter
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
@@ -30,6 +31,7 @@ from node.core import NodeCore
 from node.errors import NodeError, bad_request, checked_async
 from node.metrics import NodeMetrics
 from node.settings import NodeSettings
+from node.spans import NodeSpans
 
 log = logging.getLogger("splitserve.decode")
 
@@ -58,12 +60,16 @@ class DecodeRuntime(NodeCore):
 
     # ---- requests -------------------------------------------------------------------------
 
-    async def generate(self, req: DecodeRequest) -> tuple[Events, Callable[[], None]]:
+    async def generate(
+        self, req: DecodeRequest, headers: Mapping[str, str] | None = None
+    ) -> tuple[Events, Callable[[], None]]:
         """Checks and reservations that may still refuse the request (NodeError), then the
-        event stream and its cleanup, to call once the stream is over or was never read."""
+        event stream and its cleanup, to call once the stream is over or was never read.
+        `headers`: the call's, whose trace context makes this node's spans the caller's
+        children."""
         rid = req.request_id
         self._check(req)
-        job = DecodeJob(req)
+        job = DecodeJob(req, spans=NodeSpans(self.tracer, headers))
         if rid in self._jobs:
             raise bad_request(f"request id {rid!r} is already being generated", "request_id")
         job.lora = await self.adapters.resolve(req.lora)
@@ -109,7 +115,9 @@ class DecodeRuntime(NodeCore):
         num_kv_tokens = len(job.req.prompt_token_ids) + len(job.req.output_token_ids) - 1
         lora = job.req.lora.name if job.req.lora is not None else None
         check_handle(kv, num_kv_tokens, self.loop.engine.config.block_size, lora)
-        return await self.imports.reserve(job)
+        plan = await self.imports.reserve(job)
+        job.reserved_at = time.monotonic()
+        return plan
 
     async def _open_local(self, job: DecodeJob) -> RequestStream:
         """Prefill prompt + the tokens so far here; generate the rest of max_tokens."""
@@ -130,24 +138,24 @@ class DecodeRuntime(NodeCore):
     async def _import(self, job: DecodeJob, plan: ImportPlan) -> AsyncIterator[TokenEvent]:
         rid = job.req.request_id
         foreign = self._converter().layout_of(job.kv.layout_fingerprint)
+        job_spans.transfer_begins(job, time.monotonic())
         if foreign is None:
             result = await pull(self._require_agent(), job, plan)
         else:  # the prefill node's KV dtype differs: staged read, converted here
             result = await self._converter().pull(job, plan, foreign)
+        job_spans.transfer_ends(job, time.monotonic(), result, self._transport())
         if job.aborted or result.aborted:
             await self.loop.abort(rid)
             yield abort_event()
             return
         if result.error is None:
-            self.counts["imports_total"] += 1
-            self.counts["imported_blocks_total"] += result.num_blocks
-            self.metrics.transfer_seconds.observe(result.seconds)
-            self.metrics.transfer_bytes.inc(result.nbytes)
+            self._count_import(job, result)
             try:
                 stream = await self.loop.open(rid, lambda engine: engine.commit_import(rid))
             except EngineFailed as exc:  # the engine stopped during the READ
                 yield error_event("engine_failed", str(exc))
                 return
+            job.committed_at = time.monotonic()
         else:
             await self.loop.abort(rid)  # frees the reserved blocks
             self.counts["transfer_failures_total"] += 1
@@ -157,6 +165,7 @@ class DecodeRuntime(NodeCore):
                 yield error_event("transfer_failed", result.error)
                 return
             self.counts["recomputes_total"] += 1
+            self.metrics.recomputed(result.kind)
             try:
                 stream = await self._open_local(job)
             except NodeError as exc:
@@ -167,6 +176,14 @@ class DecodeRuntime(NodeCore):
         hits = min(plan.num_cached_tokens, num_prompt) if result.error is None else None
         async for event in self._relay(job, stream, cached, hits):
             yield event
+
+    def _count_import(self, job: DecodeJob, result: PullResult) -> None:
+        self.counts["imports_total"] += 1
+        self.counts["imported_blocks_total"] += result.num_blocks
+        self.metrics.transfer_seconds.observe(result.seconds)
+        self.metrics.transfer_bytes.inc(result.nbytes)
+        peer, window = job.kv.node_id, result.window_s
+        self.metrics.transfer_done(self._transport(), peer, result.nbytes, window)
 
     async def _relay(
         self, job: DecodeJob, stream: RequestStream, cached: int | None, hits: int | None
@@ -186,6 +203,7 @@ class DecodeRuntime(NodeCore):
                 yield error_event("engine_failed", str(exc))
                 return
             items += _queued(stream, items[-1])
+            job.preemptions = items[-1].preemptions
             if job.first_token_at is None and items[0].scheduled_at is not None:
                 self.metrics.queue_time.observe(max(items[0].scheduled_at - job.arrived_at, 0))
             if cached is None:
@@ -207,16 +225,24 @@ class DecodeRuntime(NodeCore):
 
     def _observe(self, job: DecodeJob, event: TokenEvent) -> None:
         now = time.monotonic()
+        job.tokens += len(event.token_ids)
         if event.token_ids and job.first_token_at is None:
             job.first_token_at = now
             self.metrics.ttft.observe(now - job.arrived_at)
+            job_spans.first_token(job, now)
         if job.ended and event.finish_reason != "abort":
             self.metrics.e2e.observe(now - job.arrived_at)
+        if event.finished:
+            job_spans.finished(job, now, event.finish_reason)
+
+    def _transport(self) -> str:
+        return self.agent.transport.kind.value if self.agent is not None else "none"
 
     def _close(self, job: DecodeJob) -> None:
         """After the stream: a request that did not end cleanly (client gone, stalled) is
         aborted and its blocks freed; a READ in flight has stopped by then."""
         rid = job.req.request_id
+        job_spans.closed(job)
         if self._jobs.get(rid) is job:
             del self._jobs[rid]
         if not job.ended:

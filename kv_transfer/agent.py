@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +33,7 @@ from kv_transfer.region import KVRegion, check_block_ids
 from kv_transfer.shards import KVShards
 from kv_transfer.tcp_heads import local_shards
 from kv_transfer.tcp_transport import TcpTransport
-from kv_transfer.transport import TransferResult, Transport
+from kv_transfer.transport import ReadWindow, TransferResult, Transport
 from kv_transfer.version import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
@@ -105,9 +105,11 @@ class KVTransferAgent:
         *,
         request_id: str,
         deadline_s: float | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> TransferResult:
         """Copy `peer`'s blocks `remote_block_ids` into this node's `local_block_ids` (pairwise,
-        in order), then tell the owner that `request_id` is done with them.
+        in order), then tell the owner that `request_id` is done with them. `trace`: the
+        W3C trace context of the caller's transfer span, sent along over TCP.
 
         Raises ValueError for bad ids, LayoutMismatch, PeerUnavailable, TransferTimeout (after
         `deadline_s`, default `config.deadline_s`) or another TransferError. Once it raises,
@@ -117,21 +119,22 @@ class KVTransferAgent:
         deadline = Deadline.after(self.config.deadline_s if deadline_s is None else deadline_s)
         start = time.perf_counter()
         plan = self._head_plan(peer)
+        window = ReadWindow(trace)
         try:
             if plan is None:
                 nbytes = await self.transport.read(
-                    peer, remote_block_ids, local_block_ids, request_id, deadline
+                    peer, remote_block_ids, local_block_ids, request_id, deadline, window
                 )
             else:
-                nbytes = await self._read_heads(
-                    peer, plan, (remote_block_ids, local_block_ids), request_id, deadline
-                )
+                ids = (remote_block_ids, local_block_ids)
+                nbytes = await self._read_heads(peer, plan, ids, request_id, deadline, window)
         except TransferError as exc:
             self._count_failure(exc, peer)
             raise
         self.counters.ok += 1
         self.counters.bytes += nbytes
-        return TransferResult(nbytes, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        return TransferResult(nbytes, seconds, window.seconds(), window.pieces, window.retries)
 
     def rank_listeners(self) -> list[RankListener]:
         """What ranks 1..N-1 need to serve their own KV shard over TCP from their own
@@ -219,9 +222,12 @@ class KVTransferAgent:
         ids: tuple[Sequence[int], Sequence[int]],
         request_id: str,
         deadline: Deadline,
+        window: ReadWindow,
     ) -> int:
         local = local_shards(self.region.kv, self.shards)
-        nbytes = await self.transport.read_heads(peer, plan, local, ids, request_id, deadline)
+        nbytes = await self.transport.read_heads(
+            peer, plan, local, ids, request_id, deadline, window
+        )
         for copy in plan.copies:  # replicated heads: moved once, copied here
             local.copy(copy, ids[1])
         local.synchronize()

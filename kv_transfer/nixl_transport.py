@@ -32,7 +32,7 @@ from kv_transfer.nixl_peers import NixlPeer, NixlPeers
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
 from kv_transfer.shards import KVShards, read_descriptors
-from kv_transfer.transport import parse_release, release_message
+from kv_transfer.transport import ReadWindow, ServedHook, parse_release, release_message
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class NixlTransport:
         local_ids: Sequence[int],
         request_id: str,
         deadline: Deadline,
+        window: ReadWindow,
     ) -> int:
         local = np.asarray(local_ids, dtype=np.int32)
         remote = np.asarray(remote_ids, dtype=np.int32)
@@ -121,7 +122,7 @@ class NixlTransport:
             return agent.make_prepped_xfer("READ", self._local, local, conn.dlist, remote)
 
         message = release_message(request_id)
-        await self._read(lambda: self._peers.node(peer), make, deadline, release=message)
+        await self._read(lambda: self._peers.node(peer), make, deadline, window, release=message)
         return len(local_ids) * self._region.block_bytes
 
     async def read_heads(
@@ -132,6 +133,7 @@ class NixlTransport:
         ids: tuple[Sequence[int], Sequence[int]],
         request_id: str,
         deadline: Deadline,
+        window: ReadWindow,
     ) -> int:
         """One transfer per remote agent, all posted at once: a sending rank's pieces from
         its own agent where it runs one (``rank_agent``), the rest from the node's. Each
@@ -146,7 +148,7 @@ class NixlTransport:
         for pieces in groups.values():
             rows = [read_descriptors(local, remote_shards, p, ids[0], ids[1]) for p in pieces]
             ranks = sorted({p.src for p in pieces})
-            jobs.append(self._read_pieces(peer, ranks, rows, deadline))
+            jobs.append(self._read_pieces(peer, ranks, rows, deadline, window))
         await _all_or_none(jobs)
         message = release_message(request_id)
         self._driver.submit(lambda: self._notify(self._peers.node(peer), message))
@@ -158,6 +160,7 @@ class NixlTransport:
         ranks: list[int],
         rows: list[tuple[np.ndarray, np.ndarray]],
         deadline: Deadline,
+        window: ReadWindow,
     ) -> None:
         """One transfer of ``rows`` (local, remote descriptors) from the agent that serves
         sending ranks ``ranks``; its failure names them."""
@@ -173,19 +176,22 @@ class NixlTransport:
         if peer.shards:
             label = f"{peer.agent_name} (sending rank{'s' if len(ranks) > 1 else ''} "
             label += ", ".join(map(str, ranks)) + ")"
-        await self._read(lambda: self._peers.rank(peer, ranks[0]), make, deadline, label)
+        rank = ranks[0]
+        await self._read(lambda: self._peers.rank(peer, rank), make, deadline, window, label)
 
     async def _read(
         self,
         connect: Callable[[], NixlPeer],
         make: Callable[[Any, NixlPeer], Any],
         deadline: Deadline,
+        window: ReadWindow,
         label: str = "",
         release: bytes | None = None,
     ) -> None:
         """Post the transfer ``make`` creates on the connection ``connect`` gives (both on
-        the driver thread) and wait for it; send ``release`` to that agent when it
-        completes. A failure is a TransferError that starts with ``label``."""
+        the driver thread) and wait for it, noting post and completion (as the driver sees
+        it) in ``window``; send ``release`` to that agent when it completes. A failure is a
+        TransferError that starts with ``label``."""
         used: list[NixlPeer] = []
 
         def make_handle() -> tuple[Any, Any]:
@@ -198,11 +204,14 @@ class NixlTransport:
                 raise
             conn.inflight += 1
             used.append(conn)
+            window.post()  # the driver posts it next
             return agent, handle
 
         def on_finish(error: TransferError | None) -> None:
             conn = used[0]
             conn.inflight -= 1
+            if error is None:
+                window.complete()
             if error is None and release is not None:
                 self._notify(conn, release)
             elif error is not None and not isinstance(error, TransferCancelled):
@@ -280,6 +289,10 @@ class NixlTransport:
         while self._releases:
             out.append(self._releases.popleft())
         return out
+
+    def on_served(self, hook: ServedHook) -> None:
+        """Nothing to report: a NIXL READ is one-sided (the reader's NIC pulls the blocks),
+        so this side never sees it start or end; only the release notice comes after."""
 
     def forget(self, node_name: str) -> None:
         self._driver.submit(lambda: self._peers.forget(node_name))

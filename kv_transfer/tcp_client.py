@@ -34,6 +34,7 @@ from kv_transfer.tcp_protocol import (
     send_json,
     shutdown_quietly,
 )
+from kv_transfer.transport import ReadWindow
 from kv_transfer.version import PROTOCOL_VERSION, mismatch, peer_version
 
 
@@ -96,6 +97,7 @@ class BlockRead:
         self.label = peer.agent_name  # who this READ talks to, in errors
         self._sock: socket.socket | None = None
         self._aborted = False
+        self.window = ReadWindow()  # the caller's, to time the reads
 
     def abort(self) -> None:
         self._aborted = True
@@ -116,6 +118,7 @@ class BlockRead:
                     raise TransferCancelled("transfer cancelled") from None
                 if cached is None or attempt == 2:
                     raise PeerUnavailable(f"{self.label} closed the connection") from None
+                self.window.retried()
                 continue
             self.pool.give_back(self.peer, sock, self.key)
             return
@@ -202,9 +205,11 @@ class BlockRead:
         assert sock is not None
         try:
             sock.settimeout(self.deadline.remaining())
-            send_json(
-                sock, Kind.READ, {"request_id": self.request_id, "block_ids": self.remote_ids}
-            )
+            self.window.post()
+            body: dict[str, object] = {"request_id": self.request_id, "block_ids": self.remote_ids}
+            if self.window.trace:  # the serving side's span joins the reader's trace
+                body["trace"] = self.window.trace
+            send_json(sock, Kind.READ, body)
             kind, length = recv_header(sock)
         except ConnectionError as exc:  # nothing came back: the socket died while idle
             raise _StaleSocket() from exc
@@ -215,6 +220,7 @@ class BlockRead:
         if kind is not Kind.DATA or length != expected:
             raise TransferError(f"{self.peer.agent_name} sent {kind.name} of {length} bytes")
         self._receive(sock)
+        self.window.complete()
         send_json(sock, Kind.RELEASE, {"request_id": self.request_id})
         return sock
 

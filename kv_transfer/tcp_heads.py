@@ -84,6 +84,8 @@ class RankRead(BlockRead):
                 "layers": [layers.start, layers.length],
                 "rank": self.rank,
             }
+            if self.window.trace:
+                body["trace"] = self.window.trace
             self._read_one(sock, dst, body, first=i == 0)
         self.shards.synchronize()
         return sock
@@ -93,6 +95,7 @@ class RankRead(BlockRead):
     ) -> None:
         try:
             sock.settimeout(self.deadline.remaining())
+            self.window.post()
             send_json(sock, Kind.READ, body)
             kind, length = recv_header(sock)
         except ConnectionError as exc:
@@ -110,6 +113,7 @@ class RankRead(BlockRead):
             for view in views:
                 sock.settimeout(self.deadline.remaining())
                 recv_into_exact(sock, view)
+            self.window.complete()
             return
         kv = self.shards.tensors[0]
         shape = (layers.length, *kv.shape[2:4], heads.length, kv.shape[5])
@@ -118,12 +122,14 @@ class RankRead(BlockRead):
         recv_into_exact(sock, raw.numpy().data)
         staging = raw.view(kv.dtype).view(len(self.local_ids), *shape)
         self.shards.scatter(dst, self.local_ids, heads, staging, layers)
+        self.window.complete()
 
 
 def serve_heads(
     conn: socket.socket, body: dict[str, Any], shards: KVShards, first_rank: int = 0
-) -> str | None:
-    """Answer a layer- and head-range READ; the refusal's message when the request is bad.
+) -> int | str:
+    """Answer a layer- and head-range READ: the bytes sent, or the refusal's message when
+    the request is bad.
     ``shards`` are the ranks ``first_rank`` .. of the node (a rank's own listener: its one
     tensor), each holding global layers and heads."""
     ids, heads = body.get("block_ids"), body.get("heads")
@@ -144,25 +150,25 @@ def serve_heads(
     except ValueError as exc:
         return str(exc)
     if rank is None and first_rank == 0:  # a reader that lets the owner pick the ranks
-        _send(conn, shards.gather(ids, span, held))
-        return None
+        return _send(conn, shards.gather(ids, span, held))
     local = rank - first_rank if isinstance(rank, int) else -1
     if not 0 <= local < shards.size or not shards.holds(local, span, held):
         return f"rank {rank} does not hold layers {layers} x heads {heads} here"
     views = shards.block_views(local, ids, span, held)
     if views is None:
-        _send(conn, shards.gather_rank(local, ids, span, held))
-        return None
-    send_data_header(conn, sum(v.nbytes for v in views))
+        return _send(conn, shards.gather_rank(local, ids, span, held))
+    nbytes = sum(v.nbytes for v in views)
+    send_data_header(conn, nbytes)
     for view in views:  # straight from the rank's blocks
         conn.sendall(view)
-    return None
+    return nbytes
 
 
-def _send(conn: socket.socket, data: torch.Tensor) -> None:
+def _send(conn: socket.socket, data: torch.Tensor) -> int:
     payload = data.view(-1).view(torch.uint8).numpy().data
     send_data_header(conn, payload.nbytes)
     conn.sendall(payload)
+    return int(payload.nbytes)
 
 
 def _is_range(value: object) -> TypeGuard[list[int]]:

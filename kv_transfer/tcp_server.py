@@ -11,6 +11,7 @@ import hmac
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from kv_transfer.tcp_protocol import (
     send_json,
     shutdown_quietly,
 )
+from kv_transfer.transport import Served, ServedHook, trace_of
 from kv_transfer.version import PROTOCOL_VERSION, mismatch, peer_version
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class BlockServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self.on_served: ServedHook | None = None  # READs that carried a trace context
         threading.Thread(target=self._accept, name="kv-tcp-accept", daemon=True).start()
 
     def close(self) -> None:
@@ -122,32 +125,44 @@ class BlockServer:
             request_id = body.get("request_id")
             if isinstance(request_id, str):
                 self._on_release(request_id)
-        elif kind is Kind.READ and "heads" in body:
-            self._serve_heads(conn, body)
         elif kind is Kind.READ:
-            ids = body.get("block_ids")
-            try:
-                if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-                    raise ValueError("block_ids must be a list of integers")
-                check_block_ids(ids, self._region.num_blocks, "block_ids", unique=False)
-            except ValueError as exc:
-                _refuse(conn, "bad_request", str(exc))
-                return
-            send_data_header(conn, len(ids) * self._region.block_bytes)
-            for block_id in ids:
-                conn.sendall(self._region.read_block(block_id))
+            start = time.monotonic()
+            serve = self._serve_heads if "heads" in body else self._serve_blocks
+            nbytes = serve(conn, body)
+            trace, hook, request_id = trace_of(body), self.on_served, body.get("request_id")
+            if nbytes and trace and hook is not None and isinstance(request_id, str):
+                hook(Served(request_id, trace, start, time.monotonic(), nbytes))
         else:
             _refuse(conn, "bad_request", f"unexpected message {kind.name}")
 
-    def _serve_heads(self, conn: socket.socket, body: dict[str, Any]) -> None:
+    def _serve_blocks(self, conn: socket.socket, body: dict[str, Any]) -> int:
+        """Send the blocks a READ names; the bytes sent (0 when refused)."""
+        ids = body.get("block_ids")
+        try:
+            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+                raise ValueError("block_ids must be a list of integers")
+            check_block_ids(ids, self._region.num_blocks, "block_ids", unique=False)
+        except ValueError as exc:
+            _refuse(conn, "bad_request", str(exc))
+            return 0
+        nbytes = len(ids) * self._region.block_bytes
+        send_data_header(conn, nbytes)
+        for block_id in ids:
+            conn.sendall(self._region.read_block(block_id))
+        return nbytes
+
+    def _serve_heads(self, conn: socket.socket, body: dict[str, Any]) -> int:
+        """Send a READ's heads and layers of its blocks; the bytes sent (0 when refused)."""
         try:
             shards = local_shards(self._region.kv, self._shards)
         except ValueError as exc:
             _refuse(conn, "bad_request", str(exc))
-            return
+            return 0
         problem = serve_heads(conn, body, shards, self._first_rank)
-        if problem is not None:
+        if isinstance(problem, str):
             _refuse(conn, "bad_request", problem)
+            return 0
+        return problem
 
 
 def _refuse(conn: socket.socket, code: str, message: str, **extra: str) -> None:

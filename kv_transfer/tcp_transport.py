@@ -25,6 +25,7 @@ from kv_transfer.shards import KVShards
 from kv_transfer.tcp_client import BlockRead, ConnectionPool
 from kv_transfer.tcp_heads import RankRead, rank_spans
 from kv_transfer.tcp_server import BlockServer
+from kv_transfer.transport import ReadWindow, ServedHook
 
 _READ_THREADS = 16  # concurrent READs x sending ranks
 _STUCK_GRACE_S = 2.0  # beyond the deadline, stop waiting for a reader thread that hangs
@@ -66,9 +67,11 @@ class TcpTransport:
         local_ids: Sequence[int],
         request_id: str,
         deadline: Deadline,
+        window: ReadWindow,
     ) -> int:
         ids = (list(remote_ids), list(local_ids))
         job = BlockRead(self._pool, self._region, self._identity, peer, ids, request_id, deadline)
+        job.window = window
         await self._run(job, deadline)
         return len(local_ids) * self._region.block_bytes
 
@@ -80,11 +83,14 @@ class TcpTransport:
         ids: tuple[Sequence[int], Sequence[int]],
         request_id: str,
         deadline: Deadline,
+        window: ReadWindow,
     ) -> int:
         pair = (list(ids[0]), list(ids[1]))
         args = (self._pool, self._region, self._identity, peer, pair, request_id, deadline)
         pairs = rank_spans(plan).items()
         jobs = [RankRead(local, src, spans, *args) for (src, _), spans in pairs]
+        for job in jobs:
+            job.window = window
         await self._run_all(jobs, deadline)
         await self.release(peer, request_id, deadline)
         return sum(job.nbytes() for job in jobs)
@@ -176,6 +182,9 @@ class TcpTransport:
         while self._releases:
             out.append(self._releases.popleft())
         return out
+
+    def on_served(self, hook: ServedHook) -> None:
+        self._server.on_served = hook
 
     def forget(self, node_name: str) -> None:
         self._pool.forget(node_name)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kv_transfer.deadline import Deadline
@@ -16,14 +18,79 @@ RELEASE_PREFIX = b"splitserve-release:"
 
 
 class TransferResult(NamedTuple):
-    """What one READ moved and how long it took (call to completion, connect included)."""
+    """What one READ moved and how long it took: `seconds` from the call to completion
+    (connection set-up included), `window_s` from posting the first read to the last data
+    in (ReadWindow), over `pieces` reads; `retries`: stale connections replaced."""
 
     nbytes: int
     seconds: float
+    window_s: float = 0.0
+    pieces: int = 0
+    retries: int = 0
 
     @property
     def gbps(self) -> float:
-        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+        """Bandwidth over the post-to-completion window (GB/s)."""
+        return self.nbytes / self.window_s / 1e9 if self.window_s > 0 else 0.0
+
+
+class ReadWindow:
+    """When a READ's data was first asked for and last arrived (time.perf_counter()), in how
+    many pieces, and how many stale connections it replaced. Reader threads fill it in.
+    `trace`: the reader's W3C trace context (`traceparent`, `tracestate`), which the TCP
+    READ message carries so that the serving side's span joins the reader's trace."""
+
+    def __init__(self, trace: Mapping[str, str] | None = None) -> None:
+        self.trace: dict[str, str] = dict(trace or {})
+        self._lock = threading.Lock()
+        self.posted: float | None = None
+        self.completed: float | None = None
+        self.pieces = 0
+        self.retries = 0
+
+    def post(self) -> None:
+        """A piece was asked for (NIXL: posted; TCP: its READ message sent)."""
+        with self._lock:
+            now = time.perf_counter()
+            self.posted = now if self.posted is None else min(self.posted, now)
+            self.pieces += 1
+
+    def complete(self) -> None:
+        """A piece's last byte is in."""
+        with self._lock:
+            now = time.perf_counter()
+            self.completed = now if self.completed is None else max(self.completed, now)
+
+    def retried(self) -> None:
+        with self._lock:
+            self.retries += 1
+
+    def seconds(self) -> float:
+        if self.posted is None or self.completed is None:
+            return 0.0
+        return max(self.completed - self.posted, 0.0)
+
+
+class Served(NamedTuple):
+    """A READ this process served (owner side) for a reader that sent its trace context:
+    `start` (READ message in) and `end` (last byte out) are time.monotonic() stamps."""
+
+    request_id: str
+    trace: dict[str, str]
+    start: float
+    end: float
+    nbytes: int
+
+
+ServedHook = Callable[[Served], None]  # called on the serving thread
+
+
+def trace_of(body: Mapping[str, object]) -> dict[str, str]:
+    """The trace context a READ message carries (empty when none, or not strings)."""
+    trace = body.get("trace")
+    if not isinstance(trace, dict):
+        return {}
+    return {k: v for k, v in trace.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 class Transport(Protocol):
@@ -50,9 +117,11 @@ class Transport(Protocol):
         local_ids: Sequence[int],
         request_id: str,
         deadline: Deadline,
+        window: ReadWindow,
     ) -> int:
         """Copy the peer's `remote_ids` blocks into local `local_ids`, then tell the owner
-        that `request_id` is done with them. Returns bytes moved; raises TransferError."""
+        that `request_id` is done with them, noting post and completion in `window`.
+        Returns bytes moved; raises TransferError."""
         ...
 
     async def read_heads(
@@ -63,6 +132,7 @@ class Transport(Protocol):
         ids: tuple[Sequence[int], Sequence[int]],
         request_id: str,
         deadline: Deadline,
+        window: ReadWindow,
     ) -> int:
         """Like `read` for nodes that split the KV heads differently: each of `plan`'s reads
         moves its heads of the peer's blocks `ids[0]` into `local`'s rank's blocks `ids[1]`
@@ -80,6 +150,11 @@ class Transport(Protocol):
 
     def take_releases(self) -> list[str]:
         """Request ids that readers released since the last call (owner side)."""
+        ...
+
+    def on_served(self, hook: ServedHook) -> None:
+        """Call `hook` for each READ served to a reader that sent its trace context (owner
+        side; TCP only: a NIXL READ is one-sided, the owner's CPU never sees it)."""
         ...
 
     def forget(self, node_name: str) -> None:

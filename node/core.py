@@ -18,6 +18,7 @@ from typing import Self
 from urllib.parse import urlsplit
 
 from cluster.protocol import PROTOCOL_VERSION, NodeInfo, NodeLoad
+from cluster.tracing import NO_TRACER, Tracer, make_tracer
 from engine.config import EngineConfig, engine_config
 from engine.kv.sizing import KVCapacity
 from engine.loop.engine_loop import EngineLoop
@@ -30,6 +31,7 @@ from node.kv_publisher import kv_events
 from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards
 from node.metrics import NodeMetrics
 from node.settings import NodeSettings
+from node.spans import kv_send_spans
 
 
 class NodeCore:
@@ -48,6 +50,7 @@ class NodeCore:
         self.counts: Counter[str] = Counter()
         self._info: NodeInfo | None = None
         self.adapters = NodeAdapters(loop, loop.engine.config.enable_lora)
+        self.tracer: Tracer = NO_TRACER  # set by open() when tracing is on
 
     @classmethod
     @asynccontextmanager
@@ -64,11 +67,15 @@ class NodeCore:
         node = cls(settings, loop, started_at, metrics)
         serving: asyncio.Task[None] | None = None
         try:
+            service = "prefill" if settings.role == "prefill" else "decode"
+            node.tracer = make_tracer(settings.trace_config(service, settings.resolved_node_id()))
             for name, path in lora_module_map(settings.lora_modules).items():
                 await node.adapters.load(name, path)
             if node._moves_kv():
                 with phase("transfer"):  # the KV cache registered with the transfer agent
                     node.agent = await asyncio.to_thread(node._make_agent)
+                if node.tracer.enabled:
+                    node.agent.transport.on_served(kv_send_spans(node.tracer, f"{service}.kv_send"))
                 if node.agent.leases is not None:
                     serving = asyncio.create_task(node.agent.serve(), name="lease-serve")
             async with kv_events(settings, loop):
@@ -78,6 +85,7 @@ class NodeCore:
                 serving.cancel()
             if node.agent is not None:
                 node.agent.close()
+            node.tracer.shutdown()
             await asyncio.to_thread(loop.stop)
 
     def _moves_kv(self) -> bool:

@@ -32,6 +32,9 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+WINDOW_BUCKETS = (0.0001, 0.00025, 0.0005, *TRANSFER_BUCKETS)
+GBPS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+SIZE_BUCKETS = tuple(float(4**k * 1024) for k in range(1, 11))  # 4 KiB .. 1 GiB
 TRANSFER_FAILURE_KINDS = ("timeout", "peer", "layout", "refused", "other")
 
 # metric name (without _total) -> (key in NodeRuntime.counters(), help text)
@@ -247,6 +250,28 @@ class NodeMetrics:
         )
         for kind in TRANSFER_FAILURE_KINDS:  # every kind shows, at 0 until it happens
             self._failures.labels(*self._labels, kind)
+        pair = [*_LABELS, "transport", "peer"]  # peer: the node read from
+        self._window = Histogram(
+            "splitserve_kv_transfer_window_seconds",
+            "KV READs that completed: from posting the first read to the last byte in",
+            pair, buckets=WINDOW_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._gbps = Histogram(
+            "splitserve_kv_transfer_bandwidth_gbps",
+            "KV READs that completed: bytes / post-to-completion window, in GB/s",
+            pair, buckets=GBPS_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._size = Histogram(
+            "splitserve_kv_transfer_size_bytes", "Bytes moved by one KV READ",
+            pair, buckets=SIZE_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._recomputes = Counter(
+            "splitserve_kv_recomputes_by_cause",
+            "Prompts recomputed after a failed KV transfer, by the failure's kind",
+            [*_LABELS, "cause"], registry=self.registry,
+        )  # fmt: skip
+        for kind in TRANSFER_FAILURE_KINDS:
+            self._recomputes.labels(*self._labels, kind)
         self._totals = _Totals(self._labels)
         self.registry.register(self._totals)
 
@@ -267,6 +292,20 @@ class NodeMetrics:
         if kind not in TRANSFER_FAILURE_KINDS:
             raise ValueError(f"kind must be one of {TRANSFER_FAILURE_KINDS}, got {kind!r}")
         self._failures.labels(*self._labels, kind).inc()
+
+    def transfer_done(self, transport: str, peer: str, nbytes: int, window_s: float) -> None:
+        """A completed READ from `peer` over `transport`: its window, bandwidth and size."""
+        labels = (*self._labels, transport, peer)
+        self._size.labels(*labels).observe(nbytes)
+        if window_s > 0 and nbytes > 0:
+            self._window.labels(*labels).observe(window_s)
+            self._gbps.labels(*labels).observe(nbytes / window_s / 1e9)
+
+    def recomputed(self, cause: str) -> None:
+        """A prompt recomputed after a failed transfer of kind `cause`."""
+        if cause not in TRANSFER_FAILURE_KINDS:
+            raise ValueError(f"cause must be one of {TRANSFER_FAILURE_KINDS}, got {cause!r}")
+        self._recomputes.labels(*self._labels, cause).inc()
 
     def watch(self, counters: Callable[[], Mapping[str, float]] | None) -> None:
         """Read the totals from `counters()` at each scrape (None: keep the last values)."""

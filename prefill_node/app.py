@@ -41,7 +41,8 @@ def _runtime(request: Request) -> PrefillRuntime:
 
 @routes.post(INTERNAL_PREFILL, dependencies=[Depends(accepting_work)])
 async def prefill(request: Request) -> Response:
-    response = await _runtime(request).prefill(await read_body(request, PrefillRequest))
+    body = await read_body(request, PrefillRequest)
+    response = await _runtime(request).prefill(body, request.headers)
     return Response(response.model_dump_json(), media_type="application/json")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Mapping
 
 from cluster.protocol import (
     PROTOCOL_VERSION,
@@ -29,6 +30,7 @@ from node.core import NodeCore
 from node.errors import NodeError, bad_request, checked_async
 from node.metrics import NodeMetrics
 from node.settings import NodeSettings
+from node.spans import NodeSpans
 
 log = logging.getLogger("splitserve.prefill")
 
@@ -50,8 +52,11 @@ class PrefillRuntime(NodeCore):
 
     # ---- requests -------------------------------------------------------------------------
 
-    async def prefill(self, req: PrefillRequest) -> PrefillResponse:
-        """Token 1 and, unless the request ended there, a lease on its KV blocks."""
+    async def prefill(
+        self, req: PrefillRequest, headers: Mapping[str, str] | None = None
+    ) -> PrefillResponse:
+        """Token 1 and, unless the request ended there, a lease on its KV blocks. `headers`:
+        the call's, whose trace context makes this node's spans children of the caller's."""
         rid = req.request_id
         arrived = time.monotonic()
         if rid in self._inflight:
@@ -80,6 +85,7 @@ class PrefillRuntime(NodeCore):
                 self.metrics.queue_time.observe(max(item.scheduled_at - arrived, 0.0))
             response = self._answer(req, item)
             self.metrics.ttft.observe(time.monotonic() - arrived)
+            _trace(NodeSpans(self.tracer, headers), arrived, item)
             return response
         finally:
             self._inflight.pop(rid)
@@ -140,6 +146,21 @@ class PrefillRuntime(NodeCore):
         """LeaseTable hook (any thread): give the blocks back in the engine thread."""
         self.counts["leases_ended_total"] += 1
         self.loop.post(lambda engine: engine.release(request_id))
+
+
+def _trace(spans: NodeSpans, arrived: float, item: StreamOutput) -> None:
+    """prefill.queue (until the engine first scheduled it), prefill.compute (until token 1)."""
+    if not spans.on:
+        return
+    scheduled = item.scheduled_at if item.scheduled_at is not None else arrived
+    out = item.output
+    spans.record("prefill.queue", arrived, scheduled)
+    attrs = {
+        "splitserve.prompt_tokens": out.num_prompt_tokens,
+        "splitserve.cached_tokens": out.num_cached_tokens,
+        "splitserve.chunks": item.steps,
+    }
+    spans.record("prefill.compute", scheduled, time.monotonic(), attrs)
 
 
 async def _first_output(stream: RequestStream) -> StreamOutput:

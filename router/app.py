@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.auth import cluster_headers
 from cluster.registry import Membership, StaticMembership
+from cluster.tracing import make_tracer
 from cluster.version import version
 from models.tokenizer import Tokenizer
 from router import endpoints
@@ -41,6 +42,7 @@ from router.dashboard import dashboard
 from router.errors import APIError, bad_request, internal_error
 from router.metrics import RouterMetrics, router_id
 from router.node_client import NodeClient
+from router.request_ids import RequestIds
 from router.response_store import ResponseStore
 from router.routing.kv_cost import KVWeights
 from router.routing.kv_view import KVRouting
@@ -102,12 +104,13 @@ def create_app(
     install_docs(app, OPENAPI_URL)
     _install_error_handlers(app)
     app.add_middleware(RequestMetrics, metrics=metrics, routes=route_paths())
+    app.add_middleware(RequestIds)  # outermost: the arrival stamp comes first
     return app
 
 
 _ROUTERS = (
-    endpoints.v1, endpoints.probes, tokens, lora_routes, responses_routes, messages_routes,
-    dashboard,
+    endpoints.v1, endpoints.probes, endpoints.debug, tokens, lora_routes, responses_routes,
+    messages_routes, dashboard,
 )  # fmt: skip
 # error bodies by path prefix (OpenAI's error object elsewhere)
 _ERROR_SHAPES = ((MESSAGES, anthropic_body),)
@@ -141,6 +144,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.decode_idle_timeout_s,
         cluster_headers(settings.cluster_token),
     )
+    state.tracer = make_tracer(settings.trace_config("router", router_id(settings)))
     await state.membership.start()
     await state.kv.start(settings.redis_url)
     state.started_at = time.time()
@@ -154,6 +158,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.membership.stop()
         await state.drain()
         await http.aclose()
+        state.tracer.shutdown()
 
 
 def _load_tokenizer(settings: RouterSettings) -> Tokenizer:

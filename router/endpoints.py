@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from cluster.auth import find_key
 from cluster.protocol import VERSION
+from cluster.tracing import now_ns
 from cluster.version import build_info
 from models.tokenizer import Tokenizer
 from router.api.choices import Samples
@@ -55,6 +56,7 @@ from router.flow.request import FlowRequest
 from router.flow.request_flow import RequestFlow
 from router.routing.policy import Pools
 from router.state import RouterState
+from router.trail import Trail
 from router.usage import ANONYMOUS
 
 T = TypeVar("T")
@@ -90,6 +92,7 @@ async def require_api_key(request: Request) -> None:
 
 
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+debug = APIRouter(prefix="/debug", dependencies=[Depends(require_api_key)])
 probes = APIRouter()
 
 
@@ -112,14 +115,36 @@ async def usage(request: Request) -> JSONResponse:
     """Usage by key name since the router started; for the keys named in usage_admin_keys
     (anyone when the router needs no key)."""
     state = get_state(request)
+    require_admin(state, request, "usage")
+    return JSONResponse({"object": "list", "data": state.usage.report()})
+
+
+def require_admin(state: RouterState, request: Request, what: str) -> None:
+    """403 unless the request's key is named in usage_admin_keys (or no key is needed)."""
     if state.api_keys and request.state.key_name not in state.usage_admins:
         raise APIError(
             403,
-            "this API key may not read usage (see usage_admin_keys)",
+            f"this API key may not read {what} (see usage_admin_keys)",
             type="permission_error",
             code="forbidden",
         )
-    return JSONResponse({"object": "list", "data": state.usage.report()})
+
+
+@debug.get("/requests/{request_id}")
+async def debug_request(request_id: str, request: Request) -> JSONResponse:
+    """Where a request is now (node, phase, time in it), or a finished one's phase timings
+    (the last 1,000); by its x-request-id or the id the nodes know it by."""
+    state = get_state(request)
+    require_admin(state, request, "/debug/requests")
+    trail = state.requests.find(request_id)
+    if trail is None:
+        raise APIError(
+            404,
+            f"no request {request_id!r} is in flight or among the last finished ones",
+            param="request_id",
+            code="not_found",
+        )
+    return JSONResponse(trail.view())
 
 
 @v1.post("/chat/completions")
@@ -195,27 +220,37 @@ async def serve(
     """Shared path of every generating endpoint, streaming or not; `dialect` (one sample of a
     chat) answers in another API's shape."""
     arrived = time.monotonic()
-    lora = state.adapters.resolve(req.model, state.settings.model_name())
+    trail = begin_trail(request, state)
     key: str = getattr(request.state, "key_name", ANONYMOUS)
-    state.usage.admit(key)  # 429 for a key over its limits, before any work
-    limit = state.settings.request_timeout_s
-    wait_s = min(limit, req.timeout) if req.timeout else limit
-    ticket = await state.admission.admit(req.priority, wait_s)
     try:
+        lora = state.adapters.resolve(req.model, state.settings.model_name())
+        state.usage.admit(key)  # 429 for a key over its limits, before any work
+        limit = state.settings.request_timeout_s
+        wait_s = min(limit, req.timeout) if req.timeout else limit
+        trail.enter("admission")
+        ticket = await state.admission.admit(req.priority, wait_s)
+    except BaseException as exc:
+        end_trail(state, trail, exc)
+        raise
+    try:
+        trail.enter("tokenize")
         flow_req, outputs, fmt = await _prepare(state, req, kind, arrived)
         flow_req = replace(flow_req, lora=lora)
-    except BaseException:
+    except BaseException as exc:
         ticket.release()
+        end_trail(state, trail, exc)
         raise
+    state.requests.name(trail, flow_req.request_id)
     if req.num_samples() > 1:
+        trail.enter("samples")
         samples = _ChargedSamples(
-            key, state, flow_req, ticket, outputs,
+            key, trail, state, flow_req, ticket, outputs,
             req.num_samples(), need_logprobs=req.num_samples() > req.num_choices(),
         )  # fmt: skip
         return await serve_samples(
             request, samples, fmt, req.num_choices(), req.stream, req.include_usage()
         )
-    flow, output = RequestFlow(state, flow_req, ticket), outputs()
+    flow, output = RequestFlow(state, flow_req, ticket, trail=trail), outputs()
     charge = _charger(state, key, lambda: usage_of(flow, output))
 
     async def close() -> None:
@@ -269,15 +304,40 @@ def _charger(state: RouterState, key: str, usage: Callable[[], Usage]) -> Callab
 class _ChargedSamples(Samples):
     """Samples that charge `key` with their usage when closed, however the answer ended."""
 
-    def __init__(self, key: str, state: RouterState, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, key: str, trail: Trail, state: RouterState, *args: Any, **kwargs: Any
+    ) -> None:
         super().__init__(state, *args, **kwargs)
         self._charge = _charger(state, key, self.usage)
+        self._trail, self._state = trail, state
 
     async def close(self) -> None:
         try:
             await super().close()
         finally:
             self._charge()
+            end_trail(self._state, self._trail, None)
+
+
+def begin_trail(request: Request, state: RouterState) -> Trail:
+    """The request's trail since the RequestIds middleware stamped its arrival."""
+    scope = request.state
+    rid = getattr(scope, "request_id", None) or uuid.uuid4().hex
+    arrived = getattr(scope, "arrived_ns", None) or now_ns()
+    trail = Trail.begin(state.tracer, rid, request.headers, arrived)
+    state.requests.add(trail)
+    return trail
+
+
+def end_trail(state: RouterState, trail: Trail, exc: BaseException | None) -> None:
+    """Finish a trail that no flow finishes: ok, or the error that ended the request."""
+    if exc is None:
+        trail.finish("ok")
+    elif isinstance(exc, APIError):
+        trail.finish(exc.code or str(exc.status))
+    else:
+        trail.finish(type(exc).__name__)
+    state.requests.done(trail)
 
 
 async def _prepare(

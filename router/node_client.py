@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal, TypeVar
 
@@ -67,10 +67,15 @@ class NodeClient:
         return resp.text
 
     async def prefill(
-        self, node: p.NodeInfo, req: p.PrefillRequest, deadline: float
+        self,
+        node: p.NodeInfo,
+        req: p.PrefillRequest,
+        deadline: float,
+        trace: Mapping[str, str] | None = None,
     ) -> p.PrefillResponse:
         """POST /internal/prefill and wait for token 1, up to the prefill timeout or the
-        request's `deadline` (time.monotonic), whichever comes first ("deadline" then)."""
+        request's `deadline` (time.monotonic), whichever comes first ("deadline" then).
+        `trace`: the W3C trace context headers of the calling span."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise NodeCallError(node.node_id, "deadline", "request deadline passed")
@@ -81,7 +86,7 @@ class NodeClient:
             resp = await self._client.post(
                 node.url + p.INTERNAL_PREFILL,
                 content=req.model_dump_json(),
-                headers=self._headers,
+                headers=self._headers | dict(trace or {}),
                 timeout=timeout,
             )
         except httpx.TimeoutException as exc:
@@ -95,7 +100,11 @@ class NodeClient:
 
     @asynccontextmanager
     async def generate(
-        self, node: p.NodeInfo, req: p.DecodeRequest, deadline: float
+        self,
+        node: p.NodeInfo,
+        req: p.DecodeRequest,
+        deadline: float,
+        trace: Mapping[str, str] | None = None,
     ) -> AsyncIterator[AsyncIterator[p.TokenEvent]]:
         """Open POST /internal/generate; raises NodeCallError unless the node accepts it.
 
@@ -110,7 +119,7 @@ class NodeClient:
                 "POST",
                 node.url + p.INTERNAL_GENERATE,
                 content=req.model_dump_json(),
-                headers=self._headers,
+                headers=self._headers | dict(trace or {}),
                 timeout=timeout,
             ) as resp:
                 if resp.status_code != 200:

@@ -12,11 +12,13 @@ from typing import Any
 
 from cluster.auth import ApiKey
 from cluster.registry import StaticMembership
+from cluster.tracing import NO_TRACER, Tracer
 from models.tokenizer import Tokenizer
 from router.adapters import RouterAdapters
 from router.admission import Admission
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
+from router.request_log import RequestLog
 from router.response_store import ResponseStore
 from router.routing.kv_view import KVRouting
 from router.routing.policy import NodePicker
@@ -44,6 +46,8 @@ class RouterState:
     tokenizer: Tokenizer | None = None
     nodes: NodeClient | None = None
     started_at: float = 0.0
+    tracer: Tracer = NO_TRACER  # set at startup (lifespan) when tracing is on
+    requests: RequestLog = field(default_factory=RequestLog)  # GET /debug/requests/{id}
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:

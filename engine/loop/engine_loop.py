@@ -79,6 +79,9 @@ class EngineLoop:
         self._sinks: dict[str, OutputSink] = {}  # engine thread only
         self._unscheduled: set[str] = set()  # engine thread only: opened, never scheduled
         self._scheduled_at: dict[str, float] = {}  # engine thread only
+        self._first_step: dict[str, int] = {}  # engine thread only: step that scheduled it
+        self._preemptions: dict[str, int] = {}  # engine thread only: as last seen
+        self._steps = 0  # engine thread only
         self._lock = threading.Lock()
         self._closed = False
         self._failure: str | None = None  # why the loop stopped by itself
@@ -255,6 +258,7 @@ class EngineLoop:
     def _step(self) -> None:
         """One engine step; the snapshot is refreshed before its outputs go out."""
         started = self._step_started = time.monotonic()
+        self._steps += 1
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -276,6 +280,7 @@ class EngineLoop:
             if request is None or request.status is not RequestStatus.WAITING:
                 self._unscheduled.discard(request_id)  # gone: finished in this step
                 self._scheduled_at[request_id] = step_started
+                self._first_step[request_id] = self._steps
 
     def _deliver(self, out: RequestOutput) -> None:
         pinned: tuple[int, ...] = ()
@@ -284,11 +289,25 @@ class EngineLoop:
         sink = self._sinks.get(out.request_id)
         if sink is None:
             return
-        scheduled_at = self._scheduled_at.get(out.request_id)
+        rid = out.request_id
+        scheduled_at = self._scheduled_at.get(rid)
+        steps = self._steps - self._first_step.get(rid, self._steps) + 1
+        preemptions = self._preempted(rid)
         if out.finished:
-            del self._sinks[out.request_id]
-            self._scheduled_at.pop(out.request_id, None)
-        sink.put(StreamOutput(out, pinned, scheduled_at))
+            del self._sinks[rid]
+            self._forget(rid)
+        sink.put(StreamOutput(out, pinned, scheduled_at, steps, preemptions))
+
+    def _preempted(self, request_id: str) -> int:
+        request = self.engine.scheduler.get(request_id)
+        if request is not None:
+            self._preemptions[request_id] = request.num_preemptions
+        return self._preemptions.get(request_id, 0)
+
+    def _forget(self, request_id: str) -> None:
+        self._scheduled_at.pop(request_id, None)
+        self._first_step.pop(request_id, None)
+        self._preemptions.pop(request_id, None)
 
     def _abort_now(self, engine: LLMEngine, request_id: str) -> bool:
         found = engine.abort(request_id)
@@ -299,7 +318,7 @@ class EngineLoop:
         """Close a request's stream with a final output that carries no token."""
         sink = self._sinks.pop(request_id, None)
         self._unscheduled.discard(request_id)
-        self._scheduled_at.pop(request_id, None)
+        self._forget(request_id)
         if sink is not None:
             sink.put(StreamOutput(RequestOutput(request_id, (), (), True, reason, 0, 0)))
 
@@ -313,6 +332,8 @@ class EngineLoop:
         self._sinks.clear()
         self._unscheduled.clear()
         self._scheduled_at.clear()
+        self._first_step.clear()
+        self._preemptions.clear()
 
     def _shut_down(self) -> None:
         with self._lock:

@@ -17,11 +17,15 @@ class StreamOutput:
     engine thread adds as it delivers it. `pinned_block_ids`: in the prefill role, the blocks
     the request holds once its first token is out (finish_reason PREFILLED), read in the
     engine thread during the same step. `scheduled_at`: time.monotonic() at the start of the
-    first step that scheduled the request (None if none did), for queue-time metrics."""
+    first step that scheduled the request (None if none did), for queue-time metrics.
+    `steps`: engine steps since that one, this one included (a prefill's chunks, for
+    traces); `preemptions`: how often the request was preempted so far."""
 
     output: RequestOutput
     pinned_block_ids: tuple[int, ...] = ()
     scheduled_at: float | None = None
+    steps: int = 0
+    preemptions: int = 0
 
 
 class EngineFailed(RuntimeError):

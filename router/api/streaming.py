@@ -130,7 +130,10 @@ async def chat_chunks(
     async with aclosing(flow.events()) as events:
         async for chunk in events:
             delta = output.feed(chunk)
-            for one in chunks_of(fmt.chunk(delta, first)):
+            pieces = list(chunks_of(fmt.chunk(delta, first)))
+            if delta.text:  # handed to the server next: the client's TTFT / TPOT marks
+                flow.trail.sent_text()
+            for one in pieces:
                 first = False
                 yield one
             if delta.finish_reason is not None:
@@ -145,6 +148,8 @@ async def collect(flow: RequestFlow, output: OutputProcessor) -> list[TextDelta]
     async with aclosing(flow.events()) as events:
         async for chunk in events:
             deltas.append(output.feed(chunk))
+            if deltas[-1].text:
+                flow.trail.sent_text()
             if deltas[-1].finish_reason is not None:
                 break
     return deltas

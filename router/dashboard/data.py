@@ -2,9 +2,9 @@
 
 Cumulative numbers only (counters and histogram buckets): the page turns two snapshots into
 rates and percentiles over its own window. Sources: the router's own metrics, the
-membership (each node's load from its heartbeat), each node's /metrics (KV transfers,
-prefix cache; a node that does not answer within a second is shown without them) and the
-planner's last decision in Redis (absent without a planner).
+membership (each node's load from its heartbeat), each node's /metrics (KV transfers, also
+per peer it read from; prefix cache; a node that does not answer within a second is shown
+without them) and the planner's last decision in Redis (absent without a planner).
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ NODE_COUNTERS = {
     "prefix_hit_tokens": "splitserve_prefix_cache_hit_tokens_total",
     "prefix_query_tokens": "splitserve_prefix_cache_query_tokens_total",
     "generated_tokens": "splitserve_generation_tokens_total",
+}
+# per (transport, peer): completed READs, their post-to-completion windows and bytes
+PAIR_SUMS = {
+    "reads": "splitserve_kv_transfer_window_seconds_count",
+    "window_s": "splitserve_kv_transfer_window_seconds_sum",
+    "bytes": "splitserve_kv_transfer_size_bytes_sum",
 }
 
 
@@ -88,7 +94,24 @@ def _buckets(samples: Iterable[Any], name: str) -> list[list[float]]:
     return [[min(le, 1e308), count] for le, count in sorted(out.items())]
 
 
-def _node(record: NodeRecord, counters: dict[str, float] | None) -> dict[str, Any]:
+def transfer_pairs(samples: Iterable[Any]) -> list[dict[str, Any]]:
+    """A reading node's completed READs per (transport, peer it read from): their count,
+    summed windows and bytes (cumulative), sorted by peer."""
+    pairs: dict[tuple[str, str], dict[str, Any]] = {}
+    names = {name: key for key, name in PAIR_SUMS.items()}
+    for s in samples:
+        key = names.get(s.name)
+        if key is None:
+            continue
+        pair = (s.labels["transport"], s.labels["peer"])
+        row = pairs.setdefault(
+            pair, {"transport": pair[0], "peer": pair[1]} | dict.fromkeys(PAIR_SUMS, 0.0)
+        )
+        row[key] += s.value
+    return [pairs[k] for k in sorted(pairs, key=lambda k: (k[1], k[0]))]
+
+
+def _node(record: NodeRecord, counters: dict[str, Any] | None) -> dict[str, Any]:
     info, load = record.info, record.load
     return {
         "id": info.node_id,
@@ -102,7 +125,7 @@ def _node(record: NodeRecord, counters: dict[str, float] | None) -> dict[str, An
     }
 
 
-async def _node_counters(state: RouterState, record: NodeRecord) -> dict[str, float] | None:
+async def _node_counters(state: RouterState, record: NodeRecord) -> dict[str, Any] | None:
     if state.nodes is None:
         return None
     try:
@@ -110,7 +133,9 @@ async def _node_counters(state: RouterState, record: NodeRecord) -> dict[str, fl
     except httpx.HTTPError:
         return None
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
-    return {key: _sum(samples, name) for key, name in NODE_COUNTERS.items()}
+    counters: dict[str, Any] = {key: _sum(samples, name) for key, name in NODE_COUNTERS.items()}
+    counters["pairs"] = transfer_pairs(samples)
+    return counters
 
 
 async def _planner(state: RouterState) -> PlannerStatus | None:

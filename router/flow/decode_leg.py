@@ -34,6 +34,7 @@ from router.node_client import NodeCallError
 from router.routing.policy import Pools
 from router.routing.prefix_index import PrefixQuery
 from router.state import RouterState
+from router.trail import Trail
 
 log = logging.getLogger("splitserve.router")
 
@@ -70,8 +71,9 @@ class DecodeLeg(Leg):
         query: PrefixQuery,
         deadline: Deadline,
         lease: KVLease,
+        trail: Trail,
     ) -> None:
-        super().__init__(state, request, query, deadline, lease)
+        super().__init__(state, request, query, deadline, lease, trail)
         self._tried: set[str] = set()
         self._node: NodeInfo | None = None
         self._imported = False  # the stream opened last was given the prefill's KV handle
@@ -144,6 +146,7 @@ class DecodeLeg(Leg):
         failed = 0
         while len(self._tried) < state.settings.decode_attempts:
             skip = self._tried | busy
+            self._route("decode", candidates, skip)
             node = state.picker.pick("decode", candidates, skip, self._query)
             if node is None:
                 break
@@ -186,7 +189,8 @@ class DecodeLeg(Leg):
             lora=self._request.lora,
             protocol_version=PROTOCOL_VERSION,
         )
-        ctx = self._s.require_nodes().generate(node, req, self._deadline.at)
+        span = self._trail.enter("import" if kv is not None else "decode", node.node_id)
+        ctx = self._s.require_nodes().generate(node, req, self._deadline.at, span.headers())
         self._stream = await self._stream_ctx.enter_async_context(ctx)
 
     def _import_wait_s(self, kv: KVHandle | None) -> float | None:
@@ -206,6 +210,8 @@ class DecodeLeg(Leg):
         async for event in self._stream:
             if not self._recorded and self._node is not None:
                 self._recorded = True
+                if self._imported:
+                    self._trail.enter("decode", self._node.node_id)
                 # after an import, the tokens it did not read; else those it did not compute
                 hits = event.num_prefix_hit_tokens if self._imported else event.num_cached_tokens
                 pool, node_id = self._node.role, self._node.node_id

@@ -44,6 +44,7 @@ class PrefillLeg(Leg):
         tried: set[str] = set()
         busy = 0
         while len(tried) < state.settings.prefill_attempts:
+            self._route("prefill", candidates, tried)
             node = state.picker.pick("prefill", candidates, tried, self._query)
             if node is None:
                 break
@@ -67,8 +68,11 @@ class PrefillLeg(Leg):
     async def _prefill_on(self, node: NodeInfo, req: PrefillRequest) -> PrefillResponse:
         picker, nodes = self._s.picker, self._s.require_nodes()
         picker.begin(node.node_id)
+        span = self._trail.enter("prefill", node.node_id)
         try:
-            return await nodes.prefill(node, req, self._deadline.at)
+            answer = await nodes.prefill(node, req, self._deadline.at, span.headers())
+            span.set({"splitserve.cached_tokens": answer.num_cached_tokens})
+            return answer
         except NodeCallError as err:
             if err.kind == "deadline":  # the request's time, not the node's fault
                 self._lease.release_unanswered(node)

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from cluster.protocol import NodeRecord, PrefillResponse, TokenEvent
+from cluster.tracing import now_ns
 from router.admission import Ticket
 from router.api.text_deltas import TokenChunk
 from router.errors import APIError, overloaded, unavailable
@@ -32,6 +33,7 @@ from router.node_client import NodeCallError
 from router.routing.policy import Pools, saturated
 from router.routing.prefix_index import PrefixQuery
 from router.state import RouterState
+from router.trail import Trail
 
 log = logging.getLogger("splitserve.router")
 
@@ -45,10 +47,12 @@ class RequestFlow:
         request: FlowRequest,
         ticket: Ticket | None,
         beside: SharedPrompt | None = None,
+        trail: Trail | None = None,
     ) -> None:
         """`ticket`: the admission slot close() frees; None for the sibling samples of an
         n > 1 request, whose slot sample 0 holds. `beside`: for a sibling sample, where
-        sample 0 leaves the prompt's KV; start() waits for it and starts on that node."""
+        sample 0 leaves the prompt's KV; start() waits for it and starts on that node.
+        `trail`: the request's phases (GET /debug/requests, traces); close() finishes it."""
         self._s = state
         self.request = request
         self._ticket = ticket
@@ -56,8 +60,10 @@ class RequestFlow:
         self._deadline = Deadline.of(request, state.settings.request_timeout_s)
         query = PrefixQuery(request.prompt_ids, request.lora.name if request.lora else None)
         self._lease = KVLease(state, request.request_id)
-        self._prefill = PrefillLeg(state, request, query, self._deadline, self._lease)
-        self._decode = DecodeLeg(state, request, query, self._deadline, self._lease)
+        self.trail = trail or Trail(request.request_id, now_ns())
+        legs = (state, request, query, self._deadline, self._lease, self.trail)
+        self._prefill = PrefillLeg(*legs)
+        self._decode = DecodeLeg(*legs)
         self._clock = TokenClock(state.metrics, request.arrived_at)
         self._first: PrefillResponse | None = None  # the remote prefill's answer
         self.output_ids: list[int] = []
@@ -147,6 +153,7 @@ class RequestFlow:
     async def events(self) -> AsyncGenerator[TokenChunk, None]:
         """Token 1 (after a remote prefill), then the decode stream, until finished."""
         if self._first is not None:
+            self.trail.token_one()
             first = self._first
             self.output_ids.append(first.first_token_id)
             finish = (first.finish_reason or "stop") if first.finished else None
@@ -175,6 +182,7 @@ class RequestFlow:
     def _took(self, event: TokenEvent) -> TokenChunk:
         if self.path == "local" and not self.output_ids:
             self.num_cached_tokens = event.num_cached_tokens
+            self.trail.token_one()
         if event.token_ids:
             self._clock.tokens_arrived(len(event.token_ids))
         self.output_ids.extend(event.token_ids)
@@ -202,6 +210,9 @@ class RequestFlow:
             if self._ticket is not None:
                 self._ticket.release()
             self._record()
+            outcome = "ok" if self._finished else self.error or "incomplete"
+            self.trail.finish(outcome, len(self.output_ids))
+            self._s.requests.done(self.trail)
 
     def _record(self) -> None:
         metrics, elapsed = self._s.metrics, time.monotonic() - self.request.arrived_at

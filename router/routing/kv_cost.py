@@ -67,6 +67,46 @@ class PoolWork:
         self.tokens[pool] = self.of(pool) + WORK_SMOOTHING * (computed - self.of(pool))
 
 
+@dataclass(frozen=True)
+class Cost:
+    """One candidate's cost and its terms (a traced route decision shows them)."""
+
+    compute: float  # prompt tokens to compute, cached tiers discounted
+    queued: int
+    kv_usage: float
+    total: float
+    cached: int  # prompt tokens the node holds, any tier
+
+    def text(self) -> str:
+        return (
+            f"cost={self.total:.1f} compute={self.compute:.1f} queued={self.queued} "
+            f"kv_usage={self.kv_usage:.3f} cached={self.cached}"
+        )
+
+
+def kv_costs(
+    pool: str,
+    nodes: Sequence[NodeRecord],
+    index: PrefixIndex,
+    query: PrefixQuery,
+    weights: KVWeights,
+    work: PoolWork,
+    queued: Callable[[NodeRecord], int],
+) -> dict[str, Cost]:
+    """Each node's cost (by node id), and the tokens its prefix index matched."""
+    matched = index.matched_tiers(query, [n.info.node_id for n in nodes])
+    total, per_request = len(query.token_ids), work.of(pool)
+    costs = {}
+    for node in nodes:
+        compute = weights.compute(total, matched[node.info.node_id])
+        waiting, usage = queued(node), node.load.kv_usage
+        busy = weights.load * waiting + weights.kv_usage * usage
+        cost = weights.prefix * compute + per_request * busy
+        cached = sum(matched[node.info.node_id].values())
+        costs[node.info.node_id] = Cost(compute, waiting, usage, cost, cached)
+    return costs
+
+
 def kv_aware_choice(
     pool: str,
     nodes: Sequence[NodeRecord],
@@ -78,14 +118,7 @@ def kv_aware_choice(
 ) -> NodeRecord:
     """The cheapest of `nodes` (non-empty, in rotation order: the first cheapest wins ties);
     the average work of `pool` learns the chosen node's tokens to compute."""
-    matched = index.matched_tiers(query, [n.info.node_id for n in nodes])
-    total, per_request = len(query.token_ids), work.of(pool)
-
-    def cost(node: NodeRecord) -> float:
-        compute = weights.compute(total, matched[node.info.node_id])
-        busy = weights.load * queued(node) + weights.kv_usage * node.load.kv_usage
-        return weights.prefix * compute + per_request * busy
-
-    best = min(nodes, key=cost)
-    work.add(pool, total - sum(matched[best.info.node_id].values()))
+    costs = kv_costs(pool, nodes, index, query, weights, work, queued)
+    best = min(nodes, key=lambda node: costs[node.info.node_id].total)
+    work.add(pool, len(query.token_ids) - costs[best.info.node_id].cached)
     return best

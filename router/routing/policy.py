@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cluster.protocol import NodeRecord
-from router.routing.kv_cost import KVWeights, PoolWork, kv_aware_choice
+from router.routing.kv_cost import Cost, KVWeights, PoolWork, kv_aware_choice, kv_costs
 from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 Policy = Literal["round_robin", "least_loaded", "kv_aware"]
@@ -64,6 +64,12 @@ class NodePicker:
                 pool, rotated, self.index, query, self.weights, self._work, self._queued
             )
         return min(rotated, key=self._score)
+
+    def costs(
+        self, pool: str, candidates: Sequence[NodeRecord], query: PrefixQuery
+    ) -> dict[str, Cost]:
+        """Each candidate's kv_aware cost and its terms, whatever the policy (for traces)."""
+        return kv_costs(pool, candidates, self.index, query, self.weights, self._work, self._queued)
 
     def _queued(self, node: NodeRecord) -> int:
         """Requests at the node: its heartbeat's, or more when this router sent more since."""

@@ -37,6 +37,11 @@ AXES = """[...document.querySelectorAll("svg.chart")].map((c) => [
 BAND_TOPS = """["a0", "a1"].map((band) => Math.min(...document
   .querySelector(`#chart-nodes polygon.${band}`).getAttribute("points").split(" ")
   .map((xy) => Number(xy.split(",")[1]))))"""
+# the transfer panel: a row per (prefill node read from, decode node) with a bandwidth
+PAIR_ROW = (
+    "[...document.querySelectorAll('#transfers tr[data-pair^=\"prefill-0>decode-\"]')]"
+    ".some((r) => /GB\\/s/.test(r.textContent))"
+)
 
 
 def _text(page: Page, element: str) -> str:
@@ -75,6 +80,7 @@ def test_the_dashboard_draws_live_figures_and_loses_a_drained_node(
         try:
             page = browser.open(up.base_url + "/dashboard")
             page.wait_for(LIVE, 90, "live figures and four drawn charts")
+            page.wait_for(PAIR_ROW, 60, "a KV transfer row for prefill-0 and a decode node")
             page.screenshot(tmp_path / "dashboard.png")
         finally:
             stop.set()

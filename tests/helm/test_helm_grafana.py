@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from node.metrics import NodeMetrics
 from planner.metrics import PlannerMetrics
 from router.app import create_app
-from router.dashboard.data import HISTOGRAMS, NODE_COUNTERS, ROUTER_COUNTERS
+from router.dashboard.data import HISTOGRAMS, NODE_COUNTERS, PAIR_SUMS, ROUTER_COUNTERS
 from router.settings import RouterSettings
 
 NAME = re.compile(r"\bsplitserve_[a-z0-9_]+")
@@ -77,6 +77,8 @@ def test_the_panels_cover_what_operators_look_at() -> None:
         "splitserve_kv_usage_ratio",
         "splitserve_kv_transfer_bytes_total",
         "splitserve_kv_transfer_failures_total",
+        "splitserve_kv_transfer_window_seconds_bucket",  # per peer pair
+        "splitserve_kv_transfer_size_bytes_sum",
         "splitserve_prefix_cache_hit_tokens_total",
         "splitserve_planner_desired_replicas",
         "splitserve_planner_decisions_total",
@@ -95,6 +97,6 @@ def test_the_configmap_carries_the_dashboard_for_the_sidecar() -> None:
 
 def test_the_router_dashboard_page_reads_exported_names() -> None:
     known = exported()
-    names = {*ROUTER_COUNTERS.values(), *NODE_COUNTERS.values()}
+    names = {*ROUTER_COUNTERS.values(), *NODE_COUNTERS.values(), *PAIR_SUMS.values()}
     names |= {h + "_bucket" for h in HISTOGRAMS.values()}
     assert names <= known, sorted(names - known)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from router_fakes import FakeNode, fake_cluster
 
 from models.tokenizer import Tokenizer
+from router.dashboard.data import transfer_pairs
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}]}
 pytestmark = pytest.mark.timeout(60)
@@ -40,3 +42,19 @@ async def test_the_page_its_files_and_the_snapshot(tokenizer: Tokenizer, script:
     ttft = data["histograms"]["ttft"]
     assert ttft[-1][0] == 1e308 and ttft[-1][1] == 1  # cumulative, +Inf last
     assert data["planner"] is None
+
+
+def test_transfer_pairs_from_a_reading_nodes_metrics() -> None:
+    """Per (transport, peer read from): completed READs, their windows and bytes."""
+    text = "".join(
+        f'splitserve_kv_transfer_{name}{{role="decode",node="d0",transport="tcp",'
+        f'peer="{peer}"}} {value}\n'
+        for peer, reads, window, nbytes in (("p1", 2, 0.5, 4e8), ("p0", 3, 0.25, 3e8))
+        for name, value in (("window_seconds_count", reads), ("window_seconds_sum", window),
+                            ("size_bytes_sum", nbytes), ("size_bytes_count", reads))
+    )  # fmt: skip
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert transfer_pairs(samples) == [
+        {"transport": "tcp", "peer": "p0", "reads": 3.0, "window_s": 0.25, "bytes": 3e8},
+        {"transport": "tcp", "peer": "p1", "reads": 2.0, "window_s": 0.5, "bytes": 4e8},
+    ]

@@ -163,6 +163,34 @@ function showRoutes(now, before, dt) {
   document.querySelector("#routes tbody").innerHTML = rows.join("");
 }
 
+// Each (peer read from -> reading node, transport) pair: READs/s, and the bandwidth and mean
+// time over the post-to-completion windows of the READs that completed in the window.
+function pairsOf(snap) {
+  const out = new Map();
+  for (const n of snap.nodes) {
+    for (const p of (n.counters && n.counters.pairs) || []) {
+      out.set(`${p.peer}>${n.id}>${p.transport}`, { ...p, node: n.id });
+    }
+  }
+  return out;
+}
+
+function showTransfers(now, before) {
+  const dt = now.at - before.at;
+  const old = pairsOf(before);
+  const rows = [...pairsOf(now).entries()].map(([key, p]) => {
+    const b = old.get(key) || { reads: 0, window_s: 0, bytes: 0 };
+    const reads = p.reads - b.reads, win = p.window_s - b.window_s, bytes = p.bytes - b.bytes;
+    const gbps = win > 0 ? `${(bytes / win / 1e9).toFixed(2)} GB/s` : "–";
+    const mean = reads > 0 ? fmtS(win / reads) : "–";
+    return `<tr data-pair="${key}"><td class="text">${p.peer} → ${p.node}</td>` +
+      `<td class="text">${p.transport}</td>` +
+      `<td>${dt > 0 ? fmtN(reads / dt) : "–"}</td><td>${gbps}</td><td>${mean}</td><td>${p.reads}</td></tr>`;
+  });
+  $("transfers-none").hidden = rows.length > 0;
+  document.querySelector("#transfers tbody").innerHTML = rows.join("");
+}
+
 function showPlanner(planner) {
   $("planner").hidden = !planner;
   $("planner-none").hidden = !!planner;
@@ -195,6 +223,7 @@ function update(now) {
   showPlanner(now.planner);
   showNodes(now, snapshots[Math.max(0, snapshots.length - 2)]);
   showRoutes(now, before, dt);
+  showTransfers(now, before);
   // stacked: prefill, then prefill + decode (the planner's wish alike)
   const [p, d] = ["prefill", "decode"].map((r) => now.nodes.filter((n) => n.role === r).length);
   const wish = now.planner ? now.planner.pools : null;
