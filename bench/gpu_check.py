@@ -6,8 +6,10 @@
 A session lent a GPU runs this first (one device call), then fixes what it shows and runs it
 again. Each step is a child process with its own deadline, cut to what is left of the
 budget, so one crash or hang (a kernel taking its pytest worker down) costs that step only;
-steps the budget cannot reach are recorded as skipped. The output folder gets three files,
-within what a device call brings back: ``gpu_check.json`` (every step's status, seconds,
+the tests, last, run on through what the others leave, and steps the budget cannot reach
+are recorded as skipped. The default steps' deadlines fit the default budget in sum
+(bench.gpu_check_steps). The output folder gets three files, within what a device call
+brings back: ``gpu_check.json`` (every step's status, seconds,
 headline figures against the targets of the GPU issue, the benchmarks' own JSON and the tail
 of each log), ``gpu_check.md`` (the table) and ``gpu_check.log`` (every step's output).
 

@@ -22,7 +22,7 @@ from router.metrics import RouterMetrics
 CPU_SIZES = (
     "--random-model", "tiny", "--concurrency", "2,4", "--waves", "1", "--max-prompt", "64",
     "--max-output", "8", "--warmup", "1",
-    "--up-args", "--threads-per-node 1 --num-kv-blocks 256 --transfer tcp",
+    "--up-args", "--threads-per-node 1 --num-kv-blocks 256",
 )  # fmt: skip
 
 
