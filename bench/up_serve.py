@@ -87,7 +87,10 @@ def model_dir(args: argparse.Namespace, directory: Path) -> tuple[Path, int]:
     that vocabulary's size."""
     from models import ensure_model
 
-    tokenizer_dir = ensure_model(args.tokenizer_from, progress=False, weights=False)
+    try:
+        tokenizer_dir = ensure_model(args.tokenizer_from, progress=False, weights=False)
+    except Exception as exc:  # not pulled and no network, or not a model directory
+        raise SystemExit(f"--tokenizer-from {args.tokenizer_from!r}: {exc}") from None
     vocab = int(json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"])
     path = write_random_model_dir(args.random_model, directory, tokenizer_dir, vocab_size=vocab)
     return path, vocab

@@ -110,3 +110,8 @@ def test_concurrency_levels_are_checked() -> None:
     for bad in ("", "0,4", "64,16", "4,4", "a"):
         with pytest.raises(Exception, match="--concurrency"):
             up_serve.parse_levels(bad)
+
+
+def test_a_missing_tokenizer_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"--tokenizer-from .*none"):
+        up_serve.main(["--tokenizer-from", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
