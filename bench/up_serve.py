@@ -9,7 +9,9 @@ model samples streams as text. On one GPU the nodes share it: `up` gives each an
 --gpu-memory-utilization. Then, for each level of --concurrency, the chat workload
 (bench/workloads.py) keeps that many requests in flight (all sent at once, capped by
 --max-concurrency) until --waves x that many are done. Per level: TTFT and TPOT p50 / p99
-and the output tokens per second; the top level's are the saturated figures.
+and the output tokens per second; the top level's are the saturated figures. With
+--budget-s the run, start-up included, ends by then: later levels are skipped, requests time
+out by it, and the cluster stops before the script returns.
 
 A request refused for want of KV blocks fails the run (exit 1): any request the bench saw
 fail, or any call a node answered busy (429 / 503: a decode node whose KV imports waited for
@@ -26,6 +28,7 @@ import json
 import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +36,11 @@ from bench.common import RESULTS_DIR, write_json
 from bench.random_model import SHAPES, write_random_model_dir
 from bench.serve import DEFAULT_SLO, ServeConfig, run_sweep
 from bench.serve_client import LoadOptions
-from bench.up_child import UpChild
+from bench.up_child import UP_TIMEOUT_S, UpChild
 
 ROLES = ("prefill", "decode")
 WORKLOAD = "chat"
+MIN_LEVEL_S = 5.0  # a level is not started with less of --budget-s left
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -76,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--max-output", type=positive, help="scale output lengths down to at most this")
     a("--warmup", type=int, default=4, help="untimed requests before the first level")
     a("--timeout", type=float, default=60.0, help="per-request timeout in seconds")
+    a("--budget-s", type=float, help="seconds for the whole run, start-up included")
     a("--up-args", default="", help="more `splitserve up` flags, one string")
     a("--seed", type=int, default=0)
     a("--out", type=Path, default=RESULTS_DIR / "up_serve.json")
@@ -103,9 +108,9 @@ def up_args(args: argparse.Namespace, model: Path) -> list[str]:
 
 
 def level_config(
-    args: argparse.Namespace, url: str, vocab: int, concurrency: int, warmup: int
+    args: argparse.Namespace, url: str, vocab: int, concurrency: int, warmup: int, left_s: float
 ) -> ServeConfig:
-    load = LoadOptions(args.timeout, concurrency, progress=False)
+    load = LoadOptions(min(args.timeout, left_s), concurrency, progress=False)
     return ServeConfig(
         url=url, model=None, workload=WORKLOAD, rates=(None,),
         num_requests=args.waves * concurrency, duration_s=None, max_prompt=args.max_prompt,
@@ -114,14 +119,21 @@ def level_config(
     )  # fmt: skip
 
 
-def run_levels(args: argparse.Namespace, up: UpChild, vocab: int) -> list[dict[str, Any]]:
-    """One sweep point per concurrency level (the warmup before the first); summaries only."""
-    levels = []
+def run_levels(
+    args: argparse.Namespace, up: UpChild, vocab: int, deadline: float
+) -> list[dict[str, Any]]:
+    """One sweep point per concurrency level (the warmup before the first) until
+    ``deadline`` (monotonic); summaries only, a level not started marked skipped."""
+    levels: list[dict[str, Any]] = []
     for n, concurrency in enumerate(args.concurrency):
-        config = level_config(args, up.url, vocab, concurrency, args.warmup if n == 0 else 0)
+        left_s = deadline - time.monotonic()
+        if left_s < MIN_LEVEL_S:
+            levels.append({"concurrency": concurrency, "skipped": f"{left_s:.0f} s left"})
+            continue
+        warmup = args.warmup if n == 0 else 0
+        config = level_config(args, up.url, vocab, concurrency, warmup, left_s)
         result = asyncio.run(run_sweep(config, None))
-        point = result["points"][0]
-        levels.append({"concurrency": concurrency, "summary": point["summary"]})
+        levels.append({"concurrency": concurrency, "summary": result["points"][0]["summary"]})
     return levels
 
 
@@ -151,10 +163,13 @@ def refusals(up: UpChild) -> dict[str, Any]:
 def report(
     args: argparse.Namespace, start_s: float, levels: list[dict[str, Any]], kv: dict[str, Any]
 ) -> dict[str, Any]:
-    top = levels[-1]["summary"]
-    failed = sum(level["summary"]["failed"] for level in levels)
+    ran = [level for level in levels if "summary" in level]
+    if not ran:
+        raise SystemExit("bench.up_serve: no concurrency level ran within --budget-s")
+    top = ran[-1]["summary"]
+    failed = sum(level["summary"]["failed"] for level in ran)
     saturated = {
-        "concurrency": levels[-1]["concurrency"],
+        "concurrency": ran[-1]["concurrency"],
         "output_tok_s": top["output_token_throughput"],
         **{f"{m}_p{p}_ms": top[f"{m}_ms"][f"p{p}"] for m in ("ttft", "tpot") for p in (50, 99)},
     }
@@ -178,6 +193,9 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print("| concurrency | ok | failed | out tok/s | TTFT p50 | p99 | TPOT p50 | p99 (ms) |")
     for level in result["levels"]:
+        if "summary" not in level:
+            print(f"| {level['concurrency']} | skipped: {level['skipped']} |")
+            continue
         s = level["summary"]
         ttft, tpot = s["ttft_ms"], s["tpot_ms"]
         print(
@@ -195,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="up-serve-") as tmp:
         model, vocab = model_dir(args, Path(tmp) / "model")
-        up = UpChild(up_args(args, model), Path(tmp) / "run")
+        budget_s = args.budget_s if args.budget_s is not None else UP_TIMEOUT_S + 3600
+        deadline = time.monotonic() + budget_s
+        up = UpChild(up_args(args, model), Path(tmp) / "run", min(UP_TIMEOUT_S, budget_s))
         try:
-            levels = run_levels(args, up, vocab)
+            levels = run_levels(args, up, vocab, deadline)
             kv = refusals(up)
         finally:
             up.stop()

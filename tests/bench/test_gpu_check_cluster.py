@@ -4,6 +4,7 @@ only the device and the sizes changed; and the refusals read from the router's r
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +22,7 @@ from router.metrics import RouterMetrics
 # the GPU step's command, sized for a 2-core machine (later flags win)
 CPU_SIZES = (
     "--random-model", "tiny", "--concurrency", "2,4", "--waves", "1", "--max-prompt", "64",
-    "--max-output", "8", "--warmup", "1",
+    "--max-output", "8", "--warmup", "1", "--budget-s", "240",
     "--up-args", "--threads-per-node 1 --num-kv-blocks 256",
 )  # fmt: skip
 
@@ -51,6 +52,12 @@ def test_the_cluster_step_runs_on_the_cpu(default_model_dir: Path, tmp_path: Pat
     assert set(result["kv"]["nodes"]) == {"prefill-0", "decode-0"}
     assert all(n["total_blocks"] == 256 for n in result["kv"]["nodes"].values())
     assert "| cluster | passed |" in (tmp_path / "gpu_check.md").read_text()
+
+
+_SUMMARY = {
+    "completed": 4, "failed": 0, "output_token_throughput": 100.0,
+    "ttft_ms": {"p50": 10.0, "p99": 20.0}, "tpot_ms": {"p50": 1.0, "p99": 2.0},
+}  # fmt: skip
 
 
 class _Metrics:
@@ -84,10 +91,7 @@ def test_busy_nodes_count_as_refused_and_fail_the_run() -> None:
     kv = _refusals(metrics)
     assert kv["busy"] == {"prefill": 1, "decode": 3} and kv["decode_waits"] == 5
     assert kv["nodes"]["decode-0"] == {"preemptions": 2, "total_blocks": 64}
-    summary = {
-        "completed": 4, "failed": 0, "output_token_throughput": 100.0,
-        "ttft_ms": {"p50": 10.0, "p99": 20.0}, "tpot_ms": {"p50": 1.0, "p99": 2.0},
-    }  # fmt: skip
+    summary = _SUMMARY
     args = up_serve.parse_args(["--device", "cpu"])
     result = up_serve.report(args, 5.0, [{"concurrency": 4, "summary": summary}], kv)
     assert result["refused_for_kv"] == 4 and not up_serve.served_all(result)
@@ -115,3 +119,15 @@ def test_concurrency_levels_are_checked() -> None:
 def test_a_missing_tokenizer_is_named(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"--tokenizer-from .*none"):
         up_serve.main(["--tokenizer-from", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+
+
+def test_levels_past_the_budget_are_skipped() -> None:
+    args = up_serve.parse_args(["--device", "cpu", "--concurrency", "2,4"])
+    up = cast(UpChild, None)  # no level starts: nothing is sent
+    levels = up_serve.run_levels(args, up, 512, deadline=time.monotonic() + 1)
+    assert [level.get("skipped", "").endswith("s left") for level in levels] == [True, True]
+    with pytest.raises(SystemExit, match="no concurrency level ran"):
+        up_serve.report(args, 5.0, levels, _refusals(RouterMetrics()))
+    ran = {"concurrency": 2, "summary": _SUMMARY}
+    result = up_serve.report(args, 5.0, [ran, levels[1]], _refusals(RouterMetrics()))
+    assert result["saturated"]["concurrency"] == 2 and up_serve.served_all(result)
