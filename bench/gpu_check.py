@@ -6,8 +6,10 @@
 A session lent a GPU runs this first (one device call), then fixes what it shows and runs it
 again. Each step is a child process with its own deadline, cut to what is left of the
 budget, so one crash or hang (a kernel taking its pytest worker down) costs that step only;
-steps the budget cannot reach are recorded as skipped. The output folder gets three files,
-within what a device call brings back: ``gpu_check.json`` (every step's status, seconds,
+the tests, last, run on through what the others leave, and steps the budget cannot reach
+are recorded as skipped. The default steps' deadlines fit the default budget in sum
+(bench.gpu_check_steps). The output folder gets three files, within what a device call
+brings back: ``gpu_check.json`` (every step's status, seconds,
 headline figures against the targets of the GPU issue, the benchmarks' own JSON and the tail
 of each log), ``gpu_check.md`` (the table) and ``gpu_check.log`` (every step's output).
 
@@ -29,9 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_check_steps import ROOT, STEPS, Figures, Step, environment_summary
+from bench.gpu_check_steps import (
+    DEFAULT_BUDGET_S,
+    ROOT,
+    STEPS,
+    Figures,
+    Step,
+    budget_plan,
+    environment_summary,
+)
 
-DEFAULT_BUDGET_S = 480.0  # one device call of at most 8 minutes, the check's whole run
 FILES = ("gpu_check.json", "gpu_check.md", "gpu_check.log")
 
 
@@ -117,7 +126,8 @@ def run_check(
                 continue
             try:
                 earlier = {o.name: o.figures for o in outcomes}
-                outcome = run_step(step, Path(tmp), min(step.timeout_s, left), log, earlier)
+                timeout_s = left if step.takes_rest else min(step.timeout_s, left)
+                outcome = run_step(step, Path(tmp), timeout_s, log, earlier)
             except Exception as exc:  # a step's own bug must not end the check
                 outcome = Outcome(step.name, "error", tail=f"{type(exc).__name__}: {exc}")
             outcomes.append(outcome)
@@ -187,12 +197,23 @@ def select(only: str) -> list[Step]:
     return [s for s in STEPS if not names or s.name in names]
 
 
+def plan_text(steps: list[Step], budget_s: float) -> str:
+    """One line a step (its deadline: ``+`` when it also takes what is left), then the sum."""
+    lines = []
+    for step in steps:
+        deadline = f"{step.timeout_s:5.0f} s{'+' if step.takes_rest else ' '}"
+        lines.append(f"{step.name:18} {deadline} python {' '.join(step.argv(None))}")
+    planned = budget_plan(steps)
+    fits = "fits" if planned <= budget_s else "EXCEEDS"
+    lines.append(f"deadlines + slack {planned:.0f} s: {fits} the budget of {budget_s:.0f} s")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     steps = select(args.only)
     if args.list:
-        for step in steps:
-            print(f"{step.name:18} {step.timeout_s:5.0f} s  python {' '.join(step.argv(None))}")
+        print(plan_text(steps, args.budget_s))
         return 0
     import torch
 

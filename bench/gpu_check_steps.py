@@ -1,6 +1,11 @@
 """The steps of the prepared GPU check (bench.gpu_check): what each runs, its deadline, the
-figures read from its JSON and the targets of the GPU issue they are held against. The
-benchmarks go first (each is short and bounded), the tests last with what is left."""
+figures read from its JSON and the targets of the GPU issue they are held against.
+
+The order: the acceptance figures first, the short kernel benchmarks before the engine runs
+(the bf16 cache's kernels before the int8 one's, which is read against it; the offline run
+before the CUDA graphs and the cluster, which find its kernels compiled), then the cluster,
+and the tests last: the slowest step, which takes whatever the benchmarks leave of the budget.
+The deadlines fit the default budget in sum (BUDGET_PLAN; tests/bench/test_gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 Figures = dict[str, Any]
+DEFAULT_BUDGET_S = 480.0  # one device call of at most 8 minutes, the check's whole run
+STEP_SLACK_S = 10.0  # starting and reaping the steps' processes, in all
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: steps run there
 
 # Test files whose behaviour changes on CUDA: the Triton kernels run compiled instead of
@@ -33,6 +40,7 @@ class Step:
     out_flag: str | None = "--out"  # how the step is told where to write its JSON
     min_s: float = 30.0  # not started with less of the budget left
     parses_output: bool = False  # figures come from the printed output, not a JSON
+    takes_rest: bool = False  # runs until the budget ends: ``timeout_s`` is its least
 
     def argv(self, out_json: Path | None) -> list[str]:
         out = [self.out_flag, str(out_json or "OUT.json")] if self.out_flag else []
@@ -126,6 +134,17 @@ def graph_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
     return figures
 
 
+def cluster_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
+    """The saturated level's output rate and TTFT / TPOT p50 and p99 (bench.up_serve), the
+    cluster's start-up, and the node calls refused for want of KV blocks."""
+    return {
+        **result["saturated"],
+        "start_s": result["start_s"],
+        "refused_for_kv": result["refused_for_kv"],
+        "failed_requests": result["failed_requests"],
+    }
+
+
 def _graph_targets(batches: tuple[str, ...]) -> dict[str, Callable[[Figures], bool]]:
     """Each batch's replayed step within 1.5x its roofline and faster than eager; the KV
     plan kept at least what the graphs took."""
@@ -146,39 +165,48 @@ PYTEST_ARGS = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120
 OFFLINE_ARGS = ("-m", "bench.offline", "--random-model", "llama-1b", "--device", "cuda")
 OFFLINE_WORKLOAD = ("--dtype", "bfloat16", "--requests", "256")
 
-STEPS: list[Step] = [
+UP_SERVE_ARGS = ("-m", "bench.up_serve", "--device", "cuda", "--random-model", "llama-1b")
+UP_SERVE_LOAD = ("--concurrency", "16,64,256", "--waves", "2", "--max-output", "128")
+UP_SERVE_BUDGET = ("--budget-s", "65")  # of the step's 80 s: the cluster's stop, the JSON
+
+# The deadlines in the default budget, in seconds (each step's cut to what is left of it):
+#   kernels 30 + kernels_int8 30 + prefill_attention 30 + weight_only_gemm 60
+#   + offline_llama_1b 90 + cuda_graphs 75 + cluster 80 = 395 for the benchmarks,
+#   + 10 slack for the processes between steps = 405; the tests get at least 480 - 405 = 75
+#   and run on through what the benchmarks leave of the 480.
+BENCHMARKS: list[Step] = [
     Step(
         "kernels",
         ("-m", "bench.kernels"),
-        timeout_s=60,
+        timeout_s=30,
         figures_of=kernel_figures,
         targets={"decode>=0.6": lambda f: f["decode_read_over_copy"] >= 0.6},
     ),
     Step(
         "kernels_int8",
         ("-m", "bench.kernels", "--kv-cache-dtype", "int8"),
-        timeout_s=60,
+        timeout_s=30,
         figures_of=kernel_figures,
         targets={">=0.6_of_bf16": lambda f: f.get("decode_over_bf16_cache", 0) >= 0.6},
     ),
     Step(
         "prefill_attention",
         ("-m", "bench.prefill_attention", "--seqs", "4", "--new", "2048"),
-        timeout_s=60,
+        timeout_s=30,
         figures_of=prefill_figures,
         targets={">=0.6": lambda f: f["over_equal_matmul"] >= 0.6},
     ),
     Step(
         "weight_only_gemm",
         ("-m", "bench.weight_only_gemm", "--rows", "1", "16", "2048"),
-        timeout_s=90,
+        timeout_s=60,
         figures_of=gemm_figures,
         targets={"int4>=1.5x": lambda f: f["w4a16_min_speedup_1_16_rows"] >= 1.5},
     ),
     Step(
         "offline_llama_1b",
         (*OFFLINE_ARGS, *OFFLINE_WORKLOAD),
-        timeout_s=150,
+        timeout_s=90,
         figures_of=offline_figures,
         targets={
             ">=20k_tok_s": lambda f: f["output_tok_s"] >= 20_000,
@@ -188,20 +216,37 @@ STEPS: list[Step] = [
     Step(
         "cuda_graphs",
         ("-m", "bench.cuda_graphs", "--random-model", "llama-1b", "--batches", "64", "256"),
-        timeout_s=120,
+        timeout_s=75,
         figures_of=graph_figures,
         targets=_graph_targets(("64", "256")),
     ),
     Step(
-        "tests",
-        (*PYTEST_ARGS, *gpu_test_files()),
-        timeout_s=240,
-        figures_of=pytest_counts,
-        targets={"no_failures": lambda f: f["failed"] == 0 and f["errors"] == 0},
-        out_flag=None,
-        parses_output=True,
+        "cluster",
+        (*UP_SERVE_ARGS, *UP_SERVE_LOAD, *UP_SERVE_BUDGET),
+        timeout_s=80,
+        figures_of=cluster_figures,
+        targets={
+            "no_kv_refusals": lambda f: f["refused_for_kv"] == 0 and f["failed_requests"] == 0
+        },
     ),
 ]
+TESTS = Step(
+    "tests",
+    (*PYTEST_ARGS, *gpu_test_files()),
+    timeout_s=DEFAULT_BUDGET_S - STEP_SLACK_S - sum(s.timeout_s for s in BENCHMARKS),
+    figures_of=pytest_counts,
+    targets={"no_failures": lambda f: f["failed"] == 0 and f["errors"] == 0},
+    out_flag=None,
+    parses_output=True,
+    takes_rest=True,
+)
+STEPS: list[Step] = [*BENCHMARKS, TESTS]
+
+
+def budget_plan(steps: list[Step]) -> float:
+    """Seconds the steps' deadlines take together, with the slack between them: what the
+    budget must hold for every step to get its whole deadline."""
+    return sum(s.timeout_s for s in steps) + STEP_SLACK_S
 
 
 def environment_summary() -> dict[str, Any]:

@@ -18,119 +18,62 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
-
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import RESULTS_DIR, write_json
 from bench.multiturn import Multiturn, format_lengths, parse_lengths, prefix_summary
 from bench.serve import DEFAULT_SLO, MULTITURN, SMOLLM2_VOCAB, ServeConfig, run_sweep
 from bench.serve_client import LoadOptions
 from bench.serve_stats import summarize
-from cluster.auth import cluster_headers, new_token
-from cluster.settings import CLUSTER_TOKEN_ENV
-from config_kit import Secret
+from bench.up_child import UpChild
 
-UP_TIMEOUT_S = 300.0
 POLICIES = ("round_robin", "least_loaded", "kv_aware")
 
 
-class Up:
+class Up(UpChild):
     """One `splitserve up` child, started with cold caches and stopped with SIGINT."""
 
     def __init__(self, policy: str, args: argparse.Namespace, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        argv = [sys.executable, "-m", "launcher.cli", "up", "--policy", policy]
-        argv += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
-        argv += ["--port", "0", "--run-dir", str(run_dir), *args.up_args]
+        up_args = ["--policy", policy, "--prefill", str(args.prefill)]
+        up_args += ["--decode", str(args.decode), *args.up_args]
         if args.threads_per_node:
-            argv += ["--threads-per-node", str(args.threads_per_node)]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # the run's cluster token, so that the nodes' /stats answer this process
-        self.token = os.environ.get(CLUSTER_TOKEN_ENV) or new_token()
-        env = dict(os.environ, **{CLUSTER_TOKEN_ENV: self.token})
-        with open(run_dir / "launcher.out", "wb") as sink:
-            self.proc = subprocess.Popen(
-                argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env
-            )
-        deadline = time.monotonic() + UP_TIMEOUT_S
-        while "splitserve is up" not in self._output():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"splitserve up did not come up:\n{self._output()[-2000:]}")
-            time.sleep(0.2)
-        self.layout = json.loads((run_dir / "cluster.json").read_text())
-
-    @property
-    def url(self) -> str:
-        return str(self.layout["router"])
+            up_args += ["--threads-per-node", str(args.threads_per_node)]
+        super().__init__(up_args, run_dir)
 
     def prefill_tokens_computed(self) -> int:
         """The prefill nodes' engine counter, summed (prompt tokens run through the model)."""
-        total = 0
-        for node in self.layout["nodes"].values():
-            if node["role"] == "prefill":
-                total += int(self._stats(node["url"])["counters"].get("tokens_computed", 0))
-        return total
+        return self._counter_sum("prefill", "tokens_computed")
 
     def decode_imported_blocks(self) -> int:
         """Blocks the decode nodes read from prefill nodes (the rest they held already)."""
-        total = 0
-        for node in self.layout["nodes"].values():
-            if node["role"] == "decode":
-                imported = self._stats(node["url"])["counters"].get("imported_blocks_total", 0)
-                total += int(imported)
-        return total
+        return self._counter_sum("decode", "imported_blocks_total")
 
-    def _stats(self, node_url: str) -> dict[str, Any]:
-        headers = cluster_headers(Secret(self.token))
-        resp = httpx.get(node_url + "/stats", headers=headers, timeout=10, trust_env=False)
-        resp.raise_for_status()
-        stats: dict[str, Any] = resp.json()
-        return stats
+    def _counter_sum(self, role: str, counter: str) -> int:
+        nodes = self.node_urls(role).values()
+        return sum(int(self.stats(url)["counters"].get(counter, 0)) for url in nodes)
 
     def router_kv(self) -> dict[str, dict[str, float]]:
         """Per pool, from the router's /metrics: requests routed to the node with the longest
         cached prefix (as the index saw it), to a shorter one, or with none anywhere; and the
         prefix-hit tokens the index predicted against those the nodes reported."""
-        text = httpx.get(self.url + "/metrics", timeout=10, trust_env=False).text
         out: dict[str, dict[str, float]] = {}
         names = {
             "splitserve_router_kv_routed_requests_total": "match",
             "splitserve_router_kv_predicted_hit_tokens_total": "predicted_hit_tokens",
             "splitserve_router_kv_actual_hit_tokens_total": "actual_hit_tokens",
         }
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = names.get(sample.name)
-                if key is None:
-                    continue
-                pool = out.setdefault(sample.labels["pool"], {})
-                key = f"routed_{sample.labels['match']}" if key == "match" else key
-                pool[key] = pool.get(key, 0.0) + sample.value
+        for sample in self.router_samples():
+            key = names.get(sample.name)
+            if key is None:
+                continue
+            pool = out.setdefault(sample.labels["pool"], {})
+            key = f"routed_{sample.labels['match']}" if key == "match" else key
+            pool[key] = pool.get(key, 0.0) + sample.value
         return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def _output(self) -> str:
-        path = self.run_dir / "launcher.out"
-        return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _config(args: argparse.Namespace, url: str, policy: str) -> ServeConfig:

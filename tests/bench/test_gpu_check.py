@@ -10,9 +10,11 @@ import pytest
 
 from bench import gpu_check
 from bench.gpu_check_steps import (
+    DEFAULT_BUDGET_S,
     ROOT,
     STEPS,
     Step,
+    budget_plan,
     gemm_figures,
     gpu_test_files,
     kernel_figures,
@@ -23,14 +25,17 @@ H200 = ROOT / "docs" / "bench" / "h200"
 WRITE = "import json, sys; json.dump({'value': %s}, open(sys.argv[-1], 'w'))"
 
 
-def _step(name: str, code: str, timeout_s: float = 60, **kw: object) -> Step:
+def _step(
+    name: str, code: str, timeout_s: float = 60, min_s: float = 1.0, takes_rest: bool = False
+) -> Step:
     return Step(
         name,
         ("-c", code),
         timeout_s=timeout_s,
         figures_of=lambda result, output, earlier: {"value": result["value"]},
         targets={"value>1": lambda f: f["value"] > 1},
-        min_s=kw.pop("min_s", 1.0),  # type: ignore[arg-type]
+        min_s=min_s,
+        takes_rest=takes_rest,
     )
 
 
@@ -60,6 +65,29 @@ def test_steps_past_the_budget_are_skipped(tmp_path: Path) -> None:
     steps = [_step("first", WRITE % 2), _step("late", WRITE % 2, min_s=30)]
     outcomes = gpu_check.run_check(steps, tmp_path, budget_s=120, clock=lambda: next(now))
     assert [o.status for o in outcomes] == ["passed", "skipped"]
+
+
+def test_the_default_deadlines_fit_the_default_budget() -> None:
+    # every step gets its whole deadline within one default run: 395 s of benchmarks, 10 s
+    # of slack and at least 75 s of tests make 480 s
+    assert gpu_check.parse_args([]).budget_s == DEFAULT_BUDGET_S == 480
+    assert budget_plan(STEPS) <= DEFAULT_BUDGET_S
+    names = [s.name for s in STEPS]
+    assert names[-2:] == ["cluster", "tests"]  # the slowest last
+    assert names.index("kernels") < names.index("kernels_int8")  # read against the bf16 run
+    assert names.index("offline_llama_1b") < names.index("cuda_graphs")  # kernels compiled
+    assert [s.name for s in STEPS if s.takes_rest] == ["tests"]
+    assert STEPS[-1].timeout_s >= 60
+    assert "fits the budget of 480 s" in gpu_check.plan_text(STEPS, DEFAULT_BUDGET_S)
+
+
+def test_the_last_step_runs_on_through_what_is_left(tmp_path: Path) -> None:
+    steps = [_step("first", WRITE % 2), _step("rest", WRITE % 2, timeout_s=1, takes_rest=True)]
+    gpu_check.run_check(steps, tmp_path, budget_s=300)
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert "===== first: " in log and "(deadline 60 s)" in log
+    rest = log.split("===== rest: ")[1].splitlines()[0]
+    assert rest.endswith("s)") and int(rest.rsplit("(deadline ", 1)[1].split()[0]) > 200
 
 
 def test_unknown_step_names_are_refused() -> None:
