@@ -1,0 +1,99 @@
+"""A peer engine (vLLM or llama.cpp) timed on a list of prompts, run by the peer's own Python.
+
+bench.peers starts ``PEER_PYTHON peer_child.py`` with a job on standard input and reads one
+``PEER_RESULT {json}`` line back. This file imports nothing of the project (the peer's venv has
+its own torch, transformers and vLLM), only the standard library and the peer.
+
+Job: ``engine`` (``vllm`` or ``llama_cpp``), ``model`` (vLLM: the HF directory; llama.cpp: the
+GGUF file), ``prompts`` (token ids), ``new_tokens``, ``one_at_a_time`` (vLLM: one ``generate``
+call per prompt, else one for all; llama.cpp serves one sequence at a time either way),
+``threads``, ``dtype`` (vLLM) and ``no_extra_bufts`` (llama.cpp: its repacked weight layouts
+off). Greedy, every prompt gets exactly ``new_tokens`` tokens. The time covers generation only,
+not loading the model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+RESULT_PREFIX = "PEER_RESULT "
+
+
+def run_vllm(job: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams  # type: ignore[import-not-found,unused-ignore]
+    from vllm.inputs import TokensPrompt  # type: ignore[import-not-found,unused-ignore]
+
+    prompts = job["prompts"]
+    llm = LLM(
+        model=job["model"], dtype=job["dtype"], seed=0, max_num_seqs=len(prompts),
+        max_model_len=max(len(p) for p in prompts) + job["new_tokens"],
+    )  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], ignore_eos=True)
+    waves = [[p] for p in prompts] if job["one_at_a_time"] else [prompts]
+    generate = llm.generate
+    generate([TokensPrompt(prompt_token_ids=prompts[0][:8])], params, use_tqdm=False)  # warm
+    tokens, start = 0, time.perf_counter()
+    for wave in waves:
+        outs = generate([TokensPrompt(prompt_token_ids=p) for p in wave], params, use_tqdm=False)
+        tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+    import vllm  # type: ignore[import-not-found,unused-ignore]
+
+    return {"seconds": time.perf_counter() - start, "generated_tokens": tokens,
+            "version": vllm.__version__}  # fmt: skip
+
+
+def _no_extra_bufts() -> None:
+    """Model params with the extra buffer types off, for every Llama made after this."""
+    import llama_cpp.llama_cpp as lc  # type: ignore[import-not-found,unused-ignore]
+
+    default = lc.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lc.llama_model_default_params = params
+
+
+def run_llama_cpp(job: dict[str, Any]) -> dict[str, Any]:
+    if job.get("no_extra_bufts"):
+        _no_extra_bufts()
+    import llama_cpp  # type: ignore[import-not-found,unused-ignore]
+
+    prompts, new_tokens, threads = job["prompts"], job["new_tokens"], job["threads"]
+    llm = llama_cpp.Llama(
+        model_path=job["model"], n_threads=threads, n_threads_batch=threads, seed=0,
+        n_ctx=max(len(p) for p in prompts) + new_tokens + 16, verbose=False,
+    )  # fmt: skip
+    _generate(llm, prompts[0][:8], 2)  # warm
+    tokens, start = 0, time.perf_counter()
+    for p in prompts:
+        tokens += _generate(llm, p, new_tokens)
+    return {"seconds": time.perf_counter() - start, "generated_tokens": tokens,
+            "version": llama_cpp.__version__}  # fmt: skip
+
+
+def _generate(llm: Any, prompt: list[int], new_tokens: int) -> int:
+    """Greedy tokens after ``prompt`` (end of sequence ignored); how many."""
+    llm.reset()
+    n = 0
+    for _ in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+        n += 1
+        if n == new_tokens:
+            break
+    return n
+
+
+def main() -> int:
+    job = json.load(sys.stdin)
+    run = {"vllm": run_vllm, "llama_cpp": run_llama_cpp}[job["engine"]]
+    print(RESULT_PREFIX + json.dumps(run(job)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
