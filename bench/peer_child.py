@@ -1,6 +1,6 @@
 """A peer engine (vLLM or llama.cpp) timed on a list of prompts, run by the peer's own Python.
 
-bench.peers starts ``PEER_PYTHON peer_child.py`` with a job on standard input and reads one
+bench.peers starts ``PEER_PYTHON -c <this file>`` with a job on standard input and reads one
 ``PEER_RESULT {json}`` line back. This file imports nothing of the project (the peer's venv has
 its own torch, transformers and vLLM), only the standard library and the peer.
 

@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,11 @@ def run_child(python: str, job: dict[str, Any]) -> dict[str, Any]:
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     env.pop("PYTHONPATH", None)  # the peer's venv alone
+    # as -c from a neutral directory: run as a file, bench/ would lead sys.path, and its
+    # modules would stand in for packages the peer looks for (transformers tries `kernels`)
     done = subprocess.run(
-        [python, str(CHILD)], input=json.dumps(job), env=env, capture_output=True, text=True,
-        timeout=CHILD_TIMEOUT_S,
+        [python, "-c", CHILD.read_text()], input=json.dumps(job), env=env, capture_output=True,
+        text=True, timeout=CHILD_TIMEOUT_S, cwd=tempfile.gettempdir(),
     )  # fmt: skip
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("PEER_RESULT ")]
     if done.returncode != 0 or not lines:

@@ -90,6 +90,11 @@ class EngineConfig:
     # a few rows) take bf16 inputs, summed in fp32: a bf16 model's precision, about 3x the
     # speed. Elsewhere (no AMX, unpacked weights, CUDA) the products stay as they are.
     float32_matmul_precision: str = "highest"
+    # CPU packed weights (GGUF, AWQ, GPTQ): products of up to 64 rows (decode steps) round
+    # each activation row to int8 per block of 32 (Q8_0, as llama.cpp) and run on integer
+    # dot products (AVX2, AVX-512 VNNI; engine.cpu_kernels.quant_int8), about 2x the exact
+    # kernel's speed. Off: every product exact to the fp32 conversion's.
+    int8_activations: bool = False
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role. None: on where the device runs
     # the step asynchronously (CUDA); on the CPU the forward runs in the calling thread, so
@@ -164,6 +169,10 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.float32_matmul_precision must be one of "
                 f"{', '.join(MATMUL_PRECISIONS)}, got {self.float32_matmul_precision!r}"
+            )
+        if not isinstance(self.int8_activations, bool):
+            raise ValueError(
+                f"EngineConfig.int8_activations must be a bool, got {self.int8_activations!r}"
             )
         check_speculative(self)
         check_offload(self)

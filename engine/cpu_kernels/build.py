@@ -26,6 +26,7 @@ SOURCES = tuple(
         "sampling.c",
         "moe.c",
         "quant_linear.c",
+        "quant_int8.c",
         "quant_amx.c",
         "quant_amx_bf16.c",
         "prefill_attention_amx.c",

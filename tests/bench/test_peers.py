@@ -23,7 +23,7 @@ from tests.engine.tiny_tokenizer import save_byte_tokenizer
 # job kills itself with SIGSEGV while its extra buffer types are on, where FAKE_CRASH is set.
 FAKE = """#!{python}
 import json, os, signal, sys
-if sys.argv[1] == "-c":
+if sys.argv[2].startswith("import "):
     module = sys.argv[2].split()[-1]
     if module in os.environ.get("FAKE_PEERS", "").split(","):
         sys.exit(0)
