@@ -10,8 +10,10 @@ the CPU caches. The model's linear layers from 1 to 512 rows: F.linear and the C
 over packed weights (engine.model.linear), as GFLOP/s against the same run's matmul peak.
 The same layers packed as Q4_1 (4-bit codes, scale and min per 32 inputs, random), from 1
 to 1024 rows: the packed kernel (engine.cpu_kernels.quant_linear: AMX tiles where the machine
-has them, ``packed_fma`` its FMA path), the fp32 kernel, and F.linear in bf16 (oneDNN, AMX
-bf16 where present: what vLLM's CPU backend runs), against the same run's bf16 matmul peak.
+has them, ``packed_fma`` its FMA path, ``packed_int8`` the integer-dot kernel of
+engine.cpu_kernels.quant_int8 where the build has one), the fp32 kernel, and F.linear in bf16
+(oneDNN, AMX bf16 where present: what vLLM's CPU backend runs), against the same run's fp32
+and bf16 matmul peaks (each the better of before and after).
 Prefill attention (fp32, one fresh prompt of each ``--prefill-lens``, causal): the C prefill
 kernel (engine.cpu_kernels.prefill) and the torch path it replaces (one SDPA call per chunk,
 ``attend``), interleaved, against a same-run fp32 matmul of equal FLOPs (4 x heads x d per
@@ -134,10 +136,13 @@ def packed_runs(
 ) -> dict[str, Callable[[int], object]]:
     """One call of each path over every layer, x and xb by input width."""
     from engine import cpu_kernels
+    from engine.cpu_kernels.quant_int8 import QuantInt8Linear, isa
     from engine.cpu_kernels.quant_linear import quant_linear
 
+    int8 = [(QuantInt8Linear(q._cpu_kernel), k) for q, _p, _b, k in layers] if isa() else []
     return {
         "packed": lambda _: [q.linear(x[k]) for q, _p, _b, k in layers],
+        **({"packed_int8": lambda _: [q(x[k]) for q, k in int8]} if int8 else {}),
         "packed_fma": lambda _: [
             quant_linear(x[k], q.codes, q.scales, q.mins, 4, 32, amx_rows=0)
             for q, _p, _b, k in layers
@@ -155,7 +160,7 @@ def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
     if not cpu_kernels.available():
         print("C kernels unavailable here: packed linear skipped", file=sys.stderr)
         return {}
-    peak = matmul_peak_gflops(torch.bfloat16)
+    peak, fp32_peak = matmul_peak_gflops(torch.bfloat16), matmul_peak_gflops(torch.float32)
     gen = torch.Generator().manual_seed(1)
     shapes = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
     layers: list[Layer] = []
@@ -169,16 +174,25 @@ def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
             panels = cpu_kernels.pack_linear_weight(dense)
             assert panels is not None  # N is a multiple of 16
             layers.append((q, panels, dense.bfloat16(), k))
-    out: dict[str, Any] = {"bf16_matmul_peak_gflop_s": peak, "amx": amx_available()}
+    out: dict[str, Any] = {"amx": amx_available()}
     for rows in tqdm(args.packed_rows, desc="packed linear", file=sys.stderr):
         x = {k: torch.randn(rows, k) for k in {s[1] for s in shapes.values()}}
         flops = 2 * rows * args.layers * sum(o * i for o, i in shapes.values())
         runs = packed_runs(layers, x, {k: v.bfloat16() for k, v in x.items()})
-        row: dict[str, float] = {}
-        for name, fn in runs.items():
-            gflops = flops / best_seconds(fn, 1, repeats=3) / 1e9
-            row[f"{name}_gflop_s"], row[f"{name}_ratio_to_bf16_peak"] = gflops, gflops / peak
-        out[f"rows_{rows}"] = row
+        out[f"rows_{rows}"] = {
+            f"{name}_gflop_s": flops / best_seconds(fn, 1, repeats=3) / 1e9
+            for name, fn in runs.items()
+        }
+    # the peaks before and after, the better kept: one taken while other work loads the
+    # machine would flatter the ratios
+    peak = max(peak, matmul_peak_gflops(torch.bfloat16))
+    fp32_peak = max(fp32_peak, matmul_peak_gflops(torch.float32))
+    out |= {"bf16_matmul_peak_gflop_s": peak, "fp32_matmul_peak_gflop_s": fp32_peak}
+    for rows in args.packed_rows:
+        row = out[f"rows_{rows}"]
+        for name in [k.removesuffix("_gflop_s") for k in row]:
+            row[f"{name}_ratio_to_fp32_peak"] = row[f"{name}_gflop_s"] / fp32_peak
+            row[f"{name}_ratio_to_bf16_peak"] = row[f"{name}_gflop_s"] / peak
     return out
 
 
@@ -305,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     if "packed" in only and (packed := bench_packed_linear(args)):
         payload["packed_linear"] = packed
         print(
-            f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), bf16 matmul peak "
-            f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s:"
+            f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), fp32 / bf16 matmul "
+            f"peak {packed['fp32_matmul_peak_gflop_s']:.1f} / "
+            f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s (ratios to each):"
         )
         print_rows(packed, args.packed_rows)
     if "prefill" in only and (prefill := bench_prefill(args)):

@@ -5,11 +5,11 @@ bench.peers starts ``PEER_PYTHON -c <this file>`` with a job on standard input a
 its own torch, transformers and vLLM), only the standard library and the peer.
 
 Job: ``engine`` (``vllm`` or ``llama_cpp``), ``model`` (vLLM: the HF directory; llama.cpp: the
-GGUF file), ``prompts`` (token ids), ``new_tokens``, ``one_at_a_time`` (vLLM: one ``generate``
-call per prompt, else one for all; llama.cpp serves one sequence at a time either way),
-``threads``, ``dtype`` (vLLM) and ``no_extra_bufts`` (llama.cpp: its repacked weight layouts
-off). Greedy, every prompt gets exactly ``new_tokens`` tokens. The time covers generation only,
-not loading the model.
+GGUF file), ``workloads`` (name -> ``prompts``, token ids, and ``one_at_a_time``: vLLM makes one
+``generate`` call per prompt, else one for all; llama.cpp serves one sequence at a time either
+way), ``new_tokens``, ``threads``, ``dtype`` (vLLM) and ``no_extra_bufts`` (llama.cpp: its
+repacked weight layouts off). The model loads once, then the workloads run in order, greedy,
+every prompt exactly ``new_tokens`` tokens; each one's time covers its generation only.
 """
 
 from __future__ import annotations
@@ -22,27 +22,41 @@ from typing import Any
 RESULT_PREFIX = "PEER_RESULT "
 
 
+def _all_prompts(job: dict[str, Any]) -> list[list[int]]:
+    return [p for w in job["workloads"].values() for p in w["prompts"]]
+
+
 def run_vllm(job: dict[str, Any]) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams  # type: ignore[import-not-found,unused-ignore]
+    import vllm  # type: ignore[import-not-found,unused-ignore]
     from vllm.inputs import TokensPrompt  # type: ignore[import-not-found,unused-ignore]
 
-    prompts = job["prompts"]
-    llm = LLM(
-        model=job["model"], dtype=job["dtype"], seed=0, max_num_seqs=len(prompts),
+    prompts = _all_prompts(job)
+    llm = vllm.LLM(
+        model=job["model"], dtype=job["dtype"], seed=0,
+        max_num_seqs=max(len(w["prompts"]) for w in job["workloads"].values()),
         max_model_len=max(len(p) for p in prompts) + job["new_tokens"],
     )  # fmt: skip
-    params = SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], ignore_eos=True)
-    waves = [[p] for p in prompts] if job["one_at_a_time"] else [prompts]
-    generate = llm.generate
-    generate([TokensPrompt(prompt_token_ids=prompts[0][:8])], params, use_tqdm=False)  # warm
-    tokens, start = 0, time.perf_counter()
-    for wave in waves:
-        outs = generate([TokensPrompt(prompt_token_ids=p) for p in wave], params, use_tqdm=False)
-        tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-    import vllm  # type: ignore[import-not-found,unused-ignore]
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], ignore_eos=True)
 
-    return {"seconds": time.perf_counter() - start, "generated_tokens": tokens,
-            "version": vllm.__version__}  # fmt: skip
+    def generate(batch: list[list[int]]) -> int:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params,
+                            use_tqdm=False)  # fmt: skip
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    generate([prompts[0][:8]])  # warm
+    return {"workloads": _timed(job, generate), "version": vllm.__version__}
+
+
+def _timed(job: dict[str, Any], generate: Any) -> dict[str, Any]:
+    """Each workload's generation time and tokens; ``generate(prompts)`` -> tokens made."""
+    out = {}
+    for name, w in job["workloads"].items():
+        prompts = w["prompts"]
+        waves = [[p] for p in prompts] if w["one_at_a_time"] else [prompts]
+        start = time.perf_counter()
+        tokens = sum(generate(wave) for wave in waves)
+        out[name] = {"seconds": time.perf_counter() - start, "generated_tokens": tokens}
+    return out
 
 
 def _no_extra_bufts() -> None:
@@ -64,17 +78,17 @@ def run_llama_cpp(job: dict[str, Any]) -> dict[str, Any]:
         _no_extra_bufts()
     import llama_cpp  # type: ignore[import-not-found,unused-ignore]
 
-    prompts, new_tokens, threads = job["prompts"], job["new_tokens"], job["threads"]
+    prompts, new_tokens, threads = _all_prompts(job), job["new_tokens"], job["threads"]
     llm = llama_cpp.Llama(
         model_path=job["model"], n_threads=threads, n_threads_batch=threads, seed=0,
         n_ctx=max(len(p) for p in prompts) + new_tokens + 16, verbose=False,
     )  # fmt: skip
     _generate(llm, prompts[0][:8], 2)  # warm
-    tokens, start = 0, time.perf_counter()
-    for p in prompts:
-        tokens += _generate(llm, p, new_tokens)
-    return {"seconds": time.perf_counter() - start, "generated_tokens": tokens,
-            "version": llama_cpp.__version__}  # fmt: skip
+
+    def generate(batch: list[list[int]]) -> int:
+        return sum(_generate(llm, p, new_tokens) for p in batch)
+
+    return {"workloads": _timed(job, generate), "version": llama_cpp.__version__}
 
 
 def _generate(llm: Any, prompt: list[int], new_tokens: int) -> int:

@@ -15,7 +15,9 @@ token ids, 128 greedy output tokens each, all submitted at once; ``batch1``, the
 those prompts one at a time, 128 tokens each. Systems: splitserve on the model's packed GGUF
 (the default) and on its fp32 conversion, vLLM on the fp32 conversion (``--vllm-dtype``) and
 llama.cpp on the same GGUF (one sequence at a time: llama-cpp-python's ``Llama`` serves one).
-Each peer runs in a child process (bench/peer_child.py); llama.cpp's child, if it dies of a
+Each system loads the model once a round and runs the workloads in turn; the systems take
+turns in the same order every round. Each peer runs in a child process (bench/peer_child.py);
+llama.cpp's child, if it dies of a
 signal (its AMX repacking crashed once), is retried once with its extra buffer types off,
 and the table marks the row ``no extra bufts``. Figures: output tokens per second of
 generation (model loading excluded), each round's fp32 matmul peak and copy bandwidth beside
@@ -45,9 +47,14 @@ CHILD = Path(__file__).with_name("peer_child.py")
 CHILD_TIMEOUT_S = 3600.0
 COPY_BYTES = 256 << 20
 WORKLOADS = ("offline", "batch1")
-OURS = {"splitserve": "gguf", "splitserve_fp32": "none"}  # system -> quantization
+OURS: dict[str, dict[str, Any]] = {  # system -> its EngineConfig options
+    "splitserve": {"quantization": "gguf"},
+    "splitserve_int8": {"quantization": "gguf", "int8_activations": True},
+    "splitserve_fp32": {"quantization": "none"},
+}
 LABELS = {
     "splitserve": "splitserve (packed GGUF)",
+    "splitserve_int8": "splitserve (packed GGUF, int8_activations)",
     "splitserve_fp32": "splitserve (fp32)",
     "vllm": "vLLM-CPU",
     "llama_cpp": "llama.cpp",
@@ -107,29 +114,34 @@ def run_llama_cpp(python: str, job: dict[str, Any]) -> dict[str, Any]:
     raise PeerFailed("; ".join(failed))
 
 
-def run_ours(
-    model_dir: Path, prompts: list[list[int]], new_tokens: int, one_at_a_time: bool, **opts: Any
-) -> dict[str, Any]:
-    """Our engine on the prompts (all at once, or one after another); generation time only."""
+def run_ours(model_dir: Path, job: dict[str, Any], **opts: Any) -> dict[str, Any]:
+    """Our engine on a job's workloads (peer_child's protocol): built once, each workload's
+    generation timed."""
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from models.sampling_params import SamplingParams
 
-    max_len = max(len(p) for p in prompts) + new_tokens
+    workloads = job["workloads"].values()
+    seqs = max(len(w["prompts"]) for w in workloads)
+    max_len = max(len(p) for w in workloads for p in w["prompts"]) + job["new_tokens"]
     engine = LLMEngine(
         EngineConfig(
-            model_dir=model_dir, num_kv_blocks=len(prompts) * -(-max_len // 16) + 16,
-            max_num_seqs=len(prompts), max_num_batched_tokens=2048, **opts,
+            model_dir=model_dir, num_kv_blocks=seqs * -(-max_len // 16) + 16,
+            max_num_seqs=seqs, max_num_batched_tokens=2048, **opts,
         )
     )  # fmt: skip
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    waves = [[p] for p in prompts] if one_at_a_time else [prompts]
-    _drain(engine, [prompts[0][:8]], SamplingParams(max_tokens=2, temperature=0.0))  # warm
-    start = time.perf_counter()
-    tokens = sum(_drain(engine, wave, params) for wave in waves)
-    seconds = time.perf_counter() - start
+    params = SamplingParams(max_tokens=job["new_tokens"], temperature=0.0, ignore_eos=True)
+    first = next(iter(workloads))["prompts"][0][:8]
+    _drain(engine, [first], SamplingParams(max_tokens=2, temperature=0.0))  # warm
+    out = {}
+    for name, w in job["workloads"].items():
+        prompts = w["prompts"]
+        waves = [[p] for p in prompts] if w["one_at_a_time"] else [prompts]
+        start = time.perf_counter()
+        tokens = sum(_drain(engine, wave, params) for wave in waves)
+        out[name] = {"seconds": time.perf_counter() - start, "generated_tokens": tokens}
     engine.close()
-    return {"seconds": seconds, "generated_tokens": tokens}
+    return {"workloads": out}
 
 
 def _drain(engine: Any, prompts: list[list[int]], params: Any) -> int:
@@ -155,22 +167,29 @@ def systems(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
     return run, left
 
 
-def run_system(name: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One system on one workload; a peer's failure becomes the row's ``error``."""
-    prompts = args.prompts if workload == "offline" else args.prompts[: args.batch1_prompts]
-    one = workload == "batch1"
-    job = {"prompts": prompts, "new_tokens": args.new_tokens, "one_at_a_time": one,
+def run_system(name: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """One system loaded once, every workload run on it: workload -> its result (a peer's
+    failure becomes each workload's ``error``)."""
+    workloads = {
+        w: {"prompts": args.prompts if w == "offline" else args.prompts[: args.batch1_prompts],
+            "one_at_a_time": w == "batch1"}
+        for w in args.workloads
+    }  # fmt: skip
+    job = {"workloads": workloads, "new_tokens": args.new_tokens,
            "threads": torch.get_num_threads()}  # fmt: skip
     try:
         if name in OURS:
-            return run_ours(args.model_dir, prompts, args.new_tokens, one, quantization=OURS[name])
-        if name == "vllm":
+            result = run_ours(args.model_dir, job, **OURS[name])
+        elif name == "vllm":
             job |= {"engine": "vllm", "model": str(args.model_dir), "dtype": args.vllm_dtype}
-            return run_child(args.peer_python, job)
-        job |= {"engine": "llama_cpp", "model": str(args.gguf)}
-        return run_llama_cpp(args.peer_python, job)
+            result = run_child(args.peer_python, job)
+        else:
+            job |= {"engine": "llama_cpp", "model": str(args.gguf)}
+            result = run_llama_cpp(args.peer_python, job)
     except PeerFailed as exc:
-        return {"error": str(exc)}
+        return {w: {"error": str(exc)} for w in workloads}
+    extra = {k: v for k, v in result.items() if k != "workloads"}  # version, mode, failed
+    return {w: {**r, **extra} for w, r in result["workloads"].items()}
 
 
 def limits() -> dict[str, float]:
@@ -180,33 +199,34 @@ def limits() -> dict[str, float]:
 
 
 def run_rounds(args: argparse.Namespace, names: list[str]) -> list[dict[str, Any]]:
-    """Every round: the limits, then each workload on each system, in the same order."""
+    """Every round: the limits, then each system (loaded once) on each workload, in the same
+    order."""
     rounds = []
     for i in range(args.rounds):
-        entry: dict[str, Any] = {"limits": limits()}
-        for workload in args.workloads:
-            row = entry[workload] = {}
-            for name in names:
-                print(f"round {i + 1}: {workload} on {name} ...", file=sys.stderr, flush=True)
-                result = run_system(name, workload, args)
+        entry: dict[str, Any] = {"limits": limits(), **{w: {} for w in args.workloads}}
+        for name in names:
+            print(f"round {i + 1}: {name} ...", file=sys.stderr, flush=True)
+            for workload, result in run_system(name, args).items():
                 if "seconds" in result:
                     result["out_tok_s"] = result["generated_tokens"] / result["seconds"]
-                row[name] = result
+                entry[workload][name] = result
         rounds.append(entry)
     return rounds
 
 
 def ratios(rounds: list[dict[str, Any]], workload: str) -> dict[str, list[float | None]]:
-    """splitserve's output tok/s over each peer's, per round."""
+    """Each of our packed systems' output tok/s over each peer's, per round, keyed
+    ``ours/peer``."""
     out: dict[str, list[float | None]] = {}
-    for peer in ("vllm", "llama_cpp", "splitserve_fp32"):
-        per_round = []
-        for entry in rounds:
-            ours, theirs = entry[workload].get("splitserve", {}), entry[workload].get(peer)
-            ok = theirs is not None and "out_tok_s" in theirs and "out_tok_s" in ours
-            per_round.append(ours["out_tok_s"] / theirs["out_tok_s"] if ok else None)
-        if any(r is not None for r in per_round):
-            out[peer] = per_round
+    for ours_name in ("splitserve", "splitserve_int8"):
+        for peer in ("vllm", "llama_cpp"):
+            per_round = []
+            for entry in rounds:
+                ours, theirs = entry[workload].get(ours_name, {}), entry[workload].get(peer)
+                ok = theirs is not None and "out_tok_s" in theirs and "out_tok_s" in ours
+                per_round.append(ours["out_tok_s"] / theirs["out_tok_s"] if ok else None)
+            if any(r is not None for r in per_round):
+                out[f"{ours_name}/{peer}"] = per_round
     return out
 
 
@@ -233,9 +253,11 @@ def table(report: dict[str, Any]) -> str:
             results = [entry[workload][name] for entry in rounds]
             cells = "".join(f"  {_cell(r)}" for r in results)
             lines.append(f"{workload:<9} {_label(name, results):<52}{cells}")
-        for peer, per in report["ratios"][workload].items():
+        for pair, per in report["ratios"][workload].items():
+            ours, peer = pair.split("/")
             cells = "".join(f"  {r:8.2f}x" if r is not None else f"  {'-':>9}" for r in per)
-            lines.append(f"{workload:<9} {'splitserve / ' + LABELS[peer]:<52}{cells}")
+            name = ("splitserve int8" if ours == "splitserve_int8" else "splitserve") + " / "
+            lines.append(f"{workload:<9} {name + LABELS[peer]:<52}{cells}")
     for key, unit in (("fp32_matmul_peak_gflop_s", "GFLOP/s"), ("copy_gb_s", "GB/s"),
                       ("load_1m", "")):  # fmt: skip
         cells = "".join(f"  {entry['limits'][key]:9.1f}" for entry in rounds)

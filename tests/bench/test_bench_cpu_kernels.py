@@ -36,6 +36,7 @@ def test_small_run_writes_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert result["linear"]["rows_4"]["f_linear_ratio_to_peak"] > 0
     packed = result["packed_linear"]["rows_3"]
     assert packed["packed_ratio_to_bf16_peak"] > 0 and packed["torch_bf16_gflop_s"] > 0
+    assert packed["packed_ratio_to_fp32_peak"] > 0
     printed = capsys.readouterr().out
     assert "ratio to memcpy" in printed and "packed as Q4_1" in printed
 

@@ -30,12 +30,13 @@ if sys.argv[2].startswith("import "):
     sys.exit(f"ModuleNotFoundError: No module named '{{module}}'")
 job = json.load(sys.stdin)
 with open(os.environ["FAKE_LOG"], "a") as log:
-    keys = ("engine", "no_extra_bufts", "one_at_a_time")
-    log.write(json.dumps({{k: job.get(k) for k in keys}}) + "\\n")
+    ones = {{name: w["one_at_a_time"] for name, w in job["workloads"].items()}}
+    log.write(json.dumps({{"engine": job["engine"], "ones": ones}}) + "\\n")
 if job["engine"] == "llama_cpp" and not job["no_extra_bufts"] and os.environ.get("FAKE_CRASH"):
     os.kill(os.getpid(), signal.SIGSEGV)
-tokens = len(job["prompts"]) * job["new_tokens"]
-print("PEER_RESULT " + json.dumps({{"seconds": 0.5, "generated_tokens": tokens, "version": "9.9"}}))
+done = {{name: {{"seconds": 0.5, "generated_tokens": len(w["prompts"]) * job["new_tokens"]}}
+        for name, w in job["workloads"].items()}}
+print("PEER_RESULT " + json.dumps({{"workloads": done, "version": "9.9"}}))
 """
 
 
@@ -83,11 +84,12 @@ def test_every_system_both_workloads_two_rounds(
         assert entry["batch1"]["splitserve_fp32"]["generated_tokens"] == 2 * 3
         assert entry["offline"]["vllm"]["out_tok_s"] == pytest.approx(9 / 0.5)
         assert entry["batch1"]["llama_cpp"]["mode"] == "default"
-    assert all(r is not None and r > 0 for r in report["ratios"]["offline"]["vllm"])
+    assert all(r is not None and r > 0 for r in report["ratios"]["offline"]["splitserve/vllm"])
+    assert entry["batch1"]["splitserve_int8"]["generated_tokens"] == 2 * 3
     jobs = [json.loads(line) for line in (tmp_path / "jobs.log").read_text().splitlines()]
-    # interleaved: each round runs each workload on each peer once, batch1 one at a time
-    assert len(jobs) == 2 * 2 * 2
-    assert {j["one_at_a_time"] for j in jobs if j["engine"] == "vllm"} == {False, True}
+    # each round loads each peer once for both workloads, batch1 one prompt at a time
+    assert [j["engine"] for j in jobs] == ["vllm", "llama_cpp"] * 2
+    assert all(j["ones"] == {"offline": False, "batch1": True} for j in jobs)
     printed = capsys.readouterr().out
     assert "splitserve / vLLM-CPU" in printed and "llama.cpp 9.9" in printed
     assert "fp32_matmul_peak_gflop_s" in printed
@@ -114,5 +116,5 @@ def test_a_peer_that_fails_is_reported_not_raised(
     monkeypatch.setenv("FAKE_LOG", str(tmp_path / "missing-dir" / "jobs.log"))  # the job fails
     report = _run(model_dir, fake, tmp_path / "peers.json", rounds=1)
     assert "exit 1" in report["rounds"][0]["offline"]["vllm"]["error"]
-    assert "vllm" not in report["ratios"]["offline"]
+    assert "splitserve/vllm" not in report["ratios"]["offline"]
     assert os.path.exists(tmp_path / "peers.json")
