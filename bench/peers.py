@@ -198,19 +198,23 @@ def limits() -> dict[str, float]:
             "copy_gb_s": memcpy_gbps(COPY_BYTES), "load_1m": os.getloadavg()[0]}  # fmt: skip
 
 
-def run_rounds(args: argparse.Namespace, names: list[str]) -> list[dict[str, Any]]:
+def run_rounds(
+    args: argparse.Namespace, names: list[str], report: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Every round: the limits, then each system (loaded once) on each workload, in the same
-    order."""
-    rounds = []
+    order; the report is written out after each system (a long run keeps what it measured)."""
+    rounds: list[dict[str, Any]] = []
+    report["rounds"] = rounds
     for i in range(args.rounds):
         entry: dict[str, Any] = {"limits": limits(), **{w: {} for w in args.workloads}}
+        rounds.append(entry)
         for name in names:
             print(f"round {i + 1}: {name} ...", file=sys.stderr, flush=True)
             for workload, result in run_system(name, args).items():
                 if "seconds" in result:
                     result["out_tok_s"] = result["generated_tokens"] / result["seconds"]
                 entry[workload][name] = result
-        rounds.append(entry)
+            write_json(args.out, report)
     return rounds
 
 
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"benchmark": "peers", "model": args.model,
                               "workloads": args.workloads, "left_out": left,
                               "environment": environment()}  # fmt: skip
-    report["rounds"] = run_rounds(args, list(run))
+    run_rounds(args, list(run), report)
     report["ratios"] = {w: ratios(report["rounds"], w) for w in args.workloads}
     if "serve" in only:
         from bench.peer_serve import serve_rounds
