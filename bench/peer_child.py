@@ -59,7 +59,7 @@ def _timed(job: dict[str, Any], generate: Any) -> dict[str, Any]:
     return out
 
 
-def _no_extra_bufts() -> None:
+def no_extra_bufts() -> None:
     """Model params with the extra buffer types off, for every Llama made after this."""
     import llama_cpp.llama_cpp as lc  # type: ignore[import-not-found,unused-ignore]
 
@@ -75,7 +75,7 @@ def _no_extra_bufts() -> None:
 
 def run_llama_cpp(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("no_extra_bufts"):
-        _no_extra_bufts()
+        no_extra_bufts()
     import llama_cpp  # type: ignore[import-not-found,unused-ignore]
 
     prompts, new_tokens, threads = _all_prompts(job), job["new_tokens"], job["threads"]
