@@ -212,7 +212,7 @@ def prefill_row(args: argparse.Namespace, n: int, gen: torch.Generator) -> dict[
     (one cached token, so that it reads the cache) and the equal-FLOPs matmul, interleaved."""
     from bench.prefill_attention import attended_pairs, equal_flops_side
     from engine import cpu_kernels
-    from engine.kv.quant import quantize_rows
+    from engine.kv_format.rows import quantize_rows
     from engine.model.attention import AttentionMetadata
     from engine.model.torch_attention import attend
 

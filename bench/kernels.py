@@ -5,7 +5,7 @@
 Decode attention: bytes of K+V read for all contexts / kernel time, against the DRAM
 traffic of a device-to-device ``copy_`` of the same number of bytes (a copy reads and writes
 each byte, so its traffic is 2 x bytes / time); with ``--kv-cache-dtype int8`` (or fp8_e4m3) the
-cache holds quantized rows (head_dim code bytes + 8 bytes of scales, engine.kv.quant) and the
+cache holds quantized rows (head_dim code bytes + 8 bytes of scales, engine.kv_format.rows) and the
 bytes read are those rows. Prefill attention: FLOP/s against a same-run
 square matmul. Kernels are timed inside a CUDA graph (the engine replays decode that way), so
 Python launch cost is not counted. The layers of the cache are cycled so that L2 does not hold
@@ -50,7 +50,7 @@ class Shape:
     def row_bytes(self) -> int:
         """Bytes of one (token, KV head) row of K or V in the cache."""
         if self.kv_cache_dtype != "auto":
-            from engine.kv.quant import row_width
+            from engine.kv_format.rows import row_width
 
             return row_width(self.head_dim, self.kv_cache_dtype)
         return self.head_dim * torch.empty((), dtype=self.dtype).element_size()
@@ -90,7 +90,7 @@ def make_cache(shape: Shape, lens: list[int], device: torch.device) -> tuple[tor
         (num_blocks, shape.layers, 2, bs, shape.kv_heads, shape.head_dim), device=device
     ).to(shape.dtype)
     if shape.kv_cache_dtype != "auto":
-        from engine.kv.quant import quantize_rows
+        from engine.kv_format.rows import quantize_rows
 
         kv = quantize_rows(kv, shape.kv_cache_dtype)
     tables = torch.randperm(num_blocks, device=device).view(len(lens), per_seq).to(torch.int32)
@@ -121,7 +121,7 @@ def bench_decode(shape: Shape, iters: int, device: torch.device) -> dict[str, An
     out = paged_decode_attention(q, kv, 0, tables, ctx, scale)
     ref_kv = kv
     if shape.kv_cache_dtype != "auto":  # the oracle reads the dequantized rows
-        from engine.kv.quant import dequantize_rows
+        from engine.kv_format.rows import dequantize_rows
 
         ref_kv = dequantize_rows(kv, torch.float32).to(shape.dtype)
     ref = decode_attention_ref(q, ref_kv, 0, tables, ctx, scale)
@@ -185,7 +185,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     ap.add_argument(
         "--kv-cache-dtype", choices=["auto", "int8", "fp8_e4m3"], default="auto",
-        help="rows of the cache: the model dtype, or quantized rows (engine.kv.quant)",
+        help="rows of the cache: the model dtype, or quantized rows (engine.kv_format.rows)",
     )  # fmt: skip
     ap.add_argument("--prefill-seqs", type=int, default=4)
     ap.add_argument("--prefill-new", type=int, default=512, help="new tokens per sequence")

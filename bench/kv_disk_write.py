@@ -119,7 +119,7 @@ def burst(directory: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2", help="model shape")
     parser.add_argument("--layers", type=int, default=30, help="layers of that shape")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")

@@ -111,7 +111,7 @@ def _child(args: argparse.Namespace, width: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="unseen")
     parser.add_argument("--widths", default="8,16", help="CPU kernel vector widths, one run each")
     parser.add_argument("--kv-cache-dtype", default="int8")

@@ -5,7 +5,7 @@ float32, over the prefill of chat prompts on the default model (or ``--model DIR
 
 The engine runs the prompts with a float32 cache and the torch ops; each layer's rotated
 queries and keys are recorded, then each scheme rounds the keys and the error of every causal
-(query, key) score of every head is measured. Schemes: bf16 keys; int8 rows (engine.kv.quant:
+(query, key) score of every head is measured. Schemes: bf16 keys; int8 rows (engine.kv_format.rows:
 codes, a bf16 scale and mid per half row) of the keys as they are and Hadamard-rotated (as
 the cache stores them, queries rotated alike); the cache's fp8 rows; and int8 rows of keys
 divided by a per-channel table ``s`` (queries multiplied by it: exact in real arithmetic):
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bench.oracle_prompts import PROMPTS as ORACLE_PROMPTS
-from engine.kv.quant import dequantize_rows, quantize_rows, rotate_heads_
+from engine.kv_format.rows import dequantize_rows, quantize_rows, rotate_heads_
 
 PROMPTS = ORACLE_PROMPTS[:12]  # the int8 KV oracle test's 12
 

@@ -12,7 +12,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from cluster.protocol import ErrorInfo, TokenEvent, TokenLogprobMsg
-from engine.loop.stream import LoopOutput
+from engine.loop.stream import StreamOutput
 from engine.scheduler.request import FinishReason
 
 NDJSON = "application/x-ndjson"
@@ -23,7 +23,7 @@ KEEPALIVE_S = 5.0
 
 
 def token_event(
-    items: Sequence[LoopOutput],
+    items: Sequence[StreamOutput],
     num_prompt_tokens: int,
     num_cached_tokens: int,
     logprobs: bool,

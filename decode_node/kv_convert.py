@@ -18,7 +18,7 @@ import torch
 
 from decode_node.importer import DecodeJob, PullResult, pull
 from engine.kv.cache import KVLayout, allocate_kv_cache, copy_converted
-from engine.kv.quant import KV_CACHE_DTYPES
+from engine.kv_format.dtypes import KV_CACHE_DTYPES
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import KVTransferAgent
 

@@ -24,7 +24,7 @@ from decode_node.importer import DecodeJob, check_handle, pull
 from decode_node.kv_convert import KVConverter
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
-from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
+from engine.loop.stream import EngineFailed, RequestStream, StreamOutput
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import KVTransferAgent
 from node.core import NodeCore
@@ -247,9 +247,9 @@ class DecodeRuntime(NodeCore):
         return self.agent
 
 
-def _queued(stream: RequestStream, last: LoopOutput) -> list[LoopOutput]:
+def _queued(stream: RequestStream, last: StreamOutput) -> list[StreamOutput]:
     """Outputs already delivered after `last`, up to the final one."""
-    more: list[LoopOutput] = []
+    more: list[StreamOutput] = []
     while not last.output.finished and (item := stream.get_nowait()) is not None:
         more.append(item)
         last = item

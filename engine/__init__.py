@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from engine.engine import LLMEngine
     from engine.llm import LLM
     from engine.lora.request import LoRARequest
-    from engine.outputs import GenerationOutput, StepOutput, TokenLogprob
+    from engine.outputs import GenerationOutput, RequestOutput, TokenLogprob
     from models.sampling_params import SamplingParams
 
 _EXPORTS = {
@@ -27,7 +27,7 @@ _EXPORTS = {
     "Role": "engine.config",
     "SamplingParams": "models.sampling_params",
     "GenerationOutput": "engine.outputs",
-    "StepOutput": "engine.outputs",
+    "RequestOutput": "engine.outputs",
     "TokenLogprob": "engine.outputs",
 }
 
@@ -37,9 +37,9 @@ __all__ = [
     "GenerationOutput",
     "LLMEngine",
     "LoRARequest",
+    "RequestOutput",
     "Role",
     "SamplingParams",
-    "StepOutput",
     "TokenLogprob",
 ]
 

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """The nodes' engine flags, their choices the engine's own (torch loads here: generate
     runs the engine anyway)."""
-    from engine.kv.quant import KV_CACHE_DTYPES
+    from engine.kv_format.dtypes import KV_CACHE_DTYPES
     from engine.model.quant import QUANTIZATIONS
 
     choices = {"quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES}

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.kv.quant import check_kv_cache_dtype
+from engine.kv_format.dtypes import check_kv_cache_dtype
 
 _DTYPES = {
     "float32": torch.float32,
@@ -63,7 +63,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_memory_gb: float | None = None
     gpu_memory_utilization: float = 0.9
-    # KV cache element type (engine.kv.quant): auto (the model dtype), int8 or fp8_e4m3
+    # KV cache element type (engine.kv_format.rows): auto (the model dtype), int8 or fp8_e4m3
     # (one-byte codes, a bf16 scale and mid per half row: about 3.6x the tokens of fp32).
     kv_cache_dtype: str = "auto"
     max_num_seqs: int = 64  # engine_config(): 256 on CUDA

@@ -15,24 +15,24 @@ from engine.kv.offload import build_tiers
 from engine.lora.manager import LoraManager, LoraStats
 from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
-from engine.outputs import StepOutput, TokenLogprob
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.parallel import RankGroup
 from engine.sampling.grammar import Grammars
-from engine.sampling.grammar_hook import GrammarHook
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
 from engine.scheduler.swap import SwapRule
 from engine.speculative import SpeculativeStats, Speculator
 from engine.speculative.draft import draft_kv_cache, load_draft
-from engine.speculative.planning import GuessLookahead
+from engine.speculative.guess_lookahead import GuessLookahead
 from engine.speculative.rows import GuessRowLayout
 from engine.speculative.step_hook import SpeculationHook
 from engine.step.counters import EngineCounters
+from engine.step.grammar_hook import GrammarHook
 from engine.step.hooks import StepHook
-from engine.step.pipeline import StepPipeline
 from engine.step.result import StepResult
 from engine.step.runner import ModelRunner
+from engine.step.stepper import Stepper
 from engine.step.timer import StepTimer
 from models.sampling_params import SamplingParams
 
@@ -115,7 +115,7 @@ class LLMEngine:
             self.speculator = Speculator(config, self.model_config, self.runner.num_blocks, draft)
             self.speculator.overlap = overlap and self.runner.device.type == "cuda"
             hooks.append(SpeculationHook(self.speculator, self.runner.batch))
-        self.pipeline = StepPipeline(
+        self.stepper = Stepper(
             self.scheduler,
             self.runner,
             self.block_manager,
@@ -167,7 +167,7 @@ class LLMEngine:
         self._add_grammar(request_id, params, output_token_ids)
         plan = self.scheduler.add_prefilled(request, output_token_ids)
         if plan is None:
-            self.pipeline.release(request_id)
+            self.stepper.release(request_id)
         return plan
 
     def commit_import(self, request_id: str) -> None:
@@ -176,8 +176,8 @@ class LLMEngine:
     def abort(self, request_id: str) -> bool:
         """Cancel a request in any state and free its blocks. False when unknown."""
         found = self.scheduler.abort(request_id)
-        self.pipeline.release(request_id)
-        self.pipeline.settle()
+        self.stepper.release(request_id)
+        self.stepper.settle()
         return found
 
     def release(self, request_id: str) -> bool:
@@ -221,17 +221,17 @@ class LLMEngine:
     @property
     def timer(self) -> StepTimer:
         """Where the step's time goes (benchmarks switch it on)."""
-        return self.pipeline.timer
+        return self.stepper.timer
 
     @property
     def last_schedule(self) -> SchedulerOutput | None:
         """The latest step's plan (benchmarks)."""
-        return self.pipeline.last_schedule
+        return self.stepper.last_schedule
 
     @property
     def has_step_in_flight(self) -> bool:
         """An overlapped step was launched and its tokens not handed out yet."""
-        return self.pipeline.in_flight is not None
+        return self.stepper.in_flight is not None
 
     def close(self) -> None:
         """Finish the KV tiers' pending copies (disk files written) and stop their thread;
@@ -253,7 +253,7 @@ class LLMEngine:
         return self.kv_tiers.busy
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work or self.pipeline.in_flight is not None
+        return self.scheduler.has_work or self.stepper.in_flight is not None
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -267,18 +267,18 @@ class LLMEngine:
 
     # ---- the step ---------------------------------------------------------------------------
 
-    def step(self) -> list[StepOutput]:
+    def step(self) -> list[RequestOutput]:
         """Run one batch; returns one output per request that produced a token."""
         return self.to_outputs(self.step_result())
 
     def step_result(self) -> StepResult:
         """Run one batch; its tokens as arrays (no object per request). With overlapped
         scheduling this hands out the step launched by the previous call
-        (engine.step.pipeline)."""
-        return self.pipeline.run()
+        (engine.step.stepper)."""
+        return self.stepper.run()
 
-    def to_outputs(self, result: StepResult) -> list[StepOutput]:
-        """One StepOutput per request of a step (for the nodes' streams)."""
+    def to_outputs(self, result: StepResult) -> list[RequestOutput]:
+        """One RequestOutput per request of a step (for the nodes' streams)."""
         logprobs = result.logprobs or [None] * len(result.requests)
         more = result.more
         return [
@@ -330,12 +330,14 @@ class LLMEngine:
         )
 
 
-def _output(request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None) -> StepOutput:
+def _output(
+    request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None
+) -> RequestOutput:
     done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
     reason = request.finish_reason
     if request.status is RequestStatus.PINNED:
         reason = FinishReason.PREFILLED
-    return StepOutput(
+    return RequestOutput(
         request_id=request.request_id,
         new_token_ids=tokens,
         logprobs=(logprob,) if logprob is not None else (),

@@ -1,4 +1,12 @@
-"""What the engine hands back per step and per finished request."""
+"""What the engine hands back: each request's part of a step (``RequestOutput``, from
+``LLMEngine.step()``) and, offline, each finished prompt (``GenerationOutput``).
+
+A step's tokens pass four levels, one type each: the whole step while it computes
+(``engine.step.result.LaunchedStep``), the whole step as arrays (``StepResult``, from
+``LLMEngine.step_result()``), one request's part of it (``RequestOutput``), and that part as
+the request's stream delivers it (``engine.loop.stream.StreamOutput``: with the blocks a
+prefill pins and when the request was first scheduled). A node sends it on as
+``cluster.protocol.TokenEvent``."""
 
 from __future__ import annotations
 
@@ -17,8 +25,9 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
-class StepOutput:
-    """One request's progress in one engine step: at most one new token."""
+class RequestOutput:
+    """One request's part of one engine step: its new token (a speculative chunk's accepted
+    tokens after it), whether it finished, and its counts."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

@@ -20,7 +20,7 @@ from cluster.protocol import (
 from cluster.settings import NodeSettings
 from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
-from engine.loop.stream import EngineFailed, LoopOutput, RequestStream
+from engine.loop.stream import EngineFailed, RequestStream, StreamOutput
 from engine.lora.request import LoRARequest
 from engine.scheduler.request import FinishReason
 from kv_transfer import LeaseTable
@@ -85,7 +85,7 @@ class PrefillRuntime(NodeCore):
             if response is None:
                 self.loop.post_abort(rid)  # cancelled or failed: free whatever it holds
 
-    def _answer(self, req: PrefillRequest, item: LoopOutput) -> PrefillResponse:
+    def _answer(self, req: PrefillRequest, item: StreamOutput) -> PrefillResponse:
         out = item.output
         if not out.new_token_ids or self._inflight.get(req.request_id):
             raise NodeError(503, "aborted", f"request {req.request_id} was released or aborted")
@@ -140,7 +140,7 @@ class PrefillRuntime(NodeCore):
         self.loop.post(lambda engine: engine.release(request_id))
 
 
-async def _first_output(stream: RequestStream) -> LoopOutput:
+async def _first_output(stream: RequestStream) -> StreamOutput:
     try:
         return await stream.get(FIRST_TOKEN_TIMEOUT_S)
     except TimeoutError:

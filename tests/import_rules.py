@@ -3,15 +3,16 @@
 
 An import at module level is eager: it runs when the module is imported. One inside a
 function or under `if TYPE_CHECKING:` is lazy. The layering (which project package may
-import which) holds for every import; the third-party packages a package must not load
-(torch for the router) are followed through eager imports, across project modules.
+import which), the rooms inside a package and the ban on circles hold for every import,
+lazy ones included; the third-party packages a package must not load (torch for the router)
+are followed through eager imports, across project modules.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # package -> project packages it may import (itself always).
@@ -36,6 +37,28 @@ NEVER_LOADS: dict[str, frozenset[str]] = {
 }
 PROJECT = frozenset({*ALLOWED, "bench"})
 
+# package -> its rooms in levels, bottom first: a room imports only rooms of lower levels
+# (and itself), so rooms of one level never import each other. A room is a sub-package or a
+# top-level module; "__init__" is the package's own module. Every module is in a room.
+ROOMS: dict[str, tuple[frozenset[str], ...]] = {
+    "engine": (
+        frozenset({"kv_format", "phases", "flags"}),  # KV dtypes and rows; log phases; CLI flags
+        frozenset({"config"}),
+        frozenset({"cpu_kernels", "triton_kernels"}),
+        frozenset({"model"}),
+        frozenset({"kv", "lora"}),  # KV layout, blocks and tiers; adapters on the model
+        frozenset({"scheduler"}),
+        frozenset({"outputs"}),
+        frozenset({"sampling"}),
+        frozenset({"step"}),
+        frozenset({"speculative", "parallel"}),
+        frozenset({"engine"}),  # LLMEngine
+        frozenset({"loop", "llm"}),
+        frozenset({"cli"}),
+        frozenset({"__init__"}),  # `from engine import LLM`
+    ),
+}
+
 
 @dataclass(frozen=True)
 class Edge:
@@ -44,6 +67,14 @@ class Edge:
     eager: bool
     line: int
     type_only: bool = False  # under `if TYPE_CHECKING:`
+    file: str = ""  # the importing file, relative to the root
+    # `pkg` of `from pkg import a, b` (a and b have edges of their own: a module, or a name of
+    # pkg's own module): it loads pkg, but the dependency is on what the names resolve to
+    from_base: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.file or self.source}:{self.line}"
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -61,11 +92,12 @@ def edges(root: Path, packages: Iterable[str] = PROJECT) -> list[Edge]:
             name = module_name(root, path)
             is_package = path.name == "__init__.py"
             tree = ast.parse(path.read_text(), filename=str(path))
-            out.extend(_edges_of(tree, name, is_package))
+            file = path.relative_to(root).as_posix()
+            out.extend(_edges_of(tree, name, is_package, file))
     return out
 
 
-def _edges_of(tree: ast.Module, module: str, is_package: bool) -> Iterator[Edge]:
+def _edges_of(tree: ast.Module, module: str, is_package: bool, file: str = "") -> Iterator[Edge]:
     in_function: set[int] = set()
     type_only: set[int] = set()
     for node in ast.walk(tree):
@@ -79,12 +111,12 @@ def _edges_of(tree: ast.Module, module: str, is_package: bool) -> Iterator[Edge]
         eager = id(node) not in in_function and not typed
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Edge(module, alias.name, eager, node.lineno, typed)
+                yield Edge(module, alias.name, eager, node.lineno, typed, file)
         elif isinstance(node, ast.ImportFrom):
             base = _resolve(module, is_package, node.module, node.level)
-            yield Edge(module, base, eager, node.lineno, typed)
+            yield Edge(module, base, eager, node.lineno, typed, file, from_base=True)
             for alias in node.names:  # `from pkg import submodule`
-                yield Edge(module, f"{base}.{alias.name}", eager, node.lineno, typed)
+                yield Edge(module, f"{base}.{alias.name}", eager, node.lineno, typed, file)
 
 
 def _is_type_checking(node: ast.AST) -> bool:
@@ -106,31 +138,105 @@ def _resolve(module: str, is_package: bool, target: str | None, level: int) -> s
 
 
 def violations(root: Path) -> list[str]:
-    """Broken rules, one line each: `file:line` and what it imports."""
+    """Broken rules, one line each, naming the import (`file:line`) or the circle."""
     all_edges = edges(root)
     modules = {e.source for e in all_edges} | _all_modules(root)
     problems = [_layering(e) for e in all_edges]
     problems += _heavy_loads(all_edges, modules)
-    problems += [f"import circle: {' -> '.join(c)}" for c in circles(all_edges, modules)]
+    problems += room_breaks(all_edges, modules)
+    problems += [
+        "import circle: " + ", ".join(f"{e.where} imports {e.target}" for e in circle)
+        for circle in circles(all_edges, modules)
+    ]
     return sorted(p for p in problems if p)
 
 
-def circles(all_edges: list[Edge], modules: set[str]) -> list[list[str]]:
-    """Groups of modules that import each other, at module level or for types (an import
-    inside a function is a deliberate deferral and does not count). `from pkg import mod`
-    depends on `pkg.mod`, not on `pkg`'s own body; a module's own parent packages run
-    before it anyway and are not counted."""
-    graph: dict[str, set[str]] = {}
+def _dependencies(all_edges: list[Edge], modules: set[str], parents: bool = False) -> list[Edge]:
+    """The imports between project modules, each once, its target the module it depends on;
+    every kind of import alike. A module's own parent packages (which run before it anyway)
+    only with `parents`."""
+    found: dict[tuple[str, int, str], Edge] = {}
     for e in all_edges:
-        if not (e.eager or e.type_only):
+        target = None if e.from_base else _owning_module(e.target, modules)
+        if target is None or target == e.source:
             continue
-        target = _owning_module(e.target, modules)
-        if target is None or target == e.source or e.source.startswith(f"{target}."):
+        if not parents and e.source.startswith(f"{target}."):
             continue
-        graph.setdefault(e.source, set()).add(target)
-    for targets in graph.values():  # `from pkg import mod`: drop the edge to `pkg`
-        targets -= {t for t in targets if any(o.startswith(f"{t}.") for o in targets)}
-    return [sorted(c) for c in _strongly_connected(graph) if len(c) > 1]
+        found.setdefault((e.source, e.line, target), replace(e, target=target))
+    return list(found.values())
+
+
+def room_breaks(all_edges: list[Edge], modules: set[str]) -> list[str]:
+    """Imports of a room above the importing one (or beside it), and modules in no room."""
+    problems = [
+        f"{m} is in no room of {m.split('.')[0]} (tests/import_rules.py ROOMS)"
+        for m in sorted(modules)
+        if m.split(".")[0] in ROOMS and _room(m) is None
+    ]
+    for e in _dependencies(all_edges, modules, parents=True):
+        package = e.source.split(".")[0]
+        if package not in ROOMS or e.target.split(".")[0] != package:
+            continue
+        source_room, target_room = _room(e.source), _room(e.target)
+        if source_room is None or target_room is None or source_room[0] == target_room[0]:
+            continue
+        if target_room[1] >= source_room[1]:
+            problems.append(
+                f"{e.where} imports {e.target} ({package} room {source_room[0]} may not import "
+                f"room {target_room[0]}: rooms import only the levels below them)"
+            )
+    return problems
+
+
+def _room(module: str) -> tuple[str, int] | None:
+    """(room, level) of a module of a package with rooms."""
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else "__init__"
+    for level, rooms in enumerate(ROOMS[parts[0]]):
+        if name in rooms:
+            return name, level
+    return None
+
+
+def circles(all_edges: list[Edge], modules: set[str]) -> list[list[Edge]]:
+    """Modules that import each other, through any kind of import (a deferred one in a
+    function, or one for types, still ties the two modules together): one circle per group,
+    as the imports that close it. `from pkg import mod` depends on `pkg.mod`, not on `pkg`'s
+    own body."""
+    graph: dict[str, dict[str, Edge]] = {}
+    for e in _dependencies(all_edges, modules):
+        graph.setdefault(e.source, {}).setdefault(e.target, e)
+    targets = {source: set(out) for source, out in graph.items()}
+    return [
+        _circle_through(sorted(group), graph)
+        for group in _strongly_connected(targets)
+        if len(group) > 1
+    ]
+
+
+def _circle_through(group: list[str], graph: dict[str, dict[str, Edge]]) -> list[Edge]:
+    """The shortest circle from the group's first module back to it (breadth first)."""
+    start, members = group[0], set(group)
+    came: dict[str, Edge] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for module in frontier:
+            for target, e in sorted(graph.get(module, {}).items()):
+                if target not in members or target in came:
+                    continue
+                came[target] = e
+                nxt.append(target)
+        if start in came:
+            break
+        frontier = nxt
+    path, module = [], start
+    while True:
+        e = came[module]
+        path.append(e)
+        module = e.source
+        if module == start:
+            return path[::-1]
 
 
 def _owning_module(target: str, modules: set[str]) -> str | None:
@@ -193,7 +299,7 @@ def _layering(edge: Edge) -> str | None:
         return None
     if target_pkg in allowed:
         return None
-    return f"{edge.source}:{edge.line} imports {edge.target} ({source_pkg} may not import it)"
+    return f"{edge.where} imports {edge.target} ({source_pkg} may not import it)"
 
 
 def _heavy_loads(all_edges: list[Edge], modules: set[str]) -> list[str]:

@@ -40,7 +40,7 @@ from engine.cpu_kernels.build import (
     build,
     default_cache_dir,
 )
-from engine.kv.quant import SCALE_BYTES
+from engine.kv_format.rows import SCALE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def rope_write_kv(
     checked: bool = False,
 ) -> None:
     """Rotate the q and k heads of ``qkv`` in place and store K and V at their slots (as
-    int8 codes + scales and mids per token and head in an int8 cache: engine.kv.quant).
+    int8 codes + scales and mids per token and head in an int8 cache: engine.kv_format.rows).
 
     qkv: [tokens, (heads + 2 * kv_heads) * d] fp32 with unit last stride; positions and
     slot_mapping: [tokens] int64; cos, sin: [max_position, d / 2] contiguous. ``checked``:

@@ -25,9 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine.kv.block_audit import audit_blocks
+from engine.kv.block_owner import BlockOwner
 from engine.kv.events import KVEventLog
 from engine.kv.tier_book import TierHit
-from engine.scheduler.request import Request
 from models.block_hash import block_hash
 
 _ROOT_SERIAL = 0  # the "parent" of a request's first block
@@ -119,7 +119,7 @@ class BlockManager:
         """Cached blocks holding the leading full blocks of token_ids, in order. No side effects.
 
         At least one token is always left to compute: the match stops below len(token_ids).
-        `root`: the chain's start (``Request.hash_root``: a LoRA adapter's).
+        `root`: the chain's start (``BlockOwner.hash_root``: a LoRA adapter's).
         """
         if not self._caching:
             return []
@@ -146,7 +146,7 @@ class BlockManager:
 
     def allocate(
         self,
-        request: Request,
+        request: BlockOwner,
         num_tokens: int,
         prefix_block_ids: Sequence[int] = (),
         lower: Sequence[TierHit] = (),
@@ -172,17 +172,17 @@ class BlockManager:
         request.block_ids.extend(self._take() for _ in range(num_new - len(lower)))
         return True
 
-    def swap_out(self, request: Request) -> bool:
+    def swap_out(self, request: BlockOwner) -> bool:
         """Preemption: keep the request's KV in a lower tier, free its blocks; False (nothing
         changed) when it cannot (always, without tiers)."""
         return False
 
-    def swap_in(self, request: Request, num_tokens: int) -> bool:
+    def swap_in(self, request: BlockOwner, num_tokens: int) -> bool:
         """Readmit a swapped-out request (blocks for num_tokens, its KV copied back); False
         (nothing changed) when short of blocks."""
         raise RuntimeError(f"request {request.request_id} was not swapped out")
 
-    def commit_full_blocks(self, request: Request) -> None:
+    def commit_full_blocks(self, request: BlockOwner) -> None:
         """Register the request's blocks that are now full and computed in the prefix cache."""
         chain = self._chains.get(request.request_id)
         if chain is None or chain.broken:
@@ -199,7 +199,7 @@ class BlockManager:
                 chain.broken = True
                 return
 
-    def free(self, request: Request) -> None:
+    def free(self, request: BlockOwner) -> None:
         """Drop the request's references, last block first; request.block_ids becomes empty."""
         for block_id in reversed(request.block_ids[request.num_released_blocks :]):
             if self._blocks[block_id].ref_count < 1:
@@ -209,7 +209,7 @@ class BlockManager:
         request.num_released_blocks = 0
         self._chains.pop(request.request_id, None)
 
-    def release_behind(self, request: Request, first_needed: int) -> None:
+    def release_behind(self, request: BlockOwner, first_needed: int) -> None:
         """Give back the request's leading blocks holding only positions before
         ``first_needed``: no query of a model whose every layer has a sliding window reads
         them again. Their table entries stay, as placeholders no kernel reads; a cached block
@@ -220,7 +220,7 @@ class BlockManager:
             self._release(request.block_ids[i])
         request.num_released_blocks = max(done, behind)
 
-    def trim(self, request: Request, num_tokens: int) -> None:
+    def trim(self, request: BlockOwner, num_tokens: int) -> None:
         """Give back the request's blocks past those holding num_tokens tokens, last first
         (the slots of rejected speculative tokens)."""
         keep = self.blocks_for(num_tokens)
@@ -235,7 +235,9 @@ class BlockManager:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _check_prefix(self, request: Request, num_tokens: int, num_hits: int, first: bool) -> None:
+    def _check_prefix(
+        self, request: BlockOwner, num_tokens: int, num_hits: int, first: bool
+    ) -> None:
         if not num_hits:
             return
         if not first:
@@ -246,7 +248,7 @@ class BlockManager:
                 f"{num_hits * self._block_size} cached tokens"
             )
 
-    def _admit(self, request: Request, hits: list[_Block], lower: Sequence[TierHit]) -> None:
+    def _admit(self, request: BlockOwner, hits: list[_Block], lower: Sequence[TierHit]) -> None:
         for block in hits:
             if block.ref_count == 0:
                 del self._evictable[block.block_id]

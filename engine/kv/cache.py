@@ -3,10 +3,10 @@ KV heads) and its layout (sizing: engine.kv.sizing).
 
 Layout: ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``. One block of all
 layers (K and V) is one contiguous region, so moving a block between nodes is one descriptor.
-A quantized cache (``kv_cache_dtype`` int8 / fp8_e4m3, engine.kv.quant) has one-byte codes
+A quantized cache (``kv_cache_dtype`` int8 / fp8_e4m3, engine.kv_format.rows) has one-byte codes
 and a last dim of ``head_dim + 8``: each (token, KV head) row ends with its bf16 scales and mids.
 Token ``t`` of a request lives at slot ``block_table[t // block_size] * block_size +
-t % block_size``.
+t % block_size`` (written by ``engine.kv_format.rows.write_kv`` or a kernel).
 """
 
 from __future__ import annotations
@@ -20,16 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import parse_dtype
-from engine.kv.quant import (
-    CODE_DTYPES,
-    ROW_FORMAT,
-    check_kv_cache_dtype,
-    convert_rows,
-    is_quantized,
-    kv_dtype_of,
-    quantize_rows,
-    row_width,
-)
+from engine.kv_format.dtypes import check_kv_cache_dtype
+from engine.kv_format.rows import CODE_DTYPES, ROW_FORMAT, convert_rows, row_width
 from engine.model.config import ModelConfig
 
 LAYOUT_ORDER = "block-major"  # [blocks, layers, 2, block_size, kv_heads, head_dim]
@@ -164,23 +156,6 @@ def allocate_kv_cache(
     Zeroed, not empty: masked-out slots are still read by the attention and must be finite.
     """
     return torch.zeros(layout.cache_shape(num_blocks), dtype=layout.torch_dtype, device=device)
-
-
-def write_kv(
-    kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Store new keys and values of ``layer`` at their slots (quantised in a quantized cache).
-
-    k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64.
-    """
-    block_size = kv.shape[3]
-    blocks = slot_mapping // block_size  # [tokens]
-    offsets = slot_mapping % block_size  # [tokens]
-    if is_quantized(kv):
-        kv_dtype = kv_dtype_of(kv)
-        k, v = quantize_rows(k, kv_dtype), quantize_rows(v, kv_dtype)  # [tokens, kv_heads, d + 8]
-    kv[:, layer, 0].index_put_((blocks, offsets), k)
-    kv[:, layer, 1].index_put_((blocks, offsets), v)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from engine.kv.block_manager import BlockManager, _Block, _Chain
+from engine.kv.block_owner import BlockOwner
 from engine.kv.tier_book import TierBook, TierHit
-from engine.scheduler.request import Request
 from models.block_hash import block_hash
 
 
@@ -58,7 +58,7 @@ class TieredBlockManager(BlockManager):
             parent = digest
         return hits
 
-    def swap_out(self, request: Request) -> bool:
+    def swap_out(self, request: BlockOwner) -> bool:
         if request.num_released_blocks:  # placeholders hold other requests' KV: recompute
             return False
         slots = self.tiers.swap_out(list(request.block_ids)) if request.block_ids else None
@@ -72,7 +72,7 @@ class TieredBlockManager(BlockManager):
         request.swapped_slots = slots
         return True
 
-    def swap_in(self, request: Request, num_tokens: int) -> bool:
+    def swap_in(self, request: BlockOwner, num_tokens: int) -> bool:
         """Its leading full blocks still cached on the device are shared again; the other
         swapped blocks are copied back into fresh ones."""
         slots = request.swapped_slots
@@ -100,7 +100,7 @@ class TieredBlockManager(BlockManager):
             self.commit_full_blocks(request)
         return True
 
-    def free(self, request: Request) -> None:
+    def free(self, request: BlockOwner) -> None:
         """Drop the request's blocks, and its swapped copies when it is swapped out."""
         super().free(request)
         if request.swapped_slots:

@@ -33,8 +33,8 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import EngineCounters, EngineStats, LLMEngine
 from engine.loop.commands import Command, Job
-from engine.loop.stream import EngineFailed, LoopOutput, OutputSink, RequestStream
-from engine.outputs import StepOutput
+from engine.loop.stream import EngineFailed, OutputSink, RequestStream, StreamOutput
+from engine.outputs import RequestOutput
 from engine.scheduler.request import FinishReason, RequestStatus
 
 log = logging.getLogger("splitserve.engine.loop.engine_loop")
@@ -277,7 +277,7 @@ class EngineLoop:
                 self._unscheduled.discard(request_id)  # gone: finished in this step
                 self._scheduled_at[request_id] = step_started
 
-    def _deliver(self, out: StepOutput) -> None:
+    def _deliver(self, out: RequestOutput) -> None:
         pinned: tuple[int, ...] = ()
         if out.finish_reason is FinishReason.PREFILLED:
             pinned = tuple(self.engine.pinned_blocks(out.request_id))
@@ -288,7 +288,7 @@ class EngineLoop:
         if out.finished:
             del self._sinks[out.request_id]
             self._scheduled_at.pop(out.request_id, None)
-        sink.put(LoopOutput(out, pinned, scheduled_at))
+        sink.put(StreamOutput(out, pinned, scheduled_at))
 
     def _abort_now(self, engine: LLMEngine, request_id: str) -> bool:
         found = engine.abort(request_id)
@@ -301,7 +301,7 @@ class EngineLoop:
         self._unscheduled.discard(request_id)
         self._scheduled_at.pop(request_id, None)
         if sink is not None:
-            sink.put(LoopOutput(StepOutput(request_id, (), (), True, reason, 0, 0)))
+            sink.put(StreamOutput(RequestOutput(request_id, (), (), True, reason, 0, 0)))
 
     def _fail_all(self, message: str) -> None:
         for request_id, sink in list(self._sinks.items()):

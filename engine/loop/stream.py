@@ -8,17 +8,18 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from engine.outputs import StepOutput
+from engine.outputs import RequestOutput
 
 
 @dataclass(frozen=True)
-class LoopOutput:
-    """One engine output of a request. `pinned_block_ids`: in the prefill role, the blocks
+class StreamOutput:
+    """One item of a request's stream: the request's part of a step (`output`) and what the
+    engine thread adds as it delivers it. `pinned_block_ids`: in the prefill role, the blocks
     the request holds once its first token is out (finish_reason PREFILLED), read in the
     engine thread during the same step. `scheduled_at`: time.monotonic() at the start of the
     first step that scheduled the request (None if none did), for queue-time metrics."""
 
-    output: StepOutput
+    output: RequestOutput
     pinned_block_ids: tuple[int, ...] = ()
     scheduled_at: float | None = None
 
@@ -34,17 +35,17 @@ class RequestStream:
     EngineFailed instead.
     """
 
-    def __init__(self, request_id: str, items: asyncio.Queue[LoopOutput | EngineFailed]) -> None:
+    def __init__(self, request_id: str, items: asyncio.Queue[StreamOutput | EngineFailed]) -> None:
         self.request_id = request_id
         self._items = items
 
-    async def get(self, timeout_s: float) -> LoopOutput:
+    async def get(self, timeout_s: float) -> StreamOutput:
         """The next output; TimeoutError after `timeout_s` seconds without one."""
         async with asyncio.timeout(timeout_s):
             item = await self._items.get()
         return _unwrap(item)
 
-    def get_nowait(self) -> LoopOutput | None:
+    def get_nowait(self) -> StreamOutput | None:
         """An output already delivered, or None."""
         try:
             item = self._items.get_nowait()
@@ -53,7 +54,7 @@ class RequestStream:
         return _unwrap(item)
 
 
-def _unwrap(item: LoopOutput | EngineFailed) -> LoopOutput:
+def _unwrap(item: StreamOutput | EngineFailed) -> StreamOutput:
     if isinstance(item, EngineFailed):
         raise item
     return item
@@ -64,8 +65,8 @@ class OutputSink:
     """Where the engine thread puts one request's outputs."""
 
     loop: asyncio.AbstractEventLoop
-    items: asyncio.Queue[LoopOutput | EngineFailed]
+    items: asyncio.Queue[StreamOutput | EngineFailed]
 
-    def put(self, item: LoopOutput | EngineFailed) -> None:
+    def put(self, item: StreamOutput | EngineFailed) -> None:
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody listens
             self.loop.call_soon_threadsafe(self.items.put_nowait, item)

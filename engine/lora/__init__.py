@@ -8,8 +8,9 @@
   land in their column ranges.
 - ``delta``: shrink then expand over the per-token slot index (torch, C and Triton paths; the
   C path is one call per projection over the step's tokens grouped by slot).
-- ``manager``: registry, host-memory LRU cache, device-slot LRU, the step's ``LoraBatch``.
-- ``gate``: the scheduler's per-step limit of distinct adapters (integers only).
+- ``manager``: registry, host-memory LRU cache, device-slot LRU, the step's ``LoraBatch`` from
+  each row's adapter (the scheduler keeps a step's distinct adapters within the slots:
+  ``engine.scheduler.step_adapters``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 among those the step does not use), and the step's per-token slot index.
 
 The scheduler keeps the distinct adapters of a step within the slot count
-(``engine.lora.gate``), so a step always finds its adapters a slot.
+(``engine.scheduler.step_adapters``), so a step always finds its adapters a slot. A step is
+given as each row's adapter: decodes (one token each), then prefill chunks (their tokens).
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from engine.lora.request import LoRARequest
 from engine.lora.slots import LoraSlots
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
-from engine.scheduler.plan import SchedulerOutput
-from engine.scheduler.request import Request
 
 
 @dataclass
@@ -73,7 +72,8 @@ class LoraManager:
         self._registered: dict[str, LoRARequest] = {}
         self._slot_of: OrderedDict[str, int] = OrderedDict()  # oldest use first
         self._free = list(range(max_loras - 1, -1, -1))
-        self._last: tuple[tuple[Request, ...], LoraBatch | None] | None = None
+        # the latest step of decodes only: its rows' adapters and batch
+        self._last: tuple[tuple[LoRARequest | None, ...], LoraBatch | None] | None = None
         for layer, matrices in zip(model.decoder_layers(), self.slots.layers, strict=True):
             attn = {k: v for k, v in matrices.items() if k in layer.attn.MATRICES}
             layer.attn.lora = PackedLora(attn, self.step)
@@ -123,23 +123,26 @@ class LoraManager:
 
     # ---- the step -------------------------------------------------------------------------
 
-    def prepare(self, out: SchedulerOutput) -> LoraBatch | None:
-        """The step's slot index (adapters loaded into slots first); None: no token of the
-        step runs under an adapter."""
-        if not out.prefills and self._last is not None and self._last[0] == out.decodes:
+    def prepare(
+        self,
+        decodes: Sequence[LoRARequest | None],
+        prefills: Sequence[LoRARequest | None] = (),
+        prefill_tokens: Sequence[int] = (),
+    ) -> LoraBatch | None:
+        """The step's slot index (adapters loaded into slots first) from the adapter of each
+        decode row (one token each), then of each prefill chunk (``prefill_tokens`` each);
+        None: no token of the step runs under an adapter."""
+        if not prefills and self._last is not None and self._last[0] == tuple(decodes):
             batch = self._last[1]  # steady decoding: same rows, same slots
             if batch is not None:
-                self._count(out)
+                self._count(decodes, prefills, prefill_tokens)
             return batch
-        loras = [r.lora for r in out.decodes]
-        counts = [1] * len(loras)
-        for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
-            loras.append(request.lora)
-            counts.append(chunk.num_tokens)
+        loras = [*decodes, *prefills]
+        counts = [1] * len(decodes) + list(prefill_tokens)
         batch = self._batch(loras, counts)
-        self._last = (out.decodes, batch) if not out.prefills else None
+        self._last = (tuple(decodes), batch) if not prefills else None
         if batch is not None:
-            self._count(out)
+            self._count(decodes, prefills, prefill_tokens)
         return batch
 
     def bind(self, batch: LoraBatch | None) -> None:
@@ -185,13 +188,16 @@ class LoraManager:
         self._slot_of[name] = slot
         return slot
 
-    def _count(self, out: SchedulerOutput) -> None:
+    def _count(
+        self,
+        decodes: Sequence[LoRARequest | None],
+        prefills: Sequence[LoRARequest | None],
+        prefill_tokens: Sequence[int],
+    ) -> None:
         tokens = self.stats.tokens
-        for request in out.decodes:
-            if request.lora is not None:
-                name = request.lora.lora_name
-                tokens[name] = tokens.get(name, 0) + 1
-        for request, chunk in zip(out.prefill_requests, out.prefills, strict=True):
-            if request.lora is not None:
-                name = request.lora.lora_name
-                tokens[name] = tokens.get(name, 0) + chunk.num_tokens
+        for lora in decodes:
+            if lora is not None:
+                tokens[lora.lora_name] = tokens.get(lora.lora_name, 0) + 1
+        for lora, n in zip(prefills, prefill_tokens, strict=True):
+            if lora is not None:
+                tokens[lora.lora_name] = tokens.get(lora.lora_name, 0) + n

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv.quant import check_kv_cache_dtype
+from engine.kv_format.dtypes import check_kv_cache_dtype
 from engine.model.attention import AttentionBackend, TritonAttention
 from engine.model.torch_attention import TorchAttention
 

@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
-from engine.kv.cache import write_kv
-from engine.kv.quant import rotate_heads_, rotates_keys
+from engine.kv_format.rows import rotate_heads_, rotates_keys, write_kv
 from engine.model.attention import AttentionMetadata
 
 
@@ -219,7 +218,7 @@ class TritonOps(TorchOps):
         if not rotates_keys(kv_cache):
             rope_write_kv(q, k, v, meta.positions, self.cos_sin, kv_cache, layer, meta.slot_mapping)
             return QKV(q, k, v)
-        # keys stored rotated (engine.kv.quant.rotate_heads_), queries rotated alike
+        # keys stored rotated (engine.kv_format.rows.rotate_heads_), queries rotated alike
         apply_rope(q, k, meta.positions, self.cos_sin)
         rotate_heads_(qkv.view(qkv.shape[0], heads + 2 * kv_heads, -1)[:, : heads + kv_heads])
         triton_write_kv(k, v, kv_cache, layer, meta.slot_mapping)

@@ -10,7 +10,6 @@ misshapen tensors raise ValueError naming the file and the tensor.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
@@ -18,25 +17,8 @@ import torch
 from safetensors import safe_open
 
 from engine.model import shard_load
+from engine.model.checkpoint_files import IGNORED_SUFFIXES, checkpoint_files
 from engine.model.decoder import DecoderModel
-
-_INDEX = "model.safetensors.index.json"
-# Present in some checkpoints, never needed: RoPE is recomputed, a tied head is the embedding.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: those named by the index, else all of them."""
-    index = model_dir / _INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir}: no *.safetensors files")
-    return files
 
 
 def weight_targets(
@@ -117,7 +99,7 @@ def _tensors(
 
 
 def _ignored(name: str, model: DecoderModel) -> bool:
-    if name.endswith(_IGNORED_SUFFIXES):
+    if name.endswith(IGNORED_SUFFIXES):
         return True
     return name == "lm_head.weight" and model.config.tie_word_embeddings
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from engine import cpu_kernels
 from engine.cpu_kernels.prefill_amx import prefill_attention_bf16
-from engine.kv.quant import dequantize_rows, is_quantized
+from engine.kv_format.rows import dequantize_rows, is_quantized
 from engine.model.attention import AttentionMetadata, AttentionSpec
 
 

@@ -20,7 +20,6 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
@@ -29,10 +28,16 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
-from engine.model.shard import Shard
 from engine.parallel.messages import Report, StepPlan, Stop
 from engine.parallel.pipeline import StagePipe, StageTimes, stage_pipe
-from engine.parallel.start import await_ranks, check_in, exit_message, reap, refuse_unguarded_start
+from engine.parallel.process_group import (
+    GROUP_TIMEOUT,
+    init_group,
+    master_store,
+    rank_device,
+    world_size,
+)
+from engine.parallel.start import await_ranks, exit_message, reap, refuse_unguarded_start
 from engine.step.batch import StepInputs
 
 log = logging.getLogger(__name__)
@@ -40,7 +45,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 RankCall = Callable[[torch.Tensor, int, Any], T]  # (the rank's KV cache, its rank, an arg)
 
-GROUP_TIMEOUT = timedelta(minutes=10)  # a collective's longest wait (a rank that hangs)
 _JOIN_S = 10.0  # a rank's time to exit after Stop before it is killed
 _BROKEN = "the engine cannot step any more"
 _NOT_STARTED = "the engine did not start"
@@ -49,57 +53,6 @@ _NOT_STARTED = "the engine did not start"
 class RankFailed(RuntimeError):
     """A rank (tensor-parallel, or of a pipeline stage) died or failed: the engine cannot
     step any more."""
-
-
-def master_store(config: EngineConfig) -> dist.TCPStore:
-    """Rank 0's rendezvous store, on a port the kernel picks as it binds (so no other
-    process can take it between the choice and the bind); the ranks join it at its port."""
-    return dist.TCPStore(
-        "127.0.0.1", 0, world_size(config), is_master=True,
-        timeout=GROUP_TIMEOUT, wait_for_workers=False,
-    )  # fmt: skip
-
-
-def backend_for(device: str) -> str:
-    return "nccl" if device.startswith("cuda") else "gloo"
-
-
-def world_size(config: EngineConfig) -> int:
-    return config.tensor_parallel_size * config.pipeline_parallel_size
-
-
-def init_group(
-    rank: int, config: EngineConfig, port: int, device: str, store: dist.Store | None = None
-) -> Shard:
-    """Join the group as global ``rank`` (through rank 0's ``store``, or at ``port`` where
-    rank 0 serves it); its tensor-parallel shard, whose collectives take tensors on
-    ``device`` and span the ranks of its pipeline stage (``engine.parallel.pipeline``
-    numbers them)."""
-    tp = config.tensor_parallel_size
-    if store is None:
-        store = dist.TCPStore("127.0.0.1", port, world_size(config), False, GROUP_TIMEOUT)
-        check_in(store, rank)
-    dist.init_process_group(
-        backend_for(device),
-        store=store,
-        rank=rank,
-        world_size=world_size(config),
-        timeout=GROUP_TIMEOUT,
-    )
-    group = None  # one stage: the default group is the stage's
-    if config.pipeline_parallel_size > 1 and tp > 1:  # every rank makes every stage's group
-        stages = range(config.pipeline_parallel_size)
-        groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in stages]
-        group = groups[rank // tp]
-    return Shard(rank % tp, tp, group=group, device=device)
-
-
-def rank_device(device: str, rank: int) -> str:
-    """Rank ``r`` of a CUDA engine on GPU ``r`` (counted from the engine's own)."""
-    if not device.startswith("cuda"):
-        return device
-    first = int(device.split(":")[1]) if ":" in device else 0
-    return f"cuda:{first + rank}"
 
 
 class RankGroup:

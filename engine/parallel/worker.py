@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.model.config import ModelConfig
 from engine.parallel.messages import Report, StepPlan, Stop
 from engine.parallel.pipeline import StagePipe, stage_pipe
+from engine.parallel.process_group import init_group, rank_device
 from engine.parallel.watchdog import watch_parent
 from engine.step.runner import ModelRunner
 
@@ -33,8 +34,6 @@ def run_rank(
     """The process body of rank ``rank`` (spawned by ``engine.parallel.group.RankGroup``);
     its KV cache goes to rank 0 through ``kv_pipe``, which then carries rank 0's calls on
     it (``RankGroup.call_on_ranks``)."""
-    from engine.parallel.group import init_group, rank_device
-
     watch_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the node's to handle
     torch.set_num_threads(threads)

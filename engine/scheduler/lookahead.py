@@ -4,7 +4,8 @@ A decode may be planned as one chunk of its last known token and tokens after it
 are not known yet (guesses): the model computes them all in one step, and the step brings
 back the tokens that stand. The scheduler owns the integers (budget, blocks, computed KV);
 what the tokens ahead are and which emitted tokens are kept is the plug-in's
-(engine.speculative.planning implements it). A scheduler without one plans plain decodes.
+(engine.speculative.guess_lookahead implements it). A scheduler without one plans plain
+decodes.
 """
 
 from __future__ import annotations

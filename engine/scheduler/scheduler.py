@@ -32,12 +32,12 @@ from collections.abc import Mapping, Sequence
 
 from engine.config import EngineConfig, Role
 from engine.kv.block_manager import BlockManager
-from engine.scheduler.imports import HeldImports
+from engine.scheduler.kv_imports import HeldImports
 from engine.scheduler.lookahead import Lookahead
 from engine.scheduler.plan import ImportPlan, RequestTooLargeError, SchedulerOutput, StepUpdate
-from engine.scheduler.planner import StepPlanner
 from engine.scheduler.queues import LiveRequests, RunningRequests, WaitingQueue
 from engine.scheduler.request import FinishReason, Request, RequestStatus
+from engine.scheduler.step_scheduler import StepScheduler
 from engine.scheduler.swap import SwapRule
 from engine.scheduler.updater import StepUpdater
 
@@ -47,8 +47,9 @@ class Scheduler:
 
     Made of small parts: the live requests, the waiting queue and the running batch
     (engine.scheduler.queues), the imports held for disaggregated decode
-    (engine.scheduler.imports), the block manager and its prefix cache (engine.kv), the step
-    planner (engine.scheduler.planner) and the step updater (engine.scheduler.updater).
+    (engine.scheduler.kv_imports), the block manager and its prefix cache (engine.kv), the
+    step scheduler (engine.scheduler.step_scheduler) and the step updater
+    (engine.scheduler.updater).
     `lookahead`: tokens computed ahead of decodes (speculative decoding's guesses,
     engine.scheduler.lookahead); None plans plain decodes.
     `swap`: preemption's cost rule (engine.scheduler.swap); None always recomputes.
@@ -77,7 +78,7 @@ class Scheduler:
         self._running = RunningRequests(self._live)
         self._pinned: dict[str, Request] = {}  # prefill role: first token out, blocks held
         self._imports = HeldImports(block_manager)
-        self._planner = StepPlanner(
+        self._step_scheduler = StepScheduler(
             config, block_manager, self._waiting, self._running, self._imports, lookahead, swap
         )
         self._updater = StepUpdater(
@@ -200,7 +201,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step within the token budget and the sequence cap, and advance the
         requests as if it ran: the next `schedule()` plans the step after it."""
-        out = self._planner.plan()
+        out = self._step_scheduler.schedule()
         if not out.is_empty:
             self._in_flight.append(out)
         return out

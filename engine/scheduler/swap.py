@@ -2,7 +2,7 @@
 
 Swapping costs its blocks' bytes twice (out, then back in) at the measured copy rate;
 recomputing costs its computed tokens at the measured prefill rate. The cheaper wins; the
-planner swaps only when the host tier has room (engine.kv.tiered_blocks), else recomputes.
+step scheduler swaps only when the host tier has room (engine.kv.tiered_blocks), else recomputes.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ The engine asks the `Speculator` for guesses before it schedules a step
 (`propose`): each running request that decodes gets up to k guesses in
 `Request.draft_token_ids`, from prompt lookup (`ngram`) or a small draft model (`draft`).
 The scheduler plans such a request as one chunk of its last token and the guesses (k + 1
-tokens of budget and KV slots; `planning.GuessLookahead` is its lookahead), the persistent
-batch runs its positions as decode rows (`rows.GuessRowLayout`), the model scores them all,
-and `verify` keeps the accepted guesses plus one token (engine.speculative.verify). The
-scheduler appends them up to a stop and gives back the blocks of the rejected ones. A draft
-model's KV cache shares the target's budget (`draft.draft_kv_cache`). Without speculation
+tokens of budget and KV slots; `guess_lookahead.GuessLookahead` is its lookahead), the
+persistent batch runs its positions as decode rows (`rows.GuessRowLayout`), the model scores
+them all, and `verify` keeps the accepted guesses plus one token (engine.speculative.verify).
+The scheduler appends them up to a stop and gives back the blocks of the rejected ones. A
+draft model's KV cache shares the target's budget (`draft.draft_kv_cache`). Without speculation
 none of these plug-ins is given, and none of their code runs.
 
 Requests that ask for logprobs, penalties, a logit bias or a grammar are decoded plainly.

@@ -1,1 +1,2 @@
-"""The step: the runner, the persistent batch, a step's results and its timer."""
+"""The step: the stepper, the runner, the persistent batch, a step's results and its timer,
+and the hooks that plug into it (grammar masks here; speculation in engine.speculative)."""

@@ -1,7 +1,7 @@
-"""What plugs into the step (engine.step.pipeline): a hook sees the step at fixed points and
+"""What plugs into the step (engine.step.stepper): a hook sees the step at fixed points and
 keeps per-request state it frees in `release`. Speculation (engine.speculative.step_hook)
 proposes before the schedule and verifies after the sampler; grammars
-(engine.sampling.grammar_hook) mask the logits and follow the sampled tokens.
+(engine.step.grammar_hook) mask the logits and follow the sampled tokens.
 
 Every method here does nothing: a hook overrides the points it needs."""
 

@@ -1,5 +1,6 @@
-"""A step's results: the arrays `LLMEngine.step_result()` returns, and the handle of a step
-whose tokens are still being computed (waited for with one sync in `fetch`)."""
+"""A whole step's results: the arrays `LLMEngine.step_result()` returns (`StepResult`), and
+the handle of a step whose tokens are still being computed (`LaunchedStep`, waited for with
+one sync in `fetch`). Per request: engine.outputs.RequestOutput."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from engine import cpu_kernels
 from engine.config import EngineConfig
 from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
-from engine.lora.delta import choose_kernel
+from engine.lora.delta import LoraBatch, choose_kernel
 from engine.lora.manager import LoraManager
 from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.backends import select_attention
@@ -238,7 +238,7 @@ class ModelRunner:
         inputs = self.batch.prepare(out, sampled_prefills)
         self._check_lengths(inputs.meta)
         if self.lora is not None:
-            inputs = inputs._replace(lora=self.lora.prepare(out))
+            inputs = inputs._replace(lora=lora_batch(self.lora, out))
         return inputs
 
     @torch.inference_mode()
@@ -271,6 +271,15 @@ class ModelRunner:
             raise ValueError(
                 f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
             )
+
+
+def lora_batch(manager: LoraManager, out: SchedulerOutput) -> LoraBatch | None:
+    """The step's LoRA batch: each row's adapter, decodes then prefill chunks."""
+    return manager.prepare(
+        [r.lora for r in out.decodes],
+        [r.lora for r in out.prefill_requests],
+        [c.num_tokens for c in out.prefills],
+    )
 
 
 def lora_manager(

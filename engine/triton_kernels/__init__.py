@@ -18,7 +18,7 @@ Shapes (d = head_dim):
   cos_sin_cache [max_position, d] (cos half | sin half) -> (q, k), rotated in place.
 - rope_write_kv: apply_rope and write_kv in one kernel (v [tokens, kv_heads, d] as well).
 Outputs are in q's (or x's) dtype; softmax and norms accumulate in fp32.
-A quantized cache (``kv_cache_dtype`` int8 / fp8_e4m3: rows of d + 8 bytes, engine.kv.quant)
+A quantized cache (``kv_cache_dtype`` int8 / fp8_e4m3: rows of d + 8 bytes, engine.kv_format.rows)
 is taken as it is: the writers quantize rows, the attentions dequantize them in registers
 (``kv_quant``); q is then any float dtype.
 """

@@ -172,7 +172,7 @@ def paged_decode_attention(
     """Attention of one new token per sequence over its paged context (itself included).
 
     q: [batch, heads, d]; kv: [blocks, layers, 2, block, kv_heads, d] (d + 8 bytes per row
-    when quantized, ``engine.kv.quant``); block_tables:
+    when quantized, ``engine.kv_format.rows``); block_tables:
     [batch, max_blocks] int32; ctx_lens: [batch], each >= 1 and <= max_blocks * block.
     Returns [batch, heads, d] in q's dtype. No host sync: the split plan uses ``max_ctx_len``
     (the batch's longest context, known to the scheduler) or else the block table's width,

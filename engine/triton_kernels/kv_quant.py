@@ -1,4 +1,4 @@
-"""Quantized KV rows in the Triton kernels: the row format of ``engine.kv.quant``, bit for bit.
+"""Quantized KV rows in the Triton kernels: ``engine.kv_format.rows``'s format, bit for bit.
 
 A row of head_dim D is D one-byte codes (int8, or fp8 e4m3 bits), then a bf16 scale per half
 row, then a bf16 mid per half row. The kernels see a quantized cache twice: as bytes (codes)
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kv.quant import SCALE_BYTES, kv_dtype_of
+from engine.kv_format.rows import SCALE_BYTES, kv_dtype_of
 
 QUANT_CODES = {"auto": 0, "int8": 1, "fp8_e4m3": 2}  # the kernels' QUANT constexpr
 

@@ -1,6 +1,6 @@
 """Scatter new K / V rows into the paged cache at their slots (``block * block_size + offset``).
 
-A quantized cache (int8 / fp8 e4m3 rows, ``engine.kv.quant``) gets each row quantized in the
+A quantized cache (int8 / fp8 e4m3 rows, ``engine.kv_format.rows``) gets each row quantized in the
 same program: the bytes ``quantize_rows`` would write (``kv_quant``).
 """
 

@@ -191,7 +191,7 @@ def paged_prefill_attention(
     """Causal attention of new tokens over their sequence's cached prefix and themselves.
 
     q: [tokens, heads, d]; kv: [blocks, layers, 2, block, kv_heads, d] (d + 8 bytes per row
-    when quantized, ``engine.kv.quant``); cu_q: [batch + 1]
+    when quantized, ``engine.kv_format.rows``); cu_q: [batch + 1]
     int32 query offsets; ctx_lens: [batch] cached + new tokens; block_tables: [batch,
     max_blocks] int32. ``max_q_len`` (the longest query run) avoids a host sync when given.
     ``window`` > 0 is a sliding window: a query at position p sees keys in (p - window, p].

@@ -14,12 +14,32 @@ Accumulation order differs from a dequantize-then-matmul by rounding only.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
-from engine.model.quant.int4_checkpoint import Int4Weight
 from engine.triton_kernels.weight_only import INT4, weight_only_linear
+
+
+class Int4Codes(Protocol):
+    """What ``pack_int4`` reads of an unpacked int4 weight
+    (``engine.model.quant.int4_checkpoint.Int4Weight``): ``W[o, perm[j]] = (codes[o, j] -
+    zeros[o, j // group_size]) * scales[o, j // group_size]``."""
+
+    @property
+    def codes(self) -> torch.Tensor: ...  # [out, in] uint8, 0..15
+
+    @property
+    def scales(self) -> torch.Tensor: ...  # [out, groups] fp32
+
+    @property
+    def zeros(self) -> torch.Tensor: ...  # [out, groups] fp32, code units
+
+    @property
+    def group_size(self) -> int: ...
+
+    @property
+    def perm(self) -> torch.Tensor | None: ...  # [in] int64, None: columns in order
 
 
 class Int4Packed(NamedTuple):
@@ -40,9 +60,9 @@ class Int4Packed(NamedTuple):
         return self.qweight.shape[1]
 
 
-def pack_int4(w: Int4Weight, dtype: torch.dtype, device: torch.device | str) -> Int4Packed:
+def pack_int4(w: Int4Codes, dtype: torch.dtype, device: torch.device | str) -> Int4Packed:
     """``w`` in the kernel's layout, on ``device``; the input width must be a multiple of 8."""
-    out, inp = w.shape
+    out, inp = w.codes.shape
     if inp % 8:
         raise ValueError(f"int4 weight with {inp} input columns: not a multiple of 8")
     codes = w.codes.t().reshape(inp // 8, 8, out).to(torch.int32)  # [in / 8, 8, out]

@@ -6,7 +6,7 @@ The count is a lottery around the error's size: a prompt flips when its smallest
 within 48 tokens is below the step's perturbation, and summation order alone moves it. With
 the keys stored as they come out of RoPE, the int8 rows kept 8 to 10 of 12 by machine and
 kernels (bfloat16 KV: 10), and 75 of 100 chat prompts. Keys stored Hadamard-rotated
-(engine.kv.quant.rotate_heads_: their outlier channels spread before rounding, q rotated
+(engine.kv_format.rows.rotate_heads_: their outlier channels spread before rounding, q rotated
 alike) keep 11 of 12 on a 2-core AVX-512 / AMX Xeon, with 16- and 8-lane kernels and with
 one thread or two, 12 of 12 on a 2-core AMD EPYC at either width, and 77 of 100 chat prompts;
 on 12 prompts no test reads (bench.kv_greedy) 10 at either width on the EPYC. The prompts

@@ -29,6 +29,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from engine.model.checkpoint_files import IGNORED_SUFFIXES, checkpoint_files
 from engine.model.decoder import DecoderModel
 from engine.model.layers import Packed
 from engine.model.quant import fp8_checkpoint, int4_checkpoint
@@ -38,7 +39,6 @@ Owner = tuple[Packed, str]  # (module, attribute) of a matrix the kernels can re
 Unpacked = int4_checkpoint.Int4Weight | fp8_checkpoint.Fp8Weight
 _QUANT_SUFFIXES: tuple[str, ...] = (".qweight", ".qzeros", ".scales", ".g_idx", ".input_scale")
 _QUANT_SUFFIXES += (".weight_scale", ".weight_scale_inv")
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def quantization_config(model_dir: Path) -> dict[str, Any]:
@@ -51,8 +51,6 @@ def quantization_config(model_dir: Path) -> dict[str, Any]:
 
 def load_quantized(model: DecoderModel, model_dir: Path, method: str) -> None:
     """Fill ``model`` from the ``method`` (awq, gptq or fp8) checkpoint in ``model_dir``."""
-    from engine.model.loader import checkpoint_files
-
     where = str(model_dir / "config.json")
     qc = quantization_config(model_dir)
     read: Callable[[Callable[[str], torch.Tensor | None], str], Unpacked]
@@ -153,7 +151,7 @@ def _offset_norms(model: DecoderModel) -> set[int]:
 
 
 def _ignored(name: str, model: DecoderModel) -> bool:
-    if name.endswith(_IGNORED_SUFFIXES) or name.endswith(".input_scale"):
+    if name.endswith(IGNORED_SUFFIXES) or name.endswith(".input_scale"):
         return True  # weight-only: activations are never quantized
     return name == "lm_head.weight" and model.config.tie_word_embeddings
 

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import cpu_kernels
-from engine.kv.cache import write_kv
-from engine.kv.quant import dequantize_rows, rotate_heads_
+from engine.kv_format.rows import dequantize_rows, rotate_heads_, write_kv
 from engine.model.layer_ops import apply_rope
 from engine.model.torch_attention import decode_attention
 
@@ -149,7 +148,7 @@ def test_rope_write_kv_into_int8_cache_writes_torch_codes_and_scales() -> None:
 @pytest.mark.parametrize("head_dim", [64, 80])
 def test_rope_write_kv_into_int8_cache_rotates_q_and_k_as_torch_does(head_dim: int) -> None:
     """With an int8 cache the kernel stores keys Hadamard-rotated and rotates q alike
-    (engine.kv.quant.rotate_heads_, blocks of 64 or 16 here): the torch path's values, so
+    (engine.kv_format.rows.rotate_heads_, blocks of 64 or 16 here): the torch path's values, so
     q . k and the stored rows agree with it."""
     heads, kv_heads, d, block_size, tokens = HEADS, KV_HEADS, head_dim, BLOCK, TOKENS
     qkv, cos, sin, positions, slots, kv_got = _int8_rope_case(4, d)

@@ -15,8 +15,7 @@ import torch
 
 from engine import cpu_kernels
 from engine.cpu_kernels.build import WIDTH_ENV
-from engine.kv.cache import write_kv
-from engine.kv.quant import dequantize_rows, quantize_rows, row_width
+from engine.kv_format.rows import dequantize_rows, quantize_rows, row_width, write_kv
 from engine.model.attention import AttentionMetadata
 
 pytestmark = pytest.mark.skipif(

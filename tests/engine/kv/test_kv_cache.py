@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kv.cache import KVLayout, allocate_kv_cache, write_kv
+from engine.kv.cache import KVLayout, allocate_kv_cache
 from engine.model.config import ModelConfig
 from kv_transfer.errors import LayoutMismatch
 from tests.engine.model.tiny_families import save_family
@@ -92,20 +92,6 @@ def test_layout_for_model() -> None:
 def test_invalid_layout(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         dataclasses.replace(LAYOUT, **bad)
-
-
-def test_write_lands_at_slots() -> None:
-    layout = KVLayout("m", "float32", block_size=4, num_layers=2, num_kv_heads=2, head_dim=8)
-    kv = allocate_kv_cache(layout, 6, "cpu")
-    k = torch.randn(3, 2, 8)
-    v = torch.randn(3, 2, 8)
-    slots = torch.tensor([5 * 4 + 3, 0 * 4 + 1, 2 * 4 + 0])  # (block, offset): (5,3) (0,1) (2,0)
-    write_kv(kv, 1, k, v, slots)
-    for i, (block, offset) in enumerate([(5, 3), (0, 1), (2, 0)]):
-        assert torch.equal(kv[block, 1, 0, offset], k[i])
-        assert torch.equal(kv[block, 1, 1, offset], v[i])
-    assert kv[:, 0].abs().sum() == 0  # the other layer is untouched
-    assert int((kv != 0).sum()) == 2 * k.numel()
 
 
 def test_layouts_of_two_families_refuse_each_other_by_name(tmp_path: Path) -> None:

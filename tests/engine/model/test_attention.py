@@ -7,8 +7,7 @@ import torch
 from tiny_llama import TRITON_DEVICE
 
 from engine import cpu_kernels
-from engine.kv.cache import write_kv
-from engine.kv.quant import CODE_DTYPES, dequantize_rows, quantize_rows, row_width
+from engine.kv_format.rows import CODE_DTYPES, dequantize_rows, quantize_rows, row_width, write_kv
 from engine.model.attention import (
     AttentionBackend,
     AttentionMetadata,

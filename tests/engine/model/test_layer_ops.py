@@ -126,7 +126,7 @@ def test_triton_fused_ops_greedy_equals_the_torch_path(
     assert calls["rms_norm"] > 0
     if kv_cache_dtype != "int8":
         assert calls["rope_write_kv"] > 0
-    else:  # RoPE, the keys' rotation (engine.kv.quant.rotate_heads_), then the write
+    else:  # RoPE, the keys' rotation (engine.kv_format.rows.rotate_heads_), then the write
         assert calls["apply_rope"] > 0 and calls["write_kv"] > 0
 
 

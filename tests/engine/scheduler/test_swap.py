@@ -42,9 +42,9 @@ def test_a_burst_swaps_and_recomputes_and_answers_as_without_preemption(tiny_dir
     expected = burst(roomy)
     assert roomy.counters.preemptions == 0
     tight = engine(tiny_dir, num_kv_blocks=24, max_num_seqs=8, kv_offload_cpu_gb=gib(6))
-    rule = tight.pipeline.swap
+    rule = tight.stepper.swap
     assert rule is not None
-    tight.pipeline.swap = None  # the rates stay as set: swapping is the cheaper
+    tight.stepper.swap = None  # the rates stay as set: swapping is the cheaper
     rule.copy_bytes_per_s, rule.prefill_tokens_per_s = 1e12, 1.0
     assert burst(tight) == expected
     counters = tight.counters

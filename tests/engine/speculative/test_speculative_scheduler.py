@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
-from engine.speculative.planning import GuessLookahead
+from engine.speculative.guess_lookahead import GuessLookahead
 from models.sampling_params import SamplingParams
 
 BS = 4

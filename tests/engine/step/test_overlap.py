@@ -94,4 +94,4 @@ def test_on_the_cpu_a_prefill_hands_out_its_token_unless_overlap_is_asked(
     engine.add_request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3, temperature=0.0))
     first = engine.step()
     assert [o.request_id for o in first] == ([] if overlapped else ["a"])
-    assert engine.pipeline.overlap is overlapped
+    assert engine.stepper.overlap is overlapped

@@ -43,7 +43,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 import engine.triton_kernels as package
-from engine.kv.quant import CODE_DTYPES, row_width
+from engine.kv_format.rows import CODE_DTYPES, row_width
 from engine.triton_kernels import (
     decode_attention,
     fused_moe,

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.kv.quant import quantize_rows
+from engine.kv_format.rows import quantize_rows
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

@@ -1,4 +1,4 @@
-"""Quantized KV rows (int8 / fp8 e4m3, engine.kv.quant) in the Triton kernels: the writers
+"""Quantized KV rows (int8 / fp8 e4m3, engine.kv_format.rows) in the Triton kernels: the writers
 store the bytes ``quantize_rows`` stores, the attentions equal the oracle over the
 dequantized cache."""
 
@@ -8,7 +8,14 @@ import pytest
 import torch
 from kernel_cases import DEVICE, LAYER, NUM_LAYERS, make_cache, quantize_cache
 
-from engine.kv.quant import CODE_DTYPES, CODE_MAX, GROUPS, dequantize_rows, quantize_rows, row_width
+from engine.kv_format.rows import (
+    CODE_DTYPES,
+    CODE_MAX,
+    GROUPS,
+    dequantize_rows,
+    quantize_rows,
+    row_width,
+)
 from engine.triton_kernels import (
     paged_decode_attention,
     paged_prefill_attention,

@@ -1,12 +1,14 @@
-"""Quantized KV cache rows: int8 or fp8 (e4m3) codes, two bf16 scales and mids per token and head.
+"""Quantized KV cache rows: int8 or fp8 (e4m3) codes, two bf16 scales and mids per token and head;
+and ``write_kv``, the torch reference of storing K and V at their slots.
 
-``kv_cache_dtype`` (vLLM's name) is ``auto`` (the model dtype), ``int8`` or ``fp8_e4m3``.
-A quantized cache keeps the block-major shape and stores each (token, KV head) row as
-``head_dim`` one-byte codes followed by two bf16 scales and two bf16 mids (8 bytes): the
-cache's last dim is ``head_dim + 8`` (72 bytes for head_dim 64: 3.56x fewer than fp32's 256).
-The scales live inside the block, so whatever moves blocks (transfers, KV
-tiers, swap, prefix copies) moves them too, and a new token never re-quantises the tokens
-already in its block (a per-block scale would have to grow and re-code them).
+``kv_cache_dtype`` (vLLM's name, engine.kv_format.dtypes) is ``auto`` (the model dtype),
+``int8`` or ``fp8_e4m3``. A quantized cache keeps the block-major shape and stores each
+(token, KV head) row as ``head_dim`` one-byte codes followed by two bf16 scales and two bf16
+mids (8 bytes): the cache's last dim is ``head_dim + 8`` (72 bytes for head_dim 64: 3.56x
+fewer than fp32's 256). The scales live inside the block, so whatever moves blocks
+(transfers, KV tiers, swap, prefix copies) moves them too, and a new token never
+re-quantises the tokens already in its block (a per-block scale would have to grow and re-code
+them).
 
 Each row has two channel groups, its two halves, and each group a scale and a mid:
 ``x ~= code * scale + mid``. int8: ``mid = (max + min) / 2`` of the group, ``scale = half
@@ -52,20 +54,12 @@ import functools
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
 GROUPS = 2  # channel groups (a scale and a mid each) per (token, KV head) row
 SCALE_BYTES = 4 * GROUPS  # bf16 scales then bf16 mids, after the row's codes
 # named in the layout fingerprint: blocks of another format are converted or refused
 ROW_FORMAT = "bf16-scale-mid-per-token-head-half-x2+int8-keys-hadamard"
 CODE_DTYPES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 CODE_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
-
-
-def check_kv_cache_dtype(value: str, field: str = "kv_cache_dtype") -> str:
-    """``value`` when it names a KV cache dtype, else ValueError naming the field."""
-    if value not in KV_CACHE_DTYPES:
-        raise ValueError(f"{field} must be one of {', '.join(KV_CACHE_DTYPES)}, got {value!r}")
-    return value
 
 
 def kv_dtype_of(kv_cache: torch.Tensor) -> str:
@@ -197,3 +191,22 @@ def convert_rows(
     if dst_kv_dtype == "auto":
         return values.to(model_dtype)
     return quantize_rows(values, dst_kv_dtype)
+
+
+def write_kv(
+    kv: torch.Tensor, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store new keys and values of ``layer`` at their slots (quantised in a quantized cache)
+    of a block-major cache ``[num_blocks, num_layers, 2, block_size, kv_heads, row]``: token
+    slot ``s`` is row ``s % block_size`` of block ``s // block_size``.
+
+    k, v: [tokens, kv_heads, head_dim]; slot_mapping: [tokens] int64.
+    """
+    block_size = kv.shape[3]
+    blocks = slot_mapping // block_size  # [tokens]
+    offsets = slot_mapping % block_size  # [tokens]
+    if is_quantized(kv):
+        kv_dtype = kv_dtype_of(kv)
+        k, v = quantize_rows(k, kv_dtype), quantize_rows(v, kv_dtype)  # [tokens, kv_heads, d + 8]
+    kv[:, layer, 0].index_put_((blocks, offsets), k)
+    kv[:, layer, 1].index_put_((blocks, offsets), v)

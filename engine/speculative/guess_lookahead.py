@@ -1,4 +1,5 @@
-"""Speculative decoding's part in planning a step (the scheduler's `Lookahead`).
+"""Speculative decoding's lookahead: its part in scheduling a step (the scheduler's
+`Lookahead`).
 
 A decoding request's guesses (`Request.draft_token_ids`, set by `Speculator.propose`) are
 computed ahead of its decode, in one chunk; after the step, the tokens `verify` emitted are

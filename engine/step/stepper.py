@@ -31,7 +31,7 @@ from engine.step.runner import ModelRunner
 from engine.step.timer import StepTimer
 
 
-class StepPipeline:
+class Stepper:
     """Runs the engine's steps over its scheduler and runner, with the hooks plugged in."""
 
     def __init__(
@@ -124,7 +124,7 @@ class StepPipeline:
         logits = self.runner.forward(inputs)  # [num_sampled (+ guesses' rows), vocab]
         timer.lap("forward")
         step = inputs.sampling
-        assert step is not None  # the pipeline always passes its requests
+        assert step is not None  # the stepper always passes its requests
         for hook in hooks:
             step = hook.sampling(step)
         n = len(requests)

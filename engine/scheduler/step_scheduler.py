@@ -1,7 +1,7 @@
-"""Planning one step: which tokens of which requests run, within the token budget and the
+"""Scheduling one step: which tokens of which requests run, within the token budget and the
 sequence cap, preempting when blocks run out (the order and the rules: engine.scheduler).
 
-The planner advances the requests as if the step ran: their computed tokens grow and the
+The step scheduler advances the requests as if the step ran: their computed tokens grow and the
 sampled ones become pending. It changes the queues only to admit and to preempt; requests
 finish and leave in the scheduler.
 """
@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig, Role
 from engine.kv.block_manager import BlockManager
-from engine.lora.gate import StepAdapters
-from engine.scheduler.imports import HeldImports
+from engine.scheduler.kv_imports import HeldImports
 from engine.scheduler.lookahead import Lookahead
 from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
 from engine.scheduler.queues import RunningRequests, WaitingQueue
 from engine.scheduler.request import Request, RequestStatus
+from engine.scheduler.step_adapters import StepAdapters
 from engine.scheduler.swap import SwapRule
 
 
@@ -41,8 +41,8 @@ class _Step:
         self.preempted.append(request.request_id)
 
 
-class StepPlanner:
-    """Plans steps over a scheduler's queues and blocks. Not thread-safe."""
+class StepScheduler:
+    """Schedules steps over a scheduler's queues and blocks. Not thread-safe."""
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class StepPlanner:
         self._lookahead = lookahead
         self._capacity = blocks.num_total_blocks * blocks.block_size  # tokens the cache holds
 
-    def plan(self) -> SchedulerOutput:
+    def schedule(self) -> SchedulerOutput:
         """One step, with the requests advanced as if it ran."""
         config = self._config
         step = _Step(budget=config.max_num_batched_tokens)

@@ -1,5 +1,5 @@
-"""The scheduler's limit of distinct adapters in one step (the device slots). Integers and
-names only, no tensors."""
+"""The scheduler's limit of distinct LoRA adapters in one step (the device slots of
+engine.lora.slots). Integers and names only, no tensors."""
 
 from __future__ import annotations
 
