@@ -50,6 +50,18 @@ def best_seconds(fn: Callable[[int], object], calls: int, repeats: int = 5) -> f
     return best
 
 
+def best_wall_and_cpu(fn: Callable[[int], object], repeats: int) -> tuple[float, float]:
+    """Best wall time and best process CPU time of one call fn(0) over ``repeats``."""
+    fn(0)
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn(0)
+        cpu = min(cpu, time.process_time() - start_cpu)
+        wall = min(wall, time.perf_counter() - start)
+    return wall, cpu
+
+
 def bench_attention(args: argparse.Namespace) -> dict[str, Any]:
     from engine import cpu_kernels
     from engine.model.torch_attention import GatherBuffers, decode_attention
@@ -154,13 +166,14 @@ def packed_runs(
 
 def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
     from engine import cpu_kernels
-    from engine.cpu_kernels.quant_linear import amx_available
+    from engine.cpu_kernels.quant_linear import amx_available, prefill_blocking
     from engine.model.quant.weight import QuantWeight, RowQuant
 
     if not cpu_kernels.available():
         print("C kernels unavailable here: packed linear skipped", file=sys.stderr)
         return {}
     peak, fp32_peak = matmul_peak_gflops(torch.bfloat16), matmul_peak_gflops(torch.float32)
+    cpu_peak = matmul_peak_gflops(torch.float32, clock=time.process_time)
     gen = torch.Generator().manual_seed(1)
     shapes = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
     layers: list[Layer] = []
@@ -174,25 +187,36 @@ def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
             panels = cpu_kernels.pack_linear_weight(dense)
             assert panels is not None  # N is a multiple of 16
             layers.append((q, panels, dense.bfloat16(), k))
-    out: dict[str, Any] = {"amx": amx_available()}
+    widths = sorted({s[1] for s in shapes.values()})
+    out: dict[str, Any] = {
+        "amx": amx_available(),
+        "prefill_blocking": {f"k_{k}": prefill_blocking(k)._asdict() for k in widths},
+    }
     for rows in tqdm(args.packed_rows, desc="packed linear", file=sys.stderr):
-        x = {k: torch.randn(rows, k) for k in {s[1] for s in shapes.values()}}
+        x = {k: torch.randn(rows, k) for k in widths}
         flops = 2 * rows * args.layers * sum(o * i for o, i in shapes.values())
         runs = packed_runs(layers, x, {k: v.bfloat16() for k, v in x.items()})
-        out[f"rows_{rows}"] = {
-            f"{name}_gflop_s": flops / best_seconds(fn, 1, repeats=3) / 1e9
-            for name, fn in runs.items()
-        }
+        row: dict[str, float] = {}
+        for name, fn in runs.items():
+            wall, cpu = best_wall_and_cpu(fn, repeats=3)
+            row[f"{name}_gflop_s"], row[f"{name}_cpu_gflop_s"] = (
+                flops / wall / 1e9,
+                flops / cpu / 1e9,
+            )
+        out[f"rows_{rows}"] = row
     # the peaks before and after, the better kept: one taken while other work loads the
     # machine would flatter the ratios
     peak = max(peak, matmul_peak_gflops(torch.bfloat16))
     fp32_peak = max(fp32_peak, matmul_peak_gflops(torch.float32))
-    out |= {"bf16_matmul_peak_gflop_s": peak, "fp32_matmul_peak_gflop_s": fp32_peak}
+    cpu_peak = max(cpu_peak, matmul_peak_gflops(torch.float32, clock=time.process_time))
+    out |= {"bf16_matmul_peak_gflop_s": peak, "fp32_matmul_peak_gflop_s": fp32_peak,
+            "fp32_matmul_peak_cpu_gflop_s": cpu_peak}  # fmt: skip
     for rows in args.packed_rows:
         row = out[f"rows_{rows}"]
-        for name in [k.removesuffix("_gflop_s") for k in row]:
+        for name in [k.removesuffix("_cpu_gflop_s") for k in row if k.endswith("_cpu_gflop_s")]:
             row[f"{name}_ratio_to_fp32_peak"] = row[f"{name}_gflop_s"] / fp32_peak
             row[f"{name}_ratio_to_bf16_peak"] = row[f"{name}_gflop_s"] / peak
+            row[f"{name}_cpu_ratio_to_fp32_peak"] = row[f"{name}_cpu_gflop_s"] / cpu_peak
     return out
 
 
@@ -270,6 +294,27 @@ def print_rows(result: dict[str, Any], rows: list[int]) -> None:
         print(f"  {n:>4} rows: GFLOP/s {'  '.join(cells)}  (ratio {' / '.join(ratios)})")
 
 
+def print_packed(packed: dict[str, Any], rows: list[int]) -> None:
+    print(
+        f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), fp32 / bf16 matmul "
+        f"peak {packed['fp32_matmul_peak_gflop_s']:.1f} / "
+        f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s, fp32 per CPU-second "
+        f"{packed['fp32_matmul_peak_cpu_gflop_s']:.1f}; each path: GFLOP/s, its ratio to the "
+        "fp32 and bf16 peaks, and per CPU-second to the fp32 peak's:"
+    )
+    for n in rows:
+        r = packed[f"rows_{n}"]
+        names = [k.removesuffix("_cpu_gflop_s") for k in r if k.endswith("_cpu_gflop_s")]
+        cells = [
+            f"{m} {r[m + '_gflop_s']:.1f} ({r[m + '_ratio_to_fp32_peak']:.2f} / "
+            f"{r[m + '_ratio_to_bf16_peak']:.2f} / {r[m + '_cpu_ratio_to_fp32_peak']:.2f})"
+            for m in names
+        ]
+        print(f"  {n:>4} rows: {'  '.join(cells)}")
+    for k, b in packed["prefill_blocking"].items():
+        print(f"  prefill blocks, {k}: " + ", ".join(f"{name} {v}" for name, v in b.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -318,12 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print_rows(linear, args.rows)
     if "packed" in only and (packed := bench_packed_linear(args)):
         payload["packed_linear"] = packed
-        print(
-            f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), fp32 / bf16 matmul "
-            f"peak {packed['fp32_matmul_peak_gflop_s']:.1f} / "
-            f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s (ratios to each):"
-        )
-        print_rows(packed, args.packed_rows)
+        print_packed(packed, args.packed_rows)
     if "prefill" in only and (prefill := bench_prefill(args)):
         payload["prefill_attention"] = prefill
         print(f"prefill attention, one fresh prompt, fp32, {torch.get_num_threads()} threads:")
