@@ -50,7 +50,7 @@ def _free_port() -> int:
 def vllm_server(args: argparse.Namespace, log: Path) -> Iterator[str]:
     """``vllm serve`` of the fp32 conversion in the peer's Python; its base URL."""
     port, threads = _free_port(), torch.get_num_threads()
-    argv = [args.peer_python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+    argv = [args.peer_pythons["vllm"], "-m", "vllm.entrypoints.openai.api_server", "--model",
             str(args.model_dir), "--port", str(port), "--host", "127.0.0.1", "--dtype",
             args.vllm_dtype, "--max-model-len", "2048", "--seed", "0"]  # fmt: skip
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}")

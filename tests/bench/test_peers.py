@@ -25,13 +25,15 @@ FAKE = """#!{python}
 import json, os, signal, sys
 if sys.argv[2].startswith("import "):
     module = sys.argv[2].split()[-1]
-    if module in os.environ.get("FAKE_PEERS", "").split(","):
+    name = os.path.basename(sys.argv[0])
+    if module in os.environ.get("FAKE_PEERS_" + name, os.environ.get("FAKE_PEERS", "")).split(","):
         sys.exit(0)
     sys.exit(f"ModuleNotFoundError: No module named '{{module}}'")
 job = json.load(sys.stdin)
 with open(os.environ["FAKE_LOG"], "a") as log:
     ones = {{name: w["one_at_a_time"] for name, w in job["workloads"].items()}}
-    log.write(json.dumps({{"engine": job["engine"], "ones": ones}}) + "\\n")
+    python = os.path.basename(sys.argv[0])
+    log.write(json.dumps({{"engine": job["engine"], "ones": ones, "python": python}}) + "\\n")
 if job["engine"] == "llama_cpp" and not job["no_extra_bufts"] and os.environ.get("FAKE_CRASH"):
     os.kill(os.getpid(), signal.SIGSEGV)
 done = {{name: {{"seconds": 0.5, "generated_tokens": len(w["prompts"]) * job["new_tokens"]}}
@@ -50,8 +52,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peers_found: str) -> Path:
-    fake = tmp_path / "python"
+def _fake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peers_found: str, name: str = "python"
+) -> Path:
+    fake = tmp_path / name
     fake.write_text(FAKE.format(python=sys.executable))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_PEERS", peers_found)
@@ -62,8 +66,9 @@ def _fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peers_found: str) -> 
     return fake
 
 
-def _run(model_dir: Path, fake: Path, out: Path, rounds: int = 2) -> dict[str, Any]:
-    argv = ["--peer-python", str(fake), "--model", str(model_dir), "--only", "offline", "batch1",
+def _run(model_dir: Path, fake: Path | list[str], out: Path, rounds: int = 2) -> dict[str, Any]:
+    pythons = fake if isinstance(fake, list) else ["--peer-python", str(fake)]
+    argv = [*pythons, "--model", str(model_dir), "--only", "offline", "batch1",
             "--rounds", str(rounds),
             "--requests", "3", "--min-len", "4", "--max-len", "9", "--new-tokens", "3",
             "--batch1-prompts", "2", "--out", str(out)]  # fmt: skip
@@ -118,3 +123,28 @@ def test_a_peer_that_fails_is_reported_not_raised(
     assert "exit 1" in report["rounds"][0]["offline"]["vllm"]["error"]
     assert "splitserve/vllm" not in report["ratios"]["offline"]
     assert os.path.exists(tmp_path / "peers.json")
+
+
+def test_each_peer_in_its_own_python(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vllm = _fake(tmp_path, monkeypatch, "", name="vllm-python")
+    llama = _fake(tmp_path, monkeypatch, "", name="llama-python")
+    monkeypatch.setenv("FAKE_PEERS_vllm-python", "vllm")  # each imports its own peer only
+    monkeypatch.setenv("FAKE_PEERS_llama-python", "llama_cpp")
+    pythons = ["--vllm-python", str(vllm), "--llama-python", str(llama)]
+    report = _run(model_dir, pythons, tmp_path / "peers.json", rounds=1)
+    assert report["left_out"] == {}
+    jobs = [json.loads(line) for line in (tmp_path / "jobs.log").read_text().splitlines()]
+    assert [(j["engine"], j["python"]) for j in jobs] == [
+        ("vllm", "vllm-python"),
+        ("llama_cpp", "llama-python"),
+    ]
+
+
+def test_a_peer_without_a_python_is_left_out_naming_the_flag(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llama = _fake(tmp_path, monkeypatch, "llama_cpp")
+    report = _run(model_dir, ["--llama-python", str(llama)], tmp_path / "peers.json", rounds=1)
+    assert report["left_out"] == {"vllm": "no --vllm-python (nor --peer-python)"}
