@@ -91,9 +91,10 @@ class EngineConfig:
     # speed. Elsewhere (no AMX, unpacked weights, CUDA) the products stay as they are.
     float32_matmul_precision: str = "highest"
     # CPU packed weights (GGUF, AWQ, GPTQ): products of up to 64 rows (decode steps) round
-    # each activation row to int8 per block of 32 (Q8_0, as llama.cpp) and run on integer
-    # dot products (AVX2, AVX-512 VNNI; engine.cpu_kernels.quant_int8), about 2x the exact
-    # kernel's speed. Off: every product exact to the fp32 conversion's.
+    # each activation row to int8 per block of 16 (Q8_0-like, as llama.cpp) and run on
+    # integer dot products (AVX2, AVX-512 VNNI; engine.cpu_kernels.quant_int8), about 2x the
+    # exact kernel's speed. Opt-in, as every setting that changes precision: by default each
+    # product is exact to the fp32 conversion's (the transformers oracle's answers).
     int8_activations: bool = False
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one
     # step late, same output). Off in the prefill role. None: on where the device runs
