@@ -158,9 +158,11 @@ def _drain(engine: Any, prompts: list[list[int]], params: Any) -> int:
 
 def systems(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
     """The systems that run here (name -> its model) and those left out (name -> why)."""
-    run = dict.fromkeys(OURS, "ours")
+    run = {name: "ours" for name in OURS if name in args.systems}
     left: dict[str, str] = {}
     for name, module in (("vllm", "vllm"), ("llama_cpp", "llama_cpp")):
+        if name not in args.systems:
+            continue
         python = args.peer_pythons[name]
         why = f"no --{PYTHON_FLAGS[name]} (nor --peer-python)" if not python else None
         why = why or peer_importable(python, module)
@@ -286,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-python", help="a venv's python with vllm and/or llama_cpp")
     ap.add_argument("--vllm-python", help="vLLM's venv python (default: --peer-python)")
     ap.add_argument("--llama-python", help="llama_cpp's venv python (default: --peer-python)")
+    ap.add_argument("--systems", nargs="+", choices=list(LABELS), default=list(LABELS),
+                    help="the systems to run (default: all)")  # fmt: skip
     ap.add_argument("--model", default="smollm2", help="registry name or directory with a GGUF")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", nargs="+", choices=[*WORKLOADS, "serve"], help="default: all")

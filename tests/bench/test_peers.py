@@ -148,3 +148,13 @@ def test_a_peer_without_a_python_is_left_out_naming_the_flag(
     llama = _fake(tmp_path, monkeypatch, "llama_cpp")
     report = _run(model_dir, ["--llama-python", str(llama)], tmp_path / "peers.json", rounds=1)
     assert report["left_out"] == {"vllm": "no --vllm-python (nor --peer-python)"}
+
+
+def test_only_the_systems_named(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _fake(tmp_path, monkeypatch, "vllm,llama_cpp")
+    pythons = ["--peer-python", str(fake), "--systems", "splitserve", "vllm"]
+    report = _run(model_dir, pythons, tmp_path / "peers.json", rounds=1)
+    assert set(report["rounds"][0]["offline"]) == {"splitserve", "vllm"}
+    assert report["left_out"] == {} and list(report["ratios"]["batch1"]) == ["splitserve/vllm"]
