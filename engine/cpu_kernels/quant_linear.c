@@ -13,11 +13,9 @@
  * The weights go through the same FMAs, in the same order over K, as the fp32 kernel
  * (linear.c) over the dequantized matrix, so the outputs are bit for bit the fp32 path's.
  * Up to QTILE_ROWS rows one tile walks a panel dequantizing in registers, a row of
- * the panel being one vector with 16 lanes (AVX-512) or two with 8 (vecw.h); for more rows a
- * thread dequantizes the whole panel into its scratch ([K][16] floats, in L2) and runs the
- * fp32 panel kernel over it: the dequantization is shared by all rows, and the kernel reads
- * the panel from cache instead of memory. Threads split the panels. From quant_prefill.c's
- * rows on (prefill), that kernel runs: blocked for the host's caches, the same sums.
+ * the panel being one vector with 16 lanes (AVX-512) or two with 8 (vecw.h); threads split
+ * the panels. For more rows quant_prefill.c runs: blocks of panels dequantized into L1 and
+ * shared by every row tile, blocked for the host's caches, the same sums.
  *
  * Unless the caller asks for this path alone (amx_rows 0), two fp32-level kernels take over
  * where they are built: quant_small (below) up to SMALL_ROWS rows, the decode steps, and the
@@ -33,9 +31,7 @@
 #include <omp.h>
 #endif
 
-#define QTILE_ROWS 6
-#define ROW_BLOCK 512
-#define K_CHUNK 128 /* without scratch: 8 KB of the panel at a time */
+#define QTILE_ROWS 6 /* from QTILE_ROWS + 1 rows on, quant_prefill.c */
 
 /* R rows (R <= QTILE_ROWS) times panel p over the whole of K, the weights dequantized in
    registers; each element is summed in the order of linear.c's tiles. */
@@ -73,39 +69,6 @@ static void panel_small(const float *a, int64_t lda, const qweight *w, int64_t p
     case 5: qtile(a, lda, w, p, c, ldc, load_c, 5); break;
     case 6: qtile(a, lda, w, p, c, ldc, load_c, 6); break;
     default: break;
-    }
-}
-
-/* A thread's scratch of at least `floats` floats, grown as needed and kept for the next
-   call (OpenMP's threads live as long as the process); NULL if memory ran out. */
-static float *scratch(size_t floats)
-{
-    static __thread float *buf;
-    static __thread size_t cap;
-    if (floats > cap) {
-        free(buf);
-        buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        cap = buf ? floats : 0;
-    }
-    return buf;
-}
-
-/* Panel p for more rows than a tile, dequantized into `panel` ([K][16]) or, where no scratch
-   could be had, a chunk at a time into a stack buffer (the partial sums wait in C: fp32
-   stores are exact, the sums run in the same order). */
-static void panel_rows(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
-                       float *c, int64_t ldc, int accumulate, float *panel)
-{
-    if (panel) {
-        dequant_rows(w, p, 0, w->K, panel);
-        splitserve_panel_rows(a, lda, panel, rows, w->K, c, ldc, accumulate);
-        return;
-    }
-    float buf[K_CHUNK * PANEL] __attribute__((aligned(64)));
-    for (int k0 = 0; k0 < w->K; k0 += K_CHUNK) {
-        const int k1 = w->K - k0 < K_CHUNK ? w->K : k0 + K_CHUNK;
-        dequant_rows(w, p, k0, k1, buf);
-        splitserve_panel_rows(a + k0, lda, buf, rows, k1 - k0, c, ldc, accumulate || k0 > 0);
     }
 }
 
@@ -323,20 +286,10 @@ void splitserve_linear_quant(
     if (splitserve_quant_prefill(a, lda, &w, M, N, c, ldc, accumulate, threads)) return;
     const int panels = N / PANEL;
     const int parallel = (int64_t)M * N * K >= 1 << 16;
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel)
-    {
-        float *panel = M > QTILE_ROWS ? scratch((size_t)K * PANEL) : NULL;
-        for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {
-            const int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;
-#pragma omp for schedule(static)
-            for (int p = 0; p < panels; p++) {
-                float *cp = c + m0 * ldc + p * PANEL;
-                if (rows <= QTILE_ROWS) {
-                    panel_small(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate);
-                } else {
-                    panel_rows(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate, panel);
-                }
-            }
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
+    for (int p = 0; p < panels; p++)
+        for (int m0 = 0; m0 < M; m0 += QTILE_ROWS) {
+            const int rows = M - m0 < QTILE_ROWS ? M - m0 : QTILE_ROWS;
+            panel_small(a + m0 * lda, lda, &w, p, rows, c + m0 * ldc + p * PANEL, ldc, accumulate);
         }
-    }
 }

@@ -1,7 +1,8 @@
 /*
  * The prefill product over packed weights: C[M, N] (+)= A[M, K] @ W^T for PREFILL_MIN_ROWS
- * rows and more, W group-quantized as quant_linear.c reads it. Blocked for the caches the
- * build found on the host (build.py passes their sizes; 32 KB and 1 MB where it found none):
+ * rows and more (prefill chunks, decode batches), W group-quantized as quant_linear.c reads
+ * it. Blocked for the caches the build found on the host (build.py passes their sizes; 32 KB
+ * and 1 MB where it found none):
  *   - a block of PANELS panels over KC inputs is dequantized into a buffer that fills half
  *     of L1, and every row tile of the row block runs over it while it is there;
  *   - a row block of MC rows spans the whole of K in half of L2, so every panel block of the
@@ -37,7 +38,7 @@
 #define ROWS 6
 #define PANELS 1
 #endif
-#define PREFILL_MIN_ROWS 48 /* below, quant_linear.c's tiles stream the weights better */
+#define PREFILL_MIN_ROWS 7 /* up to 6 rows, quant_linear.c's tiles dequantize in registers */
 /* inputs per dequantized block: PANELS panels of KC rows of 64 bytes in half of L1 */
 #define KC_RAW (SPLITSERVE_L1D_BYTES / 2 / (PANELS * PANEL * 4) / 16 * 16)
 #define KC (KC_RAW < 16 ? 16 : KC_RAW > 1024 ? 1024 : KC_RAW)
@@ -118,7 +119,7 @@ int splitserve_quant_prefill(const float *a, int64_t lda, const qweight *w, int 
     if (M < PREFILL_MIN_ROWS) return 0;
     const int K = w->K, panels = N / PANEL, blocks = (panels + PANELS - 1) / PANELS;
     const int mc = row_block(K);
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if ((int64_t)M * N * K >= 1 << 16)
     {
         float b[PANELS * KC * PANEL] __attribute__((aligned(64)));
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();

@@ -24,7 +24,7 @@ KERNELS = Path(cpu_kernels.__file__).parent
 SOURCES = ("quant_linear.c", "quant_prefill.c", "quant_amx.c", "quant_amx_bf16.c", "linear.c")
 # (bits, group, mins, N, K): an odd number of panels; K across several blocks of inputs
 CASES = [(4, 32, True, 80, 160), (8, 16, False, 48, 272), (4, 128, True, 32, 384)]
-ROWS = [48, 61, 100]
+ROWS = [7, 13, 48, 61, 100]
 
 
 def _fake_sysfs(root: Path, caches: list[tuple[str, str, str]]) -> Path:
