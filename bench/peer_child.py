@@ -9,7 +9,9 @@ GGUF file), ``workloads`` (name -> ``prompts``, token ids, and ``one_at_a_time``
 ``generate`` call per prompt, else one for all; llama.cpp serves one sequence at a time either
 way), ``new_tokens``, ``threads``, ``dtype`` (vLLM) and ``no_extra_bufts`` (llama.cpp: its
 repacked weight layouts off). The model loads once, then the workloads run in order, greedy,
-every prompt exactly ``new_tokens`` tokens; each one's time covers its generation only.
+every prompt exactly ``new_tokens`` tokens; each one's time covers its generation only, as
+wall time and as the CPU time of the process's threads (vLLM's engine core runs in this
+process: bench.peers sets VLLM_ENABLE_V1_MULTIPROCESSING=0).
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ def _timed(job: dict[str, Any], generate: Any) -> dict[str, Any]:
     for name, w in job["workloads"].items():
         prompts = w["prompts"]
         waves = [[p] for p in prompts] if w["one_at_a_time"] else [prompts]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         tokens = sum(generate(wave) for wave in waves)
-        out[name] = {"seconds": time.perf_counter() - start, "generated_tokens": tokens}
+        out[name] = {"seconds": time.perf_counter() - start, "generated_tokens": tokens,
+                     "cpu_seconds": time.process_time() - cpu}  # fmt: skip
     return out
 
 

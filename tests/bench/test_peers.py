@@ -36,7 +36,8 @@ with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps({{"engine": job["engine"], "ones": ones, "python": python}}) + "\\n")
 if job["engine"] == "llama_cpp" and not job["no_extra_bufts"] and os.environ.get("FAKE_CRASH"):
     os.kill(os.getpid(), signal.SIGSEGV)
-done = {{name: {{"seconds": 0.5, "generated_tokens": len(w["prompts"]) * job["new_tokens"]}}
+done = {{name: {{"seconds": 0.5, "generated_tokens": len(w["prompts"]) * job["new_tokens"],
+                "cpu_seconds": 0.25}}
         for name, w in job["workloads"].items()}}
 print("PEER_RESULT " + json.dumps({{"workloads": done, "version": "9.9"}}))
 """
@@ -88,6 +89,8 @@ def test_every_system_both_workloads_two_rounds(
         assert entry["offline"]["splitserve"]["generated_tokens"] == 3 * 3
         assert entry["batch1"]["splitserve_fp32"]["generated_tokens"] == 2 * 3
         assert entry["offline"]["vllm"]["out_tok_s"] == pytest.approx(9 / 0.5)
+        assert entry["offline"]["vllm"]["out_tok_cpu_s"] == pytest.approx(9 / 0.25)
+        assert entry["offline"]["splitserve"]["out_tok_cpu_s"] > 0  # per CPU-second too
         assert entry["batch1"]["llama_cpp"]["mode"] == "default"
     assert all(r is not None and r > 0 for r in report["ratios"]["offline"]["splitserve/vllm"])
     assert entry["batch1"]["splitserve_int8"]["generated_tokens"] == 2 * 3
