@@ -25,6 +25,7 @@ _FORWARDED: dict[str, tuple[str, str]] = {
     "cpu-kernels": ("bench.cpu_kernels", "CPU decode attention and linear layers vs limits"),
     "kv-tiers": ("bench.kv_tiers", "multiturn prompt tokens and TTFT with KV tiers vs without"),
     "kv-disk-write": ("bench.kv_disk_write", "the disk KV tier's write rate vs plain writes"),
+    "peers": ("bench.peers", "splitserve vs vLLM-CPU and llama.cpp, same workloads, same run"),
     "gpu": ("bench.gpu_check", "the prepared GPU check: GPU tests and benchmarks, one JSON"),
 }
 

@@ -10,8 +10,10 @@ the CPU caches. The model's linear layers from 1 to 512 rows: F.linear and the C
 over packed weights (engine.model.linear), as GFLOP/s against the same run's matmul peak.
 The same layers packed as Q4_1 (4-bit codes, scale and min per 32 inputs, random), from 1
 to 1024 rows: the packed kernel (engine.cpu_kernels.quant_linear: AMX tiles where the machine
-has them, ``packed_fma`` its FMA path), the fp32 kernel, and F.linear in bf16 (oneDNN, AMX
-bf16 where present: what vLLM's CPU backend runs), against the same run's bf16 matmul peak.
+has them, ``packed_fma`` its FMA path, ``packed_int8`` the integer-dot kernel of
+engine.cpu_kernels.quant_int8 where the build has one), the fp32 kernel, and F.linear in bf16
+(oneDNN, AMX bf16 where present: what vLLM's CPU backend runs), against the same run's fp32
+and bf16 matmul peaks (each the better of before and after).
 Prefill attention (fp32, one fresh prompt of each ``--prefill-lens``, causal): the C prefill
 kernel (engine.cpu_kernels.prefill) and the torch path it replaces (one SDPA call per chunk,
 ``attend``), interleaved, against a same-run fp32 matmul of equal FLOPs (4 x heads x d per
@@ -46,6 +48,18 @@ def best_seconds(fn: Callable[[int], object], calls: int, repeats: int = 5) -> f
             fn(i)
         best = min(best, (time.perf_counter() - start) / calls)
     return best
+
+
+def best_wall_and_cpu(fn: Callable[[int], object], repeats: int) -> tuple[float, float]:
+    """Best wall time and best process CPU time of one call fn(0) over ``repeats``."""
+    fn(0)
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn(0)
+        cpu = min(cpu, time.process_time() - start_cpu)
+        wall = min(wall, time.perf_counter() - start)
+    return wall, cpu
 
 
 def bench_attention(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,10 +148,13 @@ def packed_runs(
 ) -> dict[str, Callable[[int], object]]:
     """One call of each path over every layer, x and xb by input width."""
     from engine import cpu_kernels
+    from engine.cpu_kernels.quant_int8 import QuantInt8Linear, isa
     from engine.cpu_kernels.quant_linear import quant_linear
 
+    int8 = [(QuantInt8Linear(q._cpu_kernel), k) for q, _p, _b, k in layers] if isa() else []
     return {
         "packed": lambda _: [q.linear(x[k]) for q, _p, _b, k in layers],
+        **({"packed_int8": lambda _: [q(x[k]) for q, k in int8]} if int8 else {}),
         "packed_fma": lambda _: [
             quant_linear(x[k], q.codes, q.scales, q.mins, 4, 32, amx_rows=0)
             for q, _p, _b, k in layers
@@ -149,13 +166,14 @@ def packed_runs(
 
 def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
     from engine import cpu_kernels
-    from engine.cpu_kernels.quant_linear import amx_available
+    from engine.cpu_kernels.quant_linear import amx_available, prefill_blocking
     from engine.model.quant.weight import QuantWeight, RowQuant
 
     if not cpu_kernels.available():
         print("C kernels unavailable here: packed linear skipped", file=sys.stderr)
         return {}
-    peak = matmul_peak_gflops(torch.bfloat16)
+    peak, fp32_peak = matmul_peak_gflops(torch.bfloat16), matmul_peak_gflops(torch.float32)
+    cpu_peak = matmul_peak_gflops(torch.float32, clock=time.process_time)
     gen = torch.Generator().manual_seed(1)
     shapes = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
     layers: list[Layer] = []
@@ -169,16 +187,36 @@ def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
             panels = cpu_kernels.pack_linear_weight(dense)
             assert panels is not None  # N is a multiple of 16
             layers.append((q, panels, dense.bfloat16(), k))
-    out: dict[str, Any] = {"bf16_matmul_peak_gflop_s": peak, "amx": amx_available()}
+    widths = sorted({s[1] for s in shapes.values()})
+    out: dict[str, Any] = {
+        "amx": amx_available(),
+        "prefill_blocking": {f"k_{k}": prefill_blocking(k)._asdict() for k in widths},
+    }
     for rows in tqdm(args.packed_rows, desc="packed linear", file=sys.stderr):
-        x = {k: torch.randn(rows, k) for k in {s[1] for s in shapes.values()}}
+        x = {k: torch.randn(rows, k) for k in widths}
         flops = 2 * rows * args.layers * sum(o * i for o, i in shapes.values())
         runs = packed_runs(layers, x, {k: v.bfloat16() for k, v in x.items()})
         row: dict[str, float] = {}
         for name, fn in runs.items():
-            gflops = flops / best_seconds(fn, 1, repeats=3) / 1e9
-            row[f"{name}_gflop_s"], row[f"{name}_ratio_to_bf16_peak"] = gflops, gflops / peak
+            wall, cpu = best_wall_and_cpu(fn, repeats=3)
+            row[f"{name}_gflop_s"], row[f"{name}_cpu_gflop_s"] = (
+                flops / wall / 1e9,
+                flops / cpu / 1e9,
+            )
         out[f"rows_{rows}"] = row
+    # the peaks before and after, the better kept: one taken while other work loads the
+    # machine would flatter the ratios
+    peak = max(peak, matmul_peak_gflops(torch.bfloat16))
+    fp32_peak = max(fp32_peak, matmul_peak_gflops(torch.float32))
+    cpu_peak = max(cpu_peak, matmul_peak_gflops(torch.float32, clock=time.process_time))
+    out |= {"bf16_matmul_peak_gflop_s": peak, "fp32_matmul_peak_gflop_s": fp32_peak,
+            "fp32_matmul_peak_cpu_gflop_s": cpu_peak}  # fmt: skip
+    for rows in args.packed_rows:
+        row = out[f"rows_{rows}"]
+        for name in [k.removesuffix("_cpu_gflop_s") for k in row if k.endswith("_cpu_gflop_s")]:
+            row[f"{name}_ratio_to_fp32_peak"] = row[f"{name}_gflop_s"] / fp32_peak
+            row[f"{name}_ratio_to_bf16_peak"] = row[f"{name}_gflop_s"] / peak
+            row[f"{name}_cpu_ratio_to_fp32_peak"] = row[f"{name}_cpu_gflop_s"] / cpu_peak
     return out
 
 
@@ -256,6 +294,27 @@ def print_rows(result: dict[str, Any], rows: list[int]) -> None:
         print(f"  {n:>4} rows: GFLOP/s {'  '.join(cells)}  (ratio {' / '.join(ratios)})")
 
 
+def print_packed(packed: dict[str, Any], rows: list[int]) -> None:
+    print(
+        f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), fp32 / bf16 matmul "
+        f"peak {packed['fp32_matmul_peak_gflop_s']:.1f} / "
+        f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s, fp32 per CPU-second "
+        f"{packed['fp32_matmul_peak_cpu_gflop_s']:.1f}; each path: GFLOP/s, its ratio to the "
+        "fp32 and bf16 peaks, and per CPU-second to the fp32 peak's:"
+    )
+    for n in rows:
+        r = packed[f"rows_{n}"]
+        names = [k.removesuffix("_cpu_gflop_s") for k in r if k.endswith("_cpu_gflop_s")]
+        cells = [
+            f"{m} {r[m + '_gflop_s']:.1f} ({r[m + '_ratio_to_fp32_peak']:.2f} / "
+            f"{r[m + '_ratio_to_bf16_peak']:.2f} / {r[m + '_cpu_ratio_to_fp32_peak']:.2f})"
+            for m in names
+        ]
+        print(f"  {n:>4} rows: {'  '.join(cells)}")
+    for k, b in packed["prefill_blocking"].items():
+        print(f"  prefill blocks, {k}: " + ", ".join(f"{name} {v}" for name, v in b.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -304,11 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print_rows(linear, args.rows)
     if "packed" in only and (packed := bench_packed_linear(args)):
         payload["packed_linear"] = packed
-        print(
-            f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), bf16 matmul peak "
-            f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s:"
-        )
-        print_rows(packed, args.packed_rows)
+        print_packed(packed, args.packed_rows)
     if "prefill" in only and (prefill := bench_prefill(args)):
         payload["prefill_attention"] = prefill
         print(f"prefill attention, one fresh prompt, fp32, {torch.get_num_threads()} threads:")

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.peer_child import no_extra_bufts
+
 WARMUP_TOKENS = 3  # decode tokens after the prefill before the timed ones (as bench.decode_step)
 CHILD_TIMEOUT_S = 600.0
 
@@ -52,20 +54,6 @@ def run(gguf: Path, prompt: list[int], threads: int, steps: int) -> dict[str, An
         if done.returncode >= 0:  # an error, not a crash: a second mode will not help
             break
     raise RuntimeError(f"llama.cpp decode failed: {failed}")
-
-
-def _no_extra_bufts() -> None:
-    """Model params with the extra buffer types off, for every Llama made after this."""
-    import llama_cpp.llama_cpp as lc  # type: ignore[import-not-found,unused-ignore]
-
-    default = lc.llama_model_default_params
-
-    def params() -> Any:
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    lc.llama_model_default_params = params
 
 
 def _decode(gguf: Path, prompt: list[int], threads: int, steps: int) -> dict[str, Any]:
@@ -107,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-extra-bufts", action="store_true")
     args = ap.parse_args(argv)
     if args.no_extra_bufts:
-        _no_extra_bufts()
+        no_extra_bufts()
     prompt = [int(t) for t in args.prompt.split(",")]
     print(json.dumps(_decode(args.gguf, prompt, args.threads, args.steps)), flush=True)
     return 0

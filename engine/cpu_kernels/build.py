@@ -26,17 +26,23 @@ SOURCES = tuple(
         "sampling.c",
         "moe.c",
         "quant_linear.c",
+        "quant_int8.c",
+        "quant_prefill.c",
         "quant_amx.c",
         "quant_amx_bf16.c",
         "prefill_attention_amx.c",
         "lora.c",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("vec8.h", "vecw.h", "linear.h", "amx.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(n)
+    for n in ("vec8.h", "vecw.h", "linear.h", "amx.h", "quant_dequant.h")
+)
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 # 8 or 16: build the kernels for that vector width instead of the machine's (vecw.h); the tests
 # use it to run the other width's code on any machine.
 WIDTH_ENV = "SPLITSERVE_CPU_VEC_WIDTH"
+CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
 _BASE_FLAGS = (
     "-O3",
     "-std=gnu11",
@@ -64,7 +70,7 @@ def build(cache_dir: Path | None = None) -> Path:
         raise KernelBuildError("no C compiler found (set CC, or install gcc)")
     source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     errors = []
-    base = _BASE_FLAGS + _width_flags()
+    base = _BASE_FLAGS + _width_flags() + cache_flags()
     for flags in (base + ("-march=native",), base):
         target = (cache_dir or default_cache_dir()) / f"splitserve_cpu-{_key(cc, flags, source)}.so"
         if target.exists():
@@ -84,6 +90,49 @@ def _width_flags() -> tuple[str, ...]:
     if width not in ("8", "16"):
         raise KernelBuildError(f"{WIDTH_ENV}={width!r}: the vector width must be 8 or 16")
     return (f"-DSPLITSERVE_VEC_WIDTH={width}",)
+
+
+def cache_flags() -> tuple[str, ...]:
+    """The host's L1 data and L2 cache sizes as defines (quant_prefill.c's blocks); none
+    where the host does not say (the source's defaults then)."""
+    sizes = host_cache_bytes()
+    return tuple(
+        f"-DSPLITSERVE_{name}_BYTES={sizes[name]}" for name in ("L1D", "L2") if name in sizes
+    )
+
+
+def host_cache_bytes() -> dict[str, int]:
+    """``L1D`` and ``L2`` (bytes a core) from sysfs, else from getconf; those found."""
+    found: dict[str, int] = {}
+    for index in sorted(Path(CACHE_SYSFS).glob("index*")):
+        try:
+            level, kind = (index / "level").read_text().strip(), (index / "type").read_text()
+            size = _size_bytes((index / "size").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        name = {("1", "Data"): "L1D", ("2", "Unified"): "L2"}.get((level, kind.strip()))
+        if name and size > 0:
+            found.setdefault(name, size)
+    for name, key in (("L1D", "LEVEL1_DCACHE_SIZE"), ("L2", "LEVEL2_CACHE_SIZE")):
+        if name not in found and (size := _getconf(key)) > 0:
+            found[name] = size
+    return found
+
+
+def _size_bytes(text: str) -> int:
+    """sysfs sizes: ``32K``, ``1024K``, ``2M`` or plain bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text[-1:].upper() in units:
+        return int(text[:-1]) * units[text[-1].upper()]
+    return int(text)
+
+
+def _getconf(key: str) -> int:
+    try:
+        done = subprocess.run(["getconf", key], capture_output=True, text=True, timeout=30)
+        return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
 
 
 def _compile(cc: str, flags: tuple[str, ...], target: Path) -> None:

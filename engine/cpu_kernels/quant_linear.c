@@ -13,10 +13,9 @@
  * The weights go through the same FMAs, in the same order over K, as the fp32 kernel
  * (linear.c) over the dequantized matrix, so the outputs are bit for bit the fp32 path's.
  * Up to QTILE_ROWS rows one tile walks a panel dequantizing in registers, a row of
- * the panel being one vector with 16 lanes (AVX-512) or two with 8 (vecw.h); for more rows a
- * thread dequantizes the whole panel into its scratch ([K][16] floats, in L2) and runs the
- * fp32 panel kernel over it: the dequantization is shared by all rows, and the kernel reads
- * the panel from cache instead of memory. Threads split the panels.
+ * the panel being one vector with 16 lanes (AVX-512) or two with 8 (vecw.h); threads split
+ * the panels. For more rows quant_prefill.c runs: blocks of panels dequantized into L1 and
+ * shared by every row tile, blocked for the host's caches, the same sums.
  *
  * Unless the caller asks for this path alone (amx_rows 0), two fp32-level kernels take over
  * where they are built: quant_small (below) up to SMALL_ROWS rows, the decode steps, and the
@@ -26,175 +25,13 @@
 #include <stdlib.h>
 
 #include "linear.h"
-#include "vecw.h"
+#include "quant_dequant.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#define NV (PANEL / VW) /* vectors per row of a panel */
-#define QTILE_ROWS 6
-#define ROW_BLOCK 512
-#define K_CHUNK 128 /* without scratch: 8 KB of the panel at a time */
-
-typedef int32_t vwi __attribute__((vector_size(VW * 4)));
-typedef int8_t i8w __attribute__((vector_size(VW), aligned(1)));
-typedef uint8_t u8x8 __attribute__((vector_size(8), aligned(1)));
-
-typedef struct {
-    const uint8_t *codes;
-    const void *scales, *mins; /* mins may be NULL */
-    int bits, group, K, halves; /* halves: bit 0 fp16 scales, bit 1 fp16 mins */
-} qweight;
-
-#define HALF_SCALES 1
-#define HALF_MINS 2
-
-/* An fp16 value as fp32 (exact), for builds without F16C. */
-static inline float half_to_float(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 0x3ff;
-    union {
-        uint32_t u;
-        float f;
-    } v;
-    if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in fp32 */
-        v.f = (float)man * 5.9604644775390625e-08f;
-        v.u |= sign;
-    } else if (exp == 31) {
-        v.u = sign | 0x7f800000u | (man << 13);
-    } else {
-        v.u = sign | ((exp + 112) << 23) | (man << 13);
-    }
-    return v.f;
-}
-
-/* VW scales or mins from element `at` of p (fp16 where `half`), as fp32. */
-static inline __attribute__((always_inline)) vw load_param(const void *p, int half, int64_t at)
-{
-    if (!half) return loadw((const float *)p + at);
-    const uint16_t *h = (const uint16_t *)p + at;
-#if defined(__AVX512F__) && VW == 16
-    return (vw)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-#else
-    float f[VW] __attribute__((aligned(64)));
-#ifdef __F16C__
-    for (int i = 0; i < VW; i += 8) _mm256_store_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-#else
-    for (int i = 0; i < VW; i++) f[i] = half_to_float(h[i]);
-#endif
-    return loadw(f);
-#endif
-}
-
-/* Bytes to floats: GCC 12 turns __builtin_convertvector from 8 or 16 bytes into a byte at a
-   time (it took a one-row product to 6x the fp32 kernel's time), so x86 builds widen with
-   the instructions for it; the values are the same. */
-#if defined(__AVX512F__) && VW == 16
-static inline __attribute__((always_inline)) vw widen_u8(__m128i b)
-{
-    return (vw)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-}
-static inline __attribute__((always_inline)) vw widen_i8(__m128i b)
-{
-    return (vw)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-}
-#define WIDEN_X86 1
-#elif defined(__AVX2__) && VW == 8
-static inline __attribute__((always_inline)) vw widen_u8(__m128i b)
-{
-    return (vw)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-}
-static inline __attribute__((always_inline)) vw widen_i8(__m128i b)
-{
-    return (vw)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-}
-#define WIDEN_X86 1
-#endif
-
-/* 4-bit codes of one panel row: byte j holds column j (low nibble) and j + 8 (high). */
-static inline __attribute__((always_inline)) void nibbles(const uint8_t *row, vw *q)
-{
-#ifdef WIDEN_X86
-    const __m128i b = _mm_loadl_epi64((const __m128i *)row);
-    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(15));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15));
-#if VW == 16
-    q[0] = widen_u8(_mm_unpacklo_epi64(lo, hi));
-#else
-    q[0] = widen_u8(lo);
-    q[1] = widen_u8(hi);
-#endif
-#else
-    const u8x8 b = *(const u8x8 *)row;
-    const u8x8 lo = b & 15, hi = b >> 4;
-#if VW == 8
-    q[0] = __builtin_convertvector(__builtin_convertvector(lo, vwi), vw);
-    q[1] = __builtin_convertvector(__builtin_convertvector(hi, vwi), vw);
-#elif defined(__clang__) || __GNUC__ >= 12
-    q[0] = __builtin_convertvector(
-        __builtin_convertvector(__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-                                                        11, 12, 13, 14, 15),
-                                vwi),
-        vw);
-#else
-    for (int j = 0; j < 8; j++) {
-        q[0][j] = lo[j];
-        q[0][j + 8] = hi[j];
-    }
-#endif
-#endif
-}
-
-/* Row k of panel p, w = code * scale + min, as NV vectors; s and m: the group's scales and
-   mins (NV vectors each). */
-static inline __attribute__((always_inline)) void dequant_row(const qweight *w, int64_t p,
-                                                              int k, const vw *s, const vw *m,
-                                                              vw *b)
-{
-    if (w->bits == 4) {
-        nibbles(w->codes + (p * w->K + k) * 8, b);
-    } else {
-        const int8_t *row = (const int8_t *)w->codes + (p * w->K + k) * 16;
-#ifdef WIDEN_X86
-        for (int j = 0; j < NV; j++)
-            b[j] = widen_i8(VW == 16 ? _mm_loadu_si128((const __m128i *)(row + j * VW))
-                                     : _mm_loadl_epi64((const __m128i *)(row + j * VW)));
-#else
-        for (int j = 0; j < NV; j++)
-            b[j] = __builtin_convertvector(__builtin_convertvector(*(const i8w *)(row + j * VW), vwi), vw);
-#endif
-    }
-    for (int j = 0; j < NV; j++) b[j] = b[j] * s[j] + m[j];
-}
-
-/* The scales and mins of group g of panel p (zero mins where there are none). */
-static inline __attribute__((always_inline)) void group_vectors(const qweight *w, int64_t p,
-                                                                int g, vw *s, vw *m)
-{
-    const int64_t at = (p * (w->K / w->group) + g) * 16;
-    for (int j = 0; j < NV; j++) {
-        s[j] = load_param(w->scales, w->halves & HALF_SCALES, at + j * VW);
-        m[j] = w->mins ? load_param(w->mins, w->halves & HALF_MINS, at + j * VW) : splatw(0.0f);
-    }
-}
-
-/* Rows [k0, k1) of panel p dequantized into dst[k1 - k0][16]. */
-static void dequant_rows(const qweight *w, int64_t p, int k0, int k1, float *dst)
-{
-    for (int k = k0; k < k1;) {
-        const int g = k / w->group, end = (g + 1) * w->group < k1 ? (g + 1) * w->group : k1;
-        vw s[NV], m[NV], b[NV];
-        group_vectors(w, p, g, s, m);
-        for (; k < end; k++) {
-            dequant_row(w, p, k, s, m, b);
-            for (int j = 0; j < NV; j++) storew(dst + (k - k0) * PANEL + j * VW, b[j]);
-        }
-    }
-}
+#define QTILE_ROWS 6 /* from QTILE_ROWS + 1 rows on, quant_prefill.c */
 
 /* R rows (R <= QTILE_ROWS) times panel p over the whole of K, the weights dequantized in
    registers; each element is summed in the order of linear.c's tiles. */
@@ -232,39 +69,6 @@ static void panel_small(const float *a, int64_t lda, const qweight *w, int64_t p
     case 5: qtile(a, lda, w, p, c, ldc, load_c, 5); break;
     case 6: qtile(a, lda, w, p, c, ldc, load_c, 6); break;
     default: break;
-    }
-}
-
-/* A thread's scratch of at least `floats` floats, grown as needed and kept for the next
-   call (OpenMP's threads live as long as the process); NULL if memory ran out. */
-static float *scratch(size_t floats)
-{
-    static __thread float *buf;
-    static __thread size_t cap;
-    if (floats > cap) {
-        free(buf);
-        buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        cap = buf ? floats : 0;
-    }
-    return buf;
-}
-
-/* Panel p for more rows than a tile, dequantized into `panel` ([K][16]) or, where no scratch
-   could be had, a chunk at a time into a stack buffer (the partial sums wait in C: fp32
-   stores are exact, the sums run in the same order). */
-static void panel_rows(const float *a, int64_t lda, const qweight *w, int64_t p, int rows,
-                       float *c, int64_t ldc, int accumulate, float *panel)
-{
-    if (panel) {
-        dequant_rows(w, p, 0, w->K, panel);
-        splitserve_panel_rows(a, lda, panel, rows, w->K, c, ldc, accumulate);
-        return;
-    }
-    float buf[K_CHUNK * PANEL] __attribute__((aligned(64)));
-    for (int k0 = 0; k0 < w->K; k0 += K_CHUNK) {
-        const int k1 = w->K - k0 < K_CHUNK ? w->K : k0 + K_CHUNK;
-        dequant_rows(w, p, k0, k1, buf);
-        splitserve_panel_rows(a + k0, lda, buf, rows, k1 - k0, c, ldc, accumulate || k0 > 0);
     }
 }
 
@@ -454,6 +258,10 @@ int splitserve_quant_amx_bf16(const float *a, int64_t lda, const uint8_t *codes,
                               int group, int M, int N, int K, float *c, int64_t ldc,
                               int accumulate, int threads);
 
+/* quant_prefill.c: 1 if it computed C (bit for bit this path's result), 0 below its rows */
+int splitserve_quant_prefill(const float *a, int64_t lda, const qweight *w, int M, int N,
+                             float *c, int64_t ldc, int accumulate, int threads);
+
 /* N must be a multiple of 16, `group` of 16 and K of `group` (the packing sees to it); `halves`
    says which of the scales and mins are fp16 (HALF_SCALES, HALF_MINS). With
    `amx_rows` > 0, up to SMALL_ROWS rows run quant_small where the build has it, and from
@@ -475,22 +283,13 @@ void splitserve_linear_quant(
         splitserve_quant_amx(a, lda, codes, scales, mins, halves, bits, group, M, N, K, c, ldc,
                              accumulate, threads))
         return;
+    if (splitserve_quant_prefill(a, lda, &w, M, N, c, ldc, accumulate, threads)) return;
     const int panels = N / PANEL;
     const int parallel = (int64_t)M * N * K >= 1 << 16;
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel)
-    {
-        float *panel = M > QTILE_ROWS ? scratch((size_t)K * PANEL) : NULL;
-        for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {
-            const int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;
-#pragma omp for schedule(static)
-            for (int p = 0; p < panels; p++) {
-                float *cp = c + m0 * ldc + p * PANEL;
-                if (rows <= QTILE_ROWS) {
-                    panel_small(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate);
-                } else {
-                    panel_rows(a + m0 * lda, lda, &w, p, rows, cp, ldc, accumulate, panel);
-                }
-            }
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (parallel) schedule(static)
+    for (int p = 0; p < panels; p++)
+        for (int m0 = 0; m0 < M; m0 += QTILE_ROWS) {
+            const int rows = M - m0 < QTILE_ROWS ? M - m0 : QTILE_ROWS;
+            panel_small(a + m0 * lda, lda, &w, p, rows, c + m0 * ldc + p * PANEL, ldc, accumulate);
         }
-    }
 }

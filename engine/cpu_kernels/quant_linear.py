@@ -9,13 +9,16 @@ and the OS grants the tile state, the product runs on AMX tiles (``quant_amx.c``
 exact in bf16 times each activation split into three bf16 terms, summed in fp32 per group
 and scaled in fp32. Both are fp32-level accurate but not bit for bit the FMA path (which
 runs where neither does, and with ``amx_rows=0``), nor each other: a row's result depends on
-whether it came in a call of up to ``small_rows()`` rows or of more.
+whether it came in a call of up to ``small_rows()`` rows or of more. The FMA path's prefill
+sizes (``prefill_blocking``) run blocked for the caches the build read from the host
+(``quant_prefill.c``), the same sums in the same order.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -41,6 +44,28 @@ def amx_available() -> bool:
 def small_rows() -> int:
     """Up to how many rows the small-row kernel computes the product (0: none in this build)."""
     return int(_lib().splitserve_quant_small_rows()) if cpu_kernels.available() else 0
+
+
+class PrefillBlocking(NamedTuple):
+    """quant_prefill.c's blocks for an input width: ``rows`` x ``panels`` (of 16 columns) in
+    registers, ``inputs`` dequantized at a time (half of L1), ``row_block`` rows of A over
+    the whole width (half of L2); from ``min_rows`` rows on that kernel runs."""
+
+    rows: int
+    panels: int
+    inputs: int
+    row_block: int
+    min_rows: int
+
+
+def prefill_blocking(k: int) -> PrefillBlocking:
+    """The prefill kernel's blocks for inputs of width ``k``, as built for this host."""
+    out = (ctypes.c_int32 * 4)()
+    _lib().splitserve_quant_prefill_blocking(k, out)
+    rows, panels, inputs, row_block = (int(v) for v in out)
+    return PrefillBlocking(
+        rows, panels, inputs, row_block, int(_lib().splitserve_quant_prefill_rows())
+    )
 
 
 def exact_path(rows: int, amx_rows: int = AMX_ROWS) -> bool:
@@ -173,6 +198,10 @@ def _lib() -> ctypes.CDLL:
         _I32, _I32, _I32, _I32, _I32, _I32,  # fp16 bits, bits, group, M, N (gate + up), K
         _P, _I64, _I32,  # out [M, N / 2], its row stride, threads
     ]  # fmt: skip
+    lib.splitserve_quant_prefill_blocking.restype = None
+    lib.splitserve_quant_prefill_blocking.argtypes = [_I32, _P]
+    lib.splitserve_quant_prefill_rows.restype = _I32
+    lib.splitserve_quant_prefill_rows.argtypes = []
     lib.splitserve_amx_available.restype = _I32
     lib.splitserve_amx_available.argtypes = []
     lib.splitserve_quant_small_rows.restype = _I32

@@ -224,6 +224,13 @@ class DecoderModel(nn.Module):
             self.attention.bf16_prefill = enable and bool(on)
         return len(on)
 
+    def use_int8_activations(self, enable: bool) -> int:
+        """Let every packed weight (the decoder layers' and a packed lm_head) compute products
+        of up to ``quant_int8.MAX_ROWS`` rows on integer dots (``EngineConfig.
+        int8_activations``); returns how many do (0 where the build has no such kernel)."""
+        weights = [w for w in self.quantized_weights() if isinstance(w, QuantWeight)]
+        return sum(w.use_int8_activations(enable) for w in weights)
+
     def pack_cpu_weights(self) -> bool:
         """Pack the linear weights for the CPU kernel (after loading); False where this
         model cannot (not CPU fp32, or no kernels built here)."""

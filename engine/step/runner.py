@@ -131,6 +131,9 @@ def _load_weights(
     if config.float32_matmul_precision == "medium":
         taken = model.use_bf16_products(True)
         log.info("float32_matmul_precision medium: %d packed weights take bf16 products", taken)
+    if config.int8_activations:
+        taken = model.use_int8_activations(True)
+        log.info("int8_activations: %d packed weights take integer dots", taken)
     local = stage_config(shard_config(model_config, shard or Shard()), model.stage)
     layout = KVLayout.for_model(local, config.torch_dtype, config.block_size, config.kv_cache_dtype)
     return LoadedModel(model_config, model, max_model_len, layout, packed)

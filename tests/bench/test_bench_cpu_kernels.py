@@ -36,6 +36,7 @@ def test_small_run_writes_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert result["linear"]["rows_4"]["f_linear_ratio_to_peak"] > 0
     packed = result["packed_linear"]["rows_3"]
     assert packed["packed_ratio_to_bf16_peak"] > 0 and packed["torch_bf16_gflop_s"] > 0
+    assert packed["packed_ratio_to_fp32_peak"] > 0
     printed = capsys.readouterr().out
     assert "ratio to memcpy" in printed and "packed as Q4_1" in printed
 
@@ -46,7 +47,10 @@ def test_one_part_alone(tmp_path: Path) -> None:
     assert cpu_kernels.main(args) == 0
     result = json.loads(out.read_text())
     assert "attention" not in result and "linear" not in result
-    assert result["packed_linear"]["rows_2"]["fp32_kernel_gflop_s"] > 0
+    packed = result["packed_linear"]
+    assert packed["rows_2"]["fp32_kernel_gflop_s"] > 0
+    assert packed["rows_2"]["packed_cpu_ratio_to_fp32_peak"] > 0  # per CPU-second too
+    assert packed["prefill_blocking"]["k_576"]["inputs"] >= 16  # the host's blocks, shown
 
 
 def test_bad_lengths_are_named(capsys: pytest.CaptureFixture[str]) -> None:

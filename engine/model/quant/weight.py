@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import cpu_kernels
+from engine.cpu_kernels import quant_int8
 from engine.cpu_kernels.quant_linear import QuantLinear, amx_available
 
 PANEL = cpu_kernels.PANEL
@@ -132,6 +133,7 @@ class QuantWeight(PackedMatrix):
         mins = rows.mins
         self.mins = None if mins is None else _packed_params(mins, pad, half_scales).to(device)
         self.bf16_products = False  # float32_matmul_precision "medium" (allow_bf16_products)
+        self.int8_kernel: quant_int8.QuantInt8Linear | None = None  # use_int8_activations
 
     @property
     def nbytes(self) -> int:
@@ -150,6 +152,8 @@ class QuantWeight(PackedMatrix):
             and x.stride(-1) == 1
             and (out is None or out.stride(-1) == 1)
         ):
+            if self.int8_kernel is not None and x.shape[0] <= quant_int8.MAX_ROWS:
+                return self.int8_kernel(x, out)
             return kernel(x, out, bf16_products=self.bf16_products)
         w = self.dequantize().to(x.dtype)
         return torch.nn.functional.linear(x, w) if out is None else out.addmm_(x, w.t())
@@ -171,6 +175,15 @@ class QuantWeight(PackedMatrix):
         they now are. Decode rows up to ``small_rows()`` stay fp32-level either way."""
         self.bf16_products = allow and self._cpu_kernel is not None and amx_available()
         return self.bf16_products
+
+    def use_int8_activations(self, enable: bool) -> bool:
+        """Run products of up to ``quant_int8.MAX_ROWS`` rows on integer dots, the activations
+        rounded to int8 per block (``quant_int8``), where this build has the kernel; returns
+        whether they now do. Off: every product exact to the fp32 conversion's kernel."""
+        kernel = self._cpu_kernel
+        on = enable and kernel is not None and quant_int8.isa() > 0
+        self.int8_kernel = quant_int8.QuantInt8Linear(kernel) if on and kernel else None
+        return self.int8_kernel is not None
 
     @functools.cached_property
     def _cpu_kernel(self) -> QuantLinear | None:

@@ -119,7 +119,7 @@ def test_each_build_target_reads_fp16(target: str, tmp_path: Path) -> None:
     if target != "portable" and not _cpu_flags():
         pytest.skip("no /proc/cpuinfo: cannot tell what -march=native targets")
     lib_path = tmp_path / f"quant_{target}.so"
-    names = ("quant_linear.c", "quant_amx.c", "quant_amx_bf16.c", "linear.c")
+    names = ("quant_linear.c", "quant_prefill.c", "quant_amx.c", "quant_amx_bf16.c", "linear.c")
     sources = [str(KERNELS / n) for n in names]
     flags = ["-O2", "-std=gnu11", "-ffp-contract=fast", "-fPIC", "-shared", "-fopenmp"]
     cmd = [cc, *flags, "-Wno-psabi", *TARGETS[target], "-o", str(lib_path), *sources, "-lm"]
