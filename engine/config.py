@@ -42,7 +42,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         ) from None
 
 
-QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
+QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8", "mxfp4")  # engine.model.quant's
 # float32_matmul_precision: torch.set_float32_matmul_precision's values ("high" is not built)
 MATMUL_PRECISIONS = ("highest", "medium")
 CUDA_MAX_NUM_SEQS = 256  # engine_config()'s default on CUDA (EngineConfig's is for the CPU)
@@ -83,7 +83,8 @@ class EngineConfig:
     load_format: str = "safetensors"
     # Weights kept quantized (engine.model.quant): "gguf" loads the directory's *.gguf file
     # packed; "auto" picks it on a CPU fp32 engine when the directory has one; "none": fp32.
-    # "awq", "gptq", "fp8": what a checkpoint's quantization_config declares ("auto" too).
+    # "awq", "gptq", "fp8", "mxfp4": what a checkpoint's quantization_config declares ("auto"
+    # too).
     quantization: str = "auto"
     # torch's name and values: "highest" keeps every product fp32-accurate; "medium" lets
     # the decoder layers' packed products on AMX tiles (prefill chunks, decode batches over

@@ -10,7 +10,7 @@ import argparse
 # setting -> help of its --flag (dashes for underscores)
 ENGINE_FLAGS: dict[str, str] = {
     "quantization": "weights kept quantized: gguf (the model directory's GGUF, packed), awq, "
-    "gptq or fp8 (what the checkpoint's quantization_config declares), none (fp32 "
+    "gptq, fp8 or mxfp4 (what the checkpoint's quantization_config declares), none (fp32 "
     "safetensors) or auto (the checkpoint's declared method; else gguf when the directory's "
     "weights are a GGUF alone, or on a CPU float32 engine when it has one)",
     "kv_cache_dtype": "KV cache dtype: auto (the model dtype), int8 or fp8_e4m3 (one-byte codes "
