@@ -145,7 +145,9 @@ class TritonAttention:
 
         spec = spec or AttentionSpec(q.shape[-1] ** -0.5)
         if spec.sinks is not None:
-            return self._sinks(q, k, v, kv_cache, layer, meta, spec)
+            if self.sink_backend is None:
+                raise ValueError("TritonAttention: a layer with attention sinks needs sink_backend")
+            return self.sink_backend(q, k, v, kv_cache, layer, meta, spec)
         d, scale, window, cap = meta.num_decodes, spec.scale, spec.window, spec.softcap
         if d == meta.num_tokens:
             return paged_decode_attention(
@@ -164,20 +166,6 @@ class TritonAttention:
             softcap=cap,
         )  # fmt: skip
         return out
-
-    def _sinks(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: torch.Tensor,
-        layer: int,
-        meta: AttentionMetadata,
-        spec: AttentionSpec,
-    ) -> torch.Tensor:
-        if self.sink_backend is None:
-            raise ValueError("TritonAttention: a layer with attention sinks needs sink_backend")
-        return self.sink_backend(q, k, v, kv_cache, layer, meta, spec)
 
 
 def _padded_tables(

@@ -12,7 +12,7 @@ import pytest
 
 from engine.model.config import ModelConfig
 from tests.engine.model.test_families import PATHS, PROMPTS
-from tests.engine.model.test_mla import check, engine_of, run
+from tests.engine.model.test_mla import check, check_prefix_hit, engine_of, run
 from tests.engine.model.tiny_families import WINDOW, save_family
 
 
@@ -46,14 +46,7 @@ def test_greedy_equals_transformers(gpt_oss: tuple[Any, Path], path_name: str) -
 def test_a_prefix_cache_hit_keeps_transformers_tokens(gpt_oss: tuple[Any, Path]) -> None:
     """The second prompt shares 4 full blocks with the first: only its tail is computed,
     over cached keys of sliding and full layers, and the tokens are still transformers'."""
-    hf, path = gpt_oss
-    shared = PROMPTS[2][:16]
-    first, second = shared + [5, 6, 7], shared + [40, 41, 42, 43, 44]
-    engine = engine_of(path, attention_backend="torch")
-    check(hf, [first], run(engine, [first]))
-    before = engine.counters.tokens_computed
-    check(hf, [second], run(engine, [second]))
-    assert engine.counters.tokens_computed - before == len(second) - 16 + 10 - 1
+    check_prefix_hit(*gpt_oss)
 
 
 @pytest.mark.parametrize(
