@@ -132,11 +132,11 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
     # gpt-oss-20b scaled to a small CPU machine: its attention (64-wide heads, 8 per KV head,
     # sinks, a 128-token window on every other layer), routing (4 of 32 experts) and
-    # activation, 768 wide, 8 layers, the default model's vocabulary
+    # activation, 640 wide, 6 layers, the default model's vocabulary
     "gpt-oss-cpu": _GPT_OSS | {
-        "vocab_size": 49152, "hidden_size": 768, "intermediate_size": 768,
-        "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 2,
-        "layer_types": ["sliding_attention", "full_attention"] * 4,
+        "vocab_size": 49152, "hidden_size": 640, "intermediate_size": 640,
+        "num_hidden_layers": 6, "num_attention_heads": 16, "num_key_value_heads": 2,
+        "layer_types": ["sliding_attention", "full_attention"] * 3,
     },
     # the step-overhead benchmark's model: the arithmetic of a step is next to nothing
     "tiny": {
