@@ -104,3 +104,15 @@ def test_a_misshapen_block_tensor_is_named(mxfp4_pair: tuple[Path, Path], tmp_pa
     save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=name):
         engine_of(bad)
+
+
+def test_two_ranks_read_their_experts_packed(mxfp4_pair: tuple[Path, Path]) -> None:
+    """Each tensor-parallel rank reads only its experts' blocks and scales: the tokens of
+    one rank on the dequantized twin."""
+    packed, twin = mxfp4_pair
+    engine = engine_of(packed, tensor_parallel_size=2)
+    try:
+        got = run(engine, PROMPTS)
+    finally:
+        engine.close()
+    assert got == run(engine_of(twin), PROMPTS)
