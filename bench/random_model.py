@@ -22,6 +22,17 @@ _BASE: dict[str, Any] = {
 }
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
+# what every gpt-oss shares (gpt-oss-20b's and 120b's published config.json)
+_GPT_OSS: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "head_dim": 64,
+    "max_position_embeddings": 131072, "tie_word_embeddings": False, "attention_bias": True,
+    "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128,
+    "swiglu_limit": 7.0, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False,
+    },
+}  # fmt: skip
+
 SHAPES: dict[str, dict[str, Any]] = {
     # SmolLM2-135M
     "smollm2": {
@@ -111,6 +122,21 @@ SHAPES: dict[str, dict[str, Any]] = {
             "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
         },
+    },
+    # gpt-oss-20b (21B, 3.6B active): 32 experts, 4 active per token, sliding (128) and
+    # full layers alternating, attention sinks
+    "gpt-oss-20b": _GPT_OSS | {
+        "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+        "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+    },
+    # gpt-oss-20b scaled to a small CPU machine: its attention (64-wide heads, 8 per KV head,
+    # sinks, a 128-token window on every other layer), routing (4 of 32 experts) and
+    # activation, 640 wide, 6 layers, the default model's vocabulary
+    "gpt-oss-cpu": _GPT_OSS | {
+        "vocab_size": 49152, "hidden_size": 640, "intermediate_size": 640,
+        "num_hidden_layers": 6, "num_attention_heads": 16, "num_key_value_heads": 2,
+        "layer_types": ["sliding_attention", "full_attention"] * 3,
     },
     # the step-overhead benchmark's model: the arithmetic of a step is next to nothing
     "tiny": {

@@ -50,7 +50,7 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
     return getattr(torch, name)  # type: ignore[no-any-return]
 
 
-QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # engine.model.quant's
+QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8", "mxfp4")  # engine.model.quant's
 # float32_matmul_precision: torch.set_float32_matmul_precision's values ("high" is not built)
 MATMUL_PRECISIONS = ("highest", "medium")
 SPECULATIVE_METHODS = ("none", "ngram", "draft")
@@ -115,10 +115,11 @@ class EngineConfig:
         "weights, for benchmarks)", choices=("safetensors", "random"),
     )  # fmt: skip
     quantization: str = setting(
-        "auto", "weights kept quantized: gguf (the model directory's GGUF, packed), awq, gptq or "
-        "fp8 (what the checkpoint's quantization_config declares), none (fp32 safetensors) or "
-        "auto (the checkpoint's declared method; else gguf when the directory's weights are a GGUF "
-        "alone, or on a CPU float32 engine when it has one)", choices=QUANTIZATIONS,
+        "auto", "weights kept quantized: gguf (the model directory's GGUF, packed), awq, gptq, "
+        "fp8 or mxfp4 (what the checkpoint's quantization_config declares), none (fp32 "
+        "safetensors) or auto (the checkpoint's declared method; else gguf when the directory's "
+        "weights are a GGUF alone, or on a CPU float32 engine when it has one)",
+        choices=QUANTIZATIONS,
     )  # fmt: skip
     # torch's name and values: "highest" keeps every product fp32-accurate; "medium" lets
     # the decoder layers' packed products on AMX tiles (prefill chunks, decode batches over

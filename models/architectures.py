@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma3ForCausalLM": ("gemma3", "gemma3_text"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "deepseek_v2"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "deepseek_v3"),
+    "GptOssForCausalLM": ("gpt_oss", "gpt_oss"),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 MODEL_TYPES = {model_type: arch for arch, (_, model_type) in ARCHITECTURES.items()}

@@ -84,10 +84,12 @@ def paged_decode_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged context, K/V read in place; with ``window`` > 0
     only the last ``window`` keys (the blocks before them are never read), with ``softcap``
-    > 0 each score soft-capped at it.
+    > 0 each score soft-capped at it, with ``sinks`` [heads] one more logit per head in
+    each softmax (gpt-oss's attention sinks).
 
     q: [seqs, heads, d] fp32 (any strides with the last one 1); kv_cache: the contiguous
     cache [num_blocks, layers, 2, block_size, kv_heads, d] fp32, or int8 with rows of d codes
@@ -114,12 +116,14 @@ def paged_decode_attention(
         )
     out = torch.empty(seqs, heads, head_dim, dtype=q.dtype)
     k_offset = layer * kv_cache.stride(1)
+    sink = sink_logits(sinks, heads)
     rc = lib.splitserve_paged_decode_f32(
         q.data_ptr(), q.stride(0), q.stride(1), out.data_ptr(),
         kv_cache.data_ptr(), int(kv_cache.dtype == torch.int8),
         kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
         tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-        seqs, heads, kv_heads, head_dim, block_size, scale, window, softcap, _threads(),
+        seqs, heads, kv_heads, head_dim, block_size, scale, window, softcap,
+        None if sink is None else sink.data_ptr(), _threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(
@@ -127,6 +131,15 @@ def paged_decode_attention(
             f"head_dim {head_dim}, block_size {block_size})"
         )
     return out
+
+
+def sink_logits(sinks: torch.Tensor | None, heads: int) -> torch.Tensor | None:
+    """The kernels' attention sinks: [heads] contiguous fp32 (None: none)."""
+    if sinks is None:
+        return None
+    if sinks.shape != (heads,):
+        raise ValueError(f"attention sinks of shape {tuple(sinks.shape)} for {heads} heads")
+    return sinks.detach().float().contiguous()
 
 
 def fused_ops_supported(x: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -276,7 +289,7 @@ def _library() -> ctypes.CDLL | None:
         _P, _I32, _I64, _I64, _I64,  # cache, quantized, block stride, K and V offsets
         _P, _I64, _P,  # tables, table stride, context lengths
         _I32, _I32, _I32, _I32, _I32, _F32,  # sizes, scale
-        _I32, _F32, _I32,  # window, soft-cap, threads
+        _I32, _F32, _P, _I32,  # window, soft-cap, sinks, threads
     ]  # fmt: skip
     for write in (lib.splitserve_rope_write_kv_f32, lib.splitserve_rope_write_kv_i8):
         write.restype = None

@@ -70,6 +70,7 @@ struct job {
     float scale;
     int window;    /* 0: the whole context */
     float softcap; /* 0: off */
+    const float *sinks; /* [heads] logits in each softmax, or NULL */
 };
 
 /* C * tanh(s / C) for the n scores at p, with tanh(x) = 1 - 2 / (e^2x + 1) */
@@ -198,7 +199,8 @@ static inline __attribute__((always_inline)) void decode_pair(
     }
     for (int g = 0; g < group; g++) {
         float *og = jb->out + ((int64_t)s * jb->heads + h * group + g) * 8 * ND;
-        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+        const float *sink = jb->sinks ? jb->sinks + h * group + g : NULL;
+        const float inv = softmax_inv(m[g], l[g], sink);
         for (int j = 0; j < ND; j++) store8(og + 8 * j, acc[g][j] * inv);
     }
 }
@@ -226,14 +228,16 @@ int splitserve_paged_decode_f32(
     const int32_t *tables, int64_t table_stride,
     const int32_t *ctx_lens,
     int32_t seqs, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t block_size,
-    float scale, int32_t window, float softcap, int32_t threads)
+    float scale, int32_t window, float softcap,
+    const float *sinks,        /* [heads] attention sinks, or NULL */
+    int32_t threads)
 {
     if (kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -1;
     if (block_size <= 0 || block_size > MAX_BLOCK_SIZE) return -1;
     struct job jb = {
         q, q_seq_stride, q_head_stride, out, cache, quantized != 0, block_stride, k_offset,
         v_offset, (int64_t)kv_heads * (head_dim + (quantized ? KV_PARAM_BYTES : 0)), tables, table_stride, ctx_lens,
-        heads, kv_heads, heads / kv_heads, block_size, scale, window, softcap,
+        heads, kv_heads, heads / kv_heads, block_size, scale, window, softcap, sinks,
     };
     const int64_t items = (int64_t)seqs * kv_heads;
     threads = threads > 0 ? threads : 1;

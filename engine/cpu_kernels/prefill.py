@@ -97,12 +97,14 @@ def paged_prefill_attention(
     window: int = 0,
     softcap: float = 0.0,
     index: PrefillIndex | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of prefill chunks: sequence i owns query tokens ``query_start_loc[i] ..
     query_start_loc[i + 1] - 1``, the last of its ``context_lens[i]`` positions, and attends
     causally to its earlier positions (within ``window`` when > 0, scores soft-capped at
-    ``softcap`` when > 0). A sequence without a cached prefix reads its keys from the step's
-    fresh ``k``, ``v``; the others read the cache (fp32, or int8 rows dequantised).
+    ``softcap`` when > 0, ``sinks`` [heads] one more logit in each softmax). A sequence
+    without a cached prefix reads its keys from the step's fresh ``k``, ``v``; the others
+    read the cache (fp32, or int8 rows dequantised).
 
     q: [tokens, heads, d] fp32; k, v: [tokens, kv_heads, d] fp32 (unit last strides);
     kv_cache as ``cpu_kernels.paged_decode_attention``; query_start_loc: [seqs + 1] from 0;
@@ -130,6 +132,7 @@ def paged_prefill_attention(
         raise ValueError(f"paged_prefill_attention: k {tuple(k.shape)} does not match q")
     out = torch.empty(tokens, heads, head_dim, dtype=q.dtype)
     k_offset = layer * kv_cache.stride(1)
+    sink = cpu_kernels.sink_logits(sinks, heads)
     rc = lib.splitserve_paged_prefill_f32(
         q.data_ptr(), q.stride(0), q.stride(1),
         k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
@@ -137,7 +140,7 @@ def paged_prefill_attention(
         kv_cache.stride(0), k_offset, k_offset + kv_cache.stride(2),
         tables.data_ptr(), tables.stride(0), qsl.data_ptr(), lens.data_ptr(), seqs,
         heads, kv_heads, head_dim, block_size, scale, window, softcap,
-        torch.get_num_threads(),
+        None if sink is None else sink.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(
@@ -159,6 +162,6 @@ def _lib() -> ctypes.CDLL:
         _I64, _I64, _I64,  # block stride, K and V offsets
         _P, _I64, _P, _P, _I32,  # tables, table stride, query offsets, context lengths, seqs
         _I32, _I32, _I32, _I32,  # heads, kv heads, head dim, block size
-        _F32, _I32, _F32, _I32,  # scale, window, soft-cap, threads
+        _F32, _I32, _F32, _P, _I32,  # scale, window, soft-cap, sinks, threads
     ]  # fmt: skip
     return lib

@@ -76,6 +76,7 @@ struct pjob {
     int heads, kv_heads, group, d, block_size, tile_tokens;
     float scale, softcap;
     int window;
+    const float *sinks; /* [heads] logits in each softmax, or NULL */
 };
 
 /* a thread's buffers: Q^T and O^T [d][ROWS], S^T / P^T [KC][ROWS], K and V [KC][d] */
@@ -294,7 +295,10 @@ static void prefill_item(const struct pjob *jb, const struct bufs *b, int s, int
     }
     /* O = (O^T)^T / l, 8 x 8 blocks at a time, the rows past the last multiple of 8 alone */
     float inv[ROWS];
-    for (int r = 0; r < rows; r++) inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    for (int r = 0; r < rows; r++) {
+        const float *sink = jb->sinks ? jb->sinks + h * group + r % group : NULL;
+        inv[r] = softmax_inv(m[r], l[r], sink);
+    }
     for (int r0 = 0; r0 < rows; r0 += 8) {
         float *dst[8];
         for (int i = 0; i < 8 && r0 + i < rows; i++)
@@ -326,7 +330,9 @@ int splitserve_paged_prefill_f32(
     const int32_t *tables, int64_t table_stride,
     const int32_t *qsl, const int32_t *ctx_lens, int32_t seqs,
     int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t block_size,
-    float scale, int32_t window, float softcap, int32_t threads)
+    float scale, int32_t window, float softcap,
+    const float *sinks, /* [heads] attention sinks, or NULL */
+    int32_t threads)
 {
     if (kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > ROWS) return -1;
     if (head_dim <= 0 || head_dim % VW != 0 || head_dim % RT != 0 || block_size <= 0) return -1;
@@ -336,7 +342,7 @@ int splitserve_paged_prefill_f32(
         quantized != 0, block_stride, k_offset, v_offset,
         (int64_t)kv_heads * (head_dim + (quantized ? KV_PARAM_BYTES : 0)), tables, table_stride,
         qsl, ctx_lens, heads, kv_heads, group, head_dim, block_size, ROWS / group, scale,
-        softcap, window,
+        softcap, window, sinks,
     };
     /* items: per sequence, kv_heads x tiles, the last tiles (most keys) first */
     int64_t *first = malloc(sizeof(int64_t) * (seqs + 1));

@@ -89,4 +89,14 @@ SPLITSERVE_DEFINE_EXP(exp8, v8, v8i, splat8, select8)
 
 static inline float exp1(float x) { return exp8(splat8(x))[0]; }
 
+/* The factor a softmax row's accumulator is multiplied by: 1 / its denominator, the row's
+   running max m and sum l (exponentials taken against m), with an attention sink's logit
+   (gpt-oss: one more term, attending to nothing) when sink is not NULL. */
+static inline float softmax_inv(float m, float l, const float *sink)
+{
+    if (!sink) return l > 0.0f ? 1.0f / l : 0.0f;
+    const float top = *sink > m ? *sink : m, c = exp1(m - top);
+    return c / (l * c + exp1(*sink - top));
+}
+
 #endif

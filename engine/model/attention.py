@@ -9,7 +9,7 @@ oracle) and the Triton kernels (the GPU).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
@@ -95,11 +95,14 @@ class AttentionMetadata:
 @dataclass(frozen=True)
 class AttentionSpec:
     """How one layer attends: score scale, sliding window (0: full causal; else a query at
-    position p sees keys in (p - window, p]) and soft-cap of the scores (0: off)."""
+    position p sees keys in (p - window, p]), soft-cap of the scores (0: off) and attention
+    sinks (gpt-oss: a learned logit per query head [heads] in each softmax's denominator,
+    attending to nothing; None: off)."""
 
     scale: float
     window: int = 0
     softcap: float = 0.0
+    sinks: torch.Tensor | None = field(default=None, compare=False)
 
 
 class AttentionBackend(Protocol):
@@ -121,7 +124,12 @@ class AttentionBackend(Protocol):
 
 
 class TritonAttention:
-    """The Triton kernels (engine.triton_kernels) behind the same interface: the GPU backend."""
+    """The Triton kernels (engine.triton_kernels) behind the same interface: the GPU backend.
+    Layers with attention sinks run ``sink_backend`` on the same device (the kernels take no
+    sinks; ``engine.model.backends`` gives the torch backend's explicit softmax)."""
+
+    def __init__(self, sink_backend: AttentionBackend | None = None) -> None:
+        self.sink_backend = sink_backend
 
     def __call__(
         self,
@@ -136,6 +144,10 @@ class TritonAttention:
         from engine.triton_kernels import paged_decode_attention, paged_prefill_attention
 
         spec = spec or AttentionSpec(q.shape[-1] ** -0.5)
+        if spec.sinks is not None:
+            if self.sink_backend is None:
+                raise ValueError("TritonAttention: a layer with attention sinks needs sink_backend")
+            return self.sink_backend(q, k, v, kv_cache, layer, meta, spec)
         d, scale, window, cap = meta.num_decodes, spec.scale, spec.window, spec.softcap
         if d == meta.num_tokens:
             return paged_decode_attention(

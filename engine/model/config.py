@@ -1,7 +1,7 @@
 """Model shape and hyper-parameters, parsed from a Hugging Face ``config.json``.
 
 The families in ``engine.model.families`` are accepted (Llama, Mistral, Mixtral, Qwen2,
-Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, DeepSeek-V2 / V3); an option one of
+Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, DeepSeek-V2 / V3, gpt-oss); an option one of
 them sets that is not built is refused with one clear line naming the file and the field.
 """
 
@@ -59,6 +59,7 @@ class ModelConfig:
     naming: str = "hf"  # checkpoint tensor names: "hf" (separate q/k/v) or "phi3" (fused)
     # DeepSeek's latent attention: then one KV "head" of head_dim = mla.latent_dim values
     mla: MlaSpec | None = None
+    attention_sinks: bool = False  # a learned per-head logit in every softmax (gpt-oss)
 
     def __post_init__(self) -> None:
         for name in (

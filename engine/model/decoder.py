@@ -67,6 +67,8 @@ class DecoderLayer(nn.Module):
                 config.activation, spec.shared_intermediate_size, dtype=dtype, device=device,
                 local=experts(self.shard, spec.num_experts), router=Router.of(spec),
                 shared_gate=spec.shared_gate, correction_bias=spec.correction_bias,
+                router_bias=spec.router_bias, expert_bias=spec.expert_bias, swiglu=spec.swiglu,
+                expert_format=spec.expert_format,
             )  # fmt: skip
             self.moe_naming = spec.naming
         else:

@@ -2,7 +2,8 @@
 
 A family is a set of options over one decoder (``engine.model.decoder``): q/k/v biases,
 per-head q/k norms, sliding windows per layer, soft-capping, Gemma's norms and embedding
-scale, the MLP's activation, mixture-of-experts layers, and its checkpoint's tensor names.
+scale, attention sinks, the MLP's activation, mixture-of-experts layers, and its
+checkpoint's tensor names.
 ``family_values`` reads those options from a config; an option a family sets that the
 engine does not build is refused by name before any weight is read.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from engine.model.config_fields import Fields
 from engine.model.deepseek import parse_deepseek
+from engine.model.gpt_oss import parse_gpt_oss
 from engine.model.rope import Rope, parse_rope
 from engine.model.specs import MoeSpec
 from models.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, declared_architecture
@@ -199,6 +201,14 @@ def _deepseek_v3(fields: Fields, layers: int) -> dict[str, Any]:
     return _base(fields, layers) | parse_deepseek(fields, layers, v3=True)
 
 
+def _gpt_oss(fields: Fields, layers: int) -> dict[str, Any]:
+    windows = _windows_from_types(fields, layers)
+    if windows is None:  # gpt-oss alternates, sliding first
+        window = _window(fields)
+        windows = tuple(0 if i % 2 else window for i in range(layers))
+    return _base(fields, layers) | parse_gpt_oss(fields, layers) | {"layer_windows": windows}
+
+
 def _head_dim(fields: Fields) -> int:
     if fields.has("head_dim"):
         return fields.integer("head_dim")
@@ -220,6 +230,7 @@ FAMILIES = {
         Family("gemma3", _gemma3),
         Family("deepseek_v2", _deepseek_v2),
         Family("deepseek_v3", _deepseek_v3),
+        Family("gpt_oss", _gpt_oss),
     )
 }
 

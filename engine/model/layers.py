@@ -2,9 +2,9 @@
 
 Each object owns its weights (fused at load: one ``qkv`` and one ``gate_up`` matmul), the
 options its family sets (q/k/v and output biases, per-head q/k norms, a sliding window,
-soft-capping, the MLP's activation), the checkpoint names that fill them and their packed
-CPU copies. The element-wise work runs as torch, C or Triton ops (``engine.model.layer_ops``)
-chosen once per step; the objects never branch on the backend.
+soft-capping, attention sinks, the MLP's activation), the checkpoint names that fill them
+and their packed CPU copies. The element-wise work runs as torch, C or Triton ops
+(``engine.model.layer_ops``) chosen once per step; the objects never branch on the backend.
 """
 
 from __future__ import annotations
@@ -95,10 +95,13 @@ class SelfAttention(Packed):
         self.num_kv_heads = config.num_key_value_heads
         self.eps = config.rms_norm_eps
         self.naming = config.naming
+        heads = self.num_heads
+        self.sinks = optional_weight(config.attention_sinks, heads, dtype=dtype, device=device)
         self.spec = AttentionSpec(
             scale=config.attention_scale,
             window=config.layer_windows[index],
             softcap=config.attn_softcap,
+            sinks=self.sinks,
         )
         # Gemma 3's windowed layers rotate with their own table (see DecoderModel.rotaries)
         self.rope_index = 1 if config.local_rope is not None and self.spec.window else 0
@@ -146,6 +149,7 @@ class SelfAttention(Packed):
             ("o_proj.bias", self.o_bias),
             ("q_norm.weight", self.q_norm),
             ("k_norm.weight", self.k_norm),
+            ("sinks", self.sinks),
         ):
             if tensor is not None:
                 targets[p + name] = tensor.data

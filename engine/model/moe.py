@@ -1,5 +1,5 @@
 """The mixture-of-experts block (Mixtral, Qwen3-MoE, Qwen2-MoE and DeepSeek with their shared
-experts).
+experts, gpt-oss with its biases, clamped SwiGLU and MXFP4 experts).
 
 A router scores every expert per token, the top k are kept (``engine.model.routing``) and the
 token's output
@@ -9,11 +9,14 @@ chosen expert over its rows, any device), the C kernel (CPU fp32, ``engine.cpu_k
 or the Triton fused-MoE kernels (``engine.triton_kernels.fused_moe``). The caller picks the
 backend per step; the block holds its weights fused at load (gate and up rows in one
 ``w13`` per expert) and says which checkpoint tensors fill them (``weight_targets``).
+gpt-oss's experts (biases, the clamped SwiGLU over interleaved gate / up rows, MXFP4 packed
+weights dequantized per expert as it runs) take the torch path on every backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,25 +26,51 @@ from engine.cpu_kernels import moe as cpu_moe
 from engine.model import linear as cpu_linear
 from engine.model.layer_ops import act_mul
 from engine.model.layers import optional_weight, weight
+from engine.model.quant.mxfp4 import Mxfp4Experts
 from engine.model.routing import Router, Routing, route, route_with
 from engine.model.shard import Span
+from engine.model.specs import ClampedSwiglu
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 BACKENDS = ("torch", "c", "triton")
-NAMINGS = ("mixtral", "qwen_moe", "fused", "deepseek")
+NAMINGS = ("mixtral", "qwen_moe", "fused", "deepseek", "gpt_oss")
 __all__ = ["Router", "Routing", "SparseMoe", "route"]
+
+
+class ExpertWeights(Protocol):
+    """Every expert's matrix: a tensor [E, rows, cols], or packed ones (``Mxfp4Experts``)."""
+
+    @property
+    def shape(self) -> torch.Size: ...
+
+    def __getitem__(self, expert: int) -> torch.Tensor: ...
+
+
+def clamped_swiglu(gate_up: torch.Tensor, act: ClampedSwiglu) -> torch.Tensor:
+    """gpt-oss's activation: gate_up [n, 2 I] interleaves gate and up columns -> [n, I]."""
+    gate = gate_up[:, ::2].clamp(max=act.limit)
+    up = gate_up[:, 1::2].clamp(-act.limit, act.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+
+
+def _expert_act(gate_up: torch.Tensor, activation: str | ClampedSwiglu) -> torch.Tensor:
+    if isinstance(activation, ClampedSwiglu):
+        return clamped_swiglu(gate_up, activation)
+    return act_mul(gate_up, activation)
 
 
 def experts_torch(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
     routing: Routing,
-    activation: str,
+    activation: str | ClampedSwiglu,
+    biases: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """sum_i weights[t, i] * expert_{ids[t, i]}(x[t]) -> [T, H]: the (token, slot) pairs
     sorted by expert, one gate/up and one down matmul per chosen expert over its contiguous
-    rows, the weighted rows added back per token. x: [T, H]; w13: [E, 2 I, H]; w2: [E, H, I]."""
+    rows, the weighted rows added back per token. x: [T, H]; w13: [E, 2 I, H]; w2: [E, H, I];
+    ``biases``: the gate/up and down biases [E, 2 I] and [E, H] (gpt-oss), or None."""
     top_k = routing.ids.shape[1]
     out = torch.zeros_like(x)
     flat = routing.ids.reshape(-1)
@@ -54,8 +83,9 @@ def experts_torch(
     for expert, n in enumerate(counts):
         if n:
             rows = slice(start, start + n)
-            h = act_mul(F.linear(xs[rows], w13[expert]), activation)  # [n, I]
-            ys[rows] = F.linear(h, w2[expert])
+            b13, b2 = (None, None) if biases is None else (biases[0][expert], biases[1][expert])
+            h = _expert_act(F.linear(xs[rows], w13[expert], b13), activation)  # [n, I]
+            ys[rows] = F.linear(h, w2[expert], b2)
         start += n
     ys *= routing.weights.reshape(-1)[order].unsqueeze(1)
     return out.index_add_(0, token_of, ys)
@@ -88,10 +118,16 @@ class SparseMoe(nn.Module):
         router: Router | None = None,
         shared_gate: bool = True,
         correction_bias: bool = False,
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        swiglu: ClampedSwiglu | None = None,
+        expert_format: str = "",
     ) -> None:
         """``local``: the experts this tensor-parallel rank holds (None: all); the others'
         share of a token is summed in by the ranks that hold them. ``router``: DeepSeek's
-        grouped routing (None: ``route`` with ``top_k`` and ``normalize``)."""
+        grouped routing (None: ``route`` with ``top_k`` and ``normalize``). gpt-oss:
+        ``router_bias``, ``expert_bias``, ``swiglu`` (its activation, over gate / up rows
+        interleaved as its checkpoint stores them) and ``expert_format`` "mxfp4"."""
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"MoE activation {activation!r} is not one of {ACTIVATIONS}")
@@ -103,10 +139,20 @@ class SparseMoe(nn.Module):
         self.activation = activation
         self.intermediate, self.shared_intermediate = moe_intermediate, shared_intermediate
         self.local = local if local is not None else Span(0, num_experts)
-        held = self.local.length
+        held, inter = self.local.length, moe_intermediate
+        self.swiglu = swiglu
         self.gate = weight(num_experts, hidden, dtype=dtype, device=device)
-        self.w13 = weight(held, 2 * moe_intermediate, hidden, dtype=dtype, device=device)
-        self.w2 = weight(held, hidden, moe_intermediate, dtype=dtype, device=device)
+        self.router_bias = optional_weight(router_bias, num_experts, dtype=dtype, device=device)
+        self.w13: torch.Tensor | Mxfp4Experts
+        self.w2: torch.Tensor | Mxfp4Experts
+        if expert_format == "mxfp4":
+            self.w13 = Mxfp4Experts(held, 2 * inter, hidden, dtype, device)
+            self.w2 = Mxfp4Experts(held, hidden, inter, dtype, device)
+        else:
+            self.w13 = weight(held, 2 * inter, hidden, dtype=dtype, device=device)
+            self.w2 = weight(held, hidden, inter, dtype=dtype, device=device)
+        self.w13_bias = optional_weight(expert_bias, held, 2 * inter, dtype=dtype, device=device)
+        self.w2_bias = optional_weight(expert_bias, held, hidden, dtype=dtype, device=device)
         if shared_intermediate:
             si = shared_intermediate
             self.shared_gate_up = weight(2 * si, hidden, dtype=dtype, device=device)
@@ -125,26 +171,39 @@ class SparseMoe(nn.Module):
         names = ("gate", "shared_gate_up", "shared_down") if self.shared_intermediate else ("gate",)
         packed = {n: cpu_linear.pack(getattr(self, n)) for n in names}
         self.packed = {n: p for n, p in packed.items() if p is not None}
-        self.packed_experts = cpu_moe.pack_experts(self.w13, self.w2)
+        w13, w2 = self.w13, self.w2
+        plain = self.swiglu is None and self.w13_bias is None  # the kernel's experts
+        if plain and isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor):
+            self.packed_experts = cpu_moe.pack_experts(w13, w2)
+
+    def _biases(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.w13_bias is None or self.w2_bias is None:
+            return None
+        return self.w13_bias, self.w2_bias
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         """x: [T, H] -> [T, H]; ``backend`` one of ``BACKENDS`` ("c" falls back to torch where
         the experts could not be packed)."""
         packed = self.packed
         logits = cpu_linear.linear(x, self.gate, packed.get("gate"))  # [T, E]
+        if self.router_bias is not None:
+            logits += self.router_bias
         routing = route_with(logits, self.router, self.score_bias)
         if self.local.length < self.num_experts:
             routing = local_routing(routing, self.local)
-        if backend == "c" and self.packed_experts is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"MoE backend {backend!r} is not one of {BACKENDS}")
+        if self.swiglu is not None:  # gpt-oss: torch on every backend
+            out = experts_torch(x, self.w13, self.w2, routing, self.swiglu, self._biases())
+        elif backend == "c" and self.packed_experts is not None:
             out = cpu_moe.fused_experts(x, *routing, self.packed_experts, self.activation)
         elif backend == "triton":
             from engine.triton_kernels.fused_moe import fused_moe
 
+            assert isinstance(self.w13, torch.Tensor) and isinstance(self.w2, torch.Tensor)
             out = fused_moe(x, self.w13, self.w2, *routing, self.activation)
-        elif backend in BACKENDS:
-            out = experts_torch(x, self.w13, self.w2, routing, self.activation)
         else:
-            raise ValueError(f"MoE backend {backend!r} is not one of {BACKENDS}")
+            out = experts_torch(x, self.w13, self.w2, routing, self.activation)
         if self.shared_intermediate:
             gate_up = cpu_linear.linear(x, self.shared_gate_up, packed.get("shared_gate_up"))
             h = act_mul(gate_up, self.activation)
@@ -178,11 +237,15 @@ def weight_targets(block: SparseMoe, prefix: str, naming: str) -> dict[str, torc
       ``mlp.experts.gate_up_proj`` [E, 2 I, H] and ``mlp.experts.down_proj`` [E, H, I] (the
       shapes of ``w13`` and ``w2``), the shared expert named as in ``"qwen_moe"``;
     - ``"deepseek"``: as ``"qwen_moe"``, with ``mlp.shared_experts.*`` (no gate) and V3's
-      ``mlp.gate.e_score_correction_bias``.
+      ``mlp.gate.e_score_correction_bias``;
+    - ``"gpt_oss"``: ``gpt_oss_targets``.
     ``checkpoint_naming`` tells the layouts apart from a checkpoint's tensor names.
     """
     if naming not in NAMINGS:
         raise ValueError(f"MoE weight naming {naming!r} is not one of {NAMINGS}")
+    if naming == "gpt_oss":
+        return gpt_oss_targets(block, prefix)
+    assert isinstance(block.w13, torch.Tensor) and isinstance(block.w2, torch.Tensor)
     inter, w13, w2 = block.intermediate, block.w13.data, block.w2.data
     if naming == "fused":
         out = {
@@ -211,6 +274,28 @@ def weight_targets(block: SparseMoe, prefix: str, naming: str) -> dict[str, torc
     return out
 
 
+def gpt_oss_targets(block: SparseMoe, prefix: str) -> dict[str, torch.Tensor]:
+    """gpt-oss's names: ``mlp.router.weight`` and ``.bias``; ``mlp.experts.gate_up_proj``
+    [E, H, 2 I] (gate and up columns interleaved) and ``down_proj`` [E, I, H], transposed
+    views of ``w13`` and ``w2``, or packed MXFP4 ``*_blocks`` / ``*_scales`` in ``w13``'s and
+    ``w2``'s own orientation; their biases ``*_bias`` [E, 2 I] and [E, H]."""
+    p = f"{prefix}mlp."
+    out = {f"{p}router.weight": block.gate.data}
+    for name, tensor in (
+        ("router.bias", block.router_bias),
+        ("experts.gate_up_proj_bias", block.w13_bias),
+        ("experts.down_proj_bias", block.w2_bias),
+    ):
+        if tensor is not None:
+            out[p + name] = tensor.data
+    for name, experts in (("gate_up_proj", block.w13), ("down_proj", block.w2)):
+        if isinstance(experts, Mxfp4Experts):
+            out |= experts.targets(f"{p}experts.{name}")
+        else:
+            out[f"{p}experts.{name}"] = experts.data.transpose(1, 2)
+    return out
+
+
 def _shared_targets(block: SparseMoe, prefix: str) -> dict[str, torch.Tensor]:
     """The shared expert's names: Qwen2-MoE's ``mlp.shared_expert.*`` and its gate, or
     DeepSeek's ``mlp.shared_experts.*``."""
@@ -228,14 +313,17 @@ def _shared_targets(block: SparseMoe, prefix: str) -> dict[str, torch.Tensor]:
 
 def checkpoint_naming(names: Collection[str], prefix: str, family_naming: str) -> str:
     """``"fused"`` when the checkpoint's tensor ``names`` hold the layer at ``prefix`` in
-    transformers 5's fused layout, else ``family_naming`` (``"mixtral"`` or ``"qwen_moe"``)."""
-    return "fused" if f"{prefix}mlp.experts.gate_up_proj" in names else family_naming
+    transformers 5's fused layout, else ``family_naming`` (gpt-oss has one layout)."""
+    fused = family_naming != "gpt_oss" and f"{prefix}mlp.experts.gate_up_proj" in names
+    return "fused" if fused else family_naming
 
 
 def expert_weight_bytes(block: SparseMoe, include_packed: bool = False) -> int:
     """Bytes of the block's expert weights (routed and shared; the router excluded), and of
     their CPU packed copies too with ``include_packed``."""
-    tensors: list[torch.Tensor] = [block.w13, block.w2]
+    mxfp4 = sum(w.nbytes for w in (block.w13, block.w2) if isinstance(w, Mxfp4Experts))
+    held = (block.w13, block.w2, block.w13_bias, block.w2_bias)
+    tensors: list[torch.Tensor] = [w for w in held if isinstance(w, torch.Tensor)]
     if block.shared_intermediate:
         tensors += [block.shared_gate_up, block.shared_down]
     if block.shared_gate:
@@ -243,4 +331,4 @@ def expert_weight_bytes(block: SparseMoe, include_packed: bool = False) -> int:
     if include_packed:
         tensors += [p for n, p in block.packed.items() if n != "gate"]
         tensors += list(block.packed_experts) if block.packed_experts is not None else []
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors) + int(mxfp4)

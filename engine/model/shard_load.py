@@ -2,6 +2,7 @@
 
 The rule is by tensor name (the names the layers' ``weight_targets`` use): query / KV rows
 of ``q_proj``, ``k_proj``, ``v_proj`` (and the three parts of Phi-3's fused ``qkv_proj``),
+the query heads' attention sinks,
 the matching columns of ``o_proj`` (MLA: the query heads' rows of ``q_proj`` / ``q_b_proj``
 and ``kv_b_proj``, the latent's projections whole); MLP rows of ``gate_proj`` / ``up_proj``
 (Phi-3's fused ``gate_up_proj``) and columns of ``down_proj``, the shared experts'
@@ -20,6 +21,12 @@ import torch
 from engine.model.shard import Shard, Span, experts
 
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
+# the fused tensors whose first dim is the expert (transformers 5's layout, gpt-oss's)
+EXPERT_TENSORS = tuple(
+    f"mlp.experts.{name}{suffix}"
+    for name in ("gate_up_proj", "down_proj")
+    for suffix in ("", "_bias", "_blocks", "_scales")
+)
 
 
 class Piece(NamedTuple):
@@ -74,6 +81,8 @@ def _attention(name: str, config: Any, shard: Shard) -> Plan:
         return Plan((Piece(0, q_rows), Piece(0, k_part), Piece(0, v_part)))
     if name.endswith("o_proj.weight"):
         return Plan((Piece(1, q_rows),))
+    if name.endswith("self_attn.sinks"):
+        return Plan((Piece(0, q),))
     return WHOLE
 
 
@@ -101,7 +110,7 @@ def _moe(name: str, config: Any, shard: Shard) -> Plan | None:
     match = _EXPERT.search(name)
     if match is not None:
         return WHOLE if mine.start <= int(match.group(1)) < mine.stop else Plan(skip=True)
-    if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+    if name.endswith(EXPERT_TENSORS):
         return Plan((Piece(0, mine),))
     shared = config.moe.shared_intermediate_size
     prefix = next((p for p in ("mlp.shared_expert.", "mlp.shared_experts.") if p in name), None)

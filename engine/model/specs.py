@@ -7,7 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCORINGS = ("softmax", "sigmoid")
+EXPERT_FORMATS = ("", "mxfp4")
 GROUP_SCORES = ("", "max", "top2")
+
+
+@dataclass(frozen=True)
+class ClampedSwiglu:
+    """gpt-oss's expert activation over interleaved gate / up columns:
+    ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate, limit)``."""
+
+    alpha: float
+    limit: float
+
+    def __post_init__(self) -> None:
+        if self.limit <= 0:
+            raise ValueError(f"swiglu_limit must be > 0, got {self.limit}")
 
 
 @dataclass(frozen=True)
@@ -20,7 +34,7 @@ class MoeSpec:
     normalize: bool  # renormalise the top-k routing weights to sum 1
     shared_intermediate_size: int  # the shared expert's (all of them together); 0: none
     layers: tuple[int, ...]  # the sparse layers (the others have a dense MLP)
-    naming: str  # checkpoint names: "mixtral", "qwen_moe" or "deepseek"
+    naming: str  # checkpoint names: "mixtral", "qwen_moe", "deepseek" or "gpt_oss"
     scoring: str = "softmax"  # of the router logits: "softmax" or "sigmoid" (DeepSeek-V3)
     group_score: str = ""  # expert groups ranked by: "" (no groups), "max" (V2), "top2" (V3)
     num_groups: int = 1  # n_group
@@ -28,8 +42,16 @@ class MoeSpec:
     scaling: float = 1.0  # routed_scaling_factor, on the routed experts' weights
     correction_bias: bool = False  # e_score_correction_bias, added to choose (V3)
     shared_gate: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert
+    router_bias: bool = False  # a bias on the router's logits (gpt-oss)
+    expert_bias: bool = False  # biases on each expert's gate/up and down (gpt-oss)
+    swiglu: ClampedSwiglu | None = None  # gpt-oss's activation; None: the model's
+    expert_format: str = ""  # "": the model dtype; "mxfp4": packed 4-bit (gpt-oss)
 
     def __post_init__(self) -> None:
+        if self.expert_format not in EXPERT_FORMATS:
+            raise ValueError(
+                f"MoeSpec.expert_format must be one of {EXPERT_FORMATS}, got {self.expert_format!r}"
+            )
         if self.scoring not in SCORINGS:
             raise ValueError(f"MoeSpec.scoring must be one of {SCORINGS}, got {self.scoring!r}")
         if self.group_score not in GROUP_SCORES:

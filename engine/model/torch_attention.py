@@ -4,8 +4,9 @@ It runs on the CPU and is the oracle for the Triton kernels. A step's sequences 
 decodes (one query token, batched into one SDPA call, or the C kernel) or prefill chunks
 (several query tokens, causal with an offset when a prefix is cached). Every path takes the
 layer's ``AttentionSpec``: its score scale, sliding window (a query at position p sees the
-keys in (p - window, p]) and soft-cap; soft-capped scores are computed explicitly (SDPA has
-no cap), the rest stays in SDPA.
+keys in (p - window, p]), soft-cap and attention sinks; soft-capped scores and a sink's
+softmax are computed explicitly (SDPA has neither), the rest stays in SDPA; the C kernels
+take all of them.
 """
 
 from __future__ import annotations
@@ -79,20 +80,24 @@ class TorchAttention:
         scale = spec.scale if spec is not None else q.shape[-1] ** -0.5
         window = spec.window if spec is not None else 0
         cap = spec.softcap if spec is not None else 0.0
+        sinks = spec.sinks if spec is not None else None
         d = meta.num_decodes
         if d == meta.num_tokens:
-            return self._decodes(q, kv_cache, layer, meta, scale, window, cap)
+            return self._decodes(q, kv_cache, layer, meta, scale, window, cap, sinks)
         if self.cpu_kernel and cpu_kernels.prefill_supported(q, k, v, kv_cache):
-            return self._with_prefill_kernel(q, k, v, kv_cache, layer, meta, scale, window, cap)
+            return self._with_prefill_kernel(
+                q, k, v, kv_cache, layer, meta, scale, window, cap, sinks
+            )
         out = torch.empty_like(q)  # [tokens, heads, d]
         if d:
-            out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap)
+            out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap, sinks)
         start = d
         for i in range(d, len(meta.query_lens)):
             n, ctx = meta.query_lens[i], meta.context_lens_host[i]
             end = start + n
             if ctx == n and not window:  # no cached prefix: this step's K/V are the context
-                out[start:end] = attend(q[start:end], k[start:end], v[start:end], None, scale, cap)
+                qs, ks, vs = q[start:end], k[start:end], v[start:end]
+                out[start:end] = attend(qs, ks, vs, None, scale, cap, sinks)
             else:
                 mask = chunk_mask(n, ctx, window, q.device)  # [n, ctx]
                 if ctx == n:
@@ -100,7 +105,7 @@ class TorchAttention:
                 else:
                     table = meta.block_tables[i, : -(-ctx // meta.block_size)]
                     kc, vc = gather_blocks(kv_cache, layer, table, self.buffers)
-                out[start:end] = attend(q[start:end], kc[:ctx], vc[:ctx], mask, scale, cap)
+                out[start:end] = attend(q[start:end], kc[:ctx], vc[:ctx], mask, scale, cap, sinks)
             start = end
         return out
 
@@ -115,23 +120,24 @@ class TorchAttention:
         scale: float,
         window: int,
         cap: float,
+        sinks: torch.Tensor | None,
     ) -> torch.Tensor:
         """All prefill chunks in one call of the C prefill kernel, the decodes in the decode
         kernel: the same answers as SDPA per chunk (a fresh prompt over its fresh K/V)."""
         d = meta.num_decodes
         index, fresh = self._step_index(q, kv_cache, meta)
         prefill = None
-        if fresh and self.bf16_prefill and not (window or cap):
+        if fresh and self.bf16_prefill and not (window or cap or sinks is not None):
             prefill = prefill_attention_bf16(q[d:], k[d:], v[d:], index.query_start_loc, scale)
         if prefill is None:
             prefill = cpu_kernels.paged_prefill_attention(
                 q[d:], k[d:], v[d:], kv_cache, layer, index.query_start_loc, index.context_lens,
-                index.block_tables, scale, window, cap, index=index,
+                index.block_tables, scale, window, cap, index=index, sinks=sinks,
             )  # fmt: skip
         if not d:
             return prefill
         out = torch.empty_like(q)  # [tokens, heads, d]
-        out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap)
+        out[:d] = self._decodes(q[:d], kv_cache, layer, meta, scale, window, cap, sinks)
         out[d:] = prefill
         return out
 
@@ -161,19 +167,20 @@ class TorchAttention:
         scale: float,
         window: int,
         cap: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         tables = meta.decode_block_tables
         lens = meta.context_lens[: meta.num_decodes]
         if self.cpu_kernel and cpu_kernels.supports(q, kv_cache):
             return cpu_kernels.paged_decode_attention(
-                q, kv_cache, layer, tables, lens, scale, window, cap
+                q, kv_cache, layer, tables, lens, scale, window, cap, sinks
             )
         keys = torch.arange(tables.shape[1] * meta.block_size, device=q.device)
         mask = keys[None, :] < lens[:, None]  # [decodes, keys]
         if window:
             mask &= keys[None, :] >= lens[:, None] - window
         return decode_attention(
-            q, kv_cache, layer, tables, mask[:, None, None, :], self.buffers, scale, cap
+            q, kv_cache, layer, tables, mask[:, None, None, :], self.buffers, scale, cap, sinks
         )
 
 
@@ -194,6 +201,7 @@ def decode_attention(
     buffers: GatherBuffers | None = None,
     scale: float | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged context, all sequences in one SDPA call.
 
@@ -210,6 +218,7 @@ def decode_attention(
         mask,
         scale if scale is not None else head_dim**-0.5,
         softcap,
+        sinks,
     )
     return out.squeeze(2)
 
@@ -242,6 +251,7 @@ def attend(
     mask: torch.Tensor | None,
     scale: float,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one sequence. q: [n, heads, d]; k, v: [ctx, kv_heads, d]; mask: [n, ctx]
     bool, or None for plain causal with n == ctx. Returns [n, heads, d]."""
@@ -252,6 +262,7 @@ def attend(
         mask,
         scale,
         softcap,
+        sinks,
     )
     return out[0].transpose(0, 1)
 
@@ -263,11 +274,13 @@ def attend_batched(
     mask: torch.Tensor | None,
     scale: float,
     softcap: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [b, heads, n, d]; k, v: [b, kv_heads, ctx, d]; mask broadcast to [b, heads, n, ctx]
-    (None: causal, n == ctx). SDPA, or explicit soft-capped scores with ``softcap``."""
+    (None: causal, n == ctx). SDPA, or explicit scores with ``softcap`` or ``sinks`` [heads]
+    (one more logit per head in the softmax, its weight dropped)."""
     k, v = k.to(q.dtype), v.to(q.dtype)  # dequantised fp32 rows of a quantized cache
-    if not softcap:
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
         )
@@ -275,9 +288,14 @@ def attend_batched(
     k = k.repeat_interleave(group, dim=1).float()
     v = v.repeat_interleave(group, dim=1).float()
     scores = q.float() @ k.transpose(-1, -2) * scale  # [b, heads, n, ctx]
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         n = q.shape[2]
         mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
+    if sinks is None:
+        return (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
+    sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    return (probs @ v).to(q.dtype)

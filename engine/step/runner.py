@@ -141,16 +141,16 @@ def _load_weights(
 
 def engine_quantization(config: EngineConfig) -> str:
     """The quantization the engine loads with (``auto`` resolved). Quantized weights are not
-    sharded across ranks yet: with tensor parallelism ``auto`` keeps a GGUF directory's fp32
-    conversion, and a quantized checkpoint (a GGUF alone too) is refused, naming both
-    settings."""
+    sharded across ranks yet (but gpt-oss's MXFP4 experts, read per rank like any expert):
+    with tensor parallelism ``auto`` keeps a GGUF directory's fp32 conversion, and a
+    quantized checkpoint (a GGUF alone too) is refused, naming both settings."""
     fp32 = config.torch_dtype == torch.float32
     random = config.load_format == "random"
     method = resolve_quantization(
         config.quantization, config.model_dir, config.device, fp32, not random
     )
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-    if tp * pp > 1 and method != "none":
+    if tp * pp > 1 and method not in ("none", "mxfp4"):
         converted = has_safetensors(config.model_dir)
         if config.quantization == "auto" and method == "gguf" and converted:
             return "none"

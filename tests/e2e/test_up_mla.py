@@ -7,37 +7,19 @@ model is random (built with transformers' own class) with the default model's to
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from cluster_harness import running_cluster
-from oracle import Oracle
-from session_procs import session_processes
-
-from tests.engine.model.tiny_families import save_family
+from tiny_clusters import BLOCK_SIZE, check_disaggregated, tiny_family_dir
 
 pytestmark = pytest.mark.e2e
-
-PROMPTS = [  # longer than the router's local-prefill limit: each goes through the prefill pool
-    "The history of Paris spans more than two thousand years. It began as a small settlement "
-    "on an island in the Seine and grew into the capital of France.",
-    "List three prime numbers greater than one hundred, then explain why each of them is "
-    "prime, step by step, as a teacher would explain it to a curious student.",
-]
-MAX_TOKENS = 12
-BLOCK_SIZE = 16
 
 
 @pytest.fixture(scope="module")
 def mla_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-deepseek-v3")
-    vocab = json.loads((default_model_dir / "config.json").read_text())["vocab_size"]
-    save_family("deepseek_v3", path, vocab_size=vocab)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (default_model_dir / name).is_file():
-            shutil.copy(default_model_dir / name, path / name)
-    return path
+    return tiny_family_dir(
+        "deepseek_v3", default_model_dir, tmp_path_factory.mktemp("tiny-deepseek-v3")
+    )
 
 
 def latent_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
@@ -57,22 +39,4 @@ def latent_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
 def test_disaggregated_mla_answers_like_offline_and_moves_the_latent_once(
     mla_dir: Path, tmp_path: Path, tp: list[str]
 ) -> None:
-    want = Oracle(mla_dir).complete(PROMPTS, MAX_TOKENS)
-    args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64", "--transfer", "tcp"]
-    with running_cluster(mla_dir, tmp_path / "run", *args, check_clean_exit=True) as up:
-        client = up.openai_client()
-        model = client.models.list().data[0].id
-        prompt_tokens = []
-        for prompt, expected in zip(PROMPTS, want, strict=True):
-            got = client.completions.create(
-                model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
-            )
-            assert got.choices[0].text == expected.text
-            assert got.usage is not None
-            prompt_tokens.append(got.usage.prompt_tokens)
-        counters = up.stats(up.node_names("decode")[0]).counters
-        assert counters["transfer_ok"] == len(PROMPTS)
-        assert counters["transfer_bytes"] == latent_bytes(mla_dir, prompt_tokens)
-        for name, stats in up.wait_idle(list(up.layout["nodes"])).items():
-            assert stats.load.free_blocks == stats.load.total_blocks, name
-    assert session_processes(up.proc.pid) == []
+    check_disaggregated(mla_dir, tmp_path / "run", tp, lambda n: latent_bytes(mla_dir, n))

@@ -8,9 +8,12 @@ from pathlib import Path
 
 from models.weights import gguf_file, gguf_files, has_safetensors
 
-QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8")  # vLLM's names
+QUANTIZATIONS = ("auto", "none", "gguf", "awq", "gptq", "fp8", "mxfp4")  # vLLM's names
 # quantization_config.quant_method -> the loader that serves it (safetensors_loader)
-CHECKPOINT_METHODS = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "compressed-tensors": "fp8"}
+# (mxfp4: gpt-oss's packed experts, which the model's MoE layers hold; the rest loads as is)
+CHECKPOINT_METHODS = {
+    "awq": "awq", "gptq": "gptq", "fp8": "fp8", "compressed-tensors": "fp8", "mxfp4": "mxfp4",
+}  # fmt: skip
 
 
 def checkpoint_quantization(model_dir: Path) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from tiny_llama import TRITON_DEVICE
@@ -27,7 +29,8 @@ def dense_causal(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec | None = None
 ) -> torch.Tensor:
     """q: [len, heads, d]; k, v: [len, kv_heads, d] -> [len, heads, d], in float64; with
-    ``spec``'s scale, window (query p sees keys in (p - window, p]) and soft-cap."""
+    ``spec``'s scale, window (query p sees keys in (p - window, p]), soft-cap and sinks (a
+    logit per head in the softmax, its weight dropped)."""
     spec = spec or AttentionSpec(q.shape[-1] ** -0.5)
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)
@@ -39,7 +42,11 @@ def dense_causal(
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     if spec.window:
         causal &= torch.ones(n, n, dtype=torch.bool).triu(1 - spec.window)
-    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    scores = scores.masked_fill(~causal, float("-inf"))
+    if spec.sinks is None:
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    sink = spec.sinks.double().view(-1, 1, 1).expand(-1, n, 1)
+    probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
@@ -165,6 +172,9 @@ SPECS = {
     "window": AttentionSpec(scale=0.3, window=5),
     "softcap": AttentionSpec(scale=0.5, softcap=2.0),
     "both": AttentionSpec(scale=0.25, window=7, softcap=1.5),
+    # gpt-oss's sinks (4 heads: 2 KV heads of 2), alone and in a window
+    "sinks": AttentionSpec(scale=0.3, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0])),
+    "window_sinks": AttentionSpec(scale=0.3, window=5, sinks=torch.tensor([1.5, -2.0, 0.3, 3.0])),
 }
 # decodes and chunks whose contexts run past the windows, windows not multiples of the block
 LONG = [(23, 22), (9, 8), (30, 29), (17, 0), (26, 11), (13, 12)]
@@ -173,20 +183,23 @@ LONG = [(23, 22), (9, 8), (30, 29), (17, 0), (26, 11), (13, 12)]
 @pytest.mark.parametrize("spec_name", list(SPECS))
 @pytest.mark.parametrize("path", ["torch", "c", "triton"])
 def test_windows_softcap_and_scale_on_every_path(path: str, spec_name: str) -> None:
-    """Each path against explicit scores over the whole context with the window's mask and
-    the soft-cap: decodes and chunks over cached prefixes, grouped heads."""
+    """Each path against explicit scores over the whole context with the window's mask, the
+    soft-cap and the sinks: decodes and chunks over cached prefixes, grouped heads."""
     device: torch.device | str = "cpu"
     backend: AttentionBackend
+    spec = SPECS[spec_name]
     if path == "triton":
         needs_triton()
-        backend, device = TritonAttention(), TRITON_DEVICE
+        backend, device = TritonAttention(TorchAttention(cpu_kernel=False)), TRITON_DEVICE
+        if spec.sinks is not None:
+            spec = replace(spec, sinks=spec.sinks.to(device))
     elif path == "c":
         if not cpu_kernels.available():
             pytest.skip("no C compiler here")
         backend = TorchAttention(cpu_kernel=True)
     else:
         backend = TorchAttention(cpu_kernel=False)
-    out, expected, meta = run_step(LONG, 2, backend=backend, device=device, spec=SPECS[spec_name])
+    out, expected, meta = run_step(LONG, 2, backend=backend, device=device, spec=spec)
     assert meta.num_decodes == 3
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
     plain, _, _ = run_step(LONG, 2, backend=backend, device=device)

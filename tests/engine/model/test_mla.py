@@ -86,7 +86,12 @@ def test_a_prefix_cache_hit_reads_the_latent_back(
     """The second prompt shares 4 full blocks with the first: only its tail is computed,
     its first decode attends over cached latent rows (absorbed) and prefill over them
     (expanded), and the tokens are still transformers'."""
-    hf, path = mla_dirs[family]
+    check_prefix_hit(*mla_dirs[family])
+
+
+def check_prefix_hit(hf: Any, path: Path) -> None:
+    """Two prompts sharing 4 full blocks through one engine: the second computes only its
+    tail and its tokens are still transformers'."""
     shared = PROMPTS[2][:16]
     first, second = shared + [5, 6, 7], shared + [40, 41, 42, 43, 44]
     engine = engine_of(path, attention_backend="torch")

@@ -156,8 +156,23 @@ FAMILIES |= {
         },
     ),
 }  # fmt: skip
+# gpt-oss: sinks, biases, sliding / full layers with a window under the prompts, YaRN
+# without truncation, a clamp low enough to bite (shapes multiples of 32 for MXFP4)
+FAMILIES["gpt_oss"] = (
+    "GptOssConfig",
+    "GptOssForCausalLM",
+    {
+        "num_hidden_layers": 4, "sliding_window": WINDOW, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "intermediate_size": 32, "swiglu_limit": 1.5,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False,
+        },
+    },
+)  # fmt: skip
 MLA = ["deepseek_v2", "deepseek_v3"]
-DENSE = [f for f in FAMILIES if "moe" not in f and f != "mixtral" and f not in MLA]
+DENSE = [f for f in FAMILIES if "moe" not in f and f not in ("mixtral", "gpt_oss") and f not in MLA]
 MOE = ["qwen3_moe", "qwen2_moe", "mixtral"]
 
 

@@ -43,10 +43,11 @@ def _greedy(model_dir: Path, tp: int) -> dict[str, list[int]]:
         "llama_one_kv_head",  # the KV head replicated, 2 query heads per rank
         "qwen2_moe",  # 3 experts per rank, the shared expert and the MLP split by rows
         "deepseek_v3",  # 2 query heads per rank over the whole latent, 4 experts per rank
+        "gpt_oss",  # 2 query heads per rank with their sinks, 2 experts per rank with biases
     ],
 )
 def test_two_ranks_give_the_tokens_of_one_and_of_transformers(tmp_path: Path, model: str) -> None:
-    if model in ("qwen2_moe", "deepseek_v3"):
+    if model in ("qwen2_moe", "deepseek_v3", "gpt_oss"):
         hf = save_family(model, tmp_path)
     else:
         kv = 1 if model == "llama_one_kv_head" else 2

@@ -15,7 +15,7 @@ from engine.step.runner import engine_quantization
 def test_unknown_names_are_refused(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
-        match=r"quantization must be one of auto, none, gguf, awq, gptq, fp8, got 'awq4'",
+        match=r"quantization must be one of auto, none, gguf, awq, gptq, fp8, mxfp4, got 'awq4'",
     ):
         EngineConfig(model_dir=tmp_path, quantization="awq4")
 

@@ -1,0 +1,64 @@
+"""Tiny random-weight models of a family (transformers' own class, the default model's
+tokenizer) through `splitserve up`, 1 prefill + 1 decode over TCP, checked against the
+offline engine: the texts, the bytes the decode node received, no block left held."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cluster_harness import running_cluster
+from oracle import Oracle
+from session_procs import session_processes
+
+from tests.engine.model.tiny_families import save_family
+
+PROMPTS = [  # longer than the router's local-prefill limit: each goes through the prefill pool
+    "The history of Paris spans more than two thousand years. It began as a small settlement "
+    "on an island in the Seine and grew into the capital of France.",
+    "List three prime numbers greater than one hundred, then explain why each of them is "
+    "prime, step by step, as a teacher would explain it to a curious student.",
+]
+MAX_TOKENS = 12
+BLOCK_SIZE = 16
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def tiny_family_dir(family: str, default_model_dir: Path, path: Path, **changes: Any) -> Path:
+    """The tiny ``family`` model saved in ``path`` with the default model's vocabulary and
+    tokenizer files."""
+    vocab = json.loads((default_model_dir / "config.json").read_text())["vocab_size"]
+    save_family(family, path, vocab_size=vocab, **changes)
+    for name in TOKENIZER_FILES:
+        if (default_model_dir / name).is_file():
+            shutil.copy(default_model_dir / name, path / name)
+    return path
+
+
+def check_disaggregated(
+    model_dir: Path, run_dir: Path, tp: list[str], moved_bytes: Callable[[list[int]], int]
+) -> None:
+    """PROMPTS through a 1P+1D cluster over TCP (``tp``: its TP flags) give the offline
+    engine's texts; the decode node received ``moved_bytes(prompt token counts)``."""
+    want = Oracle(model_dir).complete(PROMPTS, MAX_TOKENS)
+    args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64", "--transfer", "tcp"]
+    with running_cluster(model_dir, run_dir, *args, check_clean_exit=True) as up:
+        client = up.openai_client()
+        model = client.models.list().data[0].id
+        prompt_tokens = []
+        for prompt, expected in zip(PROMPTS, want, strict=True):
+            got = client.completions.create(
+                model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+            )
+            assert got.choices[0].text == expected.text
+            assert got.usage is not None
+            prompt_tokens.append(got.usage.prompt_tokens)
+        counters = up.stats(up.node_names("decode")[0]).counters
+        assert counters["transfer_ok"] == len(PROMPTS)
+        assert counters["transfer_bytes"] == moved_bytes(prompt_tokens)
+        for name, stats in up.wait_idle(list(up.layout["nodes"])).items():
+            assert stats.load.free_blocks == stats.load.total_blocks, name
+    assert session_processes(up.proc.pid) == []
