@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 
 from bench.chaos.netns import MTU, HostNet, NetError
-from cluster.process import die_with_parent_hook
+from launcher.process import die_with_parent_hook
 
 READY_TIMEOUT_S = 10.0
 

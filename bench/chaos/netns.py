@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from cluster.process import die_with_parent_hook
+from launcher.process import die_with_parent_hook
 
 PREFIX = "ssc"  # every namespace and link this module makes starts with it
 INNER_DEV = "eth0"  # a host's interface, inside its namespace

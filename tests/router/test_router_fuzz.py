@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from router_fakes import FakeNode, fake_cluster
 from schema_strategies import bodies
 
-from cluster.redis_server import EmbeddedRedis
+from launcher.redis_server import EmbeddedRedis
 from models.tokenizer import Tokenizer
 from router.api.messages.request import CountTokensRequest, MessagesRequest
 from router.api.requests import ChatCompletionRequest, CompletionRequest

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from router_fakes import FakeNode, fake_cluster, metric
 
-from cluster.redis_server import EmbeddedRedis
+from launcher.redis_server import EmbeddedRedis
 from models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 from router_fakes import ANSWER, FakeNode, fake_cluster
 from thinking_model import QWEN3_TEMPLATE, script_of, thinking_tokenizer
 
-from cluster.redis_server import EmbeddedRedis
+from launcher.redis_server import EmbeddedRedis
 from models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(120)
