@@ -83,6 +83,8 @@ class HostNet:
     gateway: str  # the bridge's own address: this machine, the client
     hosts: dict[str, Host]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # this process's children from before the hosts (another test's server): never strays
+    before: frozenset[int] = field(default_factory=lambda: frozenset(_children(os.getpid())))
 
     @classmethod
     def make(cls, names: Sequence[str]) -> HostNet:
@@ -152,9 +154,10 @@ class HostNet:
         self.procs = [p for p in self.procs if p.returncode is None]
 
     def strays(self) -> list[int]:
-        """Live children of this process outside every host (a fault's link left running)."""
+        """Live children of this process outside every host, started since the hosts were
+        made (a fault's link left running)."""
         inside = {pid for host in self.hosts.values() for pid in netns_pids(host.netns)}
-        return [pid for pid in _children(os.getpid()) if pid not in inside]
+        return [pid for pid in _children(os.getpid()) if pid not in inside | self.before]
 
     def close(self) -> None:
         """Kill every process on every host, remove the namespaces, veths and bridge."""
