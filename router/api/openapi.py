@@ -143,6 +143,7 @@ def _events(chunk: type[BaseModel]) -> dict[str, Any]:
 _ERRORS = {
     400: "bad input (the error names the parameter)",
     401: "missing or invalid API key (when keys are set)",
+    403: "the API key may not read this (usage_admin_keys)",
     404: "the model (or adapter) is not one this router serves",
     408: "the request ran past its own `timeout`",
     413: "the body is larger than the router takes",
@@ -220,8 +221,13 @@ _OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] 
     ("/ready", "get"): (None, {"application/json": ReadyResponse}, ()),
     ("/metrics", "get"): (None, {"text/plain": {"type": "string"}}, ()),
     ("/version", "get"): (None, {"application/json": VersionResponse}, ()),
+    ("/debug/requests/{request_id}", "get"): (
+        None,
+        {"application/json": {"type": "object"}},
+        (401, 403, 404, 500),
+    ),
 }
-_KEYED = ("/v1/", "/tokenize", "/detokenize")
+_KEYED = ("/v1/", "/tokenize", "/detokenize", "/debug/")
 # a request that generates, per endpoint (the served model's name added)
 _EXAMPLES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
