@@ -231,8 +231,11 @@ def test_debug_requests_shows_a_request_waiting_for_import(cluster: Cluster) -> 
 
 def test_collector_down_fails_no_request(cluster: Cluster, receiver: OtlpReceiver) -> None:
     receiver.close()
+    answered = []
     for i in range(4):
-        _stream(cluster, {"x-request-id": f"e2e-down-{i}"})
+        ttft, reply = _stream(cluster, {"x-request-id": f"e2e-down-{i}"})
+        answered.append((reply["x-request-id"], ttft > 0))
+    assert answered == [(f"e2e-down-{i}", True) for i in range(4)]  # each streamed its text
 
 
 def test_sampling_zero_exports_nothing(
