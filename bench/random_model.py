@@ -33,6 +33,48 @@ _GPT_OSS: dict[str, Any] = {
     },
 }  # fmt: skip
 
+# DeepSeek-V3 (671B, 37B active): 256 experts, 8 active per token
+_DEEPSEEK_V3: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "max_position_embeddings": 163840,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 3,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "rope_theta": 10000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+}
+
+
 SHAPES: dict[str, dict[str, Any]] = {
     # SmolLM2-135M
     "smollm2": {
@@ -86,42 +128,17 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 8, "moe_intermediate_size": 256, "norm_topk_prob": True,
         "decoder_sparse_step": 1, "mlp_only_layers": [],
     },
-    # DeepSeek-V3 (671B, 37B active): 256 experts, 8 active per token
-    "deepseek-v3": {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
-        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-        "max_position_embeddings": 163840, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
-        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
-        "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "moe_intermediate_size": 2048,
-        "n_shared_experts": 1, "first_k_dense_replace": 3, "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-        "rope_theta": 10000.0,
-        "rope_scaling": {
-            "type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
-        },
-    },
+    "deepseek-v3": _DEEPSEEK_V3,
     # DeepSeek-V3 scaled to a small CPU machine: its latent attention as published (128 + 64
     # query dims, a 512 + 64 latent, 128 value dims, q-LoRA) over 16 heads, its routing (8 of
     # 64 experts in 8 groups, the best 4 groups, sigmoid scores with the correction bias, one
     # shared expert, a dense first layer), 6 layers, the default model's vocabulary
     "deepseek-v3-cpu": {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "vocab_size": 49152, "hidden_size": 1024, "intermediate_size": 2816,
+        **_DEEPSEEK_V3, "vocab_size": 49152, "hidden_size": 1024, "intermediate_size": 2816,
         "num_hidden_layers": 6, "num_attention_heads": 16, "num_key_value_heads": 16,
-        "max_position_embeddings": 16384, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
-        "q_lora_rank": 384, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
-        "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "moe_intermediate_size": 256,
-        "n_shared_experts": 1, "first_k_dense_replace": 1, "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-        "rope_theta": 10000.0,
-        "rope_scaling": {
-            "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
-            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
-        },
+        "max_position_embeddings": 16384, "q_lora_rank": 384, "n_routed_experts": 64,
+        "moe_intermediate_size": 256, "first_k_dense_replace": 1,
+        "rope_scaling": {**_DEEPSEEK_V3["rope_scaling"], "factor": 4.0},
     },
     # gpt-oss-20b (21B, 3.6B active): 32 experts, 4 active per token, sliding (128) and
     # full layers alternating, attention sinks
