@@ -42,7 +42,11 @@ def engine_greedy(path: Path, prompts: list[list[int]], **kw: Any) -> list[list[
         model_dir=path, dtype="float32", block_size=4, num_kv_blocks=128,
         max_num_batched_tokens=16, **kw,
     )  # fmt: skip
-    engine = LLMEngine(config)
+    return greedy_tokens(LLMEngine(config), prompts)
+
+
+def greedy_tokens(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    """NEW_TOKENS greedy tokens of each prompt, all in the engine at once."""
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from engine.model.config import ModelConfig
-from tests.engine.model.test_families import PATHS, PROMPTS
-from tests.engine.model.test_mla import check, check_prefix_hit, engine_of, run
+from tests.engine.model.test_families import PATHS, PROMPTS, greedy_tokens
+from tests.engine.model.test_mla import check, check_prefix_hit, engine_of
 from tests.engine.model.tiny_families import WINDOW, save_family
 
 
@@ -39,7 +39,7 @@ def test_greedy_equals_transformers(gpt_oss: tuple[Any, Path], path_name: str) -
     hf, path = gpt_oss
     prompts = PROMPTS if path_name != "triton" else PROMPTS[:2]
     engine = engine_of(path, **PATHS[path_name])
-    check(hf, prompts, run(engine, prompts))
+    check(hf, prompts, greedy_tokens(engine, prompts))
     assert engine.stats().free_blocks == engine.stats().total_blocks
 
 

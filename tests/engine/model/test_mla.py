@@ -17,8 +17,7 @@ from engine.engine import LLMEngine
 from engine.kv.cache import KVLayout
 from engine.model.config import ModelConfig
 from engine.model.routing import Router, route_grouped
-from models.sampling_params import SamplingParams
-from tests.engine.model.test_families import NEW_TOKENS, PATHS, PROMPTS
+from tests.engine.model.test_families import NEW_TOKENS, PATHS, PROMPTS, greedy_tokens
 from tests.engine.model.tiny_families import (
     MLA,
     assert_greedy_near,
@@ -36,17 +35,6 @@ def mla_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, P
         path = tmp_path_factory.mktemp(name)
         out[name] = (save_family(name, path), path)
     return out
-
-
-def run(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens[out.request_id] += out.new_token_ids
-    return [tokens[str(i)] for i in range(len(prompts))]
 
 
 def engine_of(path: Path, **kw: Any) -> LLMEngine:
@@ -75,7 +63,7 @@ def test_greedy_equals_transformers(
     hf, path = mla_dirs[family]
     prompts = PROMPTS if path_name != "triton" else PROMPTS[:2]
     engine = engine_of(path, **PATHS[path_name])
-    check(hf, prompts, run(engine, prompts))
+    check(hf, prompts, greedy_tokens(engine, prompts))
     assert engine.stats().free_blocks == engine.stats().total_blocks
 
 
@@ -95,9 +83,9 @@ def check_prefix_hit(hf: Any, path: Path) -> None:
     shared = PROMPTS[2][:16]
     first, second = shared + [5, 6, 7], shared + [40, 41, 42, 43, 44]
     engine = engine_of(path, attention_backend="torch")
-    check(hf, [first], run(engine, [first]))
+    check(hf, [first], greedy_tokens(engine, [first]))
     before = engine.counters.tokens_computed
-    check(hf, [second], run(engine, [second]))
+    check(hf, [second], greedy_tokens(engine, [second]))
     assert engine.counters.tokens_computed - before == len(second) - 16 + NEW_TOKENS - 1
 
 
@@ -123,7 +111,7 @@ def test_quantized_latent_cache_runs_and_frees_its_blocks(
     _, path = mla_dirs["deepseek_v3"]
     engine = engine_of(path, attention_backend="torch", kv_cache_dtype=kv_dtype)
     assert engine.runner.layout.block_shape[1:] == (1, 4, 1, 48)
-    got = run(engine, PROMPTS)
+    got = greedy_tokens(engine, PROMPTS)
     assert [len(t) for t in got] == [NEW_TOKENS] * len(PROMPTS)
     assert engine.stats().free_blocks == engine.stats().total_blocks
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from engine.model.moe import SparseMoe
 from engine.model.quant.mxfp4 import E2M1, Mxfp4Experts, dequantize, quantize
-from tests.engine.model.test_families import PATHS, PROMPTS
-from tests.engine.model.test_mla import engine_of, run
+from tests.engine.model.test_families import PATHS, PROMPTS, greedy_tokens
+from tests.engine.model.test_mla import engine_of
 from tests.engine.model.tiny_families import save_family
 
 EXPERTS = ("gate_up_proj", "down_proj")
@@ -83,9 +83,9 @@ def test_an_mxfp4_checkpoint_equals_its_dequantized_twin(
     moe = engine.runner.model.decoder_layers()[0].moe
     assert isinstance(moe, SparseMoe) and isinstance(moe.w13, Mxfp4Experts)
     assert moe.w13.blocks.dtype == torch.uint8  # kept packed: half a byte a value
-    got = run(engine, PROMPTS)
+    got = greedy_tokens(engine, PROMPTS)
     assert engine.stats().free_blocks == engine.stats().total_blocks
-    assert got == run(engine_of(twin, **PATHS[path_name]), PROMPTS)
+    assert got == greedy_tokens(engine_of(twin, **PATHS[path_name]), PROMPTS)
 
 
 def test_another_quantization_is_refused_for_an_mxfp4_checkpoint(
@@ -112,7 +112,7 @@ def test_two_ranks_read_their_experts_packed(mxfp4_pair: tuple[Path, Path]) -> N
     packed, twin = mxfp4_pair
     engine = engine_of(packed, tensor_parallel_size=2)
     try:
-        got = run(engine, PROMPTS)
+        got = greedy_tokens(engine, PROMPTS)
     finally:
         engine.close()
-    assert got == run(engine_of(twin), PROMPTS)
+    assert got == greedy_tokens(engine_of(twin), PROMPTS)
