@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API).
 
 A request becomes a chat completion request (`request.chat_request`) and runs the chat path
-(`router.endpoints.serve`) with this API's dialect: the message and its events are made from
+(`router.serve.serve`) with this API's dialect: the message and its events are made from
 the chat completion and its chunks. Errors on these paths answer in Anthropic's error shape
 (router.app picks it by path; router.api.messages.errors).
 """
@@ -35,17 +35,12 @@ from router.api.messages.request import (
 )
 from router.api.messages.stream import MessageEvents
 from router.api.objects import ChatCompletion
+from router.api.parse import field_names, parse_request, to_api_error
 from router.api.prompt import chat_prompt
-from router.api.requests import ChatCompletionRequest, field_names, parse_request, to_api_error
+from router.api.requests import ChatCompletionRequest
 from router.api.tools import plan_tools
-from router.endpoints import (
-    Generation,
-    get_state,
-    note_ignored,
-    read_body,
-    require_api_key,
-    serve,
-)
+from router.endpoints import get_state, note_ignored, read_body, require_api_key
+from router.serve import Generation, serve
 
 PREFIX = "/v1/messages"
 messages_routes = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])

@@ -1,7 +1,7 @@
 """POST /v1/responses, and GET / DELETE /v1/responses/{id} and its cancel.
 
 A request becomes a chat completion request (`request.chat_request`) and runs the chat path
-(`router.endpoints.serve`) with this API's dialect: the answer and the events are made from
+(`router.serve.serve`) with this API's dialect: the answer and the events are made from
 the chat completion and its chunks. A stored response (`store`, the default) is kept with its
 conversation for `previous_response_id` (router.response_store).
 """
@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from router.api.objects import ChatCompletion
-from router.api.requests import field_names, parse_request, to_api_error
+from router.api.parse import field_names, parse_request, to_api_error
 from router.api.responses.objects import (
     DeletedResponse,
     ResponseObject,
@@ -36,9 +36,10 @@ from router.api.responses.request import (
     input_items,
 )
 from router.api.responses.stream import ResponseEvents
-from router.endpoints import Generation, get_state, read_body, require_api_key, serve
+from router.endpoints import get_state, read_body, require_api_key
 from router.errors import APIError
 from router.response_store import ResponseStore
+from router.serve import Generation, serve
 
 responses_routes = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 TEXT = {"type": "text"}
