@@ -15,11 +15,11 @@ from engine.kv.offload import build_tiers
 from engine.lora.manager import LoraManager, LoraStats
 from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.outputs import RequestOutput, request_output
 from engine.parallel import RankGroup
 from engine.sampling.grammar import Grammars
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
-from engine.scheduler.request import FinishReason, Request, RequestStatus
+from engine.scheduler.request import Request, RequestStatus
 from engine.scheduler.scheduler import Scheduler
 from engine.scheduler.swap import SwapRule
 from engine.speculative import SpeculativeStats, Speculator
@@ -282,7 +282,7 @@ class LLMEngine:
         logprobs = result.logprobs or [None] * len(result.requests)
         more = result.more
         return [
-            _output(r, (t, *more[r.request_id]) if r.request_id in more else (t,), lp)
+            request_output(r, (t, *more[r.request_id]) if r.request_id in more else (t,), lp)
             for r, t, lp in zip(result.requests, result.token_ids, logprobs, strict=True)
         ]
 
@@ -328,24 +328,6 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             lora=lora,
         )
-
-
-def _output(
-    request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None
-) -> RequestOutput:
-    done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
-    reason = request.finish_reason
-    if request.status is RequestStatus.PINNED:
-        reason = FinishReason.PREFILLED
-    return RequestOutput(
-        request_id=request.request_id,
-        new_token_ids=tokens,
-        logprobs=(logprob,) if logprob is not None else (),
-        finished=done,
-        finish_reason=reason,
-        num_prompt_tokens=request.num_prompt_tokens,
-        num_cached_tokens=request.num_cached_tokens,
-    )
 
 
 __all__ = ["EngineCounters", "EngineStats", "LLMEngine", "Role", "StepResult"]

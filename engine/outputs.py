@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.scheduler.request import FinishReason
+from engine.scheduler.request import FinishReason, Request, RequestStatus
 
 
 @dataclass(frozen=True)
@@ -47,3 +47,23 @@ class GenerationOutput:
     text: str
     finish_reason: FinishReason | None
     logprobs: list[TokenLogprob] | None = None
+
+
+def request_output(
+    request: Request, tokens: tuple[int, ...], logprob: TokenLogprob | None
+) -> RequestOutput:
+    """A request's part of a step: its new `tokens` and `logprob`, and whether it finished
+    (a prefill's pinned request has, with PREFILLED)."""
+    done = request.status in (RequestStatus.FINISHED, RequestStatus.PINNED)
+    reason = request.finish_reason
+    if request.status is RequestStatus.PINNED:
+        reason = FinishReason.PREFILLED
+    return RequestOutput(
+        request_id=request.request_id,
+        new_token_ids=tokens,
+        logprobs=(logprob,) if logprob is not None else (),
+        finished=done,
+        finish_reason=reason,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_cached_tokens=request.num_cached_tokens,
+    )

@@ -57,7 +57,8 @@ PROJECT = frozenset({*ALLOWED, "bench"})
 # top-level module; "__init__" is the package's own module. Every module is in a room.
 ROOMS: dict[str, tuple[frozenset[str], ...]] = {
     "engine": (
-        frozenset({"kv_format", "phases", "flags"}),  # KV dtypes and rows; log phases; CLI flags
+        # KV dtypes and rows; log phases; CLI flags; which settings go together
+        frozenset({"kv_format", "phases", "flags", "config_checks"}),
         frozenset({"config"}),
         frozenset({"cpu_kernels", "triton_kernels"}),
         frozenset({"model"}),
