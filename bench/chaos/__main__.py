@@ -20,7 +20,7 @@ from bench.chaos.cluster import ClusterConfig
 from bench.chaos.faults import FAULTS
 from bench.chaos.netns import unavailable_reason
 from bench.chaos.report import explain, table
-from bench.chaos.run import RunConfig, baseline, failed_share_limit, run_fault, session
+from bench.chaos.run import ARRIVALS, RunConfig, baseline, failed_share_limit, run_fault, session
 from bench.chaos.upgrade import UPGRADE, release_tree, run_upgrade
 from bench.chaos.upgrade import unavailable_reason as upgrade_unavailable
 from bench.chaos.workload import make_specs
@@ -42,9 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="requests per fault")
     parser.add_argument("--faults", type=_faults, default=list(FAULTS),
                         help=f"all, or some of: {', '.join([*FAULTS, UPGRADE.name])}")  # fmt: skip
-    parser.add_argument("--transfer", choices=("tcp", "nixl"), default="nixl",
+    parser.add_argument("--transport", "--transfer", dest="transfer", choices=("tcp", "nixl"),
+                        default="nixl",
                         help="KV transport (nixl: UCX over TCP between the hosts)")  # fmt: skip
-    parser.add_argument("--concurrency", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=6, help="requests at a time, at most")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="requests/s offered under a fault: an open loop, still capped "
+                             "by --concurrency (default: the next when one ends)")  # fmt: skip
+    parser.add_argument("--arrivals", choices=ARRIVALS, default="poisson",
+                        help="with --rate: Poisson arrivals, or fixed gaps of 1/rate")  # fmt: skip
     parser.add_argument("--deadline-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-kv-blocks", type=int, default=256)
@@ -63,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="splitserve-chaos-"))
     cluster_cfg = ClusterConfig(ensure_model("smollm2"), run_dir, args.transfer, args.num_kv_blocks)
-    cfg = RunConfig(args.requests, args.concurrency, args.deadline_s, seed=args.seed)
+    cfg = RunConfig(
+        args.requests, args.concurrency, args.deadline_s, seed=args.seed, rate=args.rate,
+        arrivals=args.arrivals,
+    )  # fmt: skip
     specs = make_specs(cfg.requests, cfg.seed)
     print(f"logs: {run_dir}", flush=True)
     started = time.monotonic()

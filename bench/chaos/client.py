@@ -174,27 +174,36 @@ async def run_all(
     concurrency: int,
     deadline_s: float,
     gate: Gate | None = None,
+    starts: Sequence[float] | None = None,
 ) -> list[Outcome]:
-    """Every spec, `concurrency` at a time, in order, each started once `gate` is open, until
-    the gate stops; the outcomes of those sent, by spec order."""
-    queue: asyncio.Queue[Spec] = asyncio.Queue()
-    for spec in specs:
-        queue.put_nowait(spec)
+    """Every spec in order, each started once `gate` is open, at most `concurrency` at a time,
+    until the gate stops; with `starts` (seconds from the first), not before its own time (an
+    open loop: a request whose time has come waits only for a free slot). The outcomes of
+    those sent, by spec order."""
     outcomes: dict[int, Outcome] = {}
     gate = gate or Gate()
+    slots = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=None, trust_env=False, limits=limits) as http:
 
-        async def worker() -> None:
-            while not queue.empty() and not gate.stopped:
-                await gate.wait_open()
-                if queue.empty() or gate.stopped:
-                    return
-                spec = queue.get_nowait()
-                gate.in_flight += 1
+        async def one(spec: Spec) -> None:
+            try:
                 outcomes[spec.index] = await send(http, base_url, spec, deadline_s)
+            finally:
                 gate.in_flight -= 1
                 gate.done += 1
+                slots.release()
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        tasks = []
+        first = time.monotonic()
+        for i, spec in enumerate(specs):
+            if starts is not None:
+                await asyncio.sleep(max(0.0, first + starts[i] - time.monotonic()))
+            await gate.wait_open()
+            await slots.acquire()
+            if gate.stopped:
+                break
+            gate.in_flight += 1
+            tasks.append(asyncio.create_task(one(spec)))
+        await asyncio.gather(*tasks)
     return [outcomes[s.index] for s in specs if s.index in outcomes]

@@ -28,8 +28,10 @@ from bench.chaos.cluster import HOSTS, ChaosCluster, ClusterConfig, running
 from bench.chaos.faults import HOST_KILLS, Fault, Injector, wait_trigger
 from bench.chaos.netns import HostNet
 from bench.chaos.workload import Spec
+from bench.workloads import poisson_arrivals
 
 log = logging.getLogger("bench.chaos")
+ARRIVALS = ("poisson", "fixed")
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,26 @@ class RunConfig:
     audit_s: float = 60.0  # after the last answer, for the cluster to be clean
     trigger_share: float = 0.2  # of the requests ended before a fault may fire
     seed: int = 0
+    rate: float | None = None  # requests/s offered under a fault (None: as fast as allowed)
+    arrivals: str = "poisson"  # or "fixed": how the requests at `rate` are spaced
 
     def __post_init__(self) -> None:
         if self.requests < 1 or self.concurrency < 1:
             raise ValueError(f"requests and concurrency must be >= 1: {self}")
         if not 0 <= self.trigger_share < 1:
             raise ValueError(f"trigger_share must be in [0, 1), got {self.trigger_share}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals must be one of {ARRIVALS}, got {self.arrivals!r}")
+
+    def starts(self, count: int) -> list[float] | None:
+        """Each of `count` requests' send time from the first (None: no rate)."""
+        if self.rate is None:
+            return None
+        if self.arrivals == "fixed":
+            return [i / self.rate for i in range(count)]
+        return poisson_arrivals(count, self.rate, self.seed)
 
 
 @dataclass
@@ -106,13 +122,14 @@ class Load(threading.Thread):
     def __init__(self, cluster: ChaosCluster, specs: Sequence[Spec], cfg: RunConfig) -> None:
         super().__init__(name="chaos-load", daemon=True)
         self._args = (cluster.router_url, specs, cfg.concurrency, cfg.deadline_s)
+        self._starts = cfg.starts(len(specs))
         self.gate = Gate()
         self.outcomes: list[Outcome] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.outcomes = asyncio.run(run_all(*self._args, gate=self.gate))
+            self.outcomes = asyncio.run(run_all(*self._args, self.gate, self._starts))
         except BaseException as exc:  # handed to the caller by result()
             self.error = exc
 
