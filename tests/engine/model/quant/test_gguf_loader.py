@@ -102,3 +102,18 @@ def test_a_truncated_gguf_is_refused_naming_the_tensor_cut(tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"tiny\.gguf: not a valid GGUF file: tensor '.*' ends "
                        r"at byte \d+, past the end of the file"):  # fmt: skip
         _load(tmp_path)
+
+
+def test_loading_reads_the_tensor_table_without_parsing_the_metadata_arrays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gguf package's reader parses every metadata item (a 49k-token vocabulary: most of
+    a node's start); the loader reads only the tensor table (models.gguf_header)."""
+    import gguf
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("GGUFReader parses the whole metadata")
+
+    save_tiny_gguf(tmp_path, lambda _: T.Q4_1)
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    assert _load(tmp_path).runner.model.quantized_weights()
