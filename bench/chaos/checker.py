@@ -5,7 +5,8 @@ A request is
   stream order: a repeated or missing token differs), text and finish reason;
 - failed clearly: a retriable error (429, 503, or the deadline's 408 / 504, with the OpenAI
   error body; or an SSE error event after tokens that are a prefix of the expected ones)
-  within the deadline;
+  within the deadline, or no connection to the router at all (a router restarting: the
+  request was never sent);
 - tie: identical up to a token where the two best choices were a near-tie (both runs list
   both tokens among their top two, within TIE_NATS of each other) and the runs took
   different ones; the tokens after it follow from that choice and are not compared. A
@@ -40,6 +41,8 @@ class Verdict:
 def judge(got: Outcome, expected: Outcome, deadline_s: float) -> Verdict:
     if got.hung:
         return Verdict(got.index, "hung", "no end within the deadline")
+    if got.refused is not None:
+        return Verdict(got.index, "failed_clearly", f"not sent: {got.refused}")
     if got.broken is not None:
         return Verdict(got.index, "lost", got.broken)
     if got.ended - got.started > deadline_s + LATE_MARGIN_S:

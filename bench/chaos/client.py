@@ -35,6 +35,7 @@ class Outcome:
     finish: list[str | None] = field(default_factory=list)
     error: dict[str, Any] | None = None  # the error body (HTTP or SSE)
     broken: str | None = None  # a transport failure, or a stream that ended without [DONE]
+    refused: str | None = None  # no connection to the router: nothing was sent
     hung: bool = False
     ttft_s: float | None = None  # streamed requests: the first chunk with a token
     second_s: float | None = None  # and the second token
@@ -60,6 +61,8 @@ async def send(http: httpx.AsyncClient, base_url: str, spec: Spec, deadline_s: f
                 await _whole(http, base_url + spec.path, body, spec.chat, out)
     except TimeoutError:
         out.hung = True
+    except httpx.ConnectError as exc:
+        out.refused = f"{type(exc).__name__}: {exc}"
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         out.broken = f"{type(exc).__name__}: {exc}"
     out.ended = time.monotonic()

@@ -93,14 +93,28 @@ class ChaosCluster:
         self._wait(lambda: self._redis.ping(), "redis")
         for name in NODES:
             self.start_node(name, wait=False)
-        argv = self._cli("router", "router", "--port", str(ROUTER_PORT))
-        argv += ["--redis-url", self.redis_url, "--model", str(self.config.model_dir)]
-        self._procs["router"] = self.net.popen("router", argv, self._log("router"), self._env())
+        self.start_router(wait=False)
         for name in NODES:
             self.wait_node(name)
         self._wait(self.router_knows_all, "router")
         for name in NODES:
             self.idle_free[name] = self.stats(name).load.free_blocks
+
+    def start_router(self, wait: bool = True) -> None:
+        """The router, from its tree; with `wait`, until it knows every node."""
+        tree = self.trees.get("router")
+        argv = self._cli("router", "router", "--port", str(ROUTER_PORT), tree=tree)
+        argv += ["--redis-url", self.redis_url, "--model", str(self.config.model_dir)]
+        self._procs["router"] = self.net.popen(
+            "router", argv, self._log("router"), *self._run_in(tree)
+        )
+        if wait:
+            self._wait(self.router_knows_all, "router")
+
+    def _run_in(self, tree: Path | None) -> tuple[dict[str, str], Path | None]:
+        """The environment and working directory of a process from `tree` (None: this one)."""
+        env = self._env() if tree is None else dict(self._env(), PYTHONPATH=str(tree))
+        return env, tree
 
     def start_node(self, name: str, wait: bool = True) -> None:
         command = "prefill" if name in PREFILL else "decode"
@@ -110,8 +124,7 @@ class ChaosCluster:
         argv += ["--device", "cpu", "--dtype", "float32", "--transfer", self.config.transfer]
         argv += ["--transfer-port", str(TRANSFER_PORT), "--num-kv-blocks"]
         argv += [str(self.config.num_kv_blocks), "--torch-threads", str(self.config.torch_threads)]
-        env = self._env() if tree is None else dict(self._env(), PYTHONPATH=str(tree))
-        self._procs[name] = self.net.popen(name, argv, self._log(name), env, cwd=tree)
+        self._procs[name] = self.net.popen(name, argv, self._log(name), *self._run_in(tree))
         if wait:
             self.wait_node(name)
 

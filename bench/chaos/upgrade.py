@@ -1,10 +1,12 @@
 """A rolling upgrade under load: every node first runs an older release (a git worktree of its
-tag, `v0.1.0` by default: protocol version 0), then, while requests stream, each node in turn
-is drained (SIGTERM: it leaves the registry, ends its work, exits) and started again on this
-tree. The router runs this tree throughout (upgrade routers first: a router serves nodes one
-protocol version older). The requests cycle through the session's fault-free ones, so each
-answer is checked against its own; they stop once the last node is back. A request that
-failed clearly is sent again once, and that answer must be identical.
+tag, `v0.1.0` by default: protocol version 0) and so does the router; then, while requests
+stream, the router, then each node in turn is drained (SIGTERM: a node leaves the registry,
+ends its work, exits; the router finishes its open requests and exits) and started again on
+this tree (routers first: a router serves nodes one protocol version older). While the router
+is down a client's connection is refused: nothing was sent, a clear retriable failure. The
+requests cycle through the session's fault-free ones, so each answer is checked against its
+own; they stop once the last node is back. A request that failed clearly is sent again once,
+and that answer must be identical.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import httpx
+
 from bench.chaos.audit import wait_clean
 from bench.chaos.checker import judge
 from bench.chaos.client import Outcome, run_all
@@ -36,9 +40,10 @@ OLD_TAG = "v0.1.0"
 DRAIN_WAIT_S = 90.0  # a node's drain gives its work 30 s
 CYCLES = 20  # the fault-free requests, sent over and over until the roll ends
 REPO = Path(__file__).resolve().parents[2]
+ROLL = ("router", *NODES)  # routers first (docs/operations.md)
 UPGRADE = Fault(
     "rolling-upgrade",
-    f"every node on {OLD_TAG}, then drained and started on this tree, one by one",
+    f"the router and every node on {OLD_TAG}, then drained and started on this tree, one by one",
     lambda ctx: None, lambda ctx: None,
 )  # fmt: skip
 
@@ -81,11 +86,12 @@ def run_upgrade(
     cfg: RunConfig,
     old_tree: Path,
 ) -> FaultRow:
-    """Every node onto `old_tree`, then rolled back to this tree one by one under load."""
+    """The router and every node onto `old_tree`, then rolled back to this tree one by one
+    under load."""
     ctx = Injector(cluster)
-    for name in NODES:
+    for name in ROLL:
         _replace(cluster, ctx, name, old_tree)
-    ctx.notes.append(f"every node on {old_tree.name}")
+    ctx.notes.append(f"every process on {old_tree.name}")
     cycled = [
         dataclasses.replace(specs[i % len(specs)], index=i) for i in range(CYCLES * len(specs))
     ]
@@ -96,10 +102,10 @@ def run_upgrade(
     while load.is_alive() and load.gate.done < cfg.trigger_share * len(specs):
         time.sleep(0.05)
     times.injected = time.monotonic()
-    for name in NODES:
+    for name in ROLL:
         _replace(cluster, ctx, name, None)
         log.info(
-            "fault=rolling-upgrade node=%s upgraded_at_s=%s",
+            "fault=rolling-upgrade host=%s upgraded_at_s=%s",
             name,
             times.since_start(time.monotonic()),
         )
@@ -118,18 +124,38 @@ def run_upgrade(
 
 
 def _replace(cluster: ChaosCluster, ctx: Injector, name: str, tree: Path | None) -> None:
-    """Drain node `name`, then start it on `tree` (None: this tree) and wait until the
-    router routes to it again."""
+    """Drain host `name`'s process, then start it on `tree` (None: this tree) and wait until
+    the router routes to every node again."""
+    began = time.monotonic()
     _drain(cluster, ctx, name)
+    drained = time.monotonic()
     if tree is None:
         cluster.trees.pop(name, None)
     else:
         cluster.trees[name] = tree
-    cluster.start_node(name, wait=True)
-    ctx.notes.append(f"{name} protocol_version={cluster.stats(name).info.protocol_version}")
-    deadline = time.monotonic() + TRIGGER_WAIT_S
-    while not cluster.router_knows_all() and time.monotonic() < deadline:
+    if name == "router":
+        cluster.start_router(wait=False)
+        what = f"router from {tree.name if tree else 'this tree'}"
+    else:
+        cluster.start_node(name, wait=True)
+        what = f"{name} protocol_version={cluster.stats(name).info.protocol_version}"
+    started = time.monotonic()
+    deadline = started + TRIGGER_WAIT_S
+    while not _routes_all(cluster) and time.monotonic() < deadline:
         time.sleep(0.1)
+    now = time.monotonic()
+    if not _routes_all(cluster):
+        ctx.problems.append(f"the router did not route to every node {TRIGGER_WAIT_S:.0f}s "
+                            f"after {name} started again")  # fmt: skip
+    ctx.notes.append(f"{what}: drain {drained - began:.1f} s, start {started - drained:.1f} s, "
+                     f"routed again {now - started:.1f} s")  # fmt: skip
+
+
+def _routes_all(cluster: ChaosCluster) -> bool:
+    try:
+        return cluster.router_knows_all()
+    except httpx.HTTPError:  # a router starting
+        return False
 
 
 def _drain(cluster: ChaosCluster, ctx: Injector, name: str) -> None:

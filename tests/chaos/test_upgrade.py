@@ -40,8 +40,10 @@ def test_a_rolling_upgrade_from_the_first_release_loses_nothing(
         expected = baseline(cluster, specs, RUN)
         row = run_upgrade(cluster, specs, expected, RUN, old_tree)
     report = f"\n{table([row])}\n{explain([row])}\nnotes: {row.notes}"
-    versions = [n.rsplit("=", 1)[1] for n in row.notes if "protocol_version=" in n]
+    versions = [n.split("=", 1)[1].split(":")[0] for n in row.notes if "protocol_version=" in n]
     assert versions == ["0"] * 4 + [str(PROTOCOL_VERSION)] * 4, report  # v0.1.0, then this
+    routers = [n.split(":")[0] for n in row.notes if n.startswith("router from")]
+    assert routers == [f"router from {OLD_TAG}", "router from this tree"], report
     assert row.passes(None), report  # clear failures were retried: problems otherwise
     assert row.requests > RUN.requests, report  # the requests ran through the whole roll
     assert OLD_TAG in row.what
