@@ -100,6 +100,8 @@ class TcpTransport:
         deadline. The first failure aborts the others; once this raises, none writes into
         the local blocks any more (bounded by a grace for a thread that hangs)."""
         futures = [asyncio.wrap_future(self._executor.submit(self._counted, j)) for j in jobs]
+        for future in futures:  # one may end past the grace, unawaited: its error is seen here
+            future.add_done_callback(_retrieved)
         wait_s = max(deadline.left(), 0.0) + _STUCK_GRACE_S
         try:
             first, pending = await asyncio.wait(
@@ -197,3 +199,10 @@ class TcpTransport:
         self._server.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._pool.close()
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark a READ's outcome as seen: `_run_all` reads the errors it waits for, and one that
+    ends after it gave up (aborted) needs no handling, nor asyncio's "never retrieved" log."""
+    if not future.cancelled():
+        future.exception()
