@@ -12,6 +12,7 @@ run killed with SIGKILL left behind (`sweep_stale`). Needs root and iproute2 (`i
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import random
@@ -220,15 +221,26 @@ def netns_pids(netns: str) -> list[int]:
         return []
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            st = os.stat(entry / "ns" / "net")
-        except OSError:  # gone, or not ours to see
-            continue
-        if (st.st_dev, st.st_ino) == (ns.st_dev, ns.st_ino):
+        if entry.name.isdigit() and (ns.st_dev, ns.st_ino) in _net_namespaces(entry):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def _net_namespaces(proc: Path) -> set[tuple[int, int]]:
+    """The network namespaces of a process's threads: a zombie leader has none of its own
+    while its other threads still exit (and hold its sockets)."""
+    try:
+        st = os.stat(proc / "ns" / "net")
+        return {(st.st_dev, st.st_ino)}
+    except OSError:  # gone, not ours to see, or a zombie leader
+        pass
+    found = set()
+    with contextlib.suppress(OSError):
+        for task in (proc / "task").iterdir():
+            with contextlib.suppress(OSError):
+                st = os.stat(task / "ns" / "net")
+                found.add((st.st_dev, st.st_ino))
+    return found
 
 
 def kill_netns(netns: str) -> list[int]:
@@ -264,11 +276,14 @@ def _children(parent: int) -> list[int]:
 
 
 def _running(pid: int) -> bool:
+    """Alive, or a zombie whose other threads still exit: SIGKILLed, a thread group's leader
+    turns zombie first, and its sockets stay open (its port bound) until the last thread is
+    gone, so a node started again at once could not listen."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" or len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
-    return state != "Z"
 
 
 def sweep_stale() -> None:

@@ -88,6 +88,33 @@ def test_an_error_inside_still_removes_everything(tmp_path: Path) -> None:
     assert _ours(os.getpid()) == []
 
 
+# listens on PORT from a thread that outlives the main one (which ends alone: SYS_exit), as
+# a SIGKILLed process's leader turns zombie while its other threads still exit
+HOLDER = (
+    "import ctypes, socket, sys, threading, time\n"
+    "s = socket.create_server((sys.argv[1], int(sys.argv[2])))\n"
+    "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+    "print('bound', flush=True)\n"
+    "ctypes.CDLL(None).syscall(60, 0)\n"
+)
+
+
+def test_a_killed_host_frees_its_port_for_a_process_started_at_once(tmp_path: Path) -> None:
+    with HostNet.make(["a", "b"]) as net:
+        argv = [sys.executable, "-c", HOLDER, net.address("b"), str(PORT)]
+        holder = net.popen("b", argv, tmp_path / "holder.log")
+        deadline = time.monotonic() + 20
+        while _state(holder.pid) != "Z":  # the main thread ended, the listener's thread not
+            assert time.monotonic() < deadline, (tmp_path / "holder.log").read_text()
+            time.sleep(0.05)
+        net.kill_host("b")
+        _echo_server(net, "b", tmp_path)  # listens on the same port
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_partition_drops_and_a_delay_holds_frames(tmp_path: Path) -> None:
     with HostNet.make(["a", "b"]) as net:
         _echo_server(net, "b", tmp_path)
