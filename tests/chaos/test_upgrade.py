@@ -1,7 +1,8 @@
-"""A rolling upgrade under load: release v0.1.0's nodes (a git worktree of the tag, protocol
-version 0) beside this tree's router in one cluster of network namespaces, each node drained
+"""A rolling upgrade under load: release v0.1.0's router and nodes (a git worktree of the tag,
+protocol version 0) in one cluster of network namespaces, the router then each node drained
 and started on this tree in turn while requests stream (bench.chaos.upgrade). Nothing may be
-lost; every answer is identical to the fault-free one, or failed clearly and its retry is.
+lost; every answer is identical to the fault-free one, or failed clearly (a refused
+connection while the router restarts too) and its retry is.
 
 It takes minutes, so it runs only when asked for: `pytest tests/chaos -m upgrade`.
 """
