@@ -96,7 +96,7 @@ class ChaosCluster:
         self.start_router(wait=False)
         for name in NODES:
             self.wait_node(name)
-        self._wait(self.router_knows_all, "router")
+        self.wait_router()
         for name in NODES:
             self.idle_free[name] = self.stats(name).load.free_blocks
 
@@ -109,7 +109,11 @@ class ChaosCluster:
             "router", argv, self._log("router"), *self._run_in(tree)
         )
         if wait:
-            self._wait(self.router_knows_all, "router")
+            self.wait_router()
+
+    def wait_router(self) -> None:
+        """Until the router knows every node."""
+        self._wait(self.router_knows_all, "router")
 
     def _run_in(self, tree: Path | None) -> tuple[dict[str, str], Path | None]:
         """The environment and working directory of a process from `tree` (None: this one)."""
@@ -127,6 +131,11 @@ class ChaosCluster:
         self._procs[name] = self.net.popen(name, argv, self._log(name), *self._run_in(tree))
         if wait:
             self.wait_node(name)
+
+    def started(self, name: str) -> bool:
+        """Whether the process last started on host `name` still runs (or starts)."""
+        proc = self._procs.get(name)
+        return proc is not None and proc.poll() is None
 
     def wait_node(self, name: str) -> None:
         self._wait(lambda: self._get(self.node_url(name) + "/ready") == 200, name)

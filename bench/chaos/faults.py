@@ -102,7 +102,7 @@ def _back(name: str) -> Action:
 
     def back(ctx: Injector) -> None:
         cluster = ctx.cluster
-        if not cluster.net.pids(name):
+        if not cluster.started(name):  # (a node started a moment ago may not be in its host yet)
             cluster.start_node(name, wait=False)
         cluster.wait_node(name)
         deadline = time.monotonic() + TRIGGER_WAIT_S

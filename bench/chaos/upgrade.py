@@ -89,8 +89,7 @@ def run_upgrade(
     """The router and every node onto `old_tree`, then rolled back to this tree one by one
     under load."""
     ctx = Injector(cluster)
-    for name in ROLL:
-        _replace(cluster, ctx, name, old_tree)
+    _onto(cluster, ctx, old_tree)
     ctx.notes.append(f"every process on {old_tree.name}")
     cycled = [
         dataclasses.replace(specs[i % len(specs)], index=i) for i in range(CYCLES * len(specs))
@@ -123,6 +122,21 @@ def run_upgrade(
     return row
 
 
+def _onto(cluster: ChaosCluster, ctx: Injector, tree: Path) -> None:
+    """Every process stopped, then all started on `tree` at once (no requests run yet)."""
+    for name in ROLL:
+        _drain(cluster, ctx, name)
+        cluster.trees[name] = tree
+    for name in NODES:
+        cluster.start_node(name, wait=False)
+    cluster.start_router(wait=False)
+    for name in NODES:
+        cluster.wait_node(name)
+        ctx.notes.append(f"{name} protocol_version={cluster.stats(name).info.protocol_version}")
+    cluster.wait_router()
+    ctx.notes.append(f"router from {tree.name}")
+
+
 def _replace(cluster: ChaosCluster, ctx: Injector, name: str, tree: Path | None) -> None:
     """Drain host `name`'s process, then start it on `tree` (None: this tree) and wait until
     the router routes to every node again."""
@@ -140,15 +154,20 @@ def _replace(cluster: ChaosCluster, ctx: Injector, name: str, tree: Path | None)
         cluster.start_node(name, wait=True)
         what = f"{name} protocol_version={cluster.stats(name).info.protocol_version}"
     started = time.monotonic()
-    deadline = started + TRIGGER_WAIT_S
+    _wait_routed(cluster, ctx, name)
+    now = time.monotonic()
+    ctx.notes.append(f"{what}: drain {drained - began:.1f} s, start {started - drained:.1f} s, "
+                     f"routed again {now - started:.1f} s")  # fmt: skip
+
+
+def _wait_routed(cluster: ChaosCluster, ctx: Injector, name: str) -> None:
+    """Until the router routes to every node (a problem after TRIGGER_WAIT_S)."""
+    deadline = time.monotonic() + TRIGGER_WAIT_S
     while not _routes_all(cluster) and time.monotonic() < deadline:
         time.sleep(0.1)
-    now = time.monotonic()
     if not _routes_all(cluster):
         ctx.problems.append(f"the router did not route to every node {TRIGGER_WAIT_S:.0f}s "
                             f"after {name} started again")  # fmt: skip
-    ctx.notes.append(f"{what}: drain {drained - began:.1f} s, start {started - drained:.1f} s, "
-                     f"routed again {now - started:.1f} s")  # fmt: skip
 
 
 def _routes_all(cluster: ChaosCluster) -> bool:
