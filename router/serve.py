@@ -157,7 +157,7 @@ class _ChargedSamples(Samples):
     def __init__(
         self, key: str, trail: Trail, state: RouterState, *args: Any, **kwargs: Any
     ) -> None:
-        super().__init__(state, *args, **kwargs)
+        super().__init__(state, *args, trail=trail, **kwargs)
         self._charge = _charger(state, key, self.usage)
         self._trail, self._state = trail, state
 

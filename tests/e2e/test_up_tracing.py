@@ -229,6 +229,47 @@ def test_debug_requests_shows_a_request_waiting_for_import(cluster: Cluster) -> 
         assert client.get(url + "no-such-request").status_code == 404
 
 
+def test_each_choice_gets_its_trace(cluster: Cluster, receiver: OtlpReceiver) -> None:
+    """n = 2: each choice's way is traced under the request's `router.samples` phase, one
+    `router.sample` span each: sample 0's prefill on the prefill node, its KV transfer and
+    its decode; sample 1's decode on the node holding the shared prompt blocks."""
+    body = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 8, "n": 2, "seed": 5,
+            "temperature": 0.8, "ignore_eos": True}  # fmt: skip
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        resp = client.post(cluster.base_url + "/v1/completions", json=body,
+                           headers={"x-request-id": "e2e-n2"})  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["choices"]) == 2
+
+    def both_decoded(spans: list[ReceivedSpan]) -> bool:
+        names = [s.name for s in _trace_of(spans, "e2e-n2")]  # the root ends last
+        return names.count("decode.generate") == 2
+
+    trace = _trace_of(receiver.wait_for(both_decoded), "e2e-n2")
+    samples = {s.attrs["splitserve.sample"]: s for s in trace if s.name == "router.sample"}
+    assert sorted(samples) == [0, 1]
+    phase = next(s for s in trace if s.name == "router.samples")
+    assert all(s.parent_id == phase.span_id for s in samples.values())
+    first = {s.name for s in _under(trace, samples[0])}
+    assert {"router.prefill", "prefill.compute", "router.import", "decode.kv_transfer",
+            "decode.generate", "router.stream"} <= first  # fmt: skip
+    second = {s.name for s in _under(trace, samples[1])}
+    assert {"router.decode", "decode.generate", "router.stream"} <= second
+    for sample in samples.values():
+        assert sample.attrs["splitserve.completion_tokens"] == 8
+        assert sample.attrs["splitserve.ttft_ms"] > 0
+
+
+def _under(trace: list[ReceivedSpan], top: ReceivedSpan) -> list[ReceivedSpan]:
+    """Every span below `top` in `trace`."""
+    found, frontier = [], {top.span_id}
+    while frontier:
+        kids = [s for s in trace if s.parent_id in frontier]
+        found += kids
+        frontier = {s.span_id for s in kids}
+    return found
+
+
 def test_collector_down_fails_no_request(cluster: Cluster, receiver: OtlpReceiver) -> None:
     receiver.close()
     answered = []
