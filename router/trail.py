@@ -87,7 +87,7 @@ class Trail:
         `router.sample` span under the current phase's (`router.samples`) holds its phases,
         so each choice's prefill, import and decode land in this request's trace."""
         at = now_ns()
-        attrs = {"splitserve.sample": index, "splitserve.internal_id": request_id}
+        attrs: Attributes = {"splitserve.sample": index, "splitserve.internal_id": request_id}
         root = self.tracer.start("router.sample", self._span, at, attrs)
         return Trail(request_id, self.arrived_ns, self.tracer, root)
 
