@@ -148,6 +148,10 @@ def _check_one_trace(up: Cluster, receiver: OtlpReceiver, rid: str, transport: s
     assert transfer.attrs["splitserve.transport"] == transport
     assert transfer.attrs["splitserve.peer"] == "prefill-0"
     assert transfer.attrs["splitserve.bytes"] > 0 and transfer.attrs["splitserve.gbps"] > 0
+    if transport == "nixl":  # what NIXL itself reported of the READ
+        assert transfer.attrs["splitserve.nixl.backend"] == "UCX"
+        assert transfer.attrs["splitserve.nixl.bytes"] == transfer.attrs["splitserve.bytes"]
+        assert transfer.attrs["splitserve.nixl.xfer_us"] > 0
     if transport == "tcp":  # the serving side, by the context in the TCP READ
         send = by_name["prefill.kv_send"]
         assert send.parent_id == transfer.span_id
