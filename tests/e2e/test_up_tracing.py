@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from cluster_harness import Cluster, running_cluster
-from otlp_receiver import OtlpReceiver, ReceivedSpan
 
+from bench.otlp_receiver import OtlpReceiver, ReceivedSpan, trace_of
 from kv_transfer import nixl_available
 
 pytestmark = pytest.mark.e2e
@@ -81,14 +81,6 @@ def _has_text(line: str) -> bool:
     return any(c.get("text") for c in json.loads(line[6:])["choices"])
 
 
-def _trace_of(spans: list[ReceivedSpan], request_id: str) -> list[ReceivedSpan]:
-    roots = [s for s in spans if s.name == "splitserve.request"
-             and s.attrs.get("splitserve.request_id") == request_id]  # fmt: skip
-    if len(roots) != 1:
-        return []
-    return [s for s in spans if s.trace_id == roots[0].trace_id]
-
-
 def _expected(transport: str) -> dict[str, set[str]]:
     """The spans of a request's trace by service; a NIXL READ is one-sided: the prefill node
     never sees it, so records no prefill.kv_send."""
@@ -99,7 +91,7 @@ def _expected(transport: str) -> dict[str, set[str]]:
 
 def _complete(request_id: str, transport: str = "tcp") -> Any:
     def found(spans: list[ReceivedSpan]) -> bool:
-        names = {s.name for s in _trace_of(spans, request_id)}
+        names = {s.name for s in trace_of(spans, request_id)}
         return all(n in names for want in _expected(transport).values() for n in want)
 
     return found
@@ -130,7 +122,7 @@ def _check_one_trace(up: Cluster, receiver: OtlpReceiver, rid: str, transport: s
     phases add up to its TTFT."""
     ttft, reply = _stream(up, {"x-request-id": rid})
     assert reply["x-request-id"] == rid
-    trace = _trace_of(receiver.wait_for(_complete(rid, transport)), rid)
+    trace = trace_of(receiver.wait_for(_complete(rid, transport)), rid)
     by_name = {s.name: s for s in trace}
     for service, names in _expected(transport).items():
         assert {s.name for s in trace if s.service == service} >= names, service
@@ -205,7 +197,7 @@ def test_client_traceparent_is_continued(cluster: Cluster, receiver: OtlpReceive
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     headers = {"traceparent": f"00-{trace_id}-{parent}-01", "x-request-id": "e2e-trace-2"}
     _stream(cluster, headers)
-    trace = _trace_of(receiver.wait_for(_complete("e2e-trace-2")), "e2e-trace-2")
+    trace = trace_of(receiver.wait_for(_complete("e2e-trace-2")), "e2e-trace-2")
     root = next(s for s in trace if s.name == "splitserve.request")
     assert (root.trace_id, root.parent_id) == (trace_id, parent)
 
@@ -246,10 +238,10 @@ def test_each_choice_gets_its_trace(cluster: Cluster, receiver: OtlpReceiver) ->
     assert len(resp.json()["choices"]) == 2
 
     def both_decoded(spans: list[ReceivedSpan]) -> bool:
-        names = [s.name for s in _trace_of(spans, "e2e-n2")]  # the root ends last
+        names = [s.name for s in trace_of(spans, "e2e-n2")]  # the root ends last
         return names.count("decode.generate") == 2
 
-    trace = _trace_of(receiver.wait_for(both_decoded), "e2e-n2")
+    trace = trace_of(receiver.wait_for(both_decoded), "e2e-n2")
     samples = {s.attrs["splitserve.sample"]: s for s in trace if s.name == "router.sample"}
     assert sorted(samples) == [0, 1]
     phase = next(s for s in trace if s.name == "router.samples")
