@@ -21,6 +21,7 @@ from cluster.tracing import Span
 from engine.lora.request import LoRARequest
 from engine.scheduler.plan import ImportPlan
 from kv_transfer import (
+    Facts,
     KVTransferAgent,
     LayoutMismatch,
     PeerInfo,
@@ -85,6 +86,7 @@ class PullResult:
     window_s: float = 0.0  # post to completion (TransferResult)
     pieces: int = 0
     retries: int = 0
+    facts: Facts = field(default_factory=dict)  # what the transport library reported
 
 
 def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
@@ -155,7 +157,7 @@ async def pull(agent: KVTransferAgent, job: DecodeJob, plan: ImportPlan) -> Pull
         raise
     return PullResult(
         aborted=job.aborted, num_blocks=len(local), nbytes=moved.nbytes, seconds=moved.seconds,
-        window_s=moved.window_s, pieces=moved.pieces, retries=moved.retries,
+        window_s=moved.window_s, pieces=moved.pieces, retries=moved.retries, facts=moved.facts,
     )  # fmt: skip
 
 

@@ -72,6 +72,7 @@ def transfer_attrs(result: PullResult, transport: str, peer: str) -> dict[str, s
         "splitserve.window_ms": result.window_s * 1e3,
         "splitserve.call_ms": result.seconds * 1e3,
     }
+    attrs.update(result.facts)
     if result.window_s > 0:
         attrs["splitserve.gbps"] = result.nbytes / result.window_s / 1e9
     if result.error is not None:

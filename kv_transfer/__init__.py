@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from kv_transfer.lease import Lease, LeaseCounts, LeaseTable
     from kv_transfer.nixl_loader import nixl_available
     from kv_transfer.peer_info import PeerInfo, TransportKind
-    from kv_transfer.transport import TransferResult
+    from kv_transfer.transport import Facts, TransferResult
 
 _EXPORTS = {
+    "Facts": "kv_transfer.transport",
     "KVTransferAgent": "kv_transfer.agent",
     "LayoutMismatch": "kv_transfer.errors",
     "Lease": "kv_transfer.lease",
@@ -51,6 +52,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Facts",
     "KVTransferAgent",
     "LayoutMismatch",
     "Lease",

@@ -134,7 +134,9 @@ class KVTransferAgent:
         self.counters.ok += 1
         self.counters.bytes += nbytes
         seconds = time.perf_counter() - start
-        return TransferResult(nbytes, seconds, window.seconds(), window.pieces, window.retries)
+        return TransferResult(
+            nbytes, seconds, window.seconds(), window.pieces, window.retries, window.facts
+        )
 
     def rank_listeners(self) -> list[RankListener]:
         """What ranks 1..N-1 need to serve their own KV shard over TCP from their own

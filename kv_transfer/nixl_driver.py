@@ -36,6 +36,7 @@ _MAX_WAIT_S = 1e-3
 OnFinish = Callable[[TransferError | None], None]
 OnNotif = Callable[[str, bytes], None]
 MakeHandle = Callable[[], tuple[Any, Any]]  # -> (agent, transfer handle)
+OnDone = Callable[[Any, Any], None]  # (agent, handle) of a completed transfer
 
 
 @dataclass
@@ -47,6 +48,7 @@ class _Inflight:
     deadline: Deadline
     next_check: float
     wait_s: float
+    on_done: OnDone | None = None
 
 
 class NixlDriver:
@@ -86,14 +88,20 @@ class NixlDriver:
         self._sources.clear()
 
     def transfer(
-        self, make_handle: MakeHandle, deadline: Deadline, on_finish: OnFinish
+        self,
+        make_handle: MakeHandle,
+        deadline: Deadline,
+        on_finish: OnFinish,
+        on_done: OnDone | None = None,
     ) -> cf.Future[None]:
         """Create a transfer with `make_handle` (on the thread), post it, and watch it.
 
         The future ends with None or a TransferError; the handle is released either way, then
-        `on_finish(error)` runs on the thread (only if `make_handle` returned a handle)."""
+        `on_finish(error)` runs on the thread (only if `make_handle` returned a handle). A
+        transfer that completed is first shown to `on_done(agent, handle)` (its telemetry)."""
         future: cf.Future[None] = cf.Future()
-        self._jobs.put(lambda: self._post(make_handle, deadline, on_finish, future))
+        post = (make_handle, deadline, on_finish, future, on_done)
+        self._jobs.put(lambda: self._post(*post))
         return future
 
     def cancel(self, future: cf.Future[None]) -> cf.Future[None]:
@@ -133,7 +141,12 @@ class NixlDriver:
         return max(wake - time.monotonic(), 0.0)
 
     def _post(
-        self, make_handle: MakeHandle, deadline: Deadline, on_finish: OnFinish, fut: cf.Future[None]
+        self,
+        make_handle: MakeHandle,
+        deadline: Deadline,
+        on_finish: OnFinish,
+        fut: cf.Future[None],
+        on_done: OnDone | None,
     ) -> None:
         if not fut.set_running_or_notify_cancel():
             return  # the caller gave up before the transfer started
@@ -143,7 +156,9 @@ class NixlDriver:
             fut.set_exception(as_transfer_error(exc))
             return
         first_check = time.monotonic() + _FIRST_WAIT_S
-        item = _Inflight(agent, handle, fut, on_finish, deadline, first_check, _FIRST_WAIT_S)
+        item = _Inflight(
+            agent, handle, fut, on_finish, deadline, first_check, _FIRST_WAIT_S, on_done
+        )
         try:
             state = agent.transfer(handle)
         except Exception as exc:
@@ -183,6 +198,11 @@ class NixlDriver:
     def _finish(self, item: _Inflight, error: TransferError | None) -> None:
         if item in self._inflight:
             self._inflight.remove(item)
+        if error is None and item.on_done is not None:
+            try:
+                item.on_done(item.agent, item.handle)
+            except Exception:
+                logger.exception("transfer report hook failed")
         try:
             item.handle.release()  # cancels a request still in progress
         except Exception:

@@ -117,13 +117,18 @@ def apply_ucx_settings(ucx_tls: str | None) -> str:
     return f"UCX_TLS={ucx_tls} (from TransferConfig.ucx_tls)"
 
 
-def create_agent(api: ModuleType, name: str, progress_wakeup_us: int | None) -> Any:
+def create_agent(
+    api: ModuleType, name: str, progress_wakeup_us: int | None, telemetry: bool = False
+) -> Any:
     """A UCX-backed nixl_agent. With `progress_wakeup_us`, it has a progress thread that
-    sleeps between events; with None, none (its owner must progress it)."""
+    sleeps between events; with None, none (its owner must progress it). `telemetry`: NIXL
+    times each of its transfers (`get_xfer_telemetry`)."""
     bindings = api.nixlBind
     original = bindings.nixlAgentConfig
     config = api.nixl_agent_config(
-        backends=["UCX"], enable_prog_thread=progress_wakeup_us is not None
+        backends=["UCX"],
+        enable_prog_thread=progress_wakeup_us is not None,
+        capture_telemetry=telemetry,
     )
     if progress_wakeup_us is not None:
         try:

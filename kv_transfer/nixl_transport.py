@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from kv_transfer.head_plan import HeadPlan, Piece
 from kv_transfer.nixl_driver import NixlDriver, as_transfer_error
 from kv_transfer.nixl_loader import apply_ucx_settings, create_agent, load_nixl
 from kv_transfer.nixl_peers import NixlPeer, NixlPeers
+from kv_transfer.nixl_report import PREFIX, merged, read_report
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
 from kv_transfer.shards import KVShards, read_descriptors
@@ -56,6 +58,7 @@ class NixlTransport:
         shards: KVShards | None = None,
     ) -> None:
         self.ucx_settings = apply_ucx_settings(config.ucx_tls)
+        self._ucx_tls = os.environ.get("UCX_TLS") or "unset"  # in force when agents start
         api = load_nixl()
         self._region = region
         # every rank's tensor is registered: a head READ reads into and from any of them
@@ -84,7 +87,7 @@ class NixlTransport:
         return bytes(agent.get_agent_metadata())
 
     def _setup_reading(self, api: Any, name: str) -> None:
-        agent = create_agent(api, name, progress_wakeup_us=None)
+        agent = create_agent(api, name, progress_wakeup_us=None, telemetry=True)
         for tensor in self._tensors:
             agent.register_memory(tensor)
         self._local = agent.prep_xfer_dlist(
@@ -218,7 +221,14 @@ class NixlTransport:
                 self._peers.retire(conn)  # reconnect from scratch next time
             self._peers.reap(conn)
 
-        future = self._driver.transfer(make_handle, deadline, on_finish)
+        def on_done(agent: Any, handle: Any) -> None:
+            report = read_report(agent, handle)
+            if report is not None:
+                facts = merged(window.facts, report)
+                facts[PREFIX + "ucx_tls"] = self._ucx_tls
+                window.note(facts)
+
+        future = self._driver.transfer(make_handle, deadline, on_finish, on_done)
         try:
             await asyncio.wait_for(
                 asyncio.wrap_future(future), max(deadline.left(), 0.0) + _STUCK_GRACE_S

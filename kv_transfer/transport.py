@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kv_transfer.deadline import Deadline
@@ -17,16 +18,21 @@ if TYPE_CHECKING:
 RELEASE_PREFIX = b"splitserve-release:"
 
 
+Facts = Mapping[str, str | int | float]
+
+
 class TransferResult(NamedTuple):
     """What one READ moved and how long it took: `seconds` from the call to completion
     (connection set-up included), `window_s` from posting the first read to the last data
-    in (ReadWindow), over `pieces` reads; `retries`: stale connections replaced."""
+    in (ReadWindow), over `pieces` reads; `retries`: stale connections replaced; `facts`:
+    what the transport library itself reported (span attributes; NIXL's telemetry)."""
 
     nbytes: int
     seconds: float
     window_s: float = 0.0
     pieces: int = 0
     retries: int = 0
+    facts: Facts = MappingProxyType({})
 
     @property
     def gbps(self) -> float:
@@ -47,6 +53,12 @@ class ReadWindow:
         self.completed: float | None = None
         self.pieces = 0
         self.retries = 0
+        self.facts: Facts = {}
+
+    def note(self, facts: Facts) -> None:
+        """What the transport library reported of the READ so far (replaces the last)."""
+        with self._lock:
+            self.facts = dict(facts)
 
     def post(self) -> None:
         """A piece was asked for (NIXL: posted; TCP: its READ message sent)."""

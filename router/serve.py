@@ -94,8 +94,8 @@ async def serve(
     if req.num_samples() > 1:
         trail.enter("samples")
         samples = _ChargedSamples(
-            key, trail, state, flow_req, ticket, outputs,
-            req.num_samples(), need_logprobs=req.num_samples() > req.num_choices(),
+            key, state, flow_req, ticket, outputs, req.num_samples(),
+            need_logprobs=req.num_samples() > req.num_choices(), trail=trail,
         )  # fmt: skip
         return await serve_samples(
             request, samples, fmt, req.num_choices(), req.stream, req.include_usage()
@@ -154,10 +154,9 @@ def _charger(state: RouterState, key: str, usage: Callable[[], Usage]) -> Callab
 class _ChargedSamples(Samples):
     """Samples that charge `key` with their usage when closed, however the answer ended."""
 
-    def __init__(
-        self, key: str, trail: Trail, state: RouterState, *args: Any, **kwargs: Any
-    ) -> None:
-        super().__init__(state, *args, **kwargs)
+    def __init__(self, key: str, state: RouterState, *args: Any, trail: Trail, **kw: Any) -> None:
+        kw["trail"] = trail
+        super().__init__(state, *args, **kw)
         self._charge = _charger(state, key, self.usage)
         self._trail, self._state = trail, state
 

@@ -82,6 +82,15 @@ class Trail:
         trail.enter("receive", at_ns=arrived_ns)
         return trail
 
+    def sample(self, index: int, request_id: str) -> Trail:
+        """The trail of sample `index` (flow request `request_id`) of an n > 1 request: a
+        `router.sample` span under the current phase's (`router.samples`) holds its phases,
+        so each choice's prefill, import and decode land in this request's trace."""
+        at = now_ns()
+        attrs: Attributes = {"splitserve.sample": index, "splitserve.internal_id": request_id}
+        root = self.tracer.start("router.sample", self._span, at, attrs)
+        return Trail(request_id, self.arrived_ns, self.tracer, root)
+
     @property
     def current(self) -> Phase | None:
         return self.phases[-1] if self.phases else None

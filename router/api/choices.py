@@ -37,6 +37,7 @@ from router.flow.request import FlowRequest
 from router.flow.request_flow import RequestFlow
 from router.flow.shared_prompt import SharedPrompt
 from router.state import RouterState
+from router.trail import Trail
 
 _SEED_MASK = (1 << 63) - 1
 Sink = Callable[[int, TextDelta], Awaitable[None]]
@@ -70,6 +71,10 @@ def best(samples: Sequence[Sample], n: int) -> list[Sample]:
     return sorted(samples, key=lambda s: (-s.cumulative_logprob, s.index))[:n]
 
 
+def _sample_trail(trail: Trail | None, index: int, request: FlowRequest) -> Trail | None:
+    return trail.sample(index, request.request_id) if trail is not None else None
+
+
 class Samples:
     """The samples of one request: start, run (streaming each delta to a sink), close."""
 
@@ -81,20 +86,23 @@ class Samples:
         output: Callable[[], OutputProcessor],
         count: int,
         need_logprobs: bool,
+        trail: Trail | None = None,
     ) -> None:
         """`ticket` is the request's admission slot (sample 0's flow frees it); `output` makes
-        a fresh OutputProcessor per sample; `need_logprobs` forces sampled-token logprobs on."""
+        a fresh OutputProcessor per sample; `need_logprobs` forces sampled-token logprobs on;
+        `trail`: the request's, in its `samples` phase (each sample traces under it)."""
         sampling = request.sampling
         if need_logprobs and sampling.logprobs is None:
             sampling = replace(sampling, logprobs=0)
         if sampling.seed is None:  # a random one: each sample then draws its own
             sampling = replace(sampling, seed=secrets.randbits(63))
         self._shared = SharedPrompt()  # sample 0's prompt KV is on its decode node
-        first = RequestFlow(state, replace(request, sampling=sampling), ticket)
-        self.samples = [Sample(0, first, output())]
+        first = replace(request, sampling=sampling)
+        flow = RequestFlow(state, first, ticket, trail=_sample_trail(trail, 0, first))
+        self.samples = [Sample(0, flow, output())]
         for i in range(1, count):
-            own = replace(sampling, seed=sample_seed(sampling.seed, i))
-            flow = RequestFlow(state, request.sibling(i, own), None, beside=self._shared)
+            own = request.sibling(i, replace(sampling, seed=sample_seed(sampling.seed, i)))
+            flow = RequestFlow(state, own, None, self._shared, _sample_trail(trail, i, own))
             self.samples.append(Sample(i, flow, output()))
 
     @property
@@ -143,6 +151,8 @@ class Samples:
                 async for chunk in events:
                     delta = sample.output.feed(chunk)
                     sample.deltas.append(delta)
+                    if delta.text:  # the sample's TTFT / TPOT marks
+                        flow.trail.sent_text()
                     if sample.index == 0 and (node_id := flow.prompt_kv_node_id) is not None:
                         self._shared.settle(node_id)
                     if sink is not None:

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from cluster_harness import Cluster, running_cluster
-from otlp_receiver import OtlpReceiver, ReceivedSpan
 
+from bench.otlp_receiver import OtlpReceiver, ReceivedSpan, trace_of
 from kv_transfer import nixl_available
 
 pytestmark = pytest.mark.e2e
@@ -81,14 +81,6 @@ def _has_text(line: str) -> bool:
     return any(c.get("text") for c in json.loads(line[6:])["choices"])
 
 
-def _trace_of(spans: list[ReceivedSpan], request_id: str) -> list[ReceivedSpan]:
-    roots = [s for s in spans if s.name == "splitserve.request"
-             and s.attrs.get("splitserve.request_id") == request_id]  # fmt: skip
-    if len(roots) != 1:
-        return []
-    return [s for s in spans if s.trace_id == roots[0].trace_id]
-
-
 def _expected(transport: str) -> dict[str, set[str]]:
     """The spans of a request's trace by service; a NIXL READ is one-sided: the prefill node
     never sees it, so records no prefill.kv_send."""
@@ -99,7 +91,7 @@ def _expected(transport: str) -> dict[str, set[str]]:
 
 def _complete(request_id: str, transport: str = "tcp") -> Any:
     def found(spans: list[ReceivedSpan]) -> bool:
-        names = {s.name for s in _trace_of(spans, request_id)}
+        names = {s.name for s in trace_of(spans, request_id)}
         return all(n in names for want in _expected(transport).values() for n in want)
 
     return found
@@ -130,7 +122,7 @@ def _check_one_trace(up: Cluster, receiver: OtlpReceiver, rid: str, transport: s
     phases add up to its TTFT."""
     ttft, reply = _stream(up, {"x-request-id": rid})
     assert reply["x-request-id"] == rid
-    trace = _trace_of(receiver.wait_for(_complete(rid, transport)), rid)
+    trace = trace_of(receiver.wait_for(_complete(rid, transport)), rid)
     by_name = {s.name: s for s in trace}
     for service, names in _expected(transport).items():
         assert {s.name for s in trace if s.service == service} >= names, service
@@ -148,6 +140,10 @@ def _check_one_trace(up: Cluster, receiver: OtlpReceiver, rid: str, transport: s
     assert transfer.attrs["splitserve.transport"] == transport
     assert transfer.attrs["splitserve.peer"] == "prefill-0"
     assert transfer.attrs["splitserve.bytes"] > 0 and transfer.attrs["splitserve.gbps"] > 0
+    if transport == "nixl":  # what NIXL itself reported of the READ
+        assert transfer.attrs["splitserve.nixl.backend"] == "UCX"
+        assert transfer.attrs["splitserve.nixl.bytes"] == transfer.attrs["splitserve.bytes"]
+        assert transfer.attrs["splitserve.nixl.xfer_us"] > 0
     if transport == "tcp":  # the serving side, by the context in the TCP READ
         send = by_name["prefill.kv_send"]
         assert send.parent_id == transfer.span_id
@@ -201,7 +197,7 @@ def test_client_traceparent_is_continued(cluster: Cluster, receiver: OtlpReceive
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     headers = {"traceparent": f"00-{trace_id}-{parent}-01", "x-request-id": "e2e-trace-2"}
     _stream(cluster, headers)
-    trace = _trace_of(receiver.wait_for(_complete("e2e-trace-2")), "e2e-trace-2")
+    trace = trace_of(receiver.wait_for(_complete("e2e-trace-2")), "e2e-trace-2")
     root = next(s for s in trace if s.name == "splitserve.request")
     assert (root.trace_id, root.parent_id) == (trace_id, parent)
 
@@ -227,6 +223,47 @@ def test_debug_requests_shows_a_request_waiting_for_import(cluster: Cluster) -> 
         phases = [p["phase"] for p in done["phases"]]
         assert "import" in phases and phases[-1] == "decode"
         assert client.get(url + "no-such-request").status_code == 404
+
+
+def test_each_choice_gets_its_trace(cluster: Cluster, receiver: OtlpReceiver) -> None:
+    """n = 2: each choice's way is traced under the request's `router.samples` phase, one
+    `router.sample` span each: sample 0's prefill on the prefill node, its KV transfer and
+    its decode; sample 1's decode on the node holding the shared prompt blocks."""
+    body = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 8, "n": 2, "seed": 5,
+            "temperature": 0.8, "ignore_eos": True}  # fmt: skip
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        resp = client.post(cluster.base_url + "/v1/completions", json=body,
+                           headers={"x-request-id": "e2e-n2"})  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["choices"]) == 2
+
+    def both_decoded(spans: list[ReceivedSpan]) -> bool:
+        names = [s.name for s in trace_of(spans, "e2e-n2")]  # the root ends last
+        return names.count("decode.generate") == 2
+
+    trace = trace_of(receiver.wait_for(both_decoded), "e2e-n2")
+    samples = {s.attrs["splitserve.sample"]: s for s in trace if s.name == "router.sample"}
+    assert sorted(samples) == [0, 1]
+    phase = next(s for s in trace if s.name == "router.samples")
+    assert all(s.parent_id == phase.span_id for s in samples.values())
+    first = {s.name for s in _under(trace, samples[0])}
+    assert {"router.prefill", "prefill.compute", "router.import", "decode.kv_transfer",
+            "decode.generate", "router.stream"} <= first  # fmt: skip
+    second = {s.name for s in _under(trace, samples[1])}
+    assert {"router.decode", "decode.generate", "router.stream"} <= second
+    for sample in samples.values():
+        assert sample.attrs["splitserve.completion_tokens"] == 8
+        assert sample.attrs["splitserve.ttft_ms"] > 0
+
+
+def _under(trace: list[ReceivedSpan], top: ReceivedSpan) -> list[ReceivedSpan]:
+    """Every span below `top` in `trace`."""
+    found, frontier = [], {top.span_id}
+    while frontier:
+        kids = [s for s in trace if s.parent_id in frontier]
+        found += kids
+        frontier = {s.span_id for s in kids}
+    return found
 
 
 def test_collector_down_fails_no_request(cluster: Cluster, receiver: OtlpReceiver) -> None:

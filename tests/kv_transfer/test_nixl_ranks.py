@@ -80,7 +80,7 @@ def fake_nixl(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nixl_transport, "load_nixl", lambda: None)
     monkeypatch.setattr(nixl_transport, "apply_ucx_settings", lambda _tls: "fake")
     monkeypatch.setattr(
-        nixl_transport, "create_agent", lambda _api, name, progress_wakeup_us: FakeAgent(name)
+        nixl_transport, "create_agent", lambda _api, name, progress_wakeup_us, **_: FakeAgent(name)
     )
 
 

@@ -146,6 +146,24 @@ async def test_random_blocks_arrive_byte_equal(
     assert result.seconds > 0
 
 
+async def test_a_read_reports_what_the_transport_library_measured(
+    reader: KVTransferAgent, owner: OwnerProcess, transport: str
+) -> None:
+    """NIXL's own report of the READ (backend, its timing, bytes, descriptors) and the
+    UCX_TLS in force come with the result; TCP reports nothing of the kind."""
+    result = await reader.read_blocks(owner.info, [3, 4, 7], [3, 4, 7], request_id="facts")
+    if transport != "nixl":
+        assert result.facts == {}
+        return
+    facts = result.facts
+    assert facts["splitserve.nixl.backend"] == "UCX"
+    assert facts["splitserve.nixl.bytes"] == result.nbytes
+    assert facts["splitserve.nixl.transfers"] == 1
+    assert 1 <= int(facts["splitserve.nixl.descs"]) <= 3  # adjacent blocks may merge
+    assert 0 < int(facts["splitserve.nixl.xfer_us"]) <= result.seconds * 1e6
+    assert facts["splitserve.nixl.ucx_tls"] == os.environ.get("UCX_TLS", "unset")
+
+
 async def test_connect_ahead_of_the_first_read(
     reader: KVTransferAgent, owner: OwnerProcess
 ) -> None:

@@ -1,4 +1,4 @@
-"""An OTLP/HTTP traces receiver for tests: decodes the real protobuf (opentelemetry-proto)
+"""An OTLP/HTTP traces receiver for tests and benchmarks: decodes the real protobuf
 and keeps every span with its service."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _span(resource: dict[str, Any], s: Any) -> ReceivedSpan:
 def _decode(body: bytes) -> list[ReceivedSpan]:
     req = ExportTraceServiceRequest()
     req.ParseFromString(body)
-    got = []
+    got: list[ReceivedSpan] = []
     for rs in req.resource_spans:
         res = {a.key: _value(a.value) for a in rs.resource.attributes}
         for ss in rs.scope_spans:
@@ -120,3 +120,13 @@ class OtlpReceiver:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def trace_of(spans: list[ReceivedSpan], request_id: str) -> list[ReceivedSpan]:
+    """The spans of the trace whose root `splitserve.request` names `request_id` (empty
+    until exactly one such root is in: it ends last)."""
+    roots = [s for s in spans if s.name == "splitserve.request"
+             and s.attrs.get("splitserve.request_id") == request_id]  # fmt: skip
+    if len(roots) != 1:
+        return []
+    return [s for s in spans if s.trace_id == roots[0].trace_id]
