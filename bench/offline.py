@@ -78,9 +78,11 @@ def run_engine(
     params = SamplingParams(
         max_tokens=new_tokens, temperature=0.0, ignore_eos=True, grammar=grammar
     )
+    from bench.attention_layers import AttentionLayerTimer
     from bench.moe_layers import MoeLayerTimer
 
     moe = MoeLayerTimer.attach(engine.runner.model)
+    attn = AttentionLayerTimer.attach(engine.runner.model)
     for i, p in enumerate(prompts):
         engine.add_request(f"bench-{i}", p, params)
     bar = tqdm(
@@ -102,10 +104,12 @@ def run_engine(
     stages = engine.ranks.stage_times() if engine.ranks is not None else []
     engine.close()  # its tensor-parallel ranks, its KV tiers
     c = engine.counters
-    if moe is not None:
-        moe.detach()
+    for timer in (moe, attn):
+        if timer is not None:
+            timer.detach()
     return {
         **(moe.summary(elapsed) if moe is not None else {}),
+        **(attn.summary(elapsed) if attn is not None else {}),
         "seconds": elapsed,
         "generated_tokens": generated,
         "steps": c.steps,
@@ -289,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(describe_moe(runs["splitserve"], peak))
         results["splitserve"]["moe_ratio_to_peak"] = runs["splitserve"]["moe_gflop_s"] / peak
+    if "attention_seconds" in runs.get("splitserve", {}):
+        from bench.attention_layers import describe as describe_attention
+
+        print(describe_attention(runs["splitserve"], peak))
+        rate = runs["splitserve"]["attention_gflop_s"]
+        results["splitserve"]["attention_ratio_to_peak"] = rate / peak
     for ref in ("transformers", "vllm"):
         if ref in results:
             ratio = results[ref]["seconds"] / results["splitserve"]["seconds"]

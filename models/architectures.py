@@ -20,9 +20,12 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("phi3", "phi3"),
     "Gemma2ForCausalLM": ("gemma2", "gemma2"),
     "Gemma3ForCausalLM": ("gemma3", "gemma3_text"),
+    "Gemma3ForConditionalGeneration": ("gemma3", "gemma3"),  # its text model
     "DeepseekV2ForCausalLM": ("deepseek_v2", "deepseek_v2"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "deepseek_v3"),
     "GptOssForCausalLM": ("gpt_oss", "gpt_oss"),
+    "Glm4MoeForCausalLM": ("glm4_moe", "glm4_moe"),
+    "SmolLM3ForCausalLM": ("smollm3", "smollm3"),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 MODEL_TYPES = {model_type: arch for arch, (_, model_type) in ARCHITECTURES.items()}

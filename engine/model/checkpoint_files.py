@@ -9,6 +9,28 @@ from pathlib import Path
 INDEX = "model.safetensors.index.json"
 # Present in some checkpoints, never needed: RoPE is recomputed, a tied head is the embedding.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# An image-text model's text part (Gemma 3): transformers 5's and 4's names -> a causal LM's
+TEXT_MODEL_PREFIXES = {
+    "model.language_model.": "model.",
+    "language_model.model.": "model.",
+    "language_model.lm_head.": "lm_head.",
+}
+# its image side, which the engine does not serve
+VISION_PREFIXES = (
+    "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
+    "multi_modal_projector.",
+)  # fmt: skip
+
+
+def text_model_name(name: str) -> str | None:
+    """A checkpoint tensor's name as the text model's (the causal LM's own), or None for the
+    vision tower's and the projector's, which are not read."""
+    if name.startswith(VISION_PREFIXES):
+        return None
+    for prefix, text in TEXT_MODEL_PREFIXES.items():
+        if name.startswith(prefix):
+            return text + name[len(prefix) :]
+    return name
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

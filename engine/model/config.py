@@ -1,7 +1,8 @@
 """Model shape and hyper-parameters, parsed from a Hugging Face ``config.json``.
 
 The families in ``engine.model.families`` are accepted (Llama, Mistral, Mixtral, Qwen2,
-Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, DeepSeek-V2 / V3, gpt-oss); an option one of
+Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3 (and its image-text model's text part),
+DeepSeek-V2 / V3, gpt-oss, GLM-4.5 MoE, SmolLM3); an option one of
 them sets that is not built is refused with one clear line naming the file and the field.
 """
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.model import gemma3_text
 from engine.model.config_fields import Fields, eos_ids, read_json
 from engine.model.families import (
     SUPPORTED_ARCHITECTURES,
@@ -60,6 +62,8 @@ class ModelConfig:
     # DeepSeek's latent attention: then one KV "head" of head_dim = mla.latent_dim values
     mla: MlaSpec | None = None
     attention_sinks: bool = False  # a learned per-head logit in every softmax (gpt-oss)
+    rope_dims: int = 0  # the dims of a head the rotary turns (GLM-4.5: half); 0: all
+    nope_layers: tuple[int, ...] = ()  # layers without rotary (SmolLM3's NoPE layers)
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,6 +95,13 @@ class ModelConfig:
             )
         if not self.attention_scale:
             object.__setattr__(self, "attention_scale", self.head_dim**-0.5)
+        if self.rope_dims % 2 or not 0 <= self.rope_dims <= self.head_dim:
+            raise ValueError(
+                f"the rotary dims ({self.rope_dims}) must be even and at most head_dim "
+                f"({self.head_dim})"
+            )
+        if any(not 0 <= i < self.num_hidden_layers for i in self.nope_layers):
+            raise ValueError(f"nope_layers {self.nope_layers} name a layer past the model's")
         if self.mla is not None and (
             self.num_key_value_heads != 1 or self.head_dim != self.mla.latent_dim
         ):
@@ -111,6 +122,28 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """The dimensions a rotary table turns: the whole head, or MLA's rotary part."""
         return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
+
+    @property
+    def partial_rotary(self) -> bool:
+        """The rotary turns a part of each head (``rope.partial_rotary_order``)."""
+        return 0 < self.rope_dims < self.head_dim
+
+    def rope_tables(self) -> list[tuple[Rope, int]]:
+        """(rope, the dims it turns) of each rotary table the layers read: the global one,
+        the windowed layers' (Gemma 3), then the identity of the NoPE layers."""
+        turned = self.rope_dims or self.rotary_dim
+        tables = [(self.rope, turned)]
+        if self.local_rope is not None:
+            tables.append((self.local_rope, turned))
+        if self.nope_layers:
+            tables.append((self.rope, 0))
+        return tables
+
+    def rope_table(self, index: int) -> int:
+        """The rotary table (of ``rope_tables``) layer ``index`` reads."""
+        if index in self.nope_layers:
+            return len(self.rope_tables()) - 1
+        return 1 if self.local_rope is not None and self.layer_windows[index] else 0
 
     @property
     def sliding_window(self) -> int:
@@ -145,6 +178,9 @@ class ModelConfig:
         fields = Fields(raw, source)
         family, architecture = find_family(fields)
         eos = eos_ids(raw.get("eos_token_id"), source)
+        if architecture == gemma3_text.ARCHITECTURE:  # the text model's fields, nested
+            fields = gemma3_text.text_fields(fields)
+            eos |= eos_ids(fields.raw.get("eos_token_id"), fields.source)
         if generation:
             eos |= eos_ids(generation.get("eos_token_id"), f"{source} (generation_config)")
         values = _shape(fields)

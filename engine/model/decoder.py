@@ -189,9 +189,9 @@ class DecoderModel(nn.Module):
             if tied
             else weight(vocab if stage.last else 0, hidden, dtype=dtype, device=device)
         )
-        ropes = [config.rope] + ([config.local_rope] if config.local_rope is not None else [])
         self.rotaries = nn.ModuleList(
-            Rotary(config.rotary_dim, rope, max_len, dtype, device) for rope in ropes
+            Rotary(config.rotary_dim, rope, max_len, dtype, device, turned)
+            for rope, turned in config.rope_tables()
         )
         self.packed_lm_head: cpu_linear.Packed | None = None
         self.packed_embed: QuantWeight | None = None  # a quantized table (engine.model.quant)

@@ -17,6 +17,7 @@ from typing import Any
 
 from engine.model.config_fields import Fields
 from engine.model.deepseek import parse_deepseek
+from engine.model.glm import parse_glm4_moe
 from engine.model.gpt_oss import parse_gpt_oss
 from engine.model.rope import Rope, parse_rope
 from engine.model.specs import MoeSpec
@@ -24,6 +25,7 @@ from models.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, declare
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
+PARTIAL_ROTARY = ("glm4_moe",)  # families that turn a part of each head (``rope_dims``)
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,29 @@ def _gpt_oss(fields: Fields, layers: int) -> dict[str, Any]:
     return _base(fields, layers) | parse_gpt_oss(fields, layers) | {"layer_windows": windows}
 
 
+def _glm4_moe(fields: Fields, layers: int) -> dict[str, Any]:
+    return _base(fields, layers) | parse_glm4_moe(fields, layers, _head_dim(fields))
+
+
+def _smollm3(fields: Fields, layers: int) -> dict[str, Any]:
+    """SmolLM3: NoPE layers (``no_rope_layers[i]`` 0; absent, every
+    ``no_rope_layer_interval``-th layer), windowed where ``layer_types`` says, else the NoPE
+    layers when ``use_sliding_window``."""
+    uses_rope = fields.raw.get("no_rope_layers")
+    if uses_rope is None:
+        every = fields.optional_integer("no_rope_layer_interval", 4)
+        if every < 1:
+            raise fields.error(f"'no_rope_layer_interval' must be >= 1, got {every}")
+        uses_rope = [int((i + 1) % every != 0) for i in range(layers)]
+    if not isinstance(uses_rope, list) or len(uses_rope) != layers or set(uses_rope) - {0, 1}:
+        raise fields.error(f"'no_rope_layers' must list 0 or 1 for {layers} layers")
+    nope = tuple(i for i, rope in enumerate(uses_rope) if not rope)
+    windows = _qwen_windows(fields, layers, lambda i: i in nope)
+    if not fields.has("sliding_window"):  # transformers then makes every layer full
+        windows = {"layer_windows": (0,) * layers}
+    return _base(fields, layers) | windows | {"nope_layers": nope}
+
+
 def _head_dim(fields: Fields) -> int:
     if fields.has("head_dim"):
         return fields.integer("head_dim")
@@ -231,6 +256,8 @@ FAMILIES = {
         Family("deepseek_v2", _deepseek_v2),
         Family("deepseek_v3", _deepseek_v3),
         Family("gpt_oss", _gpt_oss),
+        Family("glm4_moe", _glm4_moe),
+        Family("smollm3", _smollm3),
     )
 }
 
@@ -261,7 +288,7 @@ def parse_ropes(fields: Fields, family: Family) -> tuple[Rope, Rope | None]:
         theta = fields.number("rope_theta") if fields.has("rope_theta") else 10000.0
         rope = parse_rope(raw.get("rope_scaling") or {}, theta, max_pos, fields.source)
     partial = (params or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
+    if partial != 1.0 and family.name not in PARTIAL_ROTARY:
         raise fields.error(
             f"partial_rotary_factor={partial!r} is not supported (rotary over the whole head)"
         )

@@ -19,6 +19,7 @@ from engine.model.attention import AttentionBackend, AttentionMetadata, Attentio
 from engine.model.config import ModelConfig
 from engine.model.layer_ops import LayerOps
 from engine.model.quant.weight import PackedMatrix
+from engine.model.rope import partial_rotary_order
 
 
 def weight(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -103,8 +104,8 @@ class SelfAttention(Packed):
             softcap=config.attn_softcap,
             sinks=self.sinks,
         )
-        # Gemma 3's windowed layers rotate with their own table (see DecoderModel.rotaries)
-        self.rope_index = 1 if config.local_rope is not None and self.spec.window else 0
+        self.rope_index = config.rope_table(index)  # see DecoderModel.rotaries
+        self.rope_order = _rope_order(config, device)
         self.qkv = weight(q + 2 * kv, hidden, dtype=dtype, device=device)
         self.qkv_bias = optional_weight(config.qkv_bias, q + 2 * kv, dtype=dtype, device=device)
         self.o_proj = weight(hidden, q, dtype=dtype, device=device)
@@ -127,6 +128,8 @@ class SelfAttention(Packed):
             q_end, k_end = self.q_size, self.q_size + self.kv_size
             ops.head_norm_(qkv[:, :q_end], self.num_heads, self.q_norm, self.eps)
             ops.head_norm_(qkv[:, q_end:k_end], self.num_kv_heads, self.k_norm, self.eps)
+        if self.rope_order is not None:  # a partial rotary's pairs moved to whole-head's
+            qkv = qkv.index_select(1, self.rope_order)
         q, k, v = ops.rope_write_kv(
             qkv, self.num_heads, self.num_kv_heads, kv_cache, self.index, meta
         )
@@ -154,6 +157,19 @@ class SelfAttention(Packed):
             if tensor is not None:
                 targets[p + name] = tensor.data
         return targets
+
+
+def _rope_order(config: ModelConfig, device: torch.device | str) -> torch.Tensor | None:
+    """[q + 2 kv] int64: the fused qkv columns in the order a partial rotary's kernels read
+    (``partial_rotary_order`` in each q and k head, v as it is), or None for a whole-head
+    rotary."""
+    if not config.partial_rotary:
+        return None
+    d, heads = config.head_dim, config.num_attention_heads + config.num_key_value_heads
+    head = partial_rotary_order(d, config.rope_dims)  # [d]
+    qk = (torch.arange(heads).unsqueeze(1) * d + head).reshape(-1)  # [(h + kvh) * d]
+    v = torch.arange(heads * d, heads * d + config.kv_size)
+    return torch.cat([qk, v]).to(device)
 
 
 def _split_rows(p: str, kind: str, fused: torch.Tensor, q: int, kv: int) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from engine.model import shard_load
-from engine.model.checkpoint_files import IGNORED_SUFFIXES, checkpoint_files
+from engine.model.checkpoint_files import IGNORED_SUFFIXES, checkpoint_files, text_model_name
 from engine.model.decoder import DecoderModel
 
 
@@ -36,7 +36,7 @@ def tensor_names(files: list[Path]) -> set[str]:
         if not path.is_file():
             raise ValueError(f"{path}: safetensors file named by the index is missing")
         with safe_open(str(path), framework="pt") as f:
-            names.update(f.keys())
+            names.update(n for n in map(text_model_name, f.keys()) if n is not None)
     return names
 
 
@@ -91,11 +91,14 @@ def _tensors(
         if not path.is_file():
             raise ValueError(f"{path}: safetensors file named by the index is missing")
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                name = text_model_name(key)
+                if name is None:
+                    continue
                 if not model.stage.holds(name, tied):
                     yield path, name, None
                     continue
-                yield path, name, shard_load.read(f, name, model.config, model.shard)
+                yield path, name, shard_load.read(f, name, model.config, model.shard, key)
 
 
 def _ignored(name: str, model: DecoderModel) -> bool:

@@ -177,7 +177,11 @@ def _yarn(inv_freq: torch.Tensor, head_dim: int, rope: Rope) -> tuple[torch.Tens
 
 
 class Rotary(nn.Module):
-    """Precomputed cos/sin tables ``[max_len, head_dim / 2]`` (rotate-half convention)."""
+    """Precomputed cos/sin tables ``[max_len, head_dim / 2]`` (rotate-half convention).
+
+    ``turned``: the dimensions the rotary turns (None: all). The columns past ``turned / 2``
+    are the identity (cos 1, sin 0): 0 makes a NoPE layer's table (SmolLM3), a part of the
+    head a partial rotary's, the head laid out by ``partial_rotary_order``."""
 
     def __init__(
         self,
@@ -186,15 +190,36 @@ class Rotary(nn.Module):
         max_len: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        turned: int | None = None,
     ) -> None:
         super().__init__()
-        inv_freq, scale = inv_freq_and_scale(head_dim, rope, max_len)
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        turned = head_dim if turned is None else turned
+        cos = torch.ones(max_len, head_dim // 2)
+        sin = torch.zeros(max_len, head_dim // 2)
+        if turned:
+            inv_freq, scale = inv_freq_and_scale(turned, rope, max_len)
+            freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+            cos[:, : turned // 2] = freqs.cos() * scale
+            sin[:, : turned // 2] = freqs.sin() * scale
         self.cos: torch.Tensor
         self.sin: torch.Tensor
-        self.register_buffer("cos", (freqs.cos() * scale).to(device, dtype), persistent=False)
-        self.register_buffer("sin", (freqs.sin() * scale).to(device, dtype), persistent=False)
+        self.register_buffer("cos", cos.to(device, dtype), persistent=False)
+        self.register_buffer("sin", sin.to(device, dtype), persistent=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for ``positions`` [tokens]: each [tokens, 1, head_dim / 2]."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def partial_rotary_order(head_dim: int, turned: int) -> torch.Tensor:
+    """[head_dim] int64: for each dimension of a head as the engine lays it out, the
+    checkpoint's dimension it holds, where a rotary turns the first ``turned`` dimensions
+    in rotate-half pairs ``(i, i + turned / 2)`` and passes the rest (GLM-4.5).
+
+    The engine's layout puts each such pair at ``(i, i + head_dim / 2)``, the pairs of a
+    whole-head rotary, so every kernel rotates it with a ``Rotary(turned=turned)`` table.
+    q and k share the order: their products, and so the attention, are unchanged."""
+    passed = torch.arange(turned, head_dim).view(2, -1)  # the passed dims, in two halves
+    rotated = torch.arange(turned).view(2, -1)  # [2, turned / 2]: the pairs' two sides
+    order = torch.cat([rotated, passed], dim=1)  # [2, head_dim / 2]
+    return order.reshape(-1)

@@ -130,15 +130,18 @@ def _mlp(name: str, prefix: str, part: Span, inter: int) -> Plan:
     return WHOLE
 
 
-def read(handle: Any, name: str, config: Any, shard: Shard) -> torch.Tensor | None:
-    """This rank's part of tensor ``name`` from an open safetensors ``handle``; None when
-    the rank holds none of it."""
+def read(
+    handle: Any, name: str, config: Any, shard: Shard, key: str | None = None
+) -> torch.Tensor | None:
+    """This rank's part of tensor ``name`` (stored as ``key``, default ``name``) from an
+    open safetensors ``handle``; None when the rank holds none of it."""
     how = plan(name, config, shard)
+    key = name if key is None else key
     if how.skip:
         return None
     if not how.pieces:
-        return handle.get_tensor(name)
-    whole = handle.get_slice(name)
+        return handle.get_tensor(key)
+    whole = handle.get_slice(key)
     parts = [
         whole[p.span.start : p.span.stop] if p.dim == 0 else whole[:, p.span.start : p.span.stop]
         for p in how.pieces

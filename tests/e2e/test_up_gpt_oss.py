@@ -1,7 +1,8 @@
 """A tiny gpt-oss model (attention sinks, sliding and full layers with a window shorter than
 the prompts, MoE with biases and the clamped SwiGLU) through `splitserve up`: 1 prefill + 1
-decode node over TCP, and a prefill pool of TP 2 (sinks and experts split by rank), answer
-like the offline engine, and the decode node receives every layer's K/V once."""
+decode node over TCP and NIXL, and pools of TP 2 on either side (sinks and experts split
+by rank), answer like the offline engine, and the decode node receives every layer's K/V
+once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_clusters import BLOCK_SIZE, check_disaggregated, tiny_family_dir
+from tiny_clusters import BLOCK_SIZE, NIXL, check_disaggregated, tiny_family_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -27,8 +28,19 @@ def kv_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
     return blocks * config["num_hidden_layers"] * 2 * BLOCK_SIZE * row * 4
 
 
-@pytest.mark.parametrize("tp", [[], ["--prefill-tp", "2", "--decode-tp", "1"]], ids=["1x1", "2x1"])
+@pytest.mark.parametrize(
+    ("tp", "transfer"),
+    [
+        ([], "tcp"),
+        (["--prefill-tp", "2", "--decode-tp", "1"], "tcp"),
+        (["--prefill-tp", "1", "--decode-tp", "2"], "tcp"),
+        pytest.param([], "nixl", marks=NIXL),
+    ],
+    ids=["1x1", "2x1", "1x2", "1x1-nixl"],
+)
 def test_disaggregated_gpt_oss_answers_like_offline(
-    gpt_oss_dir: Path, tmp_path: Path, tp: list[str]
+    gpt_oss_dir: Path, tmp_path: Path, tp: list[str], transfer: str
 ) -> None:
-    check_disaggregated(gpt_oss_dir, tmp_path / "run", tp, lambda n: kv_bytes(gpt_oss_dir, n))
+    check_disaggregated(
+        gpt_oss_dir, tmp_path / "run", tp, lambda n: kv_bytes(gpt_oss_dir, n), transfer
+    )

@@ -1,5 +1,5 @@
 """A tiny DeepSeek-V3 model (multi-head latent attention, grouped MoE routing, a dense first
-layer) through `splitserve up`: 1 prefill + 1 decode node over TCP, and pools of different
+layer) through `splitserve up`: 1 prefill + 1 decode node over TCP and NIXL, and pools of different
 tensor-parallel sizes, answer like the offline engine, and the decode node moves each
 prompt's latent once (each rank holds the whole latent; it is never split by head). The
 model is random (built with transformers' own class) with the default model's tokenizer."""
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_clusters import BLOCK_SIZE, check_disaggregated, tiny_family_dir
+from tiny_clusters import BLOCK_SIZE, NIXL, check_disaggregated, tiny_family_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -32,11 +32,16 @@ def latent_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
 
 
 @pytest.mark.parametrize(
-    "tp",
-    [[], ["--prefill-tp", "2", "--decode-tp", "1"], ["--prefill-tp", "1", "--decode-tp", "2"]],
-    ids=["1x1", "2x1", "1x2"],
+    ("tp", "transfer"),
+    [
+        ([], "tcp"),
+        (["--prefill-tp", "2", "--decode-tp", "1"], "tcp"),
+        (["--prefill-tp", "1", "--decode-tp", "2"], "tcp"),
+        pytest.param([], "nixl", marks=NIXL),
+    ],
+    ids=["1x1", "2x1", "1x2", "1x1-nixl"],
 )
 def test_disaggregated_mla_answers_like_offline_and_moves_the_latent_once(
-    mla_dir: Path, tmp_path: Path, tp: list[str]
+    mla_dir: Path, tmp_path: Path, tp: list[str], transfer: str
 ) -> None:
-    check_disaggregated(mla_dir, tmp_path / "run", tp, lambda n: latent_bytes(mla_dir, n))
+    check_disaggregated(mla_dir, tmp_path / "run", tp, lambda n: latent_bytes(mla_dir, n), transfer)

@@ -1,5 +1,5 @@
 """Tiny random-weight models of a family (transformers' own class, the default model's
-tokenizer) through `splitserve up`, 1 prefill + 1 decode over TCP, checked against the
+tokenizer) through `splitserve up`, 1 prefill + 1 decode over TCP or NIXL, checked against the
 offline engine: the texts, the bytes the decode node received, no block left held."""
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cluster_harness import running_cluster
 from oracle import Oracle
 from session_procs import session_processes
 
+from kv_transfer import nixl_available
 from tests.engine.model.tiny_families import save_family
+
+NIXL = pytest.mark.skipif(not nixl_available(), reason="needs NIXL")
 
 PROMPTS = [  # longer than the router's local-prefill limit: each goes through the prefill pool
     "The history of Paris spans more than two thousand years. It began as a small settlement "
@@ -39,12 +43,17 @@ def tiny_family_dir(family: str, default_model_dir: Path, path: Path, **changes:
 
 
 def check_disaggregated(
-    model_dir: Path, run_dir: Path, tp: list[str], moved_bytes: Callable[[list[int]], int]
+    model_dir: Path,
+    run_dir: Path,
+    tp: list[str],
+    moved_bytes: Callable[[list[int]], int],
+    transfer: str = "tcp",
 ) -> None:
-    """PROMPTS through a 1P+1D cluster over TCP (``tp``: its TP flags) give the offline
-    engine's texts; the decode node received ``moved_bytes(prompt token counts)``."""
+    """PROMPTS through a 1P+1D cluster over ``transfer`` (``tp``: its TP flags) give the
+    offline engine's texts; the decode node received ``moved_bytes(prompt token counts)``."""
     want = Oracle(model_dir).complete(PROMPTS, MAX_TOKENS)
-    args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64", "--transfer", "tcp"]
+    args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64"]
+    args += ["--transfer", transfer]
     with running_cluster(model_dir, run_dir, *args, check_clean_exit=True) as up:
         client = up.openai_client()
         model = client.models.list().data[0].id

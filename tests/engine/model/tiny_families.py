@@ -171,9 +171,31 @@ FAMILIES["gpt_oss"] = (
         },
     },
 )  # fmt: skip
+# GLM-4.5 MoE: a rotary over half of each head, q/k norms, q/k/v biases, a dense first
+# layer, sigmoid routing over 2 of 4 groups with the correction bias and a shared expert
+FAMILIES["glm4_moe"] = (
+    "Glm4MoeConfig",
+    "Glm4MoeForCausalLM",
+    {
+        "num_hidden_layers": 3, "head_dim": 32, "partial_rotary_factor": 0.5,
+        "use_qk_norm": True, "attention_bias": True, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+        "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+    },
+)  # fmt: skip
+# SmolLM3: every other layer without rotary, the NoPE layers windowed
+FAMILIES["smollm3"] = (
+    "SmolLM3Config",
+    "SmolLM3ForCausalLM",
+    {
+        "num_hidden_layers": 4, "no_rope_layer_interval": 2, "use_sliding_window": True,
+        "sliding_window": WINDOW,
+    },
+)  # fmt: skip
 MLA = ["deepseek_v2", "deepseek_v3"]
 DENSE = [f for f in FAMILIES if "moe" not in f and f not in ("mixtral", "gpt_oss") and f not in MLA]
-MOE = ["qwen3_moe", "qwen2_moe", "mixtral"]
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe"]
 
 
 def save_family(name: str, path: Path, seed: int = 0, **changes: Any) -> Any:
@@ -185,7 +207,33 @@ def save_family(name: str, path: Path, seed: int = 0, **changes: Any) -> Any:
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
-    gemma = name.startswith("gemma")
+    _scale_weights(model, gemma=name.startswith("gemma"))
+    model.save_pretrained(path)
+    return model
+
+
+def save_gemma3_vision(path: Path, seed: int = 0) -> Any:
+    """A tiny ``Gemma3ForConditionalGeneration`` (the tiny Gemma 3 text model, a one-layer
+    vision tower) saved as a HF directory in ``path``; return it (eval, fp32)."""
+    _, _, overrides = FAMILIES["gemma3"]
+    text = {k: v for k, v in (BASE | overrides).items() if v is not None}
+    vision = {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+    }  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4
+    )
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    _scale_weights(model, gemma=True)
+    model.save_pretrained(path)
+    return model
+
+
+def _scale_weights(model: Any, gemma: bool) -> None:
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.dim() == 1 and "norm" in pname:  # Gemma stores w of (1 + w)
@@ -195,10 +243,8 @@ def save_family(name: str, path: Path, seed: int = 0, **changes: Any) -> Any:
             else:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
         for bname, b in model.named_buffers():
-            if bname.endswith("e_score_correction_bias"):  # DeepSeek-V3's, beside sigmoids
+            if bname.endswith("e_score_correction_bias"):  # DeepSeek-V3's, GLM's
                 b.copy_(0.1 * torch.randn_like(b))
-    model.save_pretrained(path)
-    return model
 
 
 def hf_greedy_gaps(model: Any, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
