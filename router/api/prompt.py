@@ -37,7 +37,7 @@ async def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> Pro
         ids = await asyncio.to_thread(tokenizer.encode, prompt, True)
     else:
         ids = list(prompt)
-        _check_ids(tokenizer, ids, "prompt")
+        check_ids(tokenizer, ids, "prompt")
     if not ids:
         raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
     return Prompt(ids, "prompt")
@@ -76,7 +76,7 @@ def _render(
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
-def _check_ids(tokenizer: Tokenizer, ids: list[int], param: str) -> None:
+def check_ids(tokenizer: Tokenizer, ids: list[int], param: str) -> None:
     vocab = tokenizer.vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
@@ -121,9 +121,9 @@ def sampling_params(
     """The request's SamplingParams, with SamplingParams' defaults for what it leaves out.
     These go to the nodes as they are."""
     stop_ids = list(req.stop_token_ids or [])
-    _check_ids(tokenizer, stop_ids, "stop_token_ids")
+    check_ids(tokenizer, stop_ids, "stop_token_ids")
     bias = req.logit_bias_pairs()
-    _check_ids(tokenizer, [t for t, _ in bias], "logit_bias")
+    check_ids(tokenizer, [t for t, _ in bias], "logit_bias")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=_or(req.temperature, _DEFAULT.temperature),
