@@ -10,7 +10,7 @@ import uuid
 from fastapi import Request
 
 from models.tokenizer import Tokenizer
-from router.api.embeddings.request import EmbeddingRequest, embedding_list
+from router.api.embeddings.request import EmbeddingList, EmbeddingRequest, embedding_list
 from router.api.prompt import check_ids
 from router.errors import bad_request, unavailable
 from router.flow.pooling import embed_all, embed_request
@@ -21,7 +21,7 @@ from router.state import RouterState
 from router.usage import ANONYMOUS
 
 
-async def embed(request: Request, state: RouterState, req: EmbeddingRequest) -> dict[str, object]:
+async def embed(request: Request, state: RouterState, req: EmbeddingRequest) -> EmbeddingList:
     """The embeddings answer (OpenAI's CreateEmbeddingResponse); APIError otherwise."""
     arrived = time.monotonic()
     trail = begin_trail(request, state)

@@ -6,7 +6,7 @@ import base64
 import struct
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from cluster.protocol import PRIORITY_LIMIT
 from router.api.requests import _Request
@@ -65,13 +65,32 @@ def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # float, or base64 of little-endian float32
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    """OpenAI's CreateEmbeddingResponse."""
+
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 def embedding_list(
     vectors: list[list[float]], model: str, encoding_format: str, prompt_tokens: int
-) -> dict[str, object]:
-    """OpenAI's CreateEmbeddingResponse."""
+) -> EmbeddingList:
+    """The answer: each vector as `encoding_format` asks, in input order."""
     data = [
-        {"object": "embedding", "index": i, "embedding": encoded(v, encoding_format)}
-        for i, v in enumerate(vectors)
+        Embedding(index=i, embedding=encoded(v, encoding_format)) for i, v in enumerate(vectors)
     ]
-    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
-    return {"object": "list", "data": data, "model": model, "usage": usage}
+    usage = EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
+    return EmbeddingList(data=data, model=model, usage=usage)

@@ -21,4 +21,5 @@ async def embeddings(request: Request) -> JSONResponse:
     body = await read_body(request, state.settings.max_body_bytes)
     req: EmbeddingRequest = parse_request(EmbeddingRequest, body, _NAMES)
     note_ignored(state, ROUTE, req)
-    return JSONResponse(await embed(request, state, req))
+    answer = await embed(request, state, req)
+    return JSONResponse(answer.model_dump())
