@@ -56,6 +56,7 @@ from models.sampling_params import InvalidSampling, SamplingParams
 NodeRole = Literal["prefill", "decode", "colocated"]
 INTERNAL_PREFILL = "/internal/prefill"
 INTERNAL_RELEASE = "/internal/release"
+INTERNAL_EMBED = "/internal/embed"  # EmbedRequest -> EmbedResponse (prefill nodes)
 INTERNAL_GENERATE = "/internal/generate"
 INTERNAL_ABORT = "/internal/abort"
 INTERNAL_LORA_LOAD = "/internal/lora/load"  # LoadAdapterRequest -> ControlResponse
@@ -208,6 +209,26 @@ class PrefillResponse(_Msg):
     num_prompt_tokens: int
     num_cached_tokens: int = 0
     kv: KVHandle | None = None
+
+
+class EmbedRequest(_VersionedBody):
+    """Router -> prefill node: the prompt's pooled hidden state, in a prefill-only pass that
+    keeps no KV (engine.pooling). `dimensions`: the length the client asked for; a node
+    refuses any but its hidden size (its vectors are not truncatable)."""
+
+    request_id: str
+    prompt_token_ids: list[int] = Field(min_length=1)
+    pooling: Literal["last", "mean"] = "last"
+    normalize: bool = True
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+class EmbedResponse(_Msg):
+    """Prefill node -> router: the pooled vector [hidden]."""
+
+    request_id: str
+    embedding: list[float]
+    num_prompt_tokens: int
 
 
 class ReleaseRequest(_VersionedBody):

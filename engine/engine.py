@@ -17,6 +17,7 @@ from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
 from engine.outputs import RequestOutput, request_output
 from engine.parallel import RankGroup
+from engine.pooling import PoolingParams, pool_prompt
 from engine.sampling.grammar import Grammars
 from engine.scheduler.plan import ImportPlan, SchedulerOutput
 from engine.scheduler.request import Request, RequestStatus
@@ -172,6 +173,27 @@ class LLMEngine:
 
     def commit_import(self, request_id: str) -> None:
         self.scheduler.commit_prefilled(request_id)
+
+    def embed(
+        self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
+    ) -> list[float]:
+        """The prompt's pooled vector, from a prefill-only pass whose blocks are free again on
+        return (engine.pooling). ValueError for a bad prompt, or with several ranks;
+        engine.pooling.NoRoom when its blocks are not free now."""
+        if self.ranks is not None:
+            raise ValueError("embeddings need tensor_parallel_size 1 and pipeline_parallel_size 1")
+        vocab = self.model_config.vocab_size
+        if not prompt_token_ids or any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"request {request_id}: the input needs token ids in [0, {vocab})")
+        if len(prompt_token_ids) > self.max_model_len:
+            raise ValueError(
+                f"request {request_id}: the input has {len(prompt_token_ids)} tokens, the "
+                f"context length is {self.max_model_len}"
+            )
+        chunk = self.config.max_num_batched_tokens
+        return pool_prompt(
+            self.runner, self.block_manager, request_id, prompt_token_ids, params, chunk
+        )
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request in any state and free its blocks. False when unknown."""

@@ -30,6 +30,7 @@ from router import endpoints
 from router.adapters import RouterAdapters
 from router.admission import Admission
 from router.api.docs import install_docs
+from router.api.embeddings.routes import embeddings_routes
 from router.api.lora import lora_routes
 from router.api.messages.errors import anthropic_body
 from router.api.messages.routes import PREFIX as MESSAGES
@@ -110,7 +111,7 @@ def create_app(
 
 _ROUTERS = (
     endpoints.v1, endpoints.probes, endpoints.debug, tokens, lora_routes, responses_routes,
-    messages_routes, dashboard,
+    messages_routes, embeddings_routes, dashboard,
 )  # fmt: skip
 # error bodies by path prefix (OpenAI's error object elsewhere)
 _ERROR_SHAPES = ((MESSAGES, anthropic_body),)

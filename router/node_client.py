@@ -76,6 +76,24 @@ class NodeClient:
         """POST /internal/prefill and wait for token 1, up to the prefill timeout or the
         request's `deadline` (time.monotonic), whichever comes first ("deadline" then).
         `trace`: the W3C trace context headers of the calling span."""
+        return await self._within(node, p.INTERNAL_PREFILL, req, p.PrefillResponse, deadline, trace)
+
+    async def embed(
+        self, node: p.NodeInfo, req: p.EmbedRequest, deadline: float
+    ) -> p.EmbedResponse:
+        """POST /internal/embed (a prefill-only pooling pass), as prefill() waits."""
+        return await self._within(node, p.INTERNAL_EMBED, req, p.EmbedResponse, deadline, None)
+
+    async def _within(
+        self,
+        node: p.NodeInfo,
+        path: str,
+        req: BaseModel,
+        answer: type[M],
+        deadline: float,
+        trace: Mapping[str, str] | None,
+    ) -> M:
+        """POST `req` to a prefill-pool `path`, up to the prefill timeout or `deadline`."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise NodeCallError(node.node_id, "deadline", "request deadline passed")
@@ -84,7 +102,7 @@ class NodeClient:
             timeout = httpx.Timeout(left, connect=min(left, timeout.connect or left))
         try:
             resp = await self._client.post(
-                node.url + p.INTERNAL_PREFILL,
+                node.url + path,
                 content=req.model_dump_json(),
                 headers=self._headers | dict(trace or {}),
                 timeout=timeout,
@@ -96,7 +114,7 @@ class NodeClient:
         except httpx.TransportError as exc:
             raise _unreachable(node.node_id, exc) from None
         _raise_for_status(node.node_id, resp.status_code, resp.content)
-        return _parse(node.node_id, p.PrefillResponse, resp.content)
+        return _parse(node.node_id, answer, resp.content)
 
     @asynccontextmanager
     async def generate(

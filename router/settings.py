@@ -104,6 +104,13 @@ class RouterSettings(ModelProcessSettings):
         86400, "seconds Redis keeps a stored Responses API response (store, "
         "previous_response_id)", ge=1,
     )  # fmt: skip
+    pooling_type: Literal["last", "mean"] = setting(
+        "last", "/v1/embeddings: a vector is the last token's final hidden state or the mean of "
+        "every token's (vLLM's pooling types; a request's pooling_type overrides)",
+    )  # fmt: skip
+    pooling_normalize: bool = setting(
+        True, "/v1/embeddings: scale vectors to unit length (a request's normalize overrides)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -67,7 +67,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"outputs"}),
         frozenset({"sampling"}),
         frozenset({"step"}),
-        frozenset({"speculative", "parallel"}),
+        frozenset({"speculative", "parallel", "pooling"}),
         frozenset({"engine"}),  # LLMEngine
         frozenset({"loop", "llm"}),
         frozenset({"cli"}),

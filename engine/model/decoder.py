@@ -309,14 +309,7 @@ class DecoderModel(nn.Module):
         model dtype, or on a stage before the last its hidden states [tokens, hidden].
         """
         cfg = self.config
-        h = self.embed_tokens(input_ids) if self.stage.first else hidden  # [tokens, hidden]
-        if h is None:
-            h = torch.zeros(
-                input_ids.shape[0], cfg.hidden_size, dtype=self.embed.dtype, device=input_ids.device
-            )
-        ops = self.step_ops(h, kv_cache, meta)
-        for layer in self.layers:
-            h = layer(h, ops, kv_cache, meta, self.attention)
+        h, ops = self._layers(input_ids, meta, kv_cache, hidden)
         if not self.stage.last:
             return h
         last = ops[0].norm(h[logits_indices], self.norm, cfg.rms_norm_eps)
@@ -325,6 +318,35 @@ class DecoderModel(nn.Module):
         if cfg.final_softcap:
             logits = torch.tanh(logits.div_(cfg.final_softcap)).mul_(cfg.final_softcap)
         return logits
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """The final norm's output [tokens, hidden] of every token of a step (pooling);
+        writes the step's K/V into ``kv_cache``. The whole model only (no stage)."""
+        h, ops = self._layers(input_ids, meta, kv_cache, None)
+        return ops[0].norm(h, self.norm, self.config.rms_norm_eps)
+
+    def _layers(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+        hidden: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, list[LayerOps]]:
+        """The residual stream [tokens, hidden] after this stage's layers, and the ops."""
+        h = self.embed_tokens(input_ids) if self.stage.first else hidden  # [tokens, hidden]
+        if h is None:
+            h = torch.zeros(
+                input_ids.shape[0],
+                self.config.hidden_size,
+                dtype=self.embed.dtype,
+                device=input_ids.device,
+            )
+        ops = self.step_ops(h, kv_cache, meta)
+        for layer in self.layers:
+            h = layer(h, ops, kv_cache, meta, self.attention)
+        return h, ops
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: [tokens] -> [tokens, hidden], scaled where the family scales."""

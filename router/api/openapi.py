@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from cluster.protocol import LoadAdapterRequest
+from router.api.embeddings.request import EmbeddingList, EmbeddingRequest
 from router.api.messages.objects import MessageObject, TokenCount
 from router.api.messages.request import CountTokensRequest, MessagesRequest
 from router.api.objects import ChatCompletion, ChatCompletionChunk, Completion, ModelList
@@ -34,8 +35,8 @@ from router.api.tokenize import (
 REF = "#/components/schemas/{model}"
 DESCRIPTION = (
     "The OpenAI-compatible API of a splitserve cluster (chat completions, completions, "
-    "models, responses), Anthropic's messages, vLLM's /tokenize and /detokenize and LoRA "
-    "adapter loading, and the probes. Errors are OpenAI's error object (Anthropic's on "
+    "embeddings, models, responses), Anthropic's messages, vLLM's /tokenize and /detokenize "
+    "and LoRA adapter loading, and the probes. Errors are OpenAI's error object (Anthropic's on "
     "/v1/messages)."
 )
 Names = dict[Any, dict[str, Any]]  # model -> its {"$ref": ...} in the components
@@ -115,6 +116,8 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (MessageObject, "serialization"),
     (TokenCount, "serialization"),
     (AnthropicErrorResponse, "serialization"),
+    (EmbeddingRequest, "validation"),
+    (EmbeddingList, "serialization"),
 ]
 
 
@@ -196,6 +199,11 @@ _OPERATIONS: dict[tuple[str, str], tuple[Any, dict[str, Any], tuple[int, ...]]] 
         {"application/json": TokenCount},
         _TOKENS_ERRORS,
     ),
+    ("/v1/embeddings", "post"): (
+        EmbeddingRequest,
+        {"application/json": EmbeddingList},
+        _GENERATE_ERRORS,
+    ),
     ("/v1/models", "get"): (None, {"application/json": ModelList}, (401, 500)),
     ("/tokenize", "post"): (
         (TokenizeCompletionRequest, TokenizeChatRequest),
@@ -235,6 +243,7 @@ _EXAMPLES: dict[str, dict[str, Any]] = {
     "/v1/responses": {"input": "Hello!", "max_output_tokens": 8},
     "/v1/messages": {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8},
     "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "Hello!"}]},
+    "/v1/embeddings": {"input": "The capital of France is Paris."},
 }
 _ANTHROPIC = "/v1/messages"  # paths answering Anthropic's error object
 

@@ -37,7 +37,7 @@ async def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> Pro
         ids = await asyncio.to_thread(tokenizer.encode, prompt, True)
     else:
         ids = list(prompt)
-        _check_ids(tokenizer, ids, "prompt")
+        check_ids(tokenizer, ids, "prompt")
     if not ids:
         raise bad_request("the prompt is empty", param="prompt", code="empty_prompt")
     return Prompt(ids, "prompt")
@@ -57,8 +57,9 @@ async def chat_prompt(
             f"chat_template_kwargs may not set '{reserved[0]}': the server sets it",
             param=f"chat_template_kwargs.{reserved[0]}",
         )
+    render = _continued if req.continue_final_message else _render
     try:
-        text, ids = await asyncio.to_thread(_render, tokenizer, messages, tools, variables)
+        text, ids = await asyncio.to_thread(render, tokenizer, messages, tools, variables)
     except ValueError as exc:  # the template refused the conversation
         raise bad_request(str(exc), param="messages", code="invalid_messages") from None
     if not ids:
@@ -76,7 +77,27 @@ def _render(
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
-def _check_ids(tokenizer: Tokenizer, ids: list[int], param: str) -> None:
+def _continued(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
+) -> tuple[str, list[int]]:
+    """The conversation rendered up to the end of its final message's text, so that the
+    answer continues that message (no end of turn, no generation prompt after it)."""
+    text = tokenizer.render_chat(messages, False, tools, variables)
+    final = messages[-1].get("content")
+    if not isinstance(final, str) or messages[-1].get("tool_calls"):
+        raise ValueError("only a text message can be continued")
+    for tail in (final, final.rstrip()):  # templates may strip the content they render
+        at = text.rfind(tail)
+        if tail and at >= 0:
+            text = text[: at + len(tail)]
+            return text, tokenizer.encode(text, add_special_tokens=False)
+    raise ValueError("the chat template does not render the final message's text as sent")
+
+
+def check_ids(tokenizer: Tokenizer, ids: list[int], param: str) -> None:
     vocab = tokenizer.vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
@@ -121,9 +142,9 @@ def sampling_params(
     """The request's SamplingParams, with SamplingParams' defaults for what it leaves out.
     These go to the nodes as they are."""
     stop_ids = list(req.stop_token_ids or [])
-    _check_ids(tokenizer, stop_ids, "stop_token_ids")
+    check_ids(tokenizer, stop_ids, "stop_token_ids")
     bias = req.logit_bias_pairs()
-    _check_ids(tokenizer, [t for t, _ in bias], "logit_bias")
+    check_ids(tokenizer, [t for t, _ in bias], "logit_bias")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=_or(req.temperature, _DEFAULT.temperature),

@@ -272,6 +272,16 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: ResponseFormat | None = None
     # more chat template variables, e.g. {"enable_thinking": false} for Qwen3 (as vLLM takes)
     chat_template_kwargs: dict[str, Any] | None = Field(default=None, max_length=32)
+    # vLLM's: the prompt ends inside the final (assistant) message, which the answer continues
+    continue_final_message: bool = False
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continues_an_assistant_message(cls, value: bool, info: ValidationInfo) -> bool:
+        messages = info.data.get("messages") or []
+        if value and (not messages or messages[-1].role != "assistant"):
+            raise ValueError("continue_final_message needs an assistant message last")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

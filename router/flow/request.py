@@ -44,9 +44,13 @@ class Deadline:
 
     @classmethod
     def of(cls, request: FlowRequest, limit_s: float) -> Deadline:
-        timeout_s = request.timeout_s
+        return cls.within(request.arrived_at, request.timeout_s, limit_s)
+
+    @classmethod
+    def within(cls, arrived_at: float, timeout_s: float | None, limit_s: float) -> Deadline:
+        """`limit_s` after `arrived_at`, or the client's `timeout_s` when shorter."""
         own = timeout_s is not None and timeout_s < limit_s
-        return cls(request.arrived_at + (min(limit_s, timeout_s) if timeout_s else limit_s), own)
+        return cls(arrived_at + (min(limit_s, timeout_s) if timeout_s else limit_s), own)
 
     def left_s(self) -> float:
         """Seconds left, at least a millisecond (what a node may still queue the request)."""

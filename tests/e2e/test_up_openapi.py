@@ -91,7 +91,7 @@ def test_every_answer_conforms_to_the_document(cluster: Cluster, mode: Generatio
     operations = [result.ok() for result in schema.get_all_operations()]
     # OpenAI side (with the Responses API's four), Anthropic's messages and count_tokens,
     # usage, probes, metrics, version, tokenizer, LoRA
-    assert len(operations) == 19
+    assert len(operations) == 20
     if mode is GenerationMode.NEGATIVE:  # only a body can be broken: GETs and cancel take none
         operations = [op for op in operations if len(op.body) > 0]
     for operation in operations:

@@ -92,6 +92,7 @@ class FakeNode:
     decodes: list[p.DecodeRequest] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
+    embeds: list[p.EmbedRequest] = field(default_factory=list)
     decode_started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def record(self, heartbeat_at: float = 1.0, waiting: int = 0) -> p.NodeRecord:
@@ -113,6 +114,7 @@ class FakeNode:
         app.post(p.INTERNAL_GENERATE)(self._generate)
         app.post(p.INTERNAL_ABORT)(self._abort)
         app.post(p.INTERNAL_RELEASE)(self._release)
+        app.post(p.INTERNAL_EMBED)(self._embed)
         return app
 
     async def _check_token(self, request: Request) -> None:
@@ -153,6 +155,25 @@ class FakeNode:
             num_prompt_tokens=len(req.prompt_token_ids),
             num_cached_tokens=3,
             kv=None if done else kv,
+        )
+        return JSONResponse(resp.model_dump())
+
+    async def _embed(self, req: p.EmbedRequest) -> JSONResponse:
+        """A vector of 4: the prompt's length, its first id, then 0 and 1."""
+        self.embeds.append(req)
+        if self.prefill_status != 200:
+            err = p.NodeErrorResponse(error=p.ErrorInfo(code="x", message="scripted failure"))
+            return JSONResponse(err.model_dump(), status_code=self.prefill_status)
+        if req.dimensions not in (None, 4):
+            err = p.NodeErrorResponse(
+                error=p.ErrorInfo(code="bad_request", message="4 only", param="dimensions")
+            )
+            return JSONResponse(err.model_dump(), status_code=400)
+        ids = req.prompt_token_ids
+        resp = p.EmbedResponse(
+            request_id=req.request_id,
+            embedding=[float(len(ids)), float(ids[0]), 0.0, 1.0],
+            num_prompt_tokens=len(ids),
         )
         return JSONResponse(resp.model_dump())
 

@@ -120,6 +120,8 @@ class MessagesRequest(SamplingFields, CountTokensRequest):
 def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     """The chat completion request of `req` (a count_tokens request: its prompt alone)."""
     body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
+    if req.messages and req.messages[-1].role == "assistant":  # a prefill: the answer goes on
+        body["continue_final_message"] = True
     if req.tools:
         body["tools"] = [_chat_tool(t) for t in req.tools]
     choice = req.tool_choice

@@ -179,6 +179,36 @@ async def test_count_tokens_counts_the_rendered_prompt(
     assert with_tools.input_tokens > counted.input_tokens
 
 
+async def test_an_assistant_prefill_is_continued(tokenizer: Tokenizer, script: list[int]) -> None:
+    """A conversation ending with an assistant turn: the prompt ends inside that turn, as
+    Anthropic continues it (and Chat Completions' continue_final_message)."""
+    prefill = [*ASK, {"role": "assistant", "content": "The capital of France is"}]
+    async with fake_cluster(tokenizer, nodes(script)) as c:
+        client = client_of(c.router_url)
+        answer = strict(
+            await client.messages.create(model="smollm2", max_tokens=8, messages=prefill)
+        )
+        sent = prompt_of(c.nodes[0], tokenizer)
+        counted = await client.messages.count_tokens(model="smollm2", messages=prefill)
+        async with httpx.AsyncClient(base_url=c.router_url) as http:
+            chat = {"model": "smollm2", "messages": prefill, "max_tokens": 8}
+            await http.post("/v1/chat/completions", json=chat | {"continue_final_message": True})
+            continued = prompt_of(c.nodes[0], tokenizer)
+            wrong = await http.post(
+                "/v1/chat/completions",
+                json=chat | {"messages": ASK, "continue_final_message": True},
+            )
+    assert sent.endswith("<|im_start|>assistant\nThe capital of France is"), sent[-80:]
+    assert sent.count("<|im_start|>assistant") == 1 and continued == sent
+    assert counted.input_tokens == answer.usage.input_tokens
+    assert (
+        answer.content[0].type == "text"
+        and answer.content[0].text == ANSWER[: len(answer.content[0].text)]
+    )
+    assert wrong.status_code == 400
+    assert wrong.json()["error"]["param"] == "continue_final_message"
+
+
 async def test_thinking_comes_back_as_thinking_blocks(
     default_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -51,6 +51,14 @@ async def test_the_document_describes_every_endpoint(router: httpx.AsyncClient) 
         error = chat["responses"][status]["content"]["application/json"]["schema"]
         assert error == {"$ref": "#/components/schemas/ErrorResponse"}, status
     assert "401" not in chat["responses"] and "securitySchemes" not in doc["components"]
+    embeddings = doc["paths"]["/v1/embeddings"]["post"]
+    body = embeddings["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/EmbeddingRequest"}
+    assert {"input", "encoding_format", "dimensions"} <= set(
+        schemas["EmbeddingRequest"]["properties"]
+    )
+    ok = embeddings["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/EmbeddingList"}
     tokenize = doc["paths"]["/tokenize"]["post"]["requestBody"]["content"]["application/json"]
     assert len(tokenize["schema"]["anyOf"]) == 2  # the text form and the chat form
     docs = await router.get("/docs")

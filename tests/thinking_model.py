@@ -5,7 +5,11 @@ it in the prompt) or a DeepSeek-R1-shaped one (the prompt opens `<think>`)."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
+
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as BackendTokenizer
 
 from models.tokenizer import Tokenizer
 
@@ -28,11 +32,19 @@ DEEPSEEK_R1_TEMPLATE = (
 )
 
 
-def thinking_tokenizer(default_model_dir: Path, path: Path, template: str) -> Tokenizer:
-    """The default model's tokenizer files in `path`, with `template` as its chat template."""
+def thinking_tokenizer(
+    default_model_dir: Path, path: Path, template: str, added: Sequence[str] = ()
+) -> Tokenizer:
+    """The default model's tokenizer files in `path`, with `template` as its chat template;
+    `added`: texts made single tokens after the vocabulary (as Qwen3's `<think>`: not special,
+    so they decode into the text)."""
     path.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(default_model_dir / name, path / name)
+    if added:
+        backend = BackendTokenizer.from_file(str(path / "tokenizer.json"))
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+        backend.save(str(path / "tokenizer.json"))
     (path / "chat_template.jinja").write_text(template)
     return Tokenizer.from_dir(path)
 
