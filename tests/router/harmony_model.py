@@ -4,6 +4,7 @@ special tokens added (so the router renders and reads harmony), no chat template
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import AddedToken
@@ -17,11 +18,18 @@ HARMONY_SPECIALS = (
 )  # fmt: skip
 
 
-def harmony_tokenizer_dir(default_model_dir: Path, path: Path) -> Path:
+def harmony_tokenizer_dir(default_model_dir: Path, path: Path, pieces: Sequence[str] = ()) -> Path:
     """The default model's tokenizer files in `path`, the harmony tokens added (after its
-    vocabulary), `<|return|>` its EOS."""
+    vocabulary), `<|return|>` its EOS. `pieces`: plain tokens added to the vocabulary before
+    them (never made by encoding, but decoded: more ways to spell a text)."""
     path.mkdir(parents=True, exist_ok=True)
-    backend = BackendTokenizer.from_file(str(default_model_dir / "tokenizer.json"))
+    data = json.loads((default_model_dir / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    for piece in pieces:
+        if piece in vocab:
+            raise ValueError(f"{piece!r} is in the vocabulary already")
+        vocab[piece] = len(vocab)
+    backend = BackendTokenizer.from_str(json.dumps(data))
     backend.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in HARMONY_SPECIALS]
     )
