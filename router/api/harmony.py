@@ -14,8 +14,9 @@ in the role or the channel part) and a content type (`<|constrain|>json`). A bod
 
 Several messages of one part are joined by a newline. An output that does not open with a
 header (`<|`) is all answer. A tool call goes on in the answer's text as
-`OPENAI_OPEN{"name": NAME, "arguments": BODY}OPENAI_CLOSE`, which the `openai` tool call parser
-(router.api.tool_parsers) reads, whole or streamed: no message body can hold either marker.
+`OPENAI_OPEN{"name": NAME, "arguments": BODY}OPENAI_CLOSE`, which the `openai` tool call
+parser (router.api.tool_parsers) reads, whole or streamed: no message body can hold either
+marker, since each ends a body.
 """
 
 from __future__ import annotations
