@@ -71,6 +71,11 @@ class Tokenizer:
         text = self.special_tokens.get(f"{name}_token")
         return None if text is None else self._backend.token_to_id(text)
 
+    def token_id_of(self, text: str) -> int | None:
+        """Id of the token whose text is `text` (an added token's too), or None."""
+        token_id = self._backend.token_to_id(text)
+        return None if token_id is None else int(token_id)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; add_special_tokens adds BOS/EOS as the model's config says."""
         return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)

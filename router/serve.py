@@ -18,9 +18,10 @@ from pydantic import BaseModel
 from cluster.tracing import now_ns
 from models.tokenizer import Tokenizer
 from router.api.choices import Samples
+from router.api.harmony import HarmonySplitter, reads_harmony
 from router.api.objects import ChatCompletion, Usage
 from router.api.prompt import chat_prompt, completion_prompt, resolve_max_tokens, sampling_params
-from router.api.reasoning import splitter_for
+from router.api.reasoning import Splitter, splitter_for
 from router.api.render import ChatFormatter, CompletionFormatter, Formatter
 from router.api.render_samples import serve_samples
 from router.api.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -222,10 +223,18 @@ async def _prepare(
         request_id, prompt.token_ids, sampling, arrived, req.priority, req.timeout
     )
     stops, kwargs = req.stop_strings(), getattr(req, "chat_template_kwargs", None)
-    thinking_parser = state.settings.reasoning_parser if kind == "chat" else None
+    settings = state.settings
+    thinking_parser = settings.reasoning_parser if kind == "chat" else None
+    harmony = kind == "chat" and reads_harmony(
+        tokenizer, settings.reasoning_parser, settings.tool_call_parser
+    )
 
     def outputs() -> OutputProcessor:
-        thinking = splitter_for(thinking_parser, prompt.text, kwargs, grammar is not None)
+        thinking: Splitter | None
+        if harmony and grammar is None:
+            thinking = HarmonySplitter(thinking_parser == "gpt_oss", plan is not None)
+        else:
+            thinking = splitter_for(thinking_parser, prompt.text, kwargs, grammar is not None)
         return OutputProcessor(tokenizer, prompt.token_ids, stops, thinking)
 
     fmt: Formatter
@@ -235,7 +244,7 @@ async def _prepare(
             echo = (await _prompt_text(tokenizer, req, prompt.token_ids), prompt.token_ids)
         fmt = CompletionFormatter(request_id, req.model, tokenizer, logprobs, echo)
     elif plan is not None:
-        parser = parser_for(state.settings.tool_call_parser, tokenizer.chat_template)
+        parser = parser_for(settings.tool_call_parser, tokenizer.chat_template, harmony)
         fmt = ToolChatFormatter(plan, parser, request_id, req.model, tokenizer, logprobs)
     else:
         fmt = ChatFormatter(request_id, req.model, tokenizer, logprobs)

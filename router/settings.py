@@ -119,10 +119,11 @@ class RouterSettings(ModelProcessSettings):
         if unknown - names:
             raise ValueError(f"no API key is named {', '.join(sorted(unknown - names))}")
         lora_module_map(self.lora_modules)
-        if self.reasoning_parser == "gpt_oss":
+        if self.reasoning_parser == "gpt_oss" and self.tool_call_parser not in ("auto", "openai"):
             raise ValueError(
-                "reasoning_parser 'gpt_oss' needs the harmony output format, which splitserve "
-                "does not serve yet (use qwen3 or deepseek_r1)"
+                "reasoning_parser 'gpt_oss' reads harmony output, whose tool calls "
+                f"tool_call_parser 'openai' reads, not {self.tool_call_parser!r} (use auto or "
+                "openai)"
             )
 
     def api_keys(self) -> tuple[ApiKey, ...]:

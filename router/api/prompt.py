@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from models.chat_template import RESERVED
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
+from router.api.harmony import uses_harmony
+from router.api.harmony_render import EFFORTS, HarmonyPrompt, render_harmony
 from router.api.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from router.api.structured import response_format_instruction
 from router.api.tools import ToolPlan, template_messages, with_system_text
@@ -46,10 +49,9 @@ async def completion_prompt(tokenizer: Tokenizer, req: CompletionRequest) -> Pro
 async def chat_prompt(
     tokenizer: Tokenizer, req: ChatCompletionRequest, plan: ToolPlan | None = None
 ) -> Prompt:
-    messages, tools = template_messages(req.messages, plan, tokenizer.chat_template_uses_tools)
+    """The chat's prompt: a harmony model's rendered by router.api.harmony_render, any
+    other's by its chat template."""
     instruction = response_format_instruction(req.response_format)
-    if instruction is not None:
-        messages = with_system_text(messages, instruction)
     variables = req.chat_template_kwargs or {}
     reserved = sorted(RESERVED.intersection(variables))
     if reserved:
@@ -57,14 +59,44 @@ async def chat_prompt(
             f"chat_template_kwargs may not set '{reserved[0]}': the server sets it",
             param=f"chat_template_kwargs.{reserved[0]}",
         )
+    if uses_harmony(tokenizer):
+        try:
+            text = render_harmony(req.messages, _harmony_prompt(plan, instruction, variables))
+        except ValueError as exc:
+            raise bad_request(str(exc), param="messages", code="invalid_messages") from None
+        ids = await asyncio.to_thread(tokenizer.encode, text, False)
+        return _checked(Prompt(ids, "messages", text))
+    messages, tools = template_messages(req.messages, plan, tokenizer.chat_template_uses_tools)
+    if instruction is not None:
+        messages = with_system_text(messages, instruction)
     render = _continued if req.continue_final_message else _render
     try:
         text, ids = await asyncio.to_thread(render, tokenizer, messages, tools, variables)
     except ValueError as exc:  # the template refused the conversation
         raise bad_request(str(exc), param="messages", code="invalid_messages") from None
-    if not ids:
+    return _checked(Prompt(ids, "messages", text))
+
+
+def _checked(prompt: Prompt) -> Prompt:
+    if not prompt.token_ids:
         raise bad_request("the messages render to an empty prompt", param="messages")
-    return Prompt(ids, "messages", text)
+    return prompt
+
+
+def _harmony_prompt(
+    plan: ToolPlan | None, instruction: str | None, variables: dict[str, Any]
+) -> HarmonyPrompt:
+    """What a harmony prompt holds besides the messages; chat_template_kwargs may set
+    `reasoning_effort` (low, medium, high), as gpt-oss's own template reads it."""
+    effort = variables.get("reasoning_effort", "medium")
+    if effort not in EFFORTS:
+        raise bad_request(
+            f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {str(effort)[:20]!r}",
+            param="chat_template_kwargs.reasoning_effort",
+        )
+    tools = plan.tools if plan is not None else ()
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    return HarmonyPrompt(tools, instruction, effort, today)
 
 
 def _render(

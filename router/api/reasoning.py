@@ -6,8 +6,8 @@
 - `deepseek_r1`: DeepSeek-R1's template opens `<think>` in the prompt, so the output is
   thinking up to `</think>` (an opening tag the model repeats is dropped); an output that
   never closes it is all thinking.
-- `gpt_oss` needs the harmony format, which splitserve does not serve yet: the settings
-  refuse it (cluster.settings).
+- `gpt_oss`: gpt-oss's harmony format, read by router.api.harmony (the `analysis` channel is
+  the thinking).
 
 Either way a prompt whose last tag is an open `<think>` starts the output in thinking, and
 one whose last tag is `</think>` starts it in the answer. Thinking is not parsed when the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 THINK, END_THINK = "<think>", "</think>"
 ReasoningParserName = Literal["qwen3", "deepseek_r1", "gpt_oss"]
@@ -35,6 +35,18 @@ class Split:
 
     reasoning: str = ""
     content: str = ""
+
+
+class Splitter(Protocol):
+    """Splits one output, fed in order, into thinking and answer."""
+
+    reads_special_tokens: bool  # the text keeps the special tokens
+
+    def feed(self, text: str) -> Split: ...
+
+    def flush(self) -> Split:
+        """The text held back, at the end of the output."""
+        ...
 
 
 def splitter_for(
@@ -58,6 +70,8 @@ class ReasoningSplitter:
 
     States: at the head (an opening tag may come), thinking (until `</think>`), answer.
     """
+
+    reads_special_tokens = False
 
     def __init__(self, thinking: bool) -> None:
         self._thinking_by_default = thinking

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from cluster.protocol import TokenLogprobMsg
 from models import IncrementalDetokenizer, Tokenizer
-from router.api.reasoning import ReasoningSplitter, Split
+from router.api.reasoning import Split, Splitter
 from router.api.stop_strings import StopMatcher
 
 
@@ -40,7 +40,8 @@ class OutputProcessor:
     """Per-request text state. Feed chunks in order; a delta with finish_reason is the last.
 
     A stop string ends the output with finish_reason "stop"; the caller then stops the node.
-    `reasoning` splits the text into thinking and answer.
+    `reasoning` splits the text into thinking and answer (the special tokens kept when it
+    reads them).
     """
 
     def __init__(
@@ -48,9 +49,10 @@ class OutputProcessor:
         tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         stops: Sequence[str],
-        reasoning: ReasoningSplitter | None = None,
+        reasoning: Splitter | None = None,
     ) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=True)
+        keep = reasoning is not None and reasoning.reads_special_tokens
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=not keep)
         self._stops = StopMatcher(stops)
         self._reasoning = reasoning
         self.num_tokens = 0

@@ -6,6 +6,8 @@ The names follow vLLM's `--tool-call-parser`:
 - `mistral`: Mistral's `[TOOL_CALLS]` followed by a JSON array of call objects. The control
   token itself is dropped by detokenization, so an output that is only such an array (after an
   optional `[TOOL_CALLS]`) is read as the calls.
+- `openai`: gpt-oss's harmony messages to `functions.NAME`, as router.api.harmony writes
+  them into the answer: `<|start|>functions<|message|>{"name": ..., "arguments": ...}<|call|>`.
 - `json`: splitserve's own format, the one its tool prompt asks for when the chat template
   does not render tools: calls in `<tool_call>` tags, or one bare call object.
 
@@ -27,13 +29,12 @@ from typing import Any, Literal
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_MARK = "[TOOL_CALLS]"
-# a call ends at its closing tag, or at the end of the output (a last tag left open)
-_WRAPPED = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + "|$)", re.DOTALL)
+OPENAI_OPEN, OPENAI_CLOSE = "<|start|>functions<|message|>", "<|call|>"
 _ALNUM = string.ascii_letters + string.digits
 _UNREADABLE = (json.JSONDecodeError, RecursionError)  # nested past json's limit: no call
 
-ParserName = Literal["auto", "json", "hermes", "mistral"]
-PARSER_NAMES: tuple[ParserName, ...] = ("auto", "json", "hermes", "mistral")
+ParserName = Literal["auto", "json", "hermes", "mistral", "openai"]
+PARSER_NAMES: tuple[ParserName, ...] = ("auto", "json", "hermes", "mistral", "openai")
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,12 @@ class ToolParser:
     new_call_id: Callable[[], str]
 
 
-def parser_for(setting: str, chat_template: str | None) -> ToolParser:
-    """The parser a setting names; `auto`: by the call format the chat template writes."""
-    if setting == "auto":
+def parser_for(setting: str, chat_template: str | None, harmony: bool = False) -> ToolParser:
+    """The parser a setting names; `auto`: by the call format the chat template writes.
+    Output read as `harmony` has its calls read by `openai`, whatever the setting."""
+    if harmony:
+        setting = "openai"
+    elif setting == "auto":
         template = chat_template or ""
         if MISTRAL_MARK in template:
             setting = "mistral"
@@ -81,14 +85,26 @@ def parse_bare_call(text: str, names: frozenset[str]) -> ParsedCall | None:
     return _call(stripped, names) if stripped.startswith("{") else None
 
 
-def _hermes(text: str, names: frozenset[str]) -> ParsedOutput | None:
-    start = text.find(OPEN)
-    if start < 0:
-        return None
-    calls = [_call(body, names) for body in _WRAPPED.findall(text, start)]
-    if not calls or any(c is None for c in calls):
-        return None
-    return ParsedOutput(text[:start].strip() or None, [c for c in calls if c is not None])
+def _tagged(opener: str, closer: str) -> Callable[[str, frozenset[str]], ParsedOutput | None]:
+    """The parser of calls each wrapped in `opener` ... `closer`."""
+    # a call ends at its closer, or at the end of the output (a last one left open)
+    wrapped = re.compile(
+        re.escape(opener) + r"\s*(.*?)\s*(?:" + re.escape(closer) + "|$)", re.DOTALL
+    )
+
+    def parse(text: str, names: frozenset[str]) -> ParsedOutput | None:
+        start = text.find(opener)
+        if start < 0:
+            return None
+        calls = [_call(body, names) for body in wrapped.findall(text, start)]
+        if not calls or any(c is None for c in calls):
+            return None
+        return ParsedOutput(text[:start].strip() or None, [c for c in calls if c is not None])
+
+    return parse
+
+
+_hermes = _tagged(OPEN, CLOSE)
 
 
 def _json(text: str, names: frozenset[str]) -> ParsedOutput | None:
@@ -155,4 +171,5 @@ PARSERS = {
     "json": ToolParser("json", _json, openai_call_id),
     "hermes": ToolParser("hermes", _hermes, openai_call_id),
     "mistral": ToolParser("mistral", _mistral, mistral_call_id),
+    "openai": ToolParser("openai", _tagged(OPENAI_OPEN, OPENAI_CLOSE), openai_call_id),
 }

@@ -22,7 +22,14 @@ from typing import Literal
 from router.api.json_stream import is_json_space
 from router.api.stop_strings import StopMatcher
 from router.api.tool_call_reader import CallArgs, CallsReader, CallStart, NotACall
-from router.api.tool_parsers import CLOSE, MISTRAL_MARK, OPEN, ToolParser
+from router.api.tool_parsers import (
+    CLOSE,
+    MISTRAL_MARK,
+    OPEN,
+    OPENAI_CLOSE,
+    OPENAI_OPEN,
+    ToolParser,
+)
 from router.api.tools import ToolPlan
 
 
@@ -57,6 +64,7 @@ FORMATS = {
     "hermes": CallFormat(OPEN, CLOSE, "{", str.isspace, "", str.isspace),
     "json": CallFormat(OPEN, CLOSE, "{", str.isspace, "{", str.isspace),
     "mistral": CallFormat(MISTRAL_MARK, "", "[{", is_json_space, "[{", is_json_space),
+    "openai": CallFormat(OPENAI_OPEN, OPENAI_CLOSE, "{", str.isspace, "", str.isspace),
 }
 FORCED = CallFormat("", "", "", str.isspace, "{", str.isspace)  # the grammar's bare object
 

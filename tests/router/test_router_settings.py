@@ -33,9 +33,11 @@ def test_invalid_values_are_named(values: dict[str, object], named: str) -> None
     assert named in str(exc.value)
 
 
-def test_gpt_oss_reasoning_is_refused_saying_why() -> None:
-    with pytest.raises(SettingsError, match="harmony"):
-        load(RouterSettings, reasoning_parser="gpt_oss")
+def test_gpt_oss_reasoning_reads_calls_with_openai_only() -> None:
+    assert load(RouterSettings, reasoning_parser="gpt_oss").tool_call_parser == "auto"
+    load(RouterSettings, reasoning_parser="gpt_oss", tool_call_parser="openai")
+    with pytest.raises(SettingsError, match="tool_call_parser 'openai' reads, not 'hermes'"):
+        load(RouterSettings, reasoning_parser="gpt_oss", tool_call_parser="hermes")
 
 
 def test_served_model_name_defaults_to_the_model_name() -> None:

@@ -1,5 +1,5 @@
 """Tool calls read while the answer streams, against the whole-text parsers: for an answer in
-each format (hermes, json, mistral, a forced call's bare object), split into pieces any way,
+each format (hermes, json, mistral, openai, a forced call's bare object), split into pieces any way,
 the stream gives the calls and content the whole text gives; markup of a call never shows
 as content; once a call has started, text that stops being calls marks the stream broken."""
 
@@ -15,7 +15,16 @@ from test_json_stream import TEXT, VALUES, near_miss_of, split
 
 from router.api.requests import ToolDefinition
 from router.api.tool_call_reader import CallArgs, CallStart
-from router.api.tool_parsers import CLOSE, MISTRAL_MARK, OPEN, PARSERS, ParsedOutput, dumps
+from router.api.tool_parsers import (
+    CLOSE,
+    MISTRAL_MARK,
+    OPEN,
+    OPENAI_CLOSE,
+    OPENAI_OPEN,
+    PARSERS,
+    ParsedOutput,
+    dumps,
+)
 from router.api.tool_stream import Content, Event, ToolStream, stream_for
 from router.api.tools import ToolPlan, parse_tool_calls
 
@@ -101,16 +110,17 @@ def answer(draw: st.DrawFn, fmt: str) -> str:
         if not content.strip() and draw(st.booleans()):
             return body  # the marker skipped by detokenization
         return content + MISTRAL_MARK + draw(st.sampled_from(["", " "])) + body
-    tags = [OPEN + draw(SPACE) + c + draw(SPACE) + CLOSE + draw(SPACE | TEXT) for c in calls]
+    opener, closer = (OPENAI_OPEN, OPENAI_CLOSE) if fmt == "openai" else (OPEN, CLOSE)
+    tags = [opener + draw(SPACE) + c + draw(SPACE) + closer + draw(SPACE | TEXT) for c in calls]
     if draw(st.booleans()):  # the last tag left open
-        tags[-1] = tags[-1][: tags[-1].rindex(CLOSE)]
+        tags[-1] = tags[-1][: tags[-1].rindex(closer)]
     return content + "".join(tags)
 
 
 @st.composite
 def near_miss(draw: st.DrawFn, fmt: str) -> str:
     """An answer cut short, or with a character dropped or added: calls or not."""
-    noise = [*'{}[]",:\\ <>/x', OPEN, CLOSE, MISTRAL_MARK]
+    noise = [*'{}[]",:\\ <>/x', OPEN, CLOSE, MISTRAL_MARK, OPENAI_OPEN, OPENAI_CLOSE]
     return draw(near_miss_of(draw(answer(fmt)), noise))
 
 
