@@ -18,12 +18,14 @@ from typing import Any
 from engine.model.config_fields import Fields
 from engine.model.deepseek import parse_deepseek
 from engine.model.gpt_oss import parse_gpt_oss
+from engine.model.qwen3_next import parse_qwen3_next
 from engine.model.rope import Rope, parse_rope
 from engine.model.specs import MoeSpec
 from models.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, declared_architecture
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
+PARTIAL_ROTARY = ("qwen3_next",)  # families whose rotary may turn part of each head
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,14 @@ def _qwen3_moe(fields: Fields, layers: int) -> dict[str, Any]:
     return values | _qwen_moe(fields, layers, experts_key, shared=False)
 
 
+def _qwen3_next(fields: Fields, layers: int) -> dict[str, Any]:
+    """Qwen3-Next: (1 + w) norms, q/k norms, linear and gated full attention, MoE with a
+    gated shared expert."""
+    values = _base(fields, layers) | {"qk_norm": True, "norm_offset": 1.0}
+    values |= parse_qwen3_next(fields, layers)
+    return values | _qwen_moe(fields, layers, "num_experts", shared=True)
+
+
 def _phi3(fields: Fields, layers: int) -> dict[str, Any]:
     return _base(fields, layers) | _all_windowed(fields, layers) | {"naming": "phi3"}
 
@@ -225,6 +235,7 @@ FAMILIES = {
         Family("qwen2_moe", _qwen2_moe),
         Family("qwen3", _qwen3),
         Family("qwen3_moe", _qwen3_moe),
+        Family("qwen3_next", _qwen3_next),
         Family("phi3", _phi3),
         Family("gemma2", _gemma2),
         Family("gemma3", _gemma3),
@@ -261,7 +272,7 @@ def parse_ropes(fields: Fields, family: Family) -> tuple[Rope, Rope | None]:
         theta = fields.number("rope_theta") if fields.has("rope_theta") else 10000.0
         rope = parse_rope(raw.get("rope_scaling") or {}, theta, max_pos, fields.source)
     partial = (params or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
+    if partial != 1.0 and family.name not in PARTIAL_ROTARY:
         raise fields.error(
             f"partial_rotary_factor={partial!r} is not supported (rotary over the whole head)"
         )
