@@ -44,16 +44,14 @@ class StatePool:
         self.recurrent = torch.zeros(slots, layers, *spec.recurrent_shape, device=device)
         self.num_slots = slots
         self.shape_crc = zlib.crc32(f"{spec.describe()}|{dtype}".encode())
+        self.slot_bytes = slot_bytes(spec, dtype)
         self._slots: dict[str, int] = {}
         self._free = list(range(slots - 1, -1, -1))
 
     @staticmethod
     def cache(spec: LinearAttnSpec, slots: int, dtype: torch.dtype) -> SharedCache:
         """The pool as a fixed share of the KV budget (engine.kv.sizing)."""
-        layers, conv = len(spec.layers), spec.conv_state_shape
-        rec = spec.recurrent_shape
-        per_slot = layers * (conv[0] * conv[1] * dtype.itemsize + rec[0] * rec[1] * rec[2] * 4)
-        return SharedCache("linear_state", 0, fixed_bytes=slots * per_slot)
+        return SharedCache("linear_state", 0, fixed_bytes=slots * slot_bytes(spec, dtype))
 
     @property
     def num_free(self) -> int:
@@ -86,13 +84,12 @@ class StatePool:
 
     def record_blocks(self, block_bytes: int) -> int:
         """KV blocks a request's state record takes (``save`` / ``load``)."""
-        one = self.conv[0].numel() * self.conv.element_size()
-        one += self.recurrent[0].numel() * self.recurrent.element_size()
-        return -(-(HEADER_BYTES + one) // block_bytes)
+        return -(-(HEADER_BYTES + self.slot_bytes) // block_bytes)
 
     def save(self, request_id: str, blocks: Sequence[int], kv_cache: torch.Tensor) -> None:
         """Write the request's states into ``blocks`` of the KV cache (the prefill role
         ships them with the prompt's blocks); the slot stays the request's."""
+        self._check_blocks(blocks, kv_cache)
         slot = self._slots[request_id]
         payload = torch.cat((_bytes(self.conv[slot]), _bytes(self.recurrent[slot])))
         crc = _crc(payload)
@@ -107,16 +104,21 @@ class StatePool:
             dst[: part.numel()].copy_(part)
             offset += part.numel()
 
+    def _check_blocks(self, blocks: Sequence[int], kv_cache: torch.Tensor) -> None:
+        n = self.record_blocks(_bytes(kv_cache[0]).numel())
+        if len(blocks) != n:
+            raise ValueError(f"a state record takes {n} blocks, got {len(blocks)}")
+
     def load(self, request_id: str, blocks: Sequence[int], kv_cache: torch.Tensor) -> str | None:
         """Read the request's states from ``blocks`` into its slot (taken now); None when
         done, else why the record is refused (the slot given back): not a state record, of
         another request or shape, or corrupt."""
+        self._check_blocks(blocks, kv_cache)
         record = torch.cat([_bytes(kv_cache[b]) for b in blocks])
         magic, size, crc, id_crc, shape_crc = RECORD.unpack(
             bytes(record[: RECORD.size].cpu().numpy())
         )
-        conv_bytes = self.conv[0].numel() * self.conv.element_size()
-        expected = conv_bytes + self.recurrent[0].numel() * self.recurrent.element_size()
+        conv_bytes, expected = _bytes(self.conv[0]).numel(), self.slot_bytes
         why = _refusal(
             (magic != MAGIC, "no state record"),
             (shape_crc != self.shape_crc or size != expected, "a state of another shape"),
@@ -131,6 +133,12 @@ class StatePool:
         _bytes(self.conv[slot]).copy_(payload[:conv_bytes])
         _bytes(self.recurrent[slot]).copy_(payload[conv_bytes:])
         return None
+
+
+def slot_bytes(spec: LinearAttnSpec, dtype: torch.dtype) -> int:
+    """One request's states: the conv states in ``dtype``, the recurrent ones in fp32."""
+    conv, rec = spec.conv_state_shape, spec.recurrent_shape
+    return len(spec.layers) * (conv[0] * conv[1] * dtype.itemsize + rec[0] * rec[1] * rec[2] * 4)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
