@@ -91,10 +91,15 @@ class PullResult:
 
 def transfer_pairs(plan: ImportPlan, remote_blocks: list[int]) -> tuple[list[int], list[int]]:
     """(remote, local) block ids to copy, pairwise: the blocks the local prefix cache lacks
-    (none when it holds them all)."""
+    (none when it holds them all), then a hybrid model's state record (the last blocks of
+    each side's table)."""
     fill = list(plan.fill_block_ids)
     first = plan.num_cached_blocks
-    return remote_blocks[first : first + len(fill)], fill
+    remote, local = remote_blocks[first : first + len(fill)], fill
+    n = plan.num_state_blocks
+    if n and len(remote_blocks) >= n:
+        remote, local = remote + remote_blocks[-n:], local + list(plan.block_ids[-n:])
+    return remote, local
 
 
 def check_handle(

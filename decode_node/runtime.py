@@ -149,6 +149,8 @@ class DecodeRuntime(NodeCore):
             yield abort_event()
             return
         if result.error is None:
+            result = await self._check_state(rid, result)
+        if result.error is None:
             self._count_import(job, result)
             try:
                 stream = await self.loop.open(rid, lambda engine: engine.commit_import(rid))
@@ -176,6 +178,14 @@ class DecodeRuntime(NodeCore):
         hits = min(plan.num_cached_tokens, num_prompt) if result.error is None else None
         async for event in self._relay(job, stream, cached, hits):
             yield event
+
+    async def _check_state(self, rid: str, result: PullResult) -> PullResult:
+        """A hybrid model's state record, read with the blocks, into the request's slot; a
+        refused one (corrupt, foreign, missing) fails the import: recomputed, never decoded."""
+        why = await self.loop.call(lambda engine: engine.load_imported_state(rid))
+        if why is None:
+            return result
+        return dataclasses.replace(result, error=f"state refused: {why}", kind="refused")
 
     def _count_import(self, job: DecodeJob, result: PullResult) -> None:
         self.counts["imports_total"] += 1

@@ -68,3 +68,21 @@ def check_offload(config: Any) -> None:
             "EngineConfig.kv_offload_disk_path needs kv_offload_cpu_gb (the disk tier is "
             "written through the host tier)"
         )
+
+
+def check_hybrid(config: Any) -> None:
+    """ValueError naming the setting an engine of a hybrid model (linear-attention layers
+    with a per-request state, Qwen3-Next) does not go with yet."""
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    refused = {
+        parallel_name(tp, pp): tp * pp > 1,
+        f"speculative_method={config.speculative_method!r}": config.speculative_method != "none",
+        "kv_offload_cpu_gb": config.kv_offload_cpu_gb is not None,
+        "enable_lora": config.enable_lora,
+    }
+    for name, bad in refused.items():
+        if bad:
+            raise ValueError(
+                f"EngineConfig.{name} does not go with a model of linear-attention layers "
+                "(their per-request state) yet"
+            )

@@ -6,11 +6,13 @@ their HTTP handlers through a command queue drained between steps.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 from engine.config import EngineConfig, Role
+from engine.config_checks import check_hybrid
 from engine.kv.offload import build_tiers
 from engine.lora.manager import LoraManager, LoraStats
 from engine.lora.request import LoRARequest
@@ -46,6 +48,8 @@ class EngineStats:
     importing: int
     free_blocks: int
     total_blocks: int
+    free_state_slots: int = 0  # of a hybrid model's linear-attention state pool
+    total_state_slots: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -56,8 +60,12 @@ class LLMEngine:
     """Continuous-batching engine over a paged KV cache."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         self.model_config = ModelConfig.from_dir(config.model_dir)
+        if self.model_config.linear is not None:
+            # no prefix hits: a cached block has no state of the linear layers to resume from
+            check_hybrid(config)
+            config = dataclasses.replace(config, enable_prefix_caching=False)
+        self.config = config
         self.max_model_len = min(
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
@@ -166,10 +174,20 @@ class LLMEngine:
         request = self._new_request(request_id, prompt_token_ids, params, lora)
         request.priority = priority
         self._add_grammar(request_id, params, output_token_ids)
-        plan = self.scheduler.add_prefilled(request, output_token_ids)
+        plan = self.scheduler.add_prefilled(request, output_token_ids, self.runner.state_blocks)
         if plan is None:
             self.stepper.release(request_id)
         return plan
+
+    def load_imported_state(self, request_id: str) -> str | None:
+        """Decode role, a hybrid model: the state record read with an import's blocks into
+        the request's slot; why it is refused (not a record, another request's or shape,
+        corrupt), or None (done, or no state to load). A refused import is to be aborted and
+        recomputed, never decoded."""
+        request = self.scheduler.get(request_id)
+        if request is None or self.runner.states is None:
+            return None
+        return self.runner.load_state(request_id, request.block_ids)
 
     def commit_import(self, request_id: str) -> None:
         self.scheduler.commit_prefilled(request_id)
@@ -278,6 +296,7 @@ class LLMEngine:
         return self.scheduler.has_work or self.stepper.in_flight is not None
 
     def stats(self) -> EngineStats:
+        states = self.runner.states
         return EngineStats(
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
@@ -285,6 +304,8 @@ class LLMEngine:
             importing=self.scheduler.num_importing,
             free_blocks=self.block_manager.num_free_blocks,
             total_blocks=self.block_manager.num_total_blocks,
+            free_state_slots=states.num_free if states is not None else 0,
+            total_state_slots=states.num_slots if states is not None else 0,
         )
 
     # ---- the step ---------------------------------------------------------------------------

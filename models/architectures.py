@@ -17,6 +17,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("qwen2_moe", "qwen2_moe"),
     "Qwen3ForCausalLM": ("qwen3", "qwen3"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe"),
+    "Qwen3NextForCausalLM": ("qwen3_next", "qwen3_next"),
     "Phi3ForCausalLM": ("phi3", "phi3"),
     "Gemma2ForCausalLM": ("gemma2", "gemma2"),
     "Gemma3ForCausalLM": ("gemma3", "gemma3_text"),

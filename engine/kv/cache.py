@@ -44,6 +44,9 @@ class KVLayout:
     layer_windows: tuple[int, ...] = ()  # per layer, 0: full attention; () : all full
     kv_dtype: str = "auto"  # auto (the model dtype) | int8 | fp8_e4m3 (codes + scales)
     latent: bool = False  # MLA: one plane of latent rows (num_kv_heads 1), not K and V
+    # hybrid models (Qwen3-Next): the per-request state of the linear-attention layers that
+    # travels with the blocks (LinearAttnSpec.describe); "": none
+    state: str = ""
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)  # ValueError for an unsupported dtype
@@ -72,16 +75,19 @@ class KVLayout:
         block_size: int,
         kv_dtype: str = "auto",
     ) -> KVLayout:
+        kv_layers = model.kv_layers  # a hybrid model's attention layers only
+        windows = tuple(model.layer_windows[i] for i in kv_layers)
         return cls(
             model=model.name,
             dtype=_dtype_name(parse_dtype(dtype)),
             block_size=block_size,
-            num_layers=model.num_hidden_layers,
+            num_layers=len(kv_layers),
             num_kv_heads=model.num_key_value_heads,
             head_dim=model.head_dim,
-            layer_windows=model.layer_windows if any(model.layer_windows) else (),
+            layer_windows=windows if any(windows) else (),
             kv_dtype=kv_dtype,
             latent=model.mla is not None,
+            state=model.linear.describe() if model.linear is not None else "",
         )
 
     def with_kv_dtype(self, kv_dtype: str) -> KVLayout:
@@ -142,6 +148,8 @@ class KVLayout:
             + ([f"kv={self.kv_dtype}+{ROW_FORMAT}"] if self.kv_dtype != "auto" else [])
             # MLA's latent rows: never read as K / V of one head of the same width
             + ([LATENT_FORMAT] if self.latent else [])
+            # a hybrid model's per-request state: its shape is part of what moves
+            + ([self.state] if self.state else [])
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -164,10 +172,12 @@ class KVLayout:
             if self.latent
             else f"kv_heads={self.num_kv_heads} head_dim={self.head_dim}"
         )
+        state = f" state={self.state}" if self.state else ""
         return (
             f"model={self.model} dtype={self.dtype} kv_dtype={self.kv_dtype} "
             f"block_size={self.block_size} layers={self.num_layers} {heads} "
-            f"windows={self.windows_text()} ({LAYOUT_ORDER}, {self.block_bytes} bytes/block, "
+            f"windows={self.windows_text()}{state} ({LAYOUT_ORDER}, "
+            f"{self.block_bytes} bytes/block, "
             f"fingerprint {self.fingerprint()})"
         )
 

@@ -17,6 +17,18 @@ import torch
 
 
 @dataclass(frozen=True)
+class LinearStates:
+    """The state pool of the linear-attention layers (``engine.kv.linear_state``) as a step
+    reads it: each sequence's slot, in step order, and whether it starts from zeros (its
+    chunk begins at position 0)."""
+
+    conv: torch.Tensor  # [slots, linear_layers, conv_dim, kernel - 1]
+    recurrent: torch.Tensor  # [slots, linear_layers, v_heads, k_dim, v_dim] fp32
+    slots: tuple[int, ...]
+    fresh: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     """Where each sequence's query tokens sit in the flattened step and what they attend to.
 
@@ -35,6 +47,8 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     context_lens: torch.Tensor  # [num_seqs] int32
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with block 0
+    # the linear-attention layers' states (None: no such layer, or a throwaway forward)
+    states: LinearStates | None = field(default=None, compare=False)
 
     @classmethod
     def build(

@@ -21,9 +21,9 @@ from engine.model.families import (
     parse_ropes,
 )
 from engine.model.rope import Rope
-from engine.model.specs import MlaSpec
+from engine.model.specs import LinearAttnSpec, MlaSpec
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "MlaSpec", "ModelConfig", "MoeSpec", "Rope"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "LinearAttnSpec", "MlaSpec", "ModelConfig", "MoeSpec", "Rope"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,12 @@ class ModelConfig:
     # DeepSeek's latent attention: then one KV "head" of head_dim = mla.latent_dim values
     mla: MlaSpec | None = None
     attention_sinks: bool = False  # a learned per-head logit in every softmax (gpt-oss)
-    rope_dims: int = 0  # the dims of a head the rotary turns (GLM-4.5: half); 0: all
+    rope_dims: int = 0  # the dims of a head the rotary turns (GLM-4.5, Qwen3-Next); 0: all
     nope_layers: tuple[int, ...] = ()  # layers without rotary (SmolLM3's NoPE layers)
+    # Qwen3-Next: Gated DeltaNet layers (no KV: a per-request state), the others' attention
+    # output gated by sigmoid(gate) (q_proj gives each head's query and gate)
+    linear: LinearAttnSpec | None = None
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -84,8 +88,11 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.head_dim % 2 or self.rotary_dim % 2:
+            raise ValueError(
+                f"head_dim ({self.head_dim}) and its rotary part ({self.rotary_dim}) must be "
+                "even for RoPE"
+            )
         if not self.layer_windows:
             object.__setattr__(self, "layer_windows", (0,) * self.num_hidden_layers)
         if len(self.layer_windows) != self.num_hidden_layers:
@@ -122,6 +129,16 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """The dimensions a rotary table turns: the whole head, or MLA's rotary part."""
         return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers that keep K/V in the paged cache, in cache order (all but the
+        linear-attention layers)."""
+        linear = set(self.linear.layers) if self.linear is not None else set()
+        return tuple(i for i in range(self.num_hidden_layers) if i not in linear)
+
+    def is_linear_layer(self, index: int) -> bool:
+        return self.linear is not None and index in self.linear.layers
 
     @property
     def partial_rotary(self) -> bool:

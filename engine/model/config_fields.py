@@ -66,3 +66,19 @@ def eos_ids(value: Any, source: str) -> set[int]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"{source}: eos_token_id must be an integer or a list, got {value!r}")
     return set(values)
+
+
+def rotary_dims(fields: Fields, head_dim: int, default: float) -> int:
+    """The dims of a head the rotary turns: ``partial_rotary_factor`` (in ``rope_parameters``
+    or beside it) of ``head_dim``, rounded down as transformers does."""
+    params = fields.raw.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", fields.raw.get("partial_rotary_factor"))
+    factor = default if factor is None else factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise fields.error(f"'partial_rotary_factor' must be in (0, 1], got {factor!r}")
+    dims = int(head_dim * factor)
+    if dims % 2:
+        raise fields.error(
+            f"partial_rotary_factor={factor!r} turns {dims} dims of {head_dim}: must be even"
+        )
+    return dims

@@ -20,6 +20,8 @@ from engine import cpu_kernels
 from engine.model import linear as cpu_linear
 from engine.model.attention import AttentionBackend, AttentionMetadata, TritonAttention
 from engine.model.config import ModelConfig
+from engine.model.gated_attention import GatedAttention
+from engine.model.gated_delta import GatedDeltaNet
 from engine.model.layer_ops import CpuKernelOps, LayerOps, TorchOps, TritonOps
 from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
 from engine.model.mla import LatentAttention
@@ -30,6 +32,26 @@ from engine.model.rope import Rotary
 from engine.model.routing import Router
 from engine.model.shard import Shard, experts, shard_config
 from engine.model.stage import Stage
+
+
+def attention_layer(
+    config: ModelConfig,
+    index: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    cache_index: int | None,
+) -> SelfAttention | LatentAttention | GatedDeltaNet:
+    """The layer's token mixer: latent (MLA), linear (Gated DeltaNet), gated or plain
+    attention. A hybrid model's cache holds only its attention layers, in order; a linear
+    layer's state sits at its place among the linear layers."""
+    if config.linear is not None:
+        if config.is_linear_layer(index):
+            return GatedDeltaNet(config, index, dtype, device, config.linear.layers.index(index))
+        cache_index = config.kv_layers.index(index)
+    if config.mla is not None:
+        return LatentAttention(config, index, dtype, device, cache_index)
+    attention = GatedAttention if config.attn_output_gate else SelfAttention
+    return attention(config, index, dtype, device, cache_index)
 
 
 class DecoderLayer(nn.Module):
@@ -51,10 +73,7 @@ class DecoderLayer(nn.Module):
         self.index = index
         self.eps = config.rms_norm_eps
         self.input_norm = weight(hidden, dtype=dtype, device=device)
-        attention = SelfAttention if config.mla is None else LatentAttention
-        self.attn: SelfAttention | LatentAttention = attention(
-            config, index, dtype, device, cache_index
-        )
+        self.attn = attention_layer(config, index, dtype, device, cache_index)
         self.attn_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)
         self.mlp_norm = weight(hidden, dtype=dtype, device=device)
         self.mlp_out_norm = optional_weight(sandwich, hidden, dtype=dtype, device=device)

@@ -19,13 +19,14 @@ from engine.model.config_fields import Fields
 from engine.model.deepseek import parse_deepseek
 from engine.model.glm import parse_glm4_moe
 from engine.model.gpt_oss import parse_gpt_oss
+from engine.model.qwen3_next import parse_qwen3_next
 from engine.model.rope import Rope, parse_rope
 from engine.model.specs import MoeSpec
 from models.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, declared_architecture
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
-PARTIAL_ROTARY = ("glm4_moe",)  # families that turn a part of each head (``rope_dims``)
+PARTIAL_ROTARY = ("glm4_moe", "qwen3_next")  # families turning part of each head (rope_dims)
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,14 @@ def _qwen3_moe(fields: Fields, layers: int) -> dict[str, Any]:
     return values | _qwen_moe(fields, layers, experts_key, shared=False)
 
 
+def _qwen3_next(fields: Fields, layers: int) -> dict[str, Any]:
+    """Qwen3-Next: (1 + w) norms, q/k norms, linear and gated full attention, MoE with a
+    gated shared expert."""
+    values = _base(fields, layers) | {"qk_norm": True, "norm_offset": 1.0}
+    values |= parse_qwen3_next(fields, layers, _head_dim(fields))
+    return values | _qwen_moe(fields, layers, "num_experts", shared=True)
+
+
 def _phi3(fields: Fields, layers: int) -> dict[str, Any]:
     return _base(fields, layers) | _all_windowed(fields, layers) | {"naming": "phi3"}
 
@@ -250,6 +259,7 @@ FAMILIES = {
         Family("qwen2_moe", _qwen2_moe),
         Family("qwen3", _qwen3),
         Family("qwen3_moe", _qwen3_moe),
+        Family("qwen3_next", _qwen3_next),
         Family("phi3", _phi3),
         Family("gemma2", _gemma2),
         Family("gemma3", _gemma3),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.model.config_fields import Fields
+from engine.model.config_fields import Fields, rotary_dims
 from engine.model.specs import MoeSpec
 
 PARTIAL_ROTARY_DEFAULT = 0.5  # transformers' Glm4MoeConfig sets it when the config does not
@@ -26,22 +26,6 @@ def parse_glm4_moe(fields: Fields, layers: int, head_dim: int) -> dict[str, Any]
         "rope_dims": rotary_dims(fields, head_dim, PARTIAL_ROTARY_DEFAULT),
         "moe": _moe(fields, layers),
     }
-
-
-def rotary_dims(fields: Fields, head_dim: int, default: float) -> int:
-    """The dims of a head the rotary turns: ``partial_rotary_factor`` (in ``rope_parameters``
-    or beside it) of ``head_dim``, rounded down as transformers does."""
-    params = fields.raw.get("rope_parameters") or {}
-    factor = params.get("partial_rotary_factor", fields.raw.get("partial_rotary_factor"))
-    factor = default if factor is None else factor
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
-        raise fields.error(f"'partial_rotary_factor' must be in (0, 1], got {factor!r}")
-    dims = int(head_dim * factor)
-    if dims % 2:
-        raise fields.error(
-            f"partial_rotary_factor={factor!r} turns {dims} dims of {head_dim}: must be even"
-        )
-    return dims
 
 
 def _moe(fields: Fields, layers: int) -> MoeSpec:

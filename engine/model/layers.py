@@ -140,7 +140,7 @@ class SelfAttention(Packed):
         return [n.data for n in (self.q_norm, self.k_norm) if n is not None]
 
     def weight_targets(self, prefix: str) -> dict[str, torch.Tensor]:
-        q, kv, p = self.q_size, self.kv_size, prefix + "self_attn."
+        q, kv, p = self.qkv.shape[0] - 2 * self.kv_size, self.kv_size, prefix + "self_attn."
         if self.naming == "phi3":
             targets = {p + "qkv_proj.weight": self.qkv.data}
         else:

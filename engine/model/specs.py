@@ -98,3 +98,62 @@ class MlaSpec:
     def latent_dim(self) -> int:
         """Values a token stores per layer: the latent, then the rotary key."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class LinearAttnSpec:
+    """Gated DeltaNet linear attention (Qwen3-Next) on ``layers``: q and k of ``num_k_heads``
+    heads of ``k_head_dim``, v of ``num_v_heads`` heads of ``v_head_dim``, through a causal
+    depthwise conv of ``conv_kernel`` taps. A request carries, per such layer, a conv state
+    (the last ``conv_kernel - 1`` inputs of the conv) and a recurrent state (a
+    ``k_head_dim x v_head_dim`` matrix per value head) instead of KV blocks."""
+
+    layers: tuple[int, ...]
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.conv_kernel < 2:
+            raise ValueError(f"linear_conv_kernel_dim must be >= 2, got {self.conv_kernel}")
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(
+                f"linear_num_value_heads ({self.num_v_heads}) must be a multiple of "
+                f"linear_num_key_heads ({self.num_k_heads})"
+            )
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: q, k and v side by side."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        return (self.conv_dim, self.conv_kernel - 1)
+
+    @property
+    def recurrent_shape(self) -> tuple[int, int, int]:
+        return (self.num_v_heads, self.k_head_dim, self.v_head_dim)
+
+    def describe(self) -> str:
+        """The state's shape in one token, for the KV layout's fingerprint and logs (the
+        conv state is in the model dtype, the recurrent one in float32)."""
+        conv, rec = self.conv_state_shape, self.recurrent_shape
+        return (
+            f"gdn-state[layers={len(self.layers)},conv={conv[0]}x{conv[1]},"
+            f"recurrent={rec[0]}x{rec[1]}x{rec[2]}:float32]"
+        )

@@ -37,22 +37,31 @@ class HeldImports:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._held
 
-    def reserve(self, request: Request, output_token_ids: Sequence[int]) -> ImportPlan | None:
+    def reserve(
+        self, request: Request, output_token_ids: Sequence[int], state_blocks: int = 0
+    ) -> ImportPlan | None:
         """Blocks for the request's prompt and output_token_ids (the local prefix cache's
-        first), and where the KV from outside goes. None: not enough blocks, nothing changed."""
+        first), and ``state_blocks`` more at the end for a state record (the request's
+        next tokens fill them once it is read); where the KV from outside goes. None: not
+        enough blocks, nothing changed."""
         num_tokens = request.num_tokens + len(output_token_ids)
         all_tokens = request.prompt_token_ids + list(output_token_ids)
         root = request.hash_root
         hits = self._blocks.match_prefix(all_tokens, root)
         lower = self._blocks.match_lower(all_tokens, hits, root)  # loaded before its first step
-        if not self._blocks.allocate(request, num_tokens, hits, lower):
+        size = self._blocks.block_size
+        reserved = num_tokens
+        if state_blocks:  # whole blocks of tokens, then the record's
+            reserved = (self._blocks.blocks_for(num_tokens) + state_blocks) * size
+        if not self._blocks.allocate(request, reserved, hits, lower):
             return None
         self._held[request.request_id] = HeldImport(request, list(output_token_ids))
         return ImportPlan(
             block_ids=tuple(request.block_ids),
             num_cached_tokens=request.num_cached_tokens,
             num_kv_tokens=num_tokens - 1,
-            block_size=self._blocks.block_size,
+            block_size=size,
+            num_state_blocks=state_blocks,
         )
 
     def take(self, request_id: str) -> HeldImport | None:

@@ -114,6 +114,9 @@ class ImportPlan:
     num_cached_tokens: int
     num_kv_tokens: int
     block_size: int
+    # a hybrid model's: the last blocks of the table take the sender's last blocks, its
+    # linear-attention state record (engine.kv.linear_state)
+    num_state_blocks: int = 0
 
     @property
     def num_cached_blocks(self) -> int:

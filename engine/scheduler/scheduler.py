@@ -158,13 +158,16 @@ class Scheduler:
         self._retire(request, FinishReason.PREFILLED)
         return True
 
-    def add_prefilled(self, request: Request, output_token_ids: Sequence[int]) -> ImportPlan | None:
+    def add_prefilled(
+        self, request: Request, output_token_ids: Sequence[int], state_blocks: int = 0
+    ) -> ImportPlan | None:
         """Decode role: reserve blocks for a request whose KV is written from outside.
 
         output_token_ids are the tokens generated elsewhere (usually just the first); the KV
         of the prompt and all of them but the last comes from outside. None: no room now (no
         blocks, or max_num_seqs reached); nothing changed, try again later or recompute.
         The request is held, not scheduled, until `commit_prefilled` (or `abort`).
+        `state_blocks`: blocks reserved at the end for a state record (a hybrid model's).
         """
         if self._config.role is not Role.DECODE:
             raise RuntimeError(f"add_prefilled needs role=decode, this is {self._config.role}")
@@ -176,7 +179,7 @@ class Scheduler:
         self._check_new(request, request.num_tokens + len(output_token_ids))
         if len(self._running) + len(self._imports) >= self._config.max_num_seqs:
             return None
-        plan = self._imports.reserve(request, output_token_ids)
+        plan = self._imports.reserve(request, output_token_ids, state_blocks)
         if plan is not None:
             self._live.enter(request)
         return plan

@@ -47,6 +47,8 @@ def eager_reason(
         return "enforce_eager"
     if device.type != "cuda":
         return "cpu"
+    if model.config.linear is not None:
+        return "linear_attention"  # its states are read and written per sequence on the host
     if config.role is Role.PREFILL:
         return "prefill_role"  # it never decodes: a request is pinned after its first token
     if model.triton_ops is None:

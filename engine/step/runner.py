@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -18,7 +19,9 @@ import torch
 
 from engine import cpu_kernels
 from engine.config import EngineConfig
+from engine.kv.block_manager import BlockManager
 from engine.kv.cache import KVLayout, allocate_kv_cache
+from engine.kv.linear_state import StatePool
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
 from engine.lora.delta import LoraBatch, choose_kernel
 from engine.lora.manager import LoraManager
@@ -204,6 +207,12 @@ class ModelRunner:
         self.max_blocks = -(-self.max_model_len // config.block_size)  # the widest table
         self.memory: DeviceMemory | None = None  # as measured for the KV plan (CUDA)
         self.eager_reason = eager_reason(config, self.device, self.model, pipe is not None)
+        linear = model_config.linear
+        if linear is not None:  # the state pool's bytes come off the KV budget
+            shared_caches = (
+                *shared_caches,
+                StatePool.cache(linear, config.max_num_seqs, config.torch_dtype),
+            )
         with phase("kv_cache"):
             self.kv_capacity = plan_kv_cache(
                 config, self.layout, self._measure_memory, shared_caches
@@ -213,6 +222,11 @@ class ModelRunner:
                 self.num_blocks = pipe.min_int(self.num_blocks)
             # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
             self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
+            self.states = (
+                StatePool(linear, config.max_num_seqs, config.torch_dtype, self.device)
+                if linear is not None
+                else None
+            )
         self.max_blocks = min(self.max_blocks, self.num_blocks)
         self.batch = PersistentBatch(
             config.max_num_seqs,
@@ -244,9 +258,44 @@ class ModelRunner:
             raise ValueError("execute() needs at least one scheduled chunk")
         inputs = self.batch.prepare(out, sampled_prefills)
         self._check_lengths(inputs.meta)
+        if self.states is not None:
+            ids = [*(r.request_id for r in out.decodes), *(c.request_id for c in out.prefills)]
+            fresh = [False] * len(out.decodes) + [c.start == 0 for c in out.prefills]
+            meta = dataclasses.replace(inputs.meta, states=self.states.step(ids, fresh))
+            inputs = inputs._replace(meta=meta)
         if self.lora is not None:
             inputs = inputs._replace(lora=lora_batch(self.lora, out))
         return inputs
+
+    def release(self, request_id: str) -> None:
+        """The request left the running batch: free its row and its state slot."""
+        self.batch.release(request_id)
+        if self.states is not None:
+            self.states.release(request_id)
+
+    @property
+    def state_blocks(self) -> int:
+        """KV blocks a request's linear-attention state record takes (0: no such layer)."""
+        return self.states.record_blocks(self.layout.block_bytes) if self.states else 0
+
+    def park_state(self, request: Request, blocks: BlockManager) -> None:
+        """Prefill role: the pinned request's linear-attention states into KV blocks at the
+        end of its table, leased and shipped with the prompt's. None are written when the
+        cache is short of blocks (the decode node then finds no record and recomputes)."""
+        states, n = self.states, self.state_blocks
+        if states is None or not states.holds(request.request_id):
+            return
+        if not blocks.allocate(request, (len(request.block_ids) + n) * blocks.block_size):
+            log.warning("state_not_parked id=%s blocks=%d", request.request_id, n)
+            return
+        states.save(request.request_id, request.block_ids[-n:], self.kv_cache)
+
+    def load_state(self, request_id: str, block_ids: list[int]) -> str | None:
+        """Decode role: an imported request's states from the record at the end of its
+        table (``park_state``'s) into its slot; why it is refused, or None."""
+        if self.states is None:
+            return None
+        return self.states.load(request_id, block_ids[-self.state_blocks :], self.kv_cache)
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:

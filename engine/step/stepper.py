@@ -63,7 +63,7 @@ class Stepper:
 
     def release(self, request_id: str) -> None:
         """Free the request's state outside the scheduler (its row, every hook's record)."""
-        self.runner.batch.release(request_id)
+        self.runner.release(request_id)
         for hook in self.hooks:
             hook.release(request_id)
 
@@ -107,7 +107,7 @@ class Stepper:
             hook.after_schedule(out)
         self._count_preemptions(out)
         for request_id in out.preempted:
-            self.runner.batch.release(request_id)
+            self.runner.release(request_id)
         tiers = self.tiers
         if tiers is not None:
             tiers.submit()
@@ -163,6 +163,8 @@ class Stepper:
             hook.tokens_sampled(launched, token_ids)
         update = self.scheduler.update(out, token_ids, launched.more)
         for request in update.finished:
+            if request.status is RequestStatus.PINNED:
+                self.runner.park_state(request, self.block_manager)
             self.release(request.request_id)
             if request.status is RequestStatus.FINISHED:
                 counters.finished_requests += 1

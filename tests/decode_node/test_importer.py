@@ -22,6 +22,16 @@ def test_a_fully_cached_prompt_moves_no_block() -> None:
     assert transfer_pairs(plan, [20, 21]) == ([], [])
 
 
+def test_a_state_record_moves_from_the_last_blocks_to_the_last_blocks() -> None:
+    # a hybrid model: 8 KV tokens (2 blocks), then the next token's block, then a record of
+    # 2 blocks; the sender's table has its prompt's 2 blocks and its record's 2
+    plan = ImportPlan(
+        block_ids=(7, 8, 9, 10, 11), num_cached_tokens=0, num_kv_tokens=8, block_size=4,
+        num_state_blocks=2,
+    )  # fmt: skip
+    assert transfer_pairs(plan, [20, 21, 30, 31]) == ([20, 21, 30, 31], [7, 8, 10, 11])
+
+
 def test_kv_computed_under_another_adapter_is_refused_by_name() -> None:
     kv = KVHandle(
         node_id="p", peer_info="", block_ids=[1, 2], num_tokens=20, layout_fingerprint="f",

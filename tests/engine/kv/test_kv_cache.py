@@ -48,6 +48,7 @@ def test_fingerprint_is_stable_and_differs_in_every_field() -> None:
         "layer_windows": (4096,) * 30,
         "kv_dtype": "int8",
         "latent": True,
+        "state": "gdn-state[layers=3,conv=8192x3,recurrent=32x128x128:float32]",
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KVLayout)}
     one_head = dataclasses.replace(LAYOUT, num_kv_heads=1)  # a latent is one "head"

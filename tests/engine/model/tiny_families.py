@@ -193,8 +193,29 @@ FAMILIES["smollm3"] = (
         "sliding_window": WINDOW,
     },
 )  # fmt: skip
+# Qwen3-Next: linear (Gated DeltaNet) and gated full attention layers, MoE with a gated
+# shared expert on all but a dense layer, a rotary over half of each head
+FAMILIES["qwen3_next"] = (
+    "Qwen3NextConfig",
+    "Qwen3NextForCausalLM",
+    {
+        "num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "mlp_only_layers": [2],
+        "layer_types": ["linear_attention", "full_attention"] * 2,
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+        },
+    },
+)  # fmt: skip
 MLA = ["deepseek_v2", "deepseek_v3"]
-DENSE = [f for f in FAMILIES if "moe" not in f and f not in ("mixtral", "gpt_oss") and f not in MLA]
+HYBRID = ["qwen3_next"]
+DENSE = [
+    f
+    for f in FAMILIES
+    if "moe" not in f and f not in ("mixtral", "gpt_oss") and f not in MLA + HYBRID
+]
 MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe"]
 
 

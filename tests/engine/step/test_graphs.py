@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -163,8 +164,9 @@ def test_speculative_guesses_are_not_plain_decodes(model_dir: Path) -> None:
 
 
 class _Model:
-    def __init__(self, triton: bool) -> None:
+    def __init__(self, triton: bool, linear: bool = False) -> None:
         self.triton_ops = [object()] if triton else None
+        self.config = SimpleNamespace(linear=object() if linear else None)
 
 
 @pytest.mark.parametrize(
@@ -190,6 +192,13 @@ def test_eager_reasons(
     model: Any = _Model(triton)
     config = EngineConfig(model_dir, **setting)  # the device is eager_reason's argument
     assert eager_reason(config, torch.device(device), model, pipelined) == reason
+
+
+def test_a_hybrid_model_runs_eagerly(model_dir: Path) -> None:
+    """Its linear-attention states are read and written per sequence on the host."""
+    model: Any = _Model(True, linear=True)
+    config = EngineConfig(model_dir)
+    assert eager_reason(config, torch.device("cuda"), model, False) == "linear_attention"
 
 
 def test_the_cpu_runs_eagerly_and_says_why(

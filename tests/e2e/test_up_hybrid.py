@@ -1,0 +1,45 @@
+"""A tiny Qwen3-Next model (Gated DeltaNet linear attention interleaved with gated full
+attention, MoE) through `splitserve up`: 1 prefill + 1 decode node over TCP answer like the
+offline engine, and the decode node moves each prompt's blocks of the attention layers and
+its linear-attention state record once. The model is random (built with transformers' own
+class) with the default model's tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_clusters import BLOCK_SIZE, check_disaggregated, tiny_family_dir
+
+from engine.model.config import ModelConfig
+
+pytestmark = pytest.mark.e2e
+
+HEADER_BYTES = 64  # engine.kv.linear_state's record header
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_family_dir(
+        "qwen3_next", default_model_dir, tmp_path_factory.mktemp("tiny-qwen3-next")
+    )
+
+
+def moved_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
+    """Each prompt's blocks of the attention layers (fp32) and its state record's blocks."""
+    config = json.loads((model_dir / "config.json").read_text())
+    spec = ModelConfig.from_dir(model_dir).linear
+    assert spec is not None
+    kv_layers = config["layer_types"].count("full_attention")
+    block = kv_layers * 2 * BLOCK_SIZE * config["num_key_value_heads"] * config["head_dim"] * 4
+    conv, rec = spec.conv_state_shape, spec.recurrent_shape
+    state = len(spec.layers) * (conv[0] * conv[1] + rec[0] * rec[1] * rec[2]) * 4
+    record = -(-(HEADER_BYTES + state) // block)
+    return sum(-(-n // BLOCK_SIZE) + record for n in prompt_tokens) * block
+
+
+def test_disaggregated_hybrid_answers_like_offline_and_moves_the_state_once(
+    hybrid_dir: Path, tmp_path: Path
+) -> None:
+    check_disaggregated(hybrid_dir, tmp_path / "run", [], lambda n: moved_bytes(hybrid_dir, n))
