@@ -17,6 +17,21 @@ if not os.environ.get("TRITON_INTERPRET"):
         pass
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Where a C compiler exists, the CPU kernels must build: the kernel tests skip when the
+    kernels are unavailable, so a failed build (an error, a timeout) would otherwise turn
+    them all into skips. Building once here also keeps the build out of any test's time."""
+    if os.environ.get("SPLITSERVE_CPU_KERNELS", "1") == "0":
+        return
+    from engine.cpu_kernels.build import KernelBuildError, build
+
+    try:
+        build()
+    except KernelBuildError as exc:
+        if "no C compiler found" not in str(exc):
+            raise pytest.UsageError(f"the CPU kernels did not build: {exc}") from None
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The default model as a HF directory, pulled once through the project's own code.

@@ -54,6 +54,10 @@ _BASE_FLAGS = (
 )
 
 
+# A loaded 2-core machine took over 120 s for one build; past this the build has failed.
+COMPILE_TIMEOUT_S = 900
+
+
 class KernelBuildError(RuntimeError):
     """The C compiler is missing or failed; the message names the command and its output."""
 
@@ -141,7 +145,7 @@ def _compile(cc: str, flags: tuple[str, ...], target: Path) -> None:
     os.close(fd)
     cmd = [cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             shown = " ".join(cmd[: 1 + len(flags)])
             raise KernelBuildError(f"{shown} failed: {done.stderr.strip()[-500:]}")
