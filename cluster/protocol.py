@@ -56,7 +56,7 @@ from models.sampling_params import InvalidSampling, SamplingParams
 NodeRole = Literal["prefill", "decode", "colocated"]
 INTERNAL_PREFILL = "/internal/prefill"
 INTERNAL_RELEASE = "/internal/release"
-INTERNAL_EMBED = "/internal/embed"  # EmbedRequest -> EmbedResponse (prefill nodes)
+INTERNAL_EMBED = "/internal/embed"  # EmbedRequest -> EmbedResponse (every node)
 INTERNAL_GENERATE = "/internal/generate"
 INTERNAL_ABORT = "/internal/abort"
 INTERNAL_LORA_LOAD = "/internal/lora/load"  # LoadAdapterRequest -> ControlResponse
@@ -212,9 +212,9 @@ class PrefillResponse(_Msg):
 
 
 class EmbedRequest(_VersionedBody):
-    """Router -> prefill node: the prompt's pooled hidden state, in a prefill-only pass that
-    keeps no KV (engine.pooling). `dimensions`: the length the client asked for; a node
-    refuses any but its hidden size (its vectors are not truncatable)."""
+    """Router -> a node (of the prefill pool when there is one): the prompt's pooled hidden
+    state, from a prefill-only pass that keeps no KV (engine.pooling). `dimensions`: the
+    length the client asked for; a node refuses any but its hidden size."""
 
     request_id: str
     prompt_token_ids: list[int] = Field(min_length=1)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import urlsplit
 
-from cluster.protocol import PROTOCOL_VERSION, NodeInfo, NodeLoad
+from cluster.protocol import PROTOCOL_VERSION, EmbedRequest, EmbedResponse, NodeInfo, NodeLoad
 from cluster.tracing import NO_TRACER, Tracer, make_tracer
 from engine.config import EngineConfig, engine_config
 from engine.kv.sizing import KVCapacity
@@ -30,6 +30,7 @@ from node.adapters import NodeAdapters
 from node.kv_publisher import kv_events
 from node.kv_shards import kv_shards, layout_text, model_layout, serve_rank_shards
 from node.metrics import NodeMetrics
+from node.pooling import embed
 from node.settings import NodeSettings
 from node.spans import kv_send_spans
 
@@ -112,6 +113,10 @@ class NodeCore:
             agent.close()
             raise
         return agent
+
+    async def embed(self, req: EmbedRequest) -> EmbedResponse:
+        """A pooled vector (POST /internal/embed); no lease, no block kept."""
+        return await embed(self.loop, self.metrics, self.counts, req)
 
     # ---- NodeRuntime (node.server) ---------------------------------------------------------
 

@@ -29,12 +29,14 @@ from fastapi.responses import JSONResponse, Response
 from cluster.auth import CLUSTER_TOKEN_HEADER, token_ok
 from cluster.protocol import (
     HEALTH,
+    INTERNAL_EMBED,
     INTERNAL_LORA_LOAD,
     INTERNAL_LORA_UNLOAD,
     READY,
     STATS,
     VERSION,
     ControlResponse,
+    EmbedRequest,
     LoadAdapterRequest,
     NodeInfo,
     NodeLoad,
@@ -42,6 +44,7 @@ from cluster.protocol import (
 )
 from cluster.registry import REDIS_ERRORS, NodeRegistry
 from cluster.version import build_info
+from node.body import read_body
 from node.drain import wait_for_leases
 from node.errors import NodeError, bad_request, not_ready
 from node.metrics import NodeMetrics
@@ -299,6 +302,14 @@ async def load_lora(body: LoadAdapterRequest, request: Request) -> ControlRespon
     """Load a LoRA adapter (node.adapters); 400 naming the file when it cannot be served."""
     await runtime_of(request).adapters.load(body.lora_name, body.lora_path)
     return ControlResponse(request_id=body.lora_name, done=True)
+
+
+@guarded.post(INTERNAL_EMBED, dependencies=[Depends(accepting_work)])
+async def embed(request: Request) -> Response:
+    """A prompt's pooled vector from a prefill-only pass (node.pooling): any role serves it."""
+    body = await read_body(request, EmbedRequest)
+    answer = await runtime_of(request).embed(body)
+    return Response(answer.model_dump_json(), media_type="application/json")
 
 
 @guarded.post(INTERNAL_LORA_UNLOAD)

@@ -8,11 +8,9 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from cluster.protocol import (
-    INTERNAL_EMBED,
     INTERNAL_PREFILL,
     INTERNAL_RELEASE,
     ControlResponse,
-    EmbedRequest,
     PrefillRequest,
     ReleaseRequest,
 )
@@ -45,14 +43,6 @@ def _runtime(request: Request) -> PrefillRuntime:
 async def prefill(request: Request) -> Response:
     body = await read_body(request, PrefillRequest)
     response = await _runtime(request).prefill(body, request.headers)
-    return Response(response.model_dump_json(), media_type="application/json")
-
-
-@routes.post(INTERNAL_EMBED, dependencies=[Depends(accepting_work)])
-async def embed(request: Request) -> Response:
-    """A pooled vector; no lease, no block kept (engine.pooling)."""
-    body = await read_body(request, EmbedRequest)
-    response = await _runtime(request).embed(body)
     return Response(response.model_dump_json(), media_type="application/json")
 
 

@@ -14,8 +14,6 @@ from collections.abc import Mapping
 
 from cluster.protocol import (
     PROTOCOL_VERSION,
-    EmbedRequest,
-    EmbedResponse,
     KVHandle,
     PrefillRequest,
     PrefillResponse,
@@ -25,7 +23,6 @@ from engine.engine import LLMEngine
 from engine.loop.engine_loop import EngineLoop
 from engine.loop.stream import EngineFailed, RequestStream, StreamOutput
 from engine.lora.request import LoRARequest
-from engine.pooling import NoRoom, PoolingParams
 from engine.scheduler.request import FinishReason
 from kv_transfer import LeaseTable
 from models.sampling_params import SamplingParams
@@ -94,28 +91,6 @@ class PrefillRuntime(NodeCore):
             self._inflight.pop(rid)
             if response is None:
                 self.loop.post_abort(rid)  # cancelled or failed: free whatever it holds
-
-    async def embed(self, req: EmbedRequest) -> EmbedResponse:
-        """The prompt's pooled vector, from a prefill-only pass in the engine thread that
-        leaves no block taken and no lease (engine.pooling); 503 while its blocks are taken."""
-        hidden = self.loop.engine.model_config.hidden_size
-        if req.dimensions is not None and req.dimensions != hidden:
-            raise bad_request(
-                f"dimensions {req.dimensions} is not supported: this model's embeddings have "
-                f"{hidden} dimensions and are not truncatable",
-                "dimensions",
-            )
-        params = PoolingParams(req.pooling, req.normalize)
-        ids, rid = list(req.prompt_token_ids), req.request_id
-        self.counts["requests_total"] += 1
-        try:
-            vector = await checked_async(
-                self.loop.call(lambda engine: engine.embed(rid, ids, params)), "prompt_token_ids"
-            )
-        except NoRoom as exc:
-            raise NodeError(503, "no_room", str(exc)) from None
-        self.metrics.prompt_tokens.inc(len(ids))
-        return EmbedResponse(request_id=rid, embedding=vector, num_prompt_tokens=len(ids))
 
     def _answer(self, req: PrefillRequest, item: StreamOutput) -> PrefillResponse:
         out = item.output

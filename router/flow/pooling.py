@@ -1,6 +1,6 @@
-"""The embeddings flow: each input's pooled vector from the prefill pool, picked by the
-routing policy, trying other prefill nodes when one fails. A pooling pass keeps no KV: there
-is no lease and no decode leg."""
+"""The embeddings flow: each input's pooled vector from the prefill pool (without one, from
+the decode or colocated nodes), picked by the routing policy, trying other nodes when one
+fails. A pooling pass keeps no KV: there is no lease and no decode leg."""
 
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ async def embed_all(
     cancelled): 503 without a prefill pool, 429 when it is full, 400 for a refused input."""
     pools = Pools.of(state.membership.nodes())
     retry_after = state.settings.retry_after_s
-    if not pools.prefill:
-        raise unavailable(
-            "no prefill node is available (embeddings run on the prefill pool)", retry_after
-        )
-    if saturated(pools.prefill, state.settings.max_queue):
-        raise overloaded("every prefill node is at its queue limit", retry_after)
+    pool = "prefill" if pools.prefill else "decode"
+    candidates = pools.prefill or pools.local
+    if not candidates:
+        raise unavailable("no node is available", retry_after)
+    if saturated(candidates, state.settings.max_queue):
+        raise overloaded(f"every {pool} node is at its queue limit", retry_after)
     gate = asyncio.Semaphore(MAX_CALLS)
 
     async def one(req: EmbedRequest) -> EmbedResponse:
         async with gate:
-            return await _embed_one(state, pools.prefill, req, deadline)
+            return await _embed_one(state, pool, candidates, req, deadline)
 
     tasks = [asyncio.create_task(one(r)) for r in requests]
     try:
@@ -62,13 +62,17 @@ def embed_request(
 
 
 async def _embed_one(
-    state: RouterState, candidates: Sequence[NodeRecord], req: EmbedRequest, deadline: Deadline
+    state: RouterState,
+    pool: str,
+    candidates: Sequence[NodeRecord],
+    req: EmbedRequest,
+    deadline: Deadline,
 ) -> EmbedResponse:
     query = PrefixQuery(req.prompt_token_ids, None)
     tried: set[str] = set()
     busy = 0
     while len(tried) < state.settings.prefill_attempts:
-        node = state.picker.pick("prefill", candidates, tried, query)
+        node = state.picker.pick(pool, candidates, tried, query)
         if node is None:
             break
         node_id = node.info.node_id
@@ -79,7 +83,7 @@ async def _embed_one(
         except NodeCallError as err:
             if err.kind == "deadline":
                 raise deadline.error() from None
-            node_failed(state, req.request_id, "prefill", err)
+            node_failed(state, req.request_id, pool, err)
             if err.kind == "refused":
                 raise refused(err) from None
             busy += err.kind == "busy"
@@ -87,5 +91,5 @@ async def _embed_one(
             state.picker.end(node_id)
     retry_after = state.settings.retry_after_s
     if tried and busy == len(tried):
-        raise overloaded("every prefill node is busy", retry_after)
-    raise unavailable("no prefill node could compute the embedding", retry_after)
+        raise overloaded(f"every {pool} node is busy", retry_after)
+    raise unavailable(f"no {pool} node could compute the embedding", retry_after)

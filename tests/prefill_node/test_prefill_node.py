@@ -25,7 +25,7 @@ from node_harness import (
     wait_idle,
 )
 
-from cluster.protocol import NodeRecord, PrefillResponse
+from cluster.protocol import EmbedResponse, NodeRecord, PrefillResponse
 from cluster.registry import node_key
 from cluster.version import build_info
 from prefill_node.app import create_app, route_paths
@@ -89,6 +89,21 @@ async def test_request_done_at_the_first_token_holds_no_lease(node: httpx.AsyncC
     assert answer.finished and answer.kv is None and answer.finish_reason == "length"
     now = await stats(node)
     assert now.load.leases_held == 0 and now.load.free_blocks == NUM_BLOCKS
+
+
+async def test_embed_answers_a_vector_and_keeps_no_block(node: httpx.AsyncClient) -> None:
+    body = {"request_id": "emb", "prompt_token_ids": PROMPT, "pooling": "mean"}
+    resp = await node.post("/internal/embed", json=body)
+    assert resp.status_code == 200, resp.text
+    answer = EmbedResponse.model_validate_json(resp.content)
+    assert answer.num_prompt_tokens == len(PROMPT)
+    assert abs(sum(x * x for x in answer.embedding) - 1.0) < 1e-4  # normalized
+    now = await stats(node)
+    assert (now.load.leases_held, now.load.free_blocks) == (0, NUM_BLOCKS)
+    wide = await node.post("/internal/embed", json=body | {"dimensions": 3})
+    bad = await node.post("/internal/embed", json=body | {"prompt_token_ids": [1, 10**6]})
+    assert (wide.status_code, wide.json()["error"]["param"]) == (400, "dimensions")
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "prompt_token_ids")
 
 
 @pytest.mark.timeout(60)

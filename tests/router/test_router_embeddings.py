@@ -1,7 +1,8 @@
 """POST /v1/embeddings through the router, over fake nodes: each input goes to the prefill
 pool (never a decode node) with the pooling asked for, in order; float and base64; usage in
 OpenAI's shape, charged to the key; API keys and key limits apply; bad input gets OpenAI's
-error naming the field; no prefill pool is a 503; a failed node is retried elsewhere."""
+error naming the field; without a prefill pool the decode nodes serve it; a failed node
+is retried elsewhere."""
 
 from __future__ import annotations
 
@@ -105,15 +106,16 @@ async def test_keys_limits_and_usage_apply(
     assert usage["completion_tokens"] == 0
 
 
-async def test_no_prefill_pool_is_a_503_and_a_failed_node_is_retried(
+async def test_without_a_prefill_pool_decode_nodes_serve_and_a_failed_node_is_retried(
     tokenizer: Tokenizer, script: list[int]
 ) -> None:
+    decode = FakeNode("d0", "decode", script)
     async with (
-        fake_cluster(tokenizer, [FakeNode("d0", "decode", script)]) as c,
+        fake_cluster(tokenizer, [decode]) as c,
         httpx.AsyncClient(base_url=c.router_url) as client,
     ):
-        resp = await client.post("/v1/embeddings", json=BODY)
-        assert resp.status_code == 503 and "prefill" in resp.json()["error"]["message"]
+        assert (await client.post("/v1/embeddings", json=BODY)).status_code == 200
+    assert len(decode.embeds) == 2
     bad = FakeNode("p0", "prefill", script, prefill_status=500)
     good = FakeNode("p1", "prefill", script)
     nodes = [bad, good, FakeNode("d0", "decode", script)]
@@ -123,4 +125,4 @@ async def test_no_prefill_pool_is_a_503_and_a_failed_node_is_retried(
     ):
         for _ in range(3):
             assert (await client.post("/v1/embeddings", json=BODY)).status_code == 200
-    assert len(good.embeds) == 6
+    assert len(good.embeds) == 6 and nodes[2].embeds == []
