@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from bench.moe_layers import timer_summary
 from engine.model.attention import AttentionMetadata
 
 
@@ -60,12 +61,7 @@ class AttentionLayerTimer:
             del block.attend  # the class's method again
 
     def summary(self, run_seconds: float) -> dict[str, float]:
-        return {
-            "attention_seconds": self.seconds,
-            "attention_share_of_run": self.seconds / run_seconds if run_seconds else 0.0,
-            "attention_gflop_s": self.flops / self.seconds / 1e9 if self.seconds else 0.0,
-            "attention_calls": self.calls,
-        }
+        return timer_summary("attention", self.seconds, self.flops, self.calls, run_seconds)
 
 
 def _per_key_flops(block: Any) -> float:

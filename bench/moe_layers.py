@@ -53,12 +53,20 @@ class MoeLayerTimer:
             handle.remove()
 
     def summary(self, run_seconds: float) -> dict[str, float]:
-        return {
-            "moe_seconds": self.seconds,
-            "moe_share_of_run": self.seconds / run_seconds if run_seconds else 0.0,
-            "moe_gflop_s": self.flops / self.seconds / 1e9 if self.seconds else 0.0,
-            "moe_calls": self.calls,
-        }
+        return timer_summary("moe", self.seconds, self.flops, self.calls, run_seconds)
+
+
+def timer_summary(
+    prefix: str, seconds: float, flops: float, calls: int, run_seconds: float
+) -> dict[str, float]:
+    """A layer timer's figures, keyed ``{prefix}_seconds``, ``_share_of_run``,
+    ``_gflop_s`` and ``_calls``."""
+    return {
+        f"{prefix}_seconds": seconds,
+        f"{prefix}_share_of_run": seconds / run_seconds if run_seconds else 0.0,
+        f"{prefix}_gflop_s": flops / seconds / 1e9 if seconds else 0.0,
+        f"{prefix}_calls": calls,
+    }
 
 
 def describe(summary: dict[str, float], peak_gflops: float) -> str:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_clusters import BLOCK_SIZE, NIXL, check_disaggregated, tiny_family_dir
+from tiny_clusters import BLOCK_SIZE, DISAGGREGATED, check_disaggregated, tiny_family_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -28,16 +28,7 @@ def kv_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
     return blocks * config["num_hidden_layers"] * 2 * BLOCK_SIZE * row * 4
 
 
-@pytest.mark.parametrize(
-    ("tp", "transfer"),
-    [
-        ([], "tcp"),
-        (["--prefill-tp", "2", "--decode-tp", "1"], "tcp"),
-        (["--prefill-tp", "1", "--decode-tp", "2"], "tcp"),
-        pytest.param([], "nixl", marks=NIXL),
-    ],
-    ids=["1x1", "2x1", "1x2", "1x1-nixl"],
-)
+@DISAGGREGATED
 def test_disaggregated_gpt_oss_answers_like_offline(
     gpt_oss_dir: Path, tmp_path: Path, tp: list[str], transfer: str
 ) -> None:

@@ -19,6 +19,18 @@ from kv_transfer import nixl_available
 from tests.engine.model.tiny_families import save_family
 
 NIXL = pytest.mark.skipif(not nixl_available(), reason="needs NIXL")
+# (TP flags, transfer) of the 1P+1D clusters a family runs through: equal pools over TCP and
+# NIXL, and a pool of TP 2 on either side
+DISAGGREGATED = pytest.mark.parametrize(
+    ("tp", "transfer"),
+    [
+        ([], "tcp"),
+        (["--prefill-tp", "2", "--decode-tp", "1"], "tcp"),
+        (["--prefill-tp", "1", "--decode-tp", "2"], "tcp"),
+        pytest.param([], "nixl", marks=NIXL),
+    ],
+    ids=["1x1", "2x1", "1x2", "1x1-nixl"],
+)
 
 PROMPTS = [  # longer than the router's local-prefill limit: each goes through the prefill pool
     "The history of Paris spans more than two thousand years. It began as a small settlement "
