@@ -99,7 +99,7 @@ def test_a_harmony_call_parses_into_tool_calls_and_reasoning(
             for call in choice.delta.tool_calls or []:
                 names += [call.function.name] if call.function and call.function.name else []
                 arguments += (call.function.arguments or "") if call.function else ""
-    assert (reasoning, names, json.loads(arguments)) == (THOUGHT, calls[0][:1], calls[0][1])
+    assert (reasoning, names, json.loads(arguments)) == (THOUGHT, [calls[0][0]], calls[0][1])
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert counters["transfer_ok"] == 2  # both prompts went through the prefill node
     assert session_processes(up.proc.pid) == []
