@@ -1,11 +1,12 @@
 """A tiny real model that says a chosen text, greedy: a bigram machine.
 
-A one-layer Llama whose attention and MLP output projections are zero, so the residual
-stream at every position is the token's own embedding. Chain tokens get orthonormal
-embeddings (x sqrt(hidden), so the final norm leaves them as they are), and the lm_head row
-of each token's successor is its predecessor's unit embedding x `MARGIN`: after token `t`
-the logit of `next(t)` is MARGIN x sqrt(hidden) and every other logit is 0 (exactly, up to
-rounding), so greedy decoding follows the chain on any kernel and summation order.
+A one-layer Llama (or Qwen3: `family`) whose attention and MLP output projections are
+zero, so the residual stream at every position is the token's own embedding. Chain tokens
+get orthonormal embeddings (x sqrt(hidden), so the final norm leaves them as they are), and
+the lm_head row of each token's successor is its predecessor's unit embedding x `MARGIN`:
+after token `t` the logit of `next(t)` is MARGIN x sqrt(hidden) and every other logit is 0
+(exactly, up to rounding), so greedy decoding follows the chain on any kernel and summation
+order.
 
 A chain is token ids in order: its first id is the prompt's last token, the rest what the
 model says. An id may repeat only with the same successor (`successors` checks);
@@ -35,10 +36,15 @@ def successors(chain: Sequence[int]) -> dict[int, int]:
 
 
 def save_scripted_model(
-    path: Path, chain: Sequence[int], vocab_size: int, eos_token_ids: Sequence[int]
+    path: Path,
+    chain: Sequence[int],
+    vocab_size: int,
+    eos_token_ids: Sequence[int],
+    family: str = "Llama",
 ) -> Path:
-    """A Llama model in `path` (config, safetensors; no tokenizer) that greedily continues
-    each chain token with its successor; `eos_token_ids` end generation."""
+    """A model of `family` (Llama or Qwen3) in `path` (config, safetensors; no tokenizer)
+    that greedily continues each chain token with its successor; `eos_token_ids` end
+    generation."""
     import torch
     import transformers
 
@@ -46,14 +52,14 @@ def save_scripted_model(
     tokens = sorted(set(nexts) | set(nexts.values()))
     if len(tokens) > HIDDEN:
         raise ValueError(f"the chain holds {len(tokens)} tokens; at most {HIDDEN} fit")
-    config = transformers.LlamaConfig(
+    config = getattr(transformers, f"{family}Config")(
         vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
         rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None,
         eos_token_id=list(eos_token_ids), pad_token_id=None,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight", "lm_head.weight")):

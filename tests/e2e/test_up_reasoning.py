@@ -33,7 +33,9 @@ def cluster(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     prompt = tokenizer.apply_chat_template(ASK)
     eos = min(tokenizer.eos_token_ids)
     said = tokenizer.encode(f"<think> {THINKING}</think> {ANSWER}", add_special_tokens=False)
-    save_scripted_model(model_dir, [prompt[-1], *said, eos], tokenizer.vocab_size, [eos])
+    save_scripted_model(
+        model_dir, [prompt[-1], *said, eos], tokenizer.vocab_size, [eos], family="Qwen3"
+    )
     run_dir = tmp_path_factory.mktemp("up-reasoning")
     args = ("--reasoning-parser", "qwen3", "--num-kv-blocks", "64")
     with running_cluster(model_dir, run_dir, *args) as up:
