@@ -1,17 +1,19 @@
-"""What tracing costs serving: `splitserve bench serve` against two clusters of the same run,
-one tracing every request (--trace-sample-ratio 1, exporting to an OTLP/HTTP receiver in this
-process), one with tracing off, the rounds interleaved (on, off, on, off, ...).
+"""What tracing costs serving: `splitserve bench serve` against two clusters of one
+configuration, one tracing every request (--trace-sample-ratio 1, exporting to an OTLP/HTTP
+receiver in this process), one with tracing off, in alternating rounds (on off, off on, on
+off, ...), after one untimed warm-up round each.
 
-    python -m bench.trace_overhead --rounds 5 --num-requests 8 --rate 0.25 \\
+    python -m bench.trace_overhead --rounds 6 --num-requests 16 --rate 0.5 \\
         --max-prompt 128 --max-output 32
 
 Both clusters run for the whole benchmark (1 prefill + 1 decode each, TCP transfer), so the
-one that waits sits idle while the other serves. Reported per mode: TTFT and TPOT p50 over
-every round's requests and tracing's difference (ms, and % of TPOT); the CPU time the router
-and the two nodes used per request (steadier than latencies on a loaded machine); each
-round's p50s (their spread within one mode is the noise the difference is read against);
-the spans the receiver took; the load average before and after. Latencies on a shared
-machine move with its load, which interleaving spreads evenly over both modes.
+one that waits sits idle while the other serves. Reported: each round's TTFT and TPOT p50
+per mode; tracing's added TTFT (ms) and TPOT (%) as the median over rounds of that round's
+on - off, with the noise of those differences (their median absolute deviation); CPU time
+per request and per output token of the router and each node (from /proc, steadier than
+latencies on a busy machine); and the verdict on the bound (TTFT p50 +5 ms, TPOT p50 +3%):
+holds, exceeded, or inconclusive where the noise exceeds the bound. A loaded machine is
+named in the output: its figures are not to be quoted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -30,9 +33,9 @@ from bench.common import RESULTS_DIR, write_json
 from bench.policy_sweep import Up
 from bench.serve import DEFAULT_SLO, SMOLLM2_VOCAB, ServeConfig, run_sweep
 from bench.serve_client import LoadOptions
-from bench.serve_stats import summarize
+from bench.trace_overhead_report import MODES, compare, cpu_table, lines, verdict
 
-MODES = ("on", "off")
+__all__ = ["SpanSink", "compare", "cpu_seconds", "main"]
 SERVING = ("router", "prefill-0", "decode-0")  # the processes whose CPU time counts
 
 
@@ -90,41 +93,52 @@ def _up(mode: str, args: argparse.Namespace, sink: SpanSink, run_dir: Path) -> U
     return Up("kv_aware", cluster, run_dir / mode)
 
 
-def _config(args: argparse.Namespace, url: str, mode: str) -> ServeConfig:
+def _config(args: argparse.Namespace, url: str, mode: str, warm: bool = False) -> ServeConfig:
     return ServeConfig(
         url=url, model=None, workload=args.workload, rates=(args.rate,),
-        num_requests=args.num_requests, duration_s=None, max_prompt=args.max_prompt,
-        max_output=args.max_output, vocab_size=SMOLLM2_VOCAB, seed=args.seed, slo=DEFAULT_SLO,
-        load=LoadOptions(args.timeout, progress=False), warmup=1, label=f"tracing {mode}",
+        num_requests=2 if warm else args.num_requests, duration_s=None,
+        max_prompt=args.max_prompt, max_output=args.max_output, vocab_size=SMOLLM2_VOCAB,
+        seed=args.seed, slo=DEFAULT_SLO, load=LoadOptions(args.timeout, progress=False),
+        warmup=0, label=f"tracing {mode}{' warm-up' if warm else ''}",
     )  # fmt: skip
 
 
-def compare(
-    records: dict[str, list[dict[str, Any]]], durations: dict[str, float]
-) -> dict[str, Any]:
-    """Per mode the pooled summary; tracing's difference in TTFT and TPOT p50."""
-    out: dict[str, Any] = {
-        mode: summarize(records[mode], durations[mode], None, DEFAULT_SLO) for mode in MODES
-    }
-    on, off = out["on"], out["off"]
-    ttft = on["ttft_ms"]["p50"] - off["ttft_ms"]["p50"]
-    tpot = on["tpot_ms"]["p50"] - off["tpot_ms"]["p50"]
-    out["ttft_p50_added_ms"] = round(ttft, 3)
-    out["tpot_p50_added_ms"] = round(tpot, 3)
-    out["tpot_p50_added_pct"] = round(100 * tpot / off["tpot_ms"]["p50"], 2)
-    return out
+class Rounds:
+    """The records, each round's p50s and each process's CPU seconds, per mode."""
 
+    def __init__(self) -> None:
+        self.records: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+        self.durations = dict.fromkeys(MODES, 0.0)
+        self.p50s: list[dict[str, dict[str, float]]] = []
+        self.cpu: dict[str, dict[str, float]] = {m: dict.fromkeys(SERVING, 0.0) for m in MODES}
 
-def _line(report: dict[str, Any], spans: int) -> str:
-    on, off = report["on"], report["off"]
-    load = report["load_average_before_after"]
-    return (
-        f"TTFT p50 on {on['ttft_ms']['p50']:.1f} off {off['ttft_ms']['p50']:.1f} ms "
-        f"({report['ttft_p50_added_ms']:+.2f}); TPOT p50 on {on['tpot_ms']['p50']:.2f} "
-        f"off {off['tpot_ms']['p50']:.2f} ms ({report['tpot_p50_added_pct']:+.2f}%); "
-        f"CPU per request on {on['cpu_ms_per_request']:.1f} off {off['cpu_ms_per_request']:.1f}"
-        f" ms; {spans} spans; load {load[0][0]:.1f} -> {load[1][0]:.1f}"
-    )
+    def run(self, args: argparse.Namespace, ups: dict[str, Up], round_no: int) -> None:
+        """One round: both modes, in the order that alternates from round to round."""
+        order = MODES if round_no % 2 == 0 else MODES[::-1]
+        p50s: dict[str, dict[str, float]] = {}
+        for mode in order:
+            print(f"== round {round_no + 1} tracing {mode}", flush=True)
+            pids = {name: int(ups[mode].layout["pids"][name]) for name in SERVING}
+            used = {name: cpu_seconds([pid]) for name, pid in pids.items()}
+            point = asyncio.run(run_sweep(_config(args, ups[mode].url, mode), None))["points"][0]
+            for name, pid in pids.items():
+                self.cpu[mode][name] += cpu_seconds([pid]) - used[name]
+            self.records[mode] += point["records"]
+            self.durations[mode] += point["duration_s"]
+            summary = point["summary"]
+            p50s[mode] = {k: summary[f"{k}_ms"]["p50"] for k in ("ttft", "tpot")}
+        self.p50s.append(p50s)
+
+    def report(self) -> dict[str, Any]:
+        out = compare(self.records, self.durations)
+        out["round_p50_ms"] = self.p50s
+        out["median_round_p50_ms"] = {
+            m: {k: statistics.median(r[m][k] for r in self.p50s) for k in ("ttft", "tpot")}
+            for m in MODES
+        }
+        out["verdict"] = verdict(self.p50s)
+        out["cpu"] = cpu_table(self.cpu, self.records)
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     a = parser.add_argument
-    a("--rounds", type=int, default=3, help="runs per mode, the modes interleaved")
+    a("--rounds", type=int, default=6, help="rounds of both modes, the order alternating")
     a("--workload", default="chat")
     a("--rate", type=float, default=0.5, help="requests per second")
     a("--num-requests", type=int, default=16, help="requests per round")
@@ -147,41 +161,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     load_before = os.getloadavg()
-    records: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    durations = dict.fromkeys(MODES, 0.0)
-    rounds: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}  # each round's p50s
-    cpu = dict.fromkeys(MODES, 0.0)  # CPU seconds the serving processes used in the rounds
-    sink = SpanSink()
+    rounds, sink = Rounds(), SpanSink()
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         ups = {m: _up(m, args, sink, Path(tmp)) for m in MODES}
         try:
+            for mode in MODES:  # connections, caches and allocations, untimed
+                asyncio.run(run_sweep(_config(args, ups[mode].url, mode, warm=True), None))
             for round_no in range(args.rounds):
-                for mode in MODES:
-                    print(f"== round {round_no + 1} tracing {mode}", flush=True)
-                    pids = [int(ups[mode].layout["pids"][name]) for name in SERVING]
-                    used = cpu_seconds(pids)
-                    result = asyncio.run(run_sweep(_config(args, ups[mode].url, mode), None))
-                    cpu[mode] += cpu_seconds(pids) - used
-                    point = result["points"][0]
-                    records[mode] += point["records"]
-                    durations[mode] += point["duration_s"]
-                    summary = point["summary"]
-                    rounds[mode].append({k: summary[f"{k}_ms"]["p50"] for k in ("ttft", "tpot")})
+                rounds.run(args, ups, round_no)
         finally:
             for up in ups.values():
                 up.stop()
     sink.close()
-    report = compare(records, durations)
-    for mode in MODES:  # the warm-up request of each round ran too
-        report[mode]["cpu_ms_per_request"] = round(
-            1e3 * cpu[mode] / (len(records[mode]) + args.rounds), 2
-        )
+    report = rounds.report()
     report.update(spans_received=sink.spans, load_average_before_after=[load_before,
-                  os.getloadavg()], cpus=os.cpu_count(), round_p50_ms=rounds)  # fmt: skip
-    print(_line(report, sink.spans))
+                  os.getloadavg()], cpus=os.cpu_count())  # fmt: skip
+    print("\n".join(lines(report)))
     config = {k: v for k, v in vars(args).items() if k != "out"}
     out = write_json(args.out, {"bench": "trace_overhead", "config": config, **report,
-                                "records": records})  # fmt: skip
+                                "records": rounds.records})  # fmt: skip
     print(f"wrote {out}")
     return 0
 

@@ -10,6 +10,7 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.trace_overhead import SpanSink, compare, cpu_seconds
+from bench.trace_overhead_report import cpu_table, verdict
 
 
 def _record(ttft_s: float, tpot_s: float) -> dict[str, object]:
@@ -52,3 +53,28 @@ def test_cpu_seconds_grow_with_work() -> None:
     while time.process_time() < deadline:  # 50 ms of CPU
         pass
     assert cpu_seconds([os.getpid()]) - before >= 0.03
+
+
+def _round(on: tuple[float, float], off: tuple[float, float]) -> dict[str, dict[str, float]]:
+    return {"on": {"ttft": on[0], "tpot": on[1]}, "off": {"ttft": off[0], "tpot": off[1]}}
+
+
+def test_the_verdict_is_the_median_of_the_rounds_differences() -> None:
+    steady = [_round((102, 20.2), (100, 20.0)), _round((101, 20.3), (100, 20.0)),
+              _round((150, 20.1), (100, 20.0))]  # fmt: skip
+    v = verdict(steady)  # one round's outlier (+50 ms) does not move the median
+    assert v["added"]["ttft_ms"] == 2.0 and round(v["added"]["tpot_pct"], 6) == 1.0
+    assert v["verdict"] == "holds"
+    slower = [_round((110, 21.0), (100, 20.0)), _round((111, 21.0), (100, 20.0))]
+    assert verdict(slower)["verdict"] == "exceeded"
+    noisy = [_round((140, 20.0), (100, 20.0)), _round((60, 20.0), (100, 20.0))]
+    assert verdict(noisy)["verdict"] == "inconclusive"  # rounds differ by +-40 ms
+    assert verdict(steady[:1])["verdict"] == "inconclusive"  # no noise from one round
+
+
+def test_cpu_is_counted_per_request_and_per_token_of_each_process() -> None:
+    records = {"on": [_record(0.1, 0.02)] * 4, "off": [_record(0.1, 0.02)] * 4}
+    table = cpu_table({"on": {"router": 0.4, "decode-0": 1.6}, "off": {"router": 0.2}}, records)
+    assert table["on"]["router"] == {"ms_per_request": 100.0, "ms_per_token": 25.0}
+    assert table["on"]["decode-0"]["ms_per_token"] == 100.0  # 4 requests x 4 tokens
+    assert table["off"]["router"]["ms_per_request"] == 50.0
