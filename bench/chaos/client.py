@@ -19,6 +19,7 @@ from bench.chaos.workload import Spec
 
 GRACE_S = 10.0  # past the request's deadline before the client calls it hung
 GATE_POLL_S = 0.05
+REFUSED_PAUSE_S = 1.0  # after a refused connection (a router restarting), before the next
 
 
 @dataclass
@@ -63,6 +64,7 @@ async def send(http: httpx.AsyncClient, base_url: str, spec: Spec, deadline_s: f
         out.hung = True
     except httpx.ConnectError as exc:
         out.refused = f"{type(exc).__name__}: {exc}"
+        await asyncio.sleep(REFUSED_PAUSE_S)  # a client backs off (else it burns its requests)
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         out.broken = f"{type(exc).__name__}: {exc}"
     out.ended = time.monotonic()

@@ -22,7 +22,9 @@ from bench.chaos.upgrade import unavailable_reason as no_release
 from bench.chaos.workload import make_specs
 from cluster.protocol import PROTOCOL_VERSION
 
-pytestmark = [pytest.mark.upgrade, pytest.mark.model]
+# the cluster, the fault-free run, every process onto v0.1.0 and five restarts, each new
+# process importing torch: over 10 minutes on 2 cores shared with other work
+pytestmark = [pytest.mark.upgrade, pytest.mark.model, pytest.mark.timeout(1200)]
 
 RUN = RunConfig(requests=40)
 
