@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from bench.moe_layers import timer_summary
+from bench.moe_layers import describe_timer, timer_summary
 from engine.model.attention import AttentionMetadata
 
 
@@ -82,10 +82,7 @@ def _keys_seen(meta: AttentionMetadata, window: int) -> int:
 
 
 def describe(summary: dict[str, float], peak_gflops: float) -> str:
-    rate = summary["attention_gflop_s"]
-    return (
-        f"attention: {summary['attention_seconds']:.2f} s "
-        f"({100 * summary['attention_share_of_run']:.0f}% of the run, "
-        f"{summary['attention_calls']:.0f} calls), {rate:.1f} GFLOP/s over the projections "
-        f"and the products with the keys seen, ratio to peak {rate / peak_gflops:.3f}"
-    )
+    return describe_timer(
+        summary, peak_gflops, "attention", "attention",
+        "the projections and the products with the keys seen",
+    )  # fmt: skip

@@ -70,9 +70,18 @@ def timer_summary(
 
 
 def describe(summary: dict[str, float], peak_gflops: float) -> str:
-    rate = summary["moe_gflop_s"]
+    return describe_timer(summary, peak_gflops, "moe", "MoE layers", "the active parameters")
+
+
+def describe_timer(
+    summary: dict[str, float], peak_gflops: float, prefix: str, label: str, counted: str
+) -> str:
+    """One line of a layer timer's summary (``timer_summary`` with ``prefix``): time, share
+    of the run, calls, GFLOP/s over what ``counted`` names and the ratio to the peak."""
+    rate = summary[f"{prefix}_gflop_s"]
     return (
-        f"MoE layers: {summary['moe_seconds']:.2f} s ({100 * summary['moe_share_of_run']:.0f}% "
-        f"of the run, {summary['moe_calls']:.0f} calls), {rate:.1f} GFLOP/s over the active "
-        f"parameters, ratio to peak {rate / peak_gflops:.3f}"
+        f"{label}: {summary[f'{prefix}_seconds']:.2f} s "
+        f"({100 * summary[f'{prefix}_share_of_run']:.0f}% of the run, "
+        f"{summary[f'{prefix}_calls']:.0f} calls), {rate:.1f} GFLOP/s over {counted}, "
+        f"ratio to peak {rate / peak_gflops:.3f}"
     )
