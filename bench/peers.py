@@ -267,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"benchmark": "peers", "model": args.model,
                               "workloads": args.workloads, "left_out": left,
                               "environment": environment()}  # fmt: skip
-    run_rounds(args, list(run), report)
+    report["rounds"] = []
+    if args.workloads:  # `--only serve` runs no generation workload
+        run_rounds(args, list(run), report)
     report["ratios"] = {w: ratios(report["rounds"], w) for w in args.workloads}
     if "serve" in only:
         from bench.peer_serve import serve_rounds

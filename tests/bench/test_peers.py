@@ -161,3 +161,24 @@ def test_only_the_systems_named(
     report = _run(model_dir, pythons, tmp_path / "peers.json", rounds=1)
     assert set(report["rounds"][0]["offline"]) == {"splitserve", "vllm"}
     assert report["left_out"] == {} and list(report["ratios"]["batch1"]) == ["splitserve/vllm"]
+
+
+def test_only_serve_runs_no_generation_round(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--only serve` runs the serving comparison alone (it crashed: a round with no
+    workloads)."""
+    import bench.peer_serve
+
+    fake = _fake(tmp_path, monkeypatch, "vllm")
+    monkeypatch.setattr(
+        bench.peer_serve, "serve_rounds", lambda args, with_vllm: {"rounds": [], "vllm": with_vllm}
+    )
+    monkeypatch.setattr(bench.peer_serve, "serve_table", lambda serve: "serve table")
+    out = tmp_path / "peers.json"
+    argv = ["--peer-python", str(fake), "--model", str(model_dir), "--only", "serve",
+            "--out", str(out)]  # fmt: skip
+    assert peers.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["rounds"] == [] and report["serve"] == {"rounds": [], "vllm": True}
+    assert not (tmp_path / "jobs.log").exists()  # no peer ran a generation job
