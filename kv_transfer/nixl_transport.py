@@ -13,7 +13,7 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from kv_transfer.nixl_driver import NixlDriver, as_transfer_error
 from kv_transfer.nixl_loader import apply_ucx_settings, create_agent, load_nixl
 from kv_transfer.nixl_peers import NixlPeer, NixlPeers
 from kv_transfer.nixl_report import PREFIX, merged, read_report
+from kv_transfer.nixl_waits import all_or_none, named
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
 from kv_transfer.shards import KVShards, read_descriptors
@@ -152,7 +153,7 @@ class NixlTransport:
             rows = [read_descriptors(local, remote_shards, p, ids[0], ids[1]) for p in pieces]
             ranks = sorted({p.src for p in pieces})
             jobs.append(self._read_pieces(peer, ranks, rows, deadline, window))
-        await _all_or_none(jobs)
+        await all_or_none(jobs)
         message = release_message(request_id)
         self._driver.submit(lambda: self._notify(self._peers.node(peer), message))
         return local.plan_bytes(plan, len(ids[1]))
@@ -240,9 +241,9 @@ class NixlTransport:
             self._driver.cancel(future)
             logger.error("NIXL driver thread did not answer within the deadline")
             stalled = TransferTimeout("transfer exceeded its deadline (driver stalled)")
-            raise _named(stalled, label) from None
+            raise named(stalled, label) from None
         except TransferError as exc:
-            raise _named(exc, label) from exc
+            raise named(exc, label) from exc
 
     async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
         def notify() -> None:
@@ -329,29 +330,3 @@ class NixlTransport:
             self._driver.call(teardown)
         finally:
             self._driver.stop()
-
-
-def _named(exc: TransferError, label: str) -> TransferError:
-    """``exc`` with ``label`` in front of its message (same type), or as it is."""
-    if not label:
-        return exc
-    try:
-        return type(exc)(f"{label}: {exc}")
-    except TypeError:  # an error type with another constructor
-        return exc
-
-
-async def _all_or_none(jobs: Sequence[Coroutine[Any, Any, None]]) -> None:
-    """Run ``jobs`` at once; the first failure cancels the others and is raised once none
-    of them writes any more."""
-    tasks = [asyncio.ensure_future(job) for job in jobs]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in tasks:
-            task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    real = [e for e in errors if not isinstance(e, asyncio.CancelledError | TransferCancelled)]
-    if real or errors:
-        raise (real or errors)[0]
