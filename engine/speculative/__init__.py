@@ -35,7 +35,7 @@ from engine.speculative.draft import DraftProposer
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS, SpeculativeStats
 from engine.speculative.ngram import NgramProposer
 from engine.speculative.verify import verify
-from engine.step.runner import LoadedModel
+from engine.step.model_load import LoadedModel
 from models.sampling_params import SamplingParams
 
 _RETRY_AFTER = 8  # steps without draft guesses after which a request's record is dropped

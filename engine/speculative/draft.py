@@ -24,7 +24,8 @@ from engine.model.attention import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.scheduler.request import Request
 from engine.speculative.cost import StepCost
-from engine.step.runner import LoadedModel, ModelRunner, load_model
+from engine.step.model_load import LoadedModel, load_model
+from engine.step.runner import ModelRunner
 from models.sampling_params import SamplingParams
 
 

@@ -18,7 +18,7 @@ from engine.model.loader import load_weights
 from engine.model.shard import Span
 from engine.model.stage import Stage
 from engine.model.torch_attention import TorchAttention
-from engine.step.runner import load_model
+from engine.step.model_load import load_model
 from tests.engine.model.tiny_families import save_family
 
 

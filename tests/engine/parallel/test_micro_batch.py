@@ -13,7 +13,7 @@ from engine.model.attention import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.parallel.micro_batch import cut_points, split_step
 from engine.step.batch import StepInputs
-from engine.step.runner import load_model
+from engine.step.model_load import load_model
 
 
 @pytest.mark.parametrize(

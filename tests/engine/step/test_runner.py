@@ -13,7 +13,8 @@ from transformers import LlamaForCausalLM
 
 from engine.kv.cache import KVLayout
 from engine.scheduler.plan import SchedulerOutput
-from engine.step.runner import ModelRunner, retain_freed_host_memory
+from engine.step.model_load import retain_freed_host_memory
+from engine.step.runner import ModelRunner
 
 PROMPT = [(11 * i + 5) % 128 for i in range(10)]
 TABLE = (7, 3, 12)

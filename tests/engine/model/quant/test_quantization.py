@@ -9,7 +9,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.model.quant import resolve_quantization
-from engine.step.runner import engine_quantization
+from engine.step.model_load import engine_quantization
 
 
 def test_unknown_names_are_refused(tmp_path: Path) -> None:
