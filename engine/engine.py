@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 
+from engine.admission import check_input, check_request, release_window
 from engine.config import EngineConfig, Role
 from engine.config_checks import check_hybrid
 from engine.kv.offload import build_tiers
@@ -30,7 +30,7 @@ from engine.speculative.draft import draft_kv_cache, load_draft
 from engine.speculative.guess_lookahead import GuessLookahead
 from engine.speculative.rows import GuessRowLayout
 from engine.speculative.step_hook import SpeculationHook
-from engine.step.counters import EngineCounters
+from engine.step.counters import EngineCounters, EngineStats
 from engine.step.grammar_hook import GrammarHook
 from engine.step.hooks import StepHook
 from engine.step.result import StepResult
@@ -38,22 +38,6 @@ from engine.step.runner import ModelRunner
 from engine.step.stepper import Stepper
 from engine.step.timer import StepTimer
 from models.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    running: int
-    waiting: int
-    pinned: int
-    importing: int
-    free_blocks: int
-    total_blocks: int
-    free_state_slots: int = 0  # of a hybrid model's linear-attention state pool
-    total_state_slots: int = 0
-
-    @property
-    def kv_usage(self) -> float:
-        return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
 
 
 class LLMEngine:
@@ -200,14 +184,8 @@ class LLMEngine:
         engine.pooling.NoRoom when its blocks are not free now."""
         if self.ranks is not None:
             raise ValueError("embeddings need tensor_parallel_size 1 and pipeline_parallel_size 1")
-        vocab = self.model_config.vocab_size
-        if not prompt_token_ids or any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"request {request_id}: the input needs token ids in [0, {vocab})")
-        if len(prompt_token_ids) > self.max_model_len:
-            raise ValueError(
-                f"request {request_id}: the input has {len(prompt_token_ids)} tokens, the "
-                f"context length is {self.max_model_len}"
-            )
+        check_input(request_id, prompt_token_ids, self.model_config.vocab_size,
+                    self.max_model_len)  # fmt: skip
         chunk = self.config.max_num_batched_tokens
         return pool_prompt(
             self.runner, self.block_manager, request_id, prompt_token_ids, params, chunk
@@ -348,16 +326,8 @@ class LLMEngine:
     ) -> Request:
         if self.scheduler.get(request_id) is not None:
             raise ValueError(f"request id {request_id!r} is already in use")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"request {request_id}: prompt token ids must be in [0, {vocab})")
-        if any(t >= vocab for t, _ in params.logit_bias):
-            raise ValueError(f"request {request_id}: logit_bias token ids must be in [0, {vocab})")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"request {request_id}: prompt has {len(prompt_token_ids)} tokens, the context "
-                f"length is {self.max_model_len} (at least one token must be generated)"
-            )
+        check_request(request_id, prompt_token_ids, params, self.model_config.vocab_size,
+                      self.max_model_len)  # fmt: skip
         if lora is not None:
             manager = self._lora_manager()
             manager.add(lora)
@@ -374,12 +344,3 @@ class LLMEngine:
 
 
 __all__ = ["EngineCounters", "EngineStats", "LLMEngine", "Role", "StepResult"]
-
-
-def release_window(config: EngineConfig, model: ModelConfig) -> int:
-    """The window behind which a decoding request's blocks go back to the pool: the one
-    every layer shares, except on a prefill node (its blocks are shipped whole) and with a
-    draft model (its cache shares the block tables and may attend to everything)."""
-    if config.role is Role.PREFILL or config.speculative_method == "draft":
-        return 0
-    return model.sliding_window

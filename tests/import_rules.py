@@ -62,7 +62,7 @@ ROOMS: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"config"}),
         frozenset({"cpu_kernels", "triton_kernels"}),
         frozenset({"model"}),
-        frozenset({"kv", "lora"}),  # KV layout, blocks and tiers; adapters on the model
+        frozenset({"kv", "lora", "admission"}),  # KV, blocks, tiers; adapters; request checks
         frozenset({"scheduler"}),
         frozenset({"outputs"}),
         frozenset({"sampling"}),

@@ -31,3 +31,19 @@ class EngineCounters:
     # KV tiers below the device (engine.kv.offload.KVTiers.stats): flat numbers per tier,
     # replaced (never changed in place) after every step; empty without tiers
     kv_tiers: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    pinned: int
+    importing: int
+    free_blocks: int
+    total_blocks: int
+    free_state_slots: int = 0  # of a hybrid model's linear-attention state pool
+    total_state_slots: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from engine.admission import release_window
 from engine.config import EngineConfig, Role
-from engine.engine import LLMEngine, release_window
+from engine.engine import LLMEngine
 from engine.model.config import ModelConfig
 from models.sampling_params import SamplingParams
 from tests.engine.model.tiny_families import WINDOW, hf_greedy, save_family
