@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from cluster.protocol import PROTOCOL_VERSION, READY, NodeInfo, NodeLoad, NodeRecord, compatible
+from cluster.node_records import NodeInfo, NodeLoad, NodeRecord
+from cluster.protocol import PROTOCOL_VERSION, READY, compatible
 
 log = logging.getLogger("splitserve.registry")
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import urlsplit
 
-from cluster.protocol import PROTOCOL_VERSION, EmbedRequest, EmbedResponse, NodeInfo, NodeLoad
+from cluster.node_records import NodeInfo, NodeLoad
+from cluster.protocol import PROTOCOL_VERSION, EmbedRequest, EmbedResponse
 from cluster.tracing import NO_TRACER, Tracer, make_tracer
 from engine.config import EngineConfig, engine_config
 from engine.kv.sizing import KVCapacity

@@ -23,7 +23,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from cluster.protocol import NodeLoad
+from cluster.node_records import NodeLoad
 from engine.kv.sizing import KVCapacity
 from engine.speculative.metrics import ACCEPTANCE_BUCKETS
 

@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from cluster.auth import CLUSTER_TOKEN_HEADER, token_ok
+from cluster.node_records import NodeInfo, NodeLoad, NodeStats
 from cluster.protocol import (
     HEALTH,
     INTERNAL_EMBED,
@@ -38,9 +39,6 @@ from cluster.protocol import (
     ControlResponse,
     EmbedRequest,
     LoadAdapterRequest,
-    NodeInfo,
-    NodeLoad,
-    NodeStats,
 )
 from cluster.registry import REDIS_ERRORS, NodeRegistry
 from cluster.version import build_info

@@ -11,7 +11,7 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.protocol import NodeRecord
+from cluster.node_records import NodeRecord
 from planner.observation import READS, Sample
 
 log = logging.getLogger("splitserve.planner")

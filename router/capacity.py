@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cluster.protocol import NodeRecord
+from cluster.node_records import NodeRecord
 from router.routing.policy import Pools
 
 

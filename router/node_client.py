@@ -22,6 +22,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from cluster import protocol as p
+from cluster.node_records import NodeInfo
 
 log = logging.getLogger("splitserve.router")
 
@@ -60,7 +61,7 @@ class NodeClient:
         self._prefill_timeout = httpx.Timeout(prefill_timeout_s, connect=connect_timeout_s)
         self._idle = idle_timeout_s
 
-    async def metrics_text(self, node: p.NodeInfo, timeout_s: float) -> str:
+    async def metrics_text(self, node: NodeInfo, timeout_s: float) -> str:
         """GET /metrics of `node` (the dashboard); httpx errors propagate."""
         resp = await self._client.get(node.url + "/metrics", timeout=timeout_s)
         resp.raise_for_status()
@@ -68,7 +69,7 @@ class NodeClient:
 
     async def prefill(
         self,
-        node: p.NodeInfo,
+        node: NodeInfo,
         req: p.PrefillRequest,
         deadline: float,
         trace: Mapping[str, str] | None = None,
@@ -78,15 +79,13 @@ class NodeClient:
         `trace`: the W3C trace context headers of the calling span."""
         return await self._within(node, p.INTERNAL_PREFILL, req, p.PrefillResponse, deadline, trace)
 
-    async def embed(
-        self, node: p.NodeInfo, req: p.EmbedRequest, deadline: float
-    ) -> p.EmbedResponse:
+    async def embed(self, node: NodeInfo, req: p.EmbedRequest, deadline: float) -> p.EmbedResponse:
         """POST /internal/embed (a prefill-only pooling pass), as prefill() waits."""
         return await self._within(node, p.INTERNAL_EMBED, req, p.EmbedResponse, deadline, None)
 
     async def _within(
         self,
-        node: p.NodeInfo,
+        node: NodeInfo,
         path: str,
         req: BaseModel,
         answer: type[M],
@@ -119,7 +118,7 @@ class NodeClient:
     @asynccontextmanager
     async def generate(
         self,
-        node: p.NodeInfo,
+        node: NodeInfo,
         req: p.DecodeRequest,
         deadline: float,
         trace: Mapping[str, str] | None = None,
@@ -173,7 +172,7 @@ class NodeClient:
             if event.finished:
                 return
 
-    async def abort(self, node: p.NodeInfo, request_id: str) -> None:
+    async def abort(self, node: NodeInfo, request_id: str) -> None:
         """POST /internal/abort; best effort (failures are logged)."""
         await self._control(
             node,
@@ -181,7 +180,7 @@ class NodeClient:
             p.AbortRequest(request_id=request_id, protocol_version=p.PROTOCOL_VERSION),
         )
 
-    async def release(self, node: p.NodeInfo, request_id: str) -> None:
+    async def release(self, node: NodeInfo, request_id: str) -> None:
         """POST /internal/release; best effort (the lease expires anyway)."""
         await self._control(
             node,
@@ -189,7 +188,7 @@ class NodeClient:
             p.ReleaseRequest(request_id=request_id, protocol_version=p.PROTOCOL_VERSION),
         )
 
-    async def lora(self, node: p.NodeInfo, path: str, msg: p.LoadAdapterRequest) -> bool:
+    async def lora(self, node: NodeInfo, path: str, msg: p.LoadAdapterRequest) -> bool:
         """POST a LoRA load or unload (`path`); its `done`; NodeCallError when refused or
         unreachable (a load reads the adapter: up to the prefill timeout)."""
         try:
@@ -204,7 +203,7 @@ class NodeClient:
         _raise_for_status(node.node_id, resp.status_code, resp.content)
         return _parse(node.node_id, p.ControlResponse, resp.content).done
 
-    async def _control(self, node: p.NodeInfo, path: str, msg: BaseModel) -> None:
+    async def _control(self, node: NodeInfo, path: str, msg: BaseModel) -> None:
         try:
             resp = await self._client.post(
                 node.url + path,

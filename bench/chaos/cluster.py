@@ -21,7 +21,7 @@ import redis
 
 from bench.chaos.netns import INNER_DEV, HostNet
 from cluster.auth import CLUSTER_TOKEN_HEADER
-from cluster.protocol import NodeStats
+from cluster.node_records import NodeStats
 from cluster.settings import CLUSTER_TOKEN_ENV
 from launcher.redis_server import server_argv
 

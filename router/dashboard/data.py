@@ -19,8 +19,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from cluster.node_records import NodeRecord
 from cluster.planner_status import PlannerStatus, status_key
-from cluster.protocol import NodeRecord
 from cluster.registry import REDIS_ERRORS, Membership
 from router.state import RouterState
 

@@ -15,15 +15,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import NamedTuple
 
-from cluster.protocol import (
-    PROTOCOL_VERSION,
-    DecodeRequest,
-    KVHandle,
-    NodeInfo,
-    NodeRecord,
-    TokenEvent,
-    compatible,
-)
+from cluster.node_records import NodeInfo, NodeRecord
+from cluster.protocol import PROTOCOL_VERSION, DecodeRequest, KVHandle, TokenEvent, compatible
 from router.errors import APIError, overloaded, unavailable
 from router.flow.backoff import Backoff
 from router.flow.failures import node_failed, refused

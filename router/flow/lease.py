@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cluster.protocol import NodeInfo, PrefillResponse
+from cluster.node_records import NodeInfo
+from cluster.protocol import PrefillResponse
 from router.state import RouterState
 
 

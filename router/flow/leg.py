@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cluster.protocol import NodeRecord
+from cluster.node_records import NodeRecord
 from router.flow.lease import KVLease
 from router.flow.request import Deadline, FlowRequest
 from router.routing.prefix_index import PrefixQuery

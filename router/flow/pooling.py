@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from cluster.protocol import PROTOCOL_VERSION, EmbedRequest, EmbedResponse, NodeRecord
+from cluster.node_records import NodeRecord
+from cluster.protocol import PROTOCOL_VERSION, EmbedRequest, EmbedResponse
 from router.errors import overloaded, unavailable
 from router.flow.failures import node_failed, refused
 from router.flow.request import Deadline

@@ -6,13 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from cluster.protocol import (
-    PROTOCOL_VERSION,
-    NodeInfo,
-    NodeRecord,
-    PrefillRequest,
-    PrefillResponse,
-)
+from cluster.node_records import NodeInfo, NodeRecord
+from cluster.protocol import PROTOCOL_VERSION, PrefillRequest, PrefillResponse
 from router.errors import overloaded
 from router.flow.failures import node_failed, refused
 from router.flow.leg import Leg

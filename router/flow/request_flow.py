@@ -17,7 +17,8 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 
-from cluster.protocol import NodeRecord, PrefillResponse, TokenEvent
+from cluster.node_records import NodeRecord
+from cluster.protocol import PrefillResponse, TokenEvent
 from cluster.tracing import now_ns
 from router.admission import Ticket
 from router.api.text_deltas import TokenChunk

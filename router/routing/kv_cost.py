@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from cluster.protocol import NodeRecord
+from cluster.node_records import NodeRecord
 from router.routing.prefix_index import PrefixIndex, PrefixQuery
 
 WORK_SMOOTHING = 0.1  # weight of the latest request in the moving average

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from cluster.protocol import NodeRecord
+from cluster.node_records import NodeRecord
 from router.routing.kv_cost import Cost, KVWeights, PoolWork, kv_aware_choice, kv_costs
 from router.routing.prefix_index import PrefixIndex, PrefixQuery
 

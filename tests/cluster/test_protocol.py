@@ -7,12 +7,10 @@ import dataclasses
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from cluster.node_records import NodeInfo, NodeLoad, NodeRecord
 from cluster.protocol import (
     DecodeRequest,
     KVHandle,
-    NodeInfo,
-    NodeLoad,
-    NodeRecord,
     PrefillRequest,
     PrefillResponse,
     TokenEvent,

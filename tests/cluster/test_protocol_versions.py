@@ -9,11 +9,11 @@ import logging
 import pytest
 from pydantic import ValidationError
 
+from cluster.node_records import NodeRecord
 from cluster.protocol import (
     PROTOCOL_VERSION,
     AbortRequest,
     DecodeRequest,
-    NodeRecord,
     PrefillRequest,
     ReleaseRequest,
 )

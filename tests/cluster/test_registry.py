@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import redis
 
-from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
+from cluster.node_records import NodeInfo, NodeLoad, NodeRecord
 from cluster.registry import (
     REDIS_ERRORS,
     Membership,

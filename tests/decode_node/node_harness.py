@@ -21,7 +21,8 @@ from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from cluster.listen import open_listener
-from cluster.protocol import DecodeRequest, NodeStats, PrefillResponse, TokenEvent
+from cluster.node_records import NodeStats
+from cluster.protocol import DecodeRequest, PrefillResponse, TokenEvent
 from config_kit import build
 from engine.config import EngineConfig
 from engine.engine import LLMEngine

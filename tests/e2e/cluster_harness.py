@@ -19,7 +19,7 @@ import httpx
 import openai
 
 from cluster.auth import CLUSTER_TOKEN_HEADER
-from cluster.protocol import NodeStats
+from cluster.node_records import NodeStats
 from cluster.settings import CLUSTER_TOKEN_ENV
 
 UP_TIMEOUT_S = 240.0

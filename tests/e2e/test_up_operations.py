@@ -22,7 +22,7 @@ import pytest
 from cluster_harness import Cluster, running_cluster
 
 from cluster.auth import CLUSTER_TOKEN_HEADER
-from cluster.protocol import NodeStats
+from cluster.node_records import NodeStats
 from cluster.version import build_info
 from kv_transfer import PeerInfo
 from kv_transfer.tcp_protocol import Kind, recv_json, send_json

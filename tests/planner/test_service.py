@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pytest
 
+from cluster.node_records import NodeInfo, NodeLoad, NodeRecord
 from cluster.planner_status import PlannerStatus, status_key
-from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
 from cluster.registry import Membership, NodeRegistry
 from launcher.redis_server import EmbeddedRedis
 from planner.config import PlannerConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from cluster.protocol import NodeInfo, NodeRecord
+from cluster.node_records import NodeInfo, NodeRecord
 from planner.observation import PROMPT_TOKENS, TTFT_BUCKETS
 from planner.sources import DirectSource, PrometheusSource
 from router.metrics import RouterMetrics

@@ -25,7 +25,8 @@ from node_harness import (
     wait_idle,
 )
 
-from cluster.protocol import EmbedResponse, NodeRecord, PrefillResponse
+from cluster.node_records import NodeRecord
+from cluster.protocol import EmbedResponse, PrefillResponse
 from cluster.registry import node_key
 from cluster.version import build_info
 from prefill_node.app import create_app, route_paths

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import protocol as p
 from cluster.auth import CLUSTER_TOKEN_HEADER
+from cluster.node_records import NodeInfo, NodeLoad, NodeRecord
 from cluster.registry import StaticMembership
 from models.sampling_params import SamplingParams
 from models.tokenizer import Tokenizer
@@ -95,8 +96,8 @@ class FakeNode:
     embeds: list[p.EmbedRequest] = field(default_factory=list)
     decode_started: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def record(self, heartbeat_at: float = 1.0, waiting: int = 0) -> p.NodeRecord:
-        info = p.NodeInfo(
+    def record(self, heartbeat_at: float = 1.0, waiting: int = 0) -> NodeRecord:
+        info = NodeInfo(
             node_id=self.node_id,
             role=self.role,
             url=self.url,
@@ -106,7 +107,7 @@ class FakeNode:
             capacity=100,
             started_at=0.0,
         )
-        return p.NodeRecord(info=info, load=p.NodeLoad(waiting=waiting), heartbeat_at=heartbeat_at)
+        return NodeRecord(info=info, load=NodeLoad(waiting=waiting), heartbeat_at=heartbeat_at)
 
     def app(self) -> FastAPI:
         app = FastAPI(dependencies=[Depends(self._check_token)])
@@ -260,7 +261,7 @@ class Cluster:
 async def fake_cluster(
     tokenizer: Tokenizer,
     nodes: list[FakeNode],
-    extra_records: Sequence[p.NodeRecord] = (),
+    extra_records: Sequence[NodeRecord] = (),
     **settings: Any,
 ) -> AsyncIterator[Cluster]:
     """Fake nodes + a router over them, all on real localhost HTTP."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cluster.protocol import NodeInfo, NodeRecord, NodeRole
+from cluster.node_records import NodeInfo, NodeRecord
+from cluster.protocol import NodeRole
 from router.capacity import pool_capacity
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from router_fakes import ANSWER, FakeNode, router_settings, serving
 
-from cluster.protocol import NodeLoad
+from cluster.node_records import NodeLoad
 from cluster.registry import NodeRegistry
 from launcher.redis_server import EmbeddedRedis
 from models.tokenizer import Tokenizer

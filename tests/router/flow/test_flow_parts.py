@@ -7,7 +7,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, cast
 
-from cluster.protocol import PROTOCOL_VERSION, KVHandle, NodeInfo, NodeRecord, PrefillResponse
+from cluster.node_records import NodeInfo, NodeRecord
+from cluster.protocol import PROTOCOL_VERSION, KVHandle, PrefillResponse
 from models.sampling_params import SamplingParams
 from router.flow.decode_leg import kv_importers
 from router.flow.lease import KVLease

@@ -8,7 +8,7 @@ import pytest
 from router_fakes import FakeNode, fake_cluster, metric
 
 from cluster.kv_events import KVEventMsg
-from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
+from cluster.node_records import NodeInfo, NodeLoad, NodeRecord
 from models.block_hash import prefix_block_hashes
 from models.tokenizer import Tokenizer
 from router.routing.kv_cost import WORK_SMOOTHING, KVWeights, PoolWork, kv_aware_choice

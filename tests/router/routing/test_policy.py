@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cluster.protocol import NodeInfo, NodeLoad, NodeRecord
+from cluster.node_records import NodeInfo, NodeLoad, NodeRecord
 from router.routing.policy import NodePicker, Pools, saturated
 
 
