@@ -14,6 +14,7 @@ from tiny_llama import save_tiny_llama
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv.sizing import GIB
+from engine.step import model_load as model_load_module
 from engine.step import runner as runner_module
 from models.sampling_params import SamplingParams
 
@@ -118,7 +119,7 @@ def test_the_draft_loads_first_and_a_wrong_vocabulary_stops_before_the_target(
     measurement counts them); a draft of another vocabulary is refused before the target's
     weights or cache are touched."""
     events: list[tuple[str, Any]] = []
-    real_load, real_plan = runner_module.load_weights, runner_module.plan_kv_cache
+    real_load, real_plan = model_load_module.load_weights, runner_module.plan_kv_cache
     real_allocate = runner_module.allocate_kv_cache
 
     def load(model: Any, model_dir: Path, *rest: Any) -> None:
@@ -134,7 +135,7 @@ def test_the_draft_loads_first_and_a_wrong_vocabulary_stops_before_the_target(
         events.append(("allocate", num_blocks))
         return real_allocate(layout, num_blocks, device)
 
-    monkeypatch.setattr(runner_module, "load_weights", load)
+    monkeypatch.setattr(model_load_module, "load_weights", load)
     monkeypatch.setattr(runner_module, "plan_kv_cache", plan)
     monkeypatch.setattr(runner_module, "allocate_kv_cache", allocate)
     LLMEngine(_config(tiny_dir, draft_dir, num_kv_blocks=16))
