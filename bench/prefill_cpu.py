@@ -99,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for variant in (fast, slow) if r % 2 == 0 else (slow, fast):
             times[variant].append(prefill_seconds(llm, ids, variant))
-    peaks = {"fp32": matmul_peak_gflops(torch.float32, n=1024, seconds=1.0)}
+    peaks = {"fp32": matmul_peak_gflops(torch.float32, n=1024)}
     if args.compare == "precision":
-        peaks["bf16"] = matmul_peak_gflops(torch.bfloat16, n=1024, seconds=1.0)
+        peaks["bf16"] = matmul_peak_gflops(torch.bfloat16, n=1024)
     best = {k: min(w for w, _ in v) for k, v in times.items()}
     cpu = {k: min(c for _, c in v) for k, v in times.items()}
     flops = prefill_flops(json.loads((Path(model_dir) / "config.json").read_text()), args.tokens)

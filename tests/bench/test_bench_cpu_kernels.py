@@ -25,6 +25,10 @@ def test_small_run_writes_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "4",
         "--packed-rows",
         "3",
+        "--prefill-lens",
+        "48",
+        "--prefill-repeats",
+        "2",
         "--out",
         str(out),
     ]
