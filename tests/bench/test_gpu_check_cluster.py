@@ -46,7 +46,8 @@ def test_the_cluster_step_runs_on_the_cpu(default_model_dir: Path, tmp_path: Pat
     figures = outcome.figures
     assert figures["concurrency"] == 4 and figures["output_tok_s"] > 0
     assert 0 < figures["ttft_p50_ms"] <= figures["ttft_p99_ms"]
-    assert 0 < figures["tpot_p50_ms"] <= figures["tpot_p99_ms"]
+    # a tiny model's few tokens can reach the client in one chunk under load: a TPOT of 0
+    assert 0 <= figures["tpot_p50_ms"] <= figures["tpot_p99_ms"]
     result = outcome.result
     assert [level["summary"]["completed"] for level in result["levels"]] == [2, 4]
     assert set(result["kv"]["nodes"]) == {"prefill-0", "decode-0"}
