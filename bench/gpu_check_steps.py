@@ -161,7 +161,19 @@ def _graph_targets(batches: tuple[str, ...]) -> dict[str, Callable[[Figures], bo
     return targets
 
 
-PYTEST_ARGS = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120", "-rfE")
+# one process on the one GPU: the project's `-n auto` (pytest-xdist, not carried) is dropped
+PYTEST_ARGS = (
+    "-m",
+    "pytest",
+    "-o",
+    "addopts=",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "--timeout",
+    "120",
+    "-rfE",
+)
 OFFLINE_ARGS = ("-m", "bench.offline", "--random-model", "llama-1b", "--device", "cuda")
 OFFLINE_WORKLOAD = ("--dtype", "bfloat16", "--requests", "256")
 

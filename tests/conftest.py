@@ -17,6 +17,16 @@ if not os.environ.get("TRITON_INTERPRET"):
         pass
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core this process may use, at most 4 (each e2e test starts a
+    cluster of several processes); PYTEST_XDIST_AUTO_NUM_WORKERS overrides, `-n 0` runs
+    everything in one process."""
+    wanted = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").strip()
+    if wanted:
+        return int(wanted)
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Where a C compiler exists, the CPU kernels must build: the kernel tests skip when the
     kernels are unavailable, so a failed build (an error, a timeout) would otherwise turn
