@@ -78,7 +78,8 @@ def check_hybrid(config: Any) -> None:
     refused = {
         f"pipeline_parallel_size={pp}": pp > 1,
         f"speculative_method={config.speculative_method!r}": config.speculative_method != "none",
-        "kv_offload_cpu_gb": config.kv_offload_cpu_gb is not None,
+        # the host tier serves preemption's swap only: no prefix cache to keep on disk
+        "kv_offload_disk_path": config.kv_offload_disk_path is not None,
         "enable_lora": config.enable_lora,
     }
     for name, bad in refused.items():

@@ -32,7 +32,8 @@ def layout_text(engine: LLMEngine) -> str:
 
 def kv_shards(engine: LLMEngine) -> KVShards | None:
     """Every rank's KV tensor, layers (those of the cache: a hybrid model's attention
-    layers) and heads (rank 0's first); None on a node of one rank. Global rank ``r`` is tensor-parallel rank ``r % TP`` of stage ``r // TP``."""
+    layers) and heads (rank 0's first); None on a node of one rank. Global rank ``r`` is
+    tensor-parallel rank ``r % TP`` of stage ``r // TP``."""
     if engine.ranks is None:
         return None
     config = engine.model_config

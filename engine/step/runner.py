@@ -18,6 +18,7 @@ from engine.kv.block_manager import BlockManager
 from engine.kv.cache import allocate_kv_cache
 from engine.kv.linear_state import StatePool, placement
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
+from engine.kv.state_swap import StateSwap
 from engine.lora.delta import LoraBatch, choose_kernel
 from engine.lora.manager import LoraManager
 from engine.model.attention import AttentionBackend, AttentionMetadata
@@ -26,7 +27,7 @@ from engine.model.decoder import DecoderModel
 from engine.model.shard import Shard, shard_config
 from engine.model.stage import Stage
 from engine.phases import phase
-from engine.scheduler.plan import SchedulerOutput
+from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
@@ -125,10 +126,15 @@ class ModelRunner:
             # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
             self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
             self.states: StatePool | None = None
+            # preempted requests' states in host memory (they swap with the blocks, to the
+            # host tier)
+            self.state_swap: StateSwap | None = None
             if linear is not None:
                 place = placement(model_config, shard or Shard())
                 seqs, dtype = config.max_num_seqs, config.torch_dtype
                 self.states = StatePool(linear, seqs, dtype, self.device, place)
+                if config.kv_offload_cpu_gb is not None:
+                    self.state_swap = StateSwap(seqs)
         self.max_blocks = min(self.max_blocks, self.num_blocks)
         self.batch = PersistentBatch(
             config.max_num_seqs,
@@ -163,6 +169,7 @@ class ModelRunner:
         if self.states is not None:
             ids = [*(r.request_id for r in out.decodes), *(c.request_id for c in out.prefills)]
             fresh = [False] * len(out.decodes) + [c.start == 0 for c in out.prefills]
+            self._resume_states(out.prefills)
             meta = dataclasses.replace(inputs.meta, states=self.states.step(ids, fresh))
             inputs = inputs._replace(meta=meta)
         if self.lora is not None:
@@ -170,10 +177,35 @@ class ModelRunner:
         return inputs
 
     def release(self, request_id: str) -> None:
-        """The request left the running batch: free its row and its state slot."""
+        """The request left the running batch: free its row and its state slot (its states
+        first copied to the swap space when it was preempted by swapping; a copy dropped
+        when it finished or was aborted)."""
         self.batch.release(request_id)
-        if self.states is not None:
-            self.states.release(request_id)
+        states, swap = self.states, self.state_swap
+        if states is None:
+            return
+        if swap is not None and swap.awaits_copy(request_id) and states.holds(request_id):
+            slot = states.slot(request_id)
+            swap.put(request_id, states.conv[slot], states.recurrent[slot])
+        elif swap is not None:
+            swap.release(request_id)
+        states.release(request_id)
+
+    def _resume_states(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """A chunk past position 0 of a request without a slot resumes after a swap: its
+        states back from the swap space into a slot."""
+        states = self.states
+        assert states is not None
+        for chunk in chunks:
+            rid = chunk.request_id
+            if chunk.start == 0 or states.holds(rid):
+                continue
+            if self.state_swap is None or not self.state_swap.holds_copy(rid):
+                raise RuntimeError(f"request {rid} resumes at {chunk.start} with no state")
+            conv, recurrent = self.state_swap.take(rid)
+            slot = states.slot(rid)
+            states.conv[slot].copy_(conv)
+            states.recurrent[slot].copy_(recurrent)
 
     @property
     def state_blocks(self) -> int:

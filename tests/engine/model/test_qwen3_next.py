@@ -90,7 +90,8 @@ def test_no_prefix_hit_for_a_hybrid_model(hybrid: tuple[Any, Path]) -> None:
 
 def test_a_preempted_request_resumes_with_the_same_tokens(hybrid: tuple[Any, Path]) -> None:
     """Too few blocks for the three prompts at once: requests are preempted (their state
-    slot given back) and recomputed from zeros, and every token is still transformers'."""
+    slot given back) and recomputed from zeros, and every token is still transformers'
+    (swapped instead: tests/engine/test_hybrid_swap.py)."""
     hf, path = hybrid
     engine = engine_of(path, attention_backend="torch", num_kv_blocks=12)
     check(hf, PROMPTS, greedy_tokens(engine, PROMPTS))
@@ -160,7 +161,10 @@ def test_a_bad_config_is_refused_by_name(
     [
         ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
         ({"speculative_method": "ngram"}, "speculative_method='ngram'"),
-        ({"kv_offload_cpu_gb": 0.01}, "kv_offload_cpu_gb"),
+        (
+            {"kv_offload_cpu_gb": 0.01, "kv_offload_disk_path": "kv", "kv_offload_disk_gb": 0.01},
+            "kv_offload_disk_path",
+        ),
         ({"enable_lora": True}, "enable_lora"),
     ],
 )
