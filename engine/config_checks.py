@@ -72,12 +72,14 @@ def check_offload(config: Any) -> None:
 
 def check_hybrid(config: Any) -> None:
     """ValueError naming the setting an engine of a hybrid model (linear-attention layers
-    with a per-request state, Qwen3-Next) does not go with yet."""
-    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    with a per-request state, Qwen3-Next) does not go with yet (tensor parallelism does:
+    the layers are split by key head)."""
+    pp = config.pipeline_parallel_size
     refused = {
-        parallel_name(tp, pp): tp * pp > 1,
+        f"pipeline_parallel_size={pp}": pp > 1,
         f"speculative_method={config.speculative_method!r}": config.speculative_method != "none",
-        "kv_offload_cpu_gb": config.kv_offload_cpu_gb is not None,
+        # the host tier serves preemption's swap only: no prefix cache to keep on disk
+        "kv_offload_disk_path": config.kv_offload_disk_path is not None,
         "enable_lora": config.enable_lora,
     }
     for name, bad in refused.items():

@@ -88,6 +88,7 @@ class LLMEngine:
             GuessLookahead() if speculates else None,
             swap,
             window=release_window(config, self.model_config),
+            state_room=runner.state_swap,
         )
         self.grammars = Grammars(
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
@@ -284,6 +285,7 @@ class LLMEngine:
             total_blocks=self.block_manager.num_total_blocks,
             free_state_slots=states.num_free if states is not None else 0,
             total_state_slots=states.num_slots if states is not None else 0,
+            swapped_states=swap.num_used if (swap := self.runner.state_swap) is not None else 0,
         )
 
     # ---- the step ---------------------------------------------------------------------------

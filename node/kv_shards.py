@@ -31,8 +31,9 @@ def layout_text(engine: LLMEngine) -> str:
 
 
 def kv_shards(engine: LLMEngine) -> KVShards | None:
-    """Every rank's KV tensor, layers and heads (rank 0's first); None on a node of one
-    rank. Global rank ``r`` is tensor-parallel rank ``r % TP`` of stage ``r // TP``."""
+    """Every rank's KV tensor, layers (those of the cache: a hybrid model's attention
+    layers) and heads (rank 0's first); None on a node of one rank. Global rank ``r`` is
+    tensor-parallel rank ``r % TP`` of stage ``r // TP``."""
     if engine.ranks is None:
         return None
     config = engine.model_config
@@ -43,7 +44,7 @@ def kv_shards(engine: LLMEngine) -> KVShards | None:
         heads.append(
             HeadSpan(*shard.heads(config.num_attention_heads, config.num_key_value_heads)[1])
         )
-        layers.append(LayerSpan(*Stage.of(config.num_hidden_layers, rank // tp, pp).layers))
+        layers.append(LayerSpan(*Stage.of(len(config.kv_layers), rank // tp, pp).layers))
     tensors = [engine.runner.kv_cache, *engine.ranks.kv_caches()]
     return KVShards(tensors, heads, config.num_key_value_heads, layers)
 

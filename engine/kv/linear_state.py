@@ -7,50 +7,83 @@ bytes come off the KV cache's budget, ``engine.kv.sizing.SharedCache``). A reque
 slot at its first step and gives it back when it leaves the running batch (finished,
 aborted, preempted: a preempted request is recomputed from its first token, its state
 rebuilt from zeros). A chunk at position 0 starts from zeros, later chunks and decodes from
-what the request's previous step left.
+what the request's previous step left. With tensor parallelism each rank's pool holds its
+key heads' share of every slot (the slot numbers are rank 0's, the same on every rank).
+The prefill role ships a request's states in KV blocks (``engine.kv.state_record``).
 """
 
 from __future__ import annotations
 
-import struct
+import dataclasses
 import zlib
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from engine.kv.sizing import SharedCache
+from engine.kv.state_record import StateShare, read_record, write_record
 from engine.model.attention import LinearStates
+from engine.model.config import ModelConfig
+from engine.model.shard import Shard, Span
 from engine.model.specs import LinearAttnSpec
 
-# a state record in KV blocks: magic, payload bytes, crc32 of the payload, of the request id,
-# of the state's shape; then the conv states and the recurrent states of every layer
-RECORD = struct.Struct("<8sQIII")
-MAGIC = b"SSGDN001"
-HEADER_BYTES = 64
+
+class Placement(NamedTuple):
+    """What a rank's pool holds of the model's: its key heads (None: all) and its KV heads
+    (the record's units, ``engine.kv.state_record``)."""
+
+    k_heads: Span | None = None
+    kv_heads: Span = Span(0, 1)
+    num_kv_heads: int = 1
+
+
+def placement(config: ModelConfig, shard: Shard) -> Placement:
+    """The key heads and KV heads a rank of ``shard`` holds of the model's."""
+    assert config.linear is not None
+    if shard.size == 1:
+        return Placement(None, Span(0, config.num_key_value_heads), config.num_key_value_heads)
+    kv = shard.heads(config.num_attention_heads, config.num_key_value_heads)[1]
+    k = shard.linear_heads(config.linear.num_k_heads)
+    return Placement(k, kv, config.num_key_value_heads)
 
 
 class StatePool:
-    """``slots`` per-request states of every linear-attention layer, on one device."""
+    """``slots`` per-request states of every linear-attention layer, on one device: the
+    key heads ``place`` names of the model's ``spec``."""
 
     def __init__(
-        self, spec: LinearAttnSpec, slots: int, dtype: torch.dtype, device: torch.device
+        self,
+        spec: LinearAttnSpec,
+        slots: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        place: Placement | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"StatePool needs at least one slot, got {slots}")
+        place = place or Placement()
+        k = place.k_heads or Span(0, spec.num_k_heads)
+        self.spec = local = local_spec(spec, k.length)
         layers = len(spec.layers)
         # conv: [slots, layers, conv_dim, kernel - 1] in the model dtype;
         # recurrent: [slots, layers, v_heads, k_dim, v_dim] fp32
-        self.conv = torch.zeros(slots, layers, *spec.conv_state_shape, dtype=dtype, device=device)
-        self.recurrent = torch.zeros(slots, layers, *spec.recurrent_shape, device=device)
+        self.conv = torch.zeros(slots, layers, *local.conv_state_shape, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(slots, layers, *local.recurrent_shape, device=device)
         self.num_slots = slots
         self.shape_crc = zlib.crc32(f"{spec.describe()}|{dtype}".encode())
-        self.slot_bytes = slot_bytes(spec, dtype)
+        group = slot_bytes(local_spec(spec, 1), dtype)  # one key head's group, every layer
+        kv = place.kv_heads
+        self.share = StateShare(
+            spec.num_k_heads * group, k.start * group, k.length * group, kv.start, kv.length,
+            place.num_kv_heads,
+        )  # fmt: skip
         self._slots: dict[str, int] = {}
         self._free = list(range(slots - 1, -1, -1))
 
     @staticmethod
     def cache(spec: LinearAttnSpec, slots: int, dtype: torch.dtype) -> SharedCache:
-        """The pool as a fixed share of the KV budget (engine.kv.sizing)."""
+        """The pool (of a rank's ``spec``) as a fixed share of the KV budget."""
         return SharedCache("linear_state", 0, fixed_bytes=slots * slot_bytes(spec, dtype))
 
     @property
@@ -82,57 +115,50 @@ class StatePool:
             self.conv, self.recurrent, tuple(map(self.slot, request_ids)), tuple(fresh)
         )
 
-    def record_blocks(self, block_bytes: int) -> int:
-        """KV blocks a request's state record takes (``save`` / ``load``)."""
-        return -(-(HEADER_BYTES + self.slot_bytes) // block_bytes)
+    def record_blocks(self, cell_bytes: int) -> int:
+        """KV blocks a request's state record takes (the same on every rank and pool);
+        ``cell_bytes``: one KV head's bytes of a block."""
+        return self.share.record_blocks(cell_bytes)
 
-    def save(self, request_id: str, blocks: Sequence[int], kv_cache: torch.Tensor) -> None:
-        """Write the request's states into ``blocks`` of the KV cache (the prefill role
-        ships them with the prompt's blocks); the slot stays the request's."""
-        self._check_blocks(blocks, kv_cache)
-        slot = self._slots[request_id]
-        payload = torch.cat((_bytes(self.conv[slot]), _bytes(self.recurrent[slot])))
-        crc = _crc(payload)
-        head = RECORD.pack(MAGIC, payload.numel(), crc, _id_crc(request_id), self.shape_crc)
-        header = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
-        header[: len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-        record = torch.cat((header.to(payload.device), payload))
-        offset = 0
-        for block in blocks:
-            dst = _bytes(kv_cache[block])
-            part = record[offset : offset + dst.numel()]
-            dst[: part.numel()].copy_(part)
-            offset += part.numel()
+    def save(self, slot: int, request_id: str, blocks: Sequence[int], kv: torch.Tensor) -> bool:
+        """Write this rank's share of the states in ``slot`` into ``blocks`` of the KV cache
+        (the prefill role ships them with the prompt's blocks). False when they do not fit."""
+        self._check_blocks(blocks, kv)
+        data = pack(self.spec, self.conv[slot], self.recurrent[slot])
+        return write_record(self.share, data, self._ids(request_id), kv, list(blocks))
 
-    def _check_blocks(self, blocks: Sequence[int], kv_cache: torch.Tensor) -> None:
-        n = self.record_blocks(_bytes(kv_cache[0]).numel())
+    def load(
+        self, slot: int, request_id: str, blocks: Sequence[int], kv: torch.Tensor
+    ) -> str | None:
+        """Read this rank's share of the request's states from ``blocks`` into ``slot``; None
+        when done, else why the record is refused (not a state record, of another request,
+        shape or split, or corrupt; the slot then holds garbage)."""
+        self._check_blocks(blocks, kv)
+        data = read_record(self.share, self._ids(request_id), kv, list(blocks))
+        if isinstance(data, str):
+            return data
+        unpack(self.spec, data, self.conv[slot], self.recurrent[slot])
+        return None
+
+    def _ids(self, request_id: str) -> tuple[int, int]:
+        return zlib.crc32(request_id.encode()), self.shape_crc
+
+    def _check_blocks(self, blocks: Sequence[int], kv: torch.Tensor) -> None:
+        n = self.record_blocks(cell_bytes(kv))
         if len(blocks) != n:
             raise ValueError(f"a state record takes {n} blocks, got {len(blocks)}")
 
-    def load(self, request_id: str, blocks: Sequence[int], kv_cache: torch.Tensor) -> str | None:
-        """Read the request's states from ``blocks`` into its slot (taken now); None when
-        done, else why the record is refused (the slot given back): not a state record, of
-        another request or shape, or corrupt."""
-        self._check_blocks(blocks, kv_cache)
-        record = torch.cat([_bytes(kv_cache[b]) for b in blocks])
-        magic, size, crc, id_crc, shape_crc = RECORD.unpack(
-            bytes(record[: RECORD.size].cpu().numpy())
-        )
-        conv_bytes, expected = _bytes(self.conv[0]).numel(), self.slot_bytes
-        why = _refusal(
-            (magic != MAGIC, "no state record"),
-            (shape_crc != self.shape_crc or size != expected, "a state of another shape"),
-            (id_crc != _id_crc(request_id), "another request's state"),
-        )
-        payload = record[HEADER_BYTES : HEADER_BYTES + expected]
-        if why is None and _crc(payload) != crc:
-            why = "a corrupt state (checksum)"
-        if why is not None:
-            return why
-        slot = self.slot(request_id)
-        _bytes(self.conv[slot]).copy_(payload[:conv_bytes])
-        _bytes(self.recurrent[slot]).copy_(payload[conv_bytes:])
-        return None
+
+def local_spec(spec: LinearAttnSpec, k_heads: int) -> LinearAttnSpec:
+    """``spec`` with ``k_heads`` key heads (and their value heads): a rank's share."""
+    ratio = spec.num_v_heads // spec.num_k_heads
+    return dataclasses.replace(spec, num_k_heads=k_heads, num_v_heads=k_heads * ratio)
+
+
+def cell_bytes(kv_cache: torch.Tensor) -> int:
+    """One KV head's bytes of a block of ``kv_cache`` [blocks, layers, planes, size, heads,
+    row]."""
+    return kv_cache[0].numel() * kv_cache.element_size() // kv_cache.shape[4]
 
 
 def slot_bytes(spec: LinearAttnSpec, dtype: torch.dtype) -> int:
@@ -141,19 +167,31 @@ def slot_bytes(spec: LinearAttnSpec, dtype: torch.dtype) -> int:
     return len(spec.layers) * (conv[0] * conv[1] * dtype.itemsize + rec[0] * rec[1] * rec[2] * 4)
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's bytes, as a flat uint8 view."""
-    return t.reshape(-1).view(torch.uint8)
+def pack(spec: LinearAttnSpec, conv: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
+    """A slot's states (conv [layers, conv_dim, k - 1], recurrent [layers, v_heads, k_dim,
+    v_dim]) as uint8 bytes in the stream's order: key head by key head, layer by layer."""
+    parts = [_by_group(t, spec.num_k_heads) for t in _parts(spec, conv, recurrent)]
+    return torch.cat([p.transpose(0, 1) for p in parts], dim=-1).reshape(-1)
 
 
-def _crc(data: torch.Tensor) -> int:
-    """crc32 of uint8 ``data`` (read on the host)."""
-    return zlib.crc32(data.cpu().numpy().tobytes())
+def unpack(
+    spec: LinearAttnSpec, data: torch.Tensor, conv: torch.Tensor, recurrent: torch.Tensor
+) -> None:
+    """``pack``'s inverse: ``data`` (uint8) into the slot's conv and recurrent states."""
+    dsts = [_by_group(t, spec.num_k_heads) for t in _parts(spec, conv, recurrent)]
+    layers, nk = conv.shape[0], spec.num_k_heads
+    pieces = data.to(conv.device).view(nk, layers, -1).split([d.shape[-1] for d in dsts], -1)
+    for dst, piece in zip(dsts, pieces, strict=True):
+        dst.copy_(piece.transpose(0, 1))
 
 
-def _id_crc(request_id: str) -> int:
-    return zlib.crc32(request_id.encode())
+def _parts(
+    spec: LinearAttnSpec, conv: torch.Tensor, recurrent: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    q, k, v = conv.split((spec.key_dim, spec.key_dim, spec.value_dim), dim=1)
+    return q, k, v, recurrent
 
 
-def _refusal(*checks: tuple[bool, str]) -> str | None:
-    return next((why for bad, why in checks if bad), None)
+def _by_group(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """t [layers, groups * n, ...] -> a uint8 view [layers, groups, bytes of n, ...]."""
+    return t.view(torch.uint8).view(t.shape[0], groups, -1)

@@ -9,7 +9,9 @@ are no-ops. The process group behind a shard of ``size`` > 1 is set up by
 Splits (Megatron's, as even as they go): whole KV groups of heads (column-parallel ``qkv``,
 row-parallel ``o_proj``), or with fewer KV heads than ranks, a share of one group's query
 heads and its KV head (replicated); MLP rows (column-parallel ``gate_up``, row-parallel
-``down``); the row-parallel outputs are summed; experts as contiguous ranges; the vocabulary
+``down``); Gated DeltaNet layers by key head (each with its value heads, conv channels and
+recurrent state; row-parallel ``out_proj``); the row-parallel outputs are summed; experts as
+contiguous ranges; the vocabulary
 in ranges of ``ceil(V / size)`` rows, the last one padded with zero rows whose logits are
 dropped.
 """
@@ -72,6 +74,16 @@ class Shard:
         per = group // replicas
         return Span(self.rank * per, per), Span(self.rank // replicas, 1)
 
+    def linear_heads(self, num_k_heads: int) -> Span:
+        """The key heads (each with its value heads) of a Gated DeltaNet layer held here:
+        an even share, so that every rank's state is the same size (ValueError otherwise)."""
+        if num_k_heads % self.size:
+            raise ValueError(
+                f"tensor_parallel_size ({self.size}) must divide linear_num_key_heads "
+                f"({num_k_heads}): the linear-attention layers are split by key head"
+            )
+        return self.part(num_k_heads, "linear_num_key_heads")
+
     def vocab(self, vocab_size: int) -> Span:
         """The vocabulary rows held here: ``ceil(V / size)`` per rank (the span is clipped
         to the vocabulary; the rank's tensor keeps the padded row count)."""
@@ -119,7 +131,8 @@ class Shard:
 
 def shard_config(config: Any, shard: Shard) -> Any:
     """The ModelConfig of one rank's layers: its query and KV heads, its MLP rows and its
-    shared expert's (the experts themselves are split by ``experts``)."""
+    shared expert's (the experts themselves are split by ``experts``), its Gated DeltaNet
+    key and value heads."""
     if shard.size == 1:
         return config
     q, kv = shard.heads(config.num_attention_heads, config.num_key_value_heads)
@@ -134,6 +147,11 @@ def shard_config(config: Any, shard: Shard) -> Any:
             shared = shard.part(shared, "shared_expert_intermediate_size").length
         experts(shard, config.moe.num_experts)
         changes["moe"] = dataclasses.replace(config.moe, shared_intermediate_size=shared)
+    if config.linear is not None:
+        spec = config.linear
+        k = shard.linear_heads(spec.num_k_heads).length
+        v = k * (spec.num_v_heads // spec.num_k_heads)
+        changes["linear"] = dataclasses.replace(spec, num_k_heads=k, num_v_heads=v)
     return dataclasses.replace(config, **changes)
 
 

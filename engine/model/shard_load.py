@@ -3,7 +3,9 @@
 The rule is by tensor name (the names the layers' ``weight_targets`` use): query / KV rows
 of ``q_proj``, ``k_proj``, ``v_proj`` (and the three parts of Phi-3's fused ``qkv_proj``),
 the query heads' attention sinks,
-the matching columns of ``o_proj`` (MLA: the query heads' rows of ``q_proj`` / ``q_b_proj``
+the matching columns of ``o_proj`` (Gated DeltaNet: the rank's key-head groups of
+``in_proj_qkvz`` / ``in_proj_ba``, their conv channels, decay and bias entries and columns of
+``out_proj``; MLA: the query heads' rows of ``q_proj`` / ``q_b_proj``
 and ``kv_b_proj``, the latent's projections whole); MLP rows of ``gate_proj`` / ``up_proj``
 (Phi-3's fused ``gate_up_proj``) and columns of ``down_proj``, the shared experts'
 likewise; the experts this rank holds (others are not read); vocabulary rows of the
@@ -56,6 +58,8 @@ def plan(name: str, config: Any, shard: Shard) -> Plan:
         return Plan((Piece(0, rows),), shard.vocab_rows(config.vocab_size))
     if "self_attn." in name:
         return _attention(name, config, shard)
+    if "linear_attn." in name:
+        return _linear_attention(name, config.linear, shard)
     if config.moe is not None:
         moe = _moe(name, config, shard)
         if moe is not None:
@@ -71,7 +75,8 @@ def _attention(name: str, config: Any, shard: Shard) -> Plan:
     q, kv = shard.heads(config.num_attention_heads, config.num_key_value_heads)
     q_rows, kv_rows = Span(q.start * d, q.length * d), Span(kv.start * d, kv.length * d)
     if name.endswith(("q_proj.weight", "q_proj.bias")):
-        return Plan((Piece(0, q_rows),))
+        per = 2 * d if config.attn_output_gate else d  # Qwen3-Next: a query and a gate a head
+        return Plan((Piece(0, Span(q.start * per, q.length * per)),))
     if name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
         return Plan((Piece(0, kv_rows),))
     if name.endswith("qkv_proj.weight"):
@@ -101,6 +106,30 @@ def _latent_attention(name: str, config: Any, shard: Shard) -> Plan:
         return Plan((Piece(0, rows(mla.qk_nope_head_dim + mla.v_head_dim)),))
     if name.endswith("o_proj.weight"):
         return Plan((Piece(1, rows(mla.v_head_dim)),))
+    return WHOLE
+
+
+def _linear_attention(name: str, spec: Any, shard: Shard) -> Plan:
+    """Gated DeltaNet: the rank's key heads and their value heads. ``in_proj_qkvz`` and
+    ``in_proj_ba`` group rows by key head; the conv's channels are q, k, then v."""
+    k = shard.linear_heads(spec.num_k_heads)
+    ratio = spec.num_v_heads // spec.num_k_heads
+    v = Span(k.start * ratio, k.length * ratio)
+
+    def rows(span: Span, per: int, offset: int = 0) -> Piece:
+        return Piece(0, Span(offset + span.start * per, span.length * per))
+
+    kd, vd = spec.k_head_dim, spec.v_head_dim
+    if name.endswith("in_proj_qkvz.weight"):
+        return Plan((rows(k, 2 * kd + 2 * ratio * vd),))
+    if name.endswith("in_proj_ba.weight"):
+        return Plan((rows(k, 2 * ratio),))
+    if name.endswith("conv1d.weight"):
+        return Plan((rows(k, kd), rows(k, kd, spec.key_dim), rows(v, vd, 2 * spec.key_dim)))
+    if name.endswith(("dt_bias", "A_log")):
+        return Plan((rows(v, 1),))
+    if name.endswith("out_proj.weight"):
+        return Plan((Piece(1, Span(v.start * vd, v.length * vd)),))
     return WHOLE
 
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
-from engine.parallel.messages import Report, StepPlan, Stop
+from engine.parallel.messages import Report, RunnerCall, StepPlan, Stop
 from engine.parallel.pipeline import StagePipe, StageTimes, stage_pipe
 from engine.parallel.process_group import (
     GROUP_TIMEOUT,
@@ -178,6 +178,20 @@ class RankGroup:
         dist.gather_object(self.pipe.times, every, dst=0)
         return [t for t in every if t is not None and t.tp_rank == 0]
 
+    def call_runners(self, fn: Callable[[Any, Any], T], arg: object) -> list[T]:
+        """``fn(runner, arg)`` run by ranks 1..N-1 on their ModelRunner, in order with the
+        steps (a module-level function: it travels by name); their answers. RankFailed
+        when a rank is gone."""
+        if self.failure is not None:
+            raise RankFailed(self.failure)
+        every: list[Any] = [None] * (len(self.processes) + 1)
+        try:
+            self._broadcast(RunnerCall(fn, arg))
+            dist.gather_object(None, every, dst=0)
+        except Exception as exc:
+            raise RankFailed(self._explain(exc)) from exc
+        return every[1:]
+
     def close(self) -> None:
         """Stop the ranks (Stop, then a kill for those still running); leave the group."""
         if self._closing:
@@ -207,7 +221,7 @@ class RankGroup:
                 raise RankFailed(dead) from exc
             raise
 
-    def _broadcast(self, message: StepPlan | Report | Stop) -> None:
+    def _broadcast(self, message: StepPlan | Report | RunnerCall | Stop) -> None:
         dist.broadcast_object_list([message], src=0)
 
     def _explain(self, exc: Exception) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,9 +26,15 @@ class StepPlan:
 
     @classmethod
     def of(cls, inputs: StepInputs) -> StepPlan:
+        meta = inputs.meta
+        if meta.states is not None:  # the slots only: each rank steps its own state pool
+            empty = torch.empty(0)
+            meta = dataclasses.replace(
+                meta, states=dataclasses.replace(meta.states, conv=empty, recurrent=empty)
+            )
         return cls(
             inputs.input_ids.cpu(),
-            _moved(inputs.meta, "cpu"),
+            _moved(meta, "cpu"),
             inputs.logits_indices.cpu(),
             inputs.plain_decode,
         )
@@ -44,6 +52,15 @@ class StepPlan:
 @dataclass(frozen=True)
 class Report:
     """Every rank sends rank 0 its pipeline stage's times (``gather_object``)."""
+
+
+@dataclass(frozen=True)
+class RunnerCall:
+    """Every rank runs ``fn(its ModelRunner, arg)`` between steps (a module-level function:
+    it travels by name) and sends rank 0 the answer (``gather_object``)."""
+
+    fn: Callable[[Any, Any], Any]
+    arg: Any
 
 
 @dataclass(frozen=True)

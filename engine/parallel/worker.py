@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.model.config import ModelConfig
-from engine.parallel.messages import Report, StepPlan, Stop
+from engine.parallel.messages import Report, RunnerCall, StepPlan, Stop
 from engine.parallel.pipeline import StagePipe, stage_pipe
 from engine.parallel.process_group import init_group, rank_device
 from engine.parallel.watchdog import watch_parent
@@ -90,7 +90,7 @@ def answer_calls(kv_cache: torch.Tensor, rank: int, pipe: Connection) -> None:
 def serve(runner: ModelRunner, pipe: StagePipe | None = None) -> None:
     """Run the steps rank 0 broadcasts until it sends Stop."""
     while True:
-        box: list[StepPlan | Stop | None] = [None]
+        box: list[StepPlan | Report | RunnerCall | Stop | None] = [None]
         dist.broadcast_object_list(box, src=0)
         message = box[0]
         if isinstance(message, Stop):
@@ -98,6 +98,9 @@ def serve(runner: ModelRunner, pipe: StagePipe | None = None) -> None:
         if isinstance(message, Report):
             times = pipe.times if pipe is not None else None
             dist.gather_object(times, None, dst=0)
+            continue
+        if isinstance(message, RunnerCall):
+            dist.gather_object(message.fn(runner, message.arg), None, dst=0)
             continue
         if not isinstance(message, StepPlan):
             raise TypeError(f"rank got {type(message).__name__}, not a step")

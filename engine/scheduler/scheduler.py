@@ -38,7 +38,7 @@ from engine.scheduler.plan import ImportPlan, RequestTooLargeError, SchedulerOut
 from engine.scheduler.queues import LiveRequests, RunningRequests, WaitingQueue
 from engine.scheduler.request import FinishReason, Request, RequestStatus
 from engine.scheduler.step_scheduler import StepScheduler
-from engine.scheduler.swap import SwapRule
+from engine.scheduler.swap import StateRoom, SwapRule
 from engine.scheduler.updater import StepUpdater
 
 
@@ -53,6 +53,8 @@ class Scheduler:
     `lookahead`: tokens computed ahead of decodes (speculative decoding's guesses,
     engine.scheduler.lookahead); None plans plain decodes.
     `swap`: preemption's cost rule (engine.scheduler.swap); None always recomputes.
+    `state_room`: a hybrid model's swap space for the linear-attention states; a request is
+    swapped out only with room there too.
     `window`: the sliding window every layer of the model has (0: some layer attends to its
     whole context); a decoding request gives back its blocks behind it.
     """
@@ -64,6 +66,7 @@ class Scheduler:
         lookahead: Lookahead | None = None,
         swap: SwapRule | None = None,
         window: int = 0,
+        state_room: StateRoom | None = None,
     ) -> None:
         if block_manager.block_size != config.block_size:
             raise ValueError(
@@ -79,8 +82,9 @@ class Scheduler:
         self._pinned: dict[str, Request] = {}  # prefill role: first token out, blocks held
         self._imports = HeldImports(block_manager)
         self._step_scheduler = StepScheduler(
-            config, block_manager, self._waiting, self._running, self._imports, lookahead, swap
-        )
+            config, block_manager, self._waiting, self._running, self._imports, lookahead, swap,
+            state_room,
+        )  # fmt: skip
         self._updater = StepUpdater(
             config, block_manager, self._live, lookahead, self._after_token, window
         )

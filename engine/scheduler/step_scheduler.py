@@ -18,7 +18,7 @@ from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
 from engine.scheduler.queues import RunningRequests, WaitingQueue
 from engine.scheduler.request import Request, RequestStatus
 from engine.scheduler.step_adapters import StepAdapters
-from engine.scheduler.swap import SwapRule
+from engine.scheduler.swap import StateRoom, SwapRule
 
 
 @dataclass
@@ -53,9 +53,11 @@ class StepScheduler:
         imports: HeldImports,
         lookahead: Lookahead | None,
         swap: SwapRule | None = None,
+        state_room: StateRoom | None = None,
     ) -> None:
         self._config = config
         self._swap = swap
+        self._state_room = state_room
         self._blocks = blocks
         self._waiting = waiting
         self._running = running
@@ -192,7 +194,7 @@ class StepScheduler:
         if (
             swap is not None
             and swap.prefers_swap(len(request.block_ids), request.num_computed_tokens)
-            and self._blocks.swap_out(request)
+            and self._swap_out(request)
         ):
             step.swapped.append(request.request_id)
         else:
@@ -205,6 +207,18 @@ class StepScheduler:
         request.status = RequestStatus.WAITING
         self._waiting.push(request)
         step.drop(request)
+
+    def _swap_out(self, request: Request) -> bool:
+        """The request's blocks to the host tier, with room for its linear-attention states
+        first (a hybrid model's); False (nothing kept) when either is full."""
+        room, rid = self._state_room, request.request_id
+        if room is not None and not room.reserve(rid):
+            return False
+        if self._blocks.swap_out(request):
+            return True
+        if room is not None:
+            room.release(rid)
+        return False
 
     def _admit_waiting(self, step: _Step) -> None:
         waiting, running = self._waiting, self._running

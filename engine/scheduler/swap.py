@@ -8,6 +8,7 @@ step scheduler swaps only when the host tier has room (engine.kv.tiered_blocks),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 SMOOTHING = 0.2  # weight of the latest step in the prefill rate's moving average
 MIN_TOKENS = 32  # steps with fewer tokens say little about the prefill rate
@@ -41,3 +42,14 @@ class SwapRule:
         if num_tokens >= MIN_TOKENS and seconds > 0:
             rate = num_tokens / seconds
             self.prefill_tokens_per_s += SMOOTHING * (rate - self.prefill_tokens_per_s)
+
+
+class StateRoom(Protocol):
+    """Room for a swapped-out request's linear-attention states (a hybrid model's,
+    engine.kv.state_swap), reserved before its blocks are swapped out."""
+
+    def reserve(self, request_id: str) -> bool:
+        """False: no room, the request is recomputed."""
+        ...
+
+    def release(self, request_id: str) -> None: ...

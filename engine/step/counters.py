@@ -43,6 +43,7 @@ class EngineStats:
     total_blocks: int
     free_state_slots: int = 0  # of a hybrid model's linear-attention state pool
     total_state_slots: int = 0
+    swapped_states: int = 0  # preempted requests' states held in the host swap space
 
     @property
     def kv_usage(self) -> float:

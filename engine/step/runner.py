@@ -9,24 +9,25 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
 from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
 from engine.kv.cache import allocate_kv_cache
-from engine.kv.linear_state import StatePool
+from engine.kv.linear_state import StatePool, placement
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
+from engine.kv.state_swap import StateSwap
 from engine.lora.delta import LoraBatch, choose_kernel
 from engine.lora.manager import LoraManager
 from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
-from engine.model.shard import Shard
+from engine.model.shard import Shard, shard_config
 from engine.model.stage import Stage
 from engine.phases import phase
-from engine.scheduler.plan import SchedulerOutput
+from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
@@ -35,6 +36,7 @@ from engine.step.memory_profile import BatchShape, measure_device_memory, profil
 from engine.step.model_load import LoadedModel, load_model
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class StepBroadcast(Protocol):
@@ -42,6 +44,10 @@ class StepBroadcast(Protocol):
 
     def step(self, inputs: StepInputs) -> AbstractContextManager[None]:
         """Send ``inputs``; rank 0's forward runs inside (a failed rank raises there)."""
+        ...
+
+    def call_runners(self, fn: Callable[[Any, Any], T], arg: object) -> list[T]:
+        """``fn(runner, arg)`` on every other rank's runner, between steps; the answers."""
         ...
 
 
@@ -103,10 +109,12 @@ class ModelRunner:
         self.memory: DeviceMemory | None = None  # as measured for the KV plan (CUDA)
         self.eager_reason = eager_reason(config, self.device, self.model, pipe is not None)
         linear = model_config.linear
-        if linear is not None:  # the state pool's bytes come off the KV budget
+        if linear is not None:  # the state pool's bytes (this rank's) come off the KV budget
+            local = shard_config(model_config, shard or Shard()).linear
+            assert local is not None
             shared_caches = (
                 *shared_caches,
-                StatePool.cache(linear, config.max_num_seqs, config.torch_dtype),
+                StatePool.cache(local, config.max_num_seqs, config.torch_dtype),
             )
         with phase("kv_cache"):
             self.kv_capacity = plan_kv_cache(
@@ -117,11 +125,16 @@ class ModelRunner:
                 self.num_blocks = pipe.min_int(self.num_blocks)
             # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
             self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
-            self.states = (
-                StatePool(linear, config.max_num_seqs, config.torch_dtype, self.device)
-                if linear is not None
-                else None
-            )
+            self.states: StatePool | None = None
+            # preempted requests' states in host memory (they swap with the blocks, to the
+            # host tier)
+            self.state_swap: StateSwap | None = None
+            if linear is not None:
+                place = placement(model_config, shard or Shard())
+                seqs, dtype = config.max_num_seqs, config.torch_dtype
+                self.states = StatePool(linear, seqs, dtype, self.device, place)
+                if config.kv_offload_cpu_gb is not None:
+                    self.state_swap = StateSwap(seqs)
         self.max_blocks = min(self.max_blocks, self.num_blocks)
         self.batch = PersistentBatch(
             config.max_num_seqs,
@@ -156,6 +169,7 @@ class ModelRunner:
         if self.states is not None:
             ids = [*(r.request_id for r in out.decodes), *(c.request_id for c in out.prefills)]
             fresh = [False] * len(out.decodes) + [c.start == 0 for c in out.prefills]
+            self._resume_states(out.prefills)
             meta = dataclasses.replace(inputs.meta, states=self.states.step(ids, fresh))
             inputs = inputs._replace(meta=meta)
         if self.lora is not None:
@@ -163,34 +177,75 @@ class ModelRunner:
         return inputs
 
     def release(self, request_id: str) -> None:
-        """The request left the running batch: free its row and its state slot."""
+        """The request left the running batch: free its row and its state slot (its states
+        first copied to the swap space when it was preempted by swapping; a copy dropped
+        when it finished or was aborted)."""
         self.batch.release(request_id)
-        if self.states is not None:
-            self.states.release(request_id)
+        states, swap = self.states, self.state_swap
+        if states is None:
+            return
+        if swap is not None and swap.awaits_copy(request_id) and states.holds(request_id):
+            slot = states.slot(request_id)
+            swap.put(request_id, states.conv[slot], states.recurrent[slot])
+        elif swap is not None:
+            swap.release(request_id)
+        states.release(request_id)
+
+    def _resume_states(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """A chunk past position 0 of a request without a slot resumes after a swap: its
+        states back from the swap space into a slot."""
+        states = self.states
+        assert states is not None
+        for chunk in chunks:
+            rid = chunk.request_id
+            if chunk.start == 0 or states.holds(rid):
+                continue
+            if self.state_swap is None or not self.state_swap.holds_copy(rid):
+                raise RuntimeError(f"request {rid} resumes at {chunk.start} with no state")
+            conv, recurrent = self.state_swap.take(rid)
+            slot = states.slot(rid)
+            states.conv[slot].copy_(conv)
+            states.recurrent[slot].copy_(recurrent)
 
     @property
     def state_blocks(self) -> int:
         """KV blocks a request's linear-attention state record takes (0: no such layer)."""
-        return self.states.record_blocks(self.layout.block_bytes) if self.states else 0
+        if self.states is None:
+            return 0
+        return self.states.record_blocks(self.layout.block_bytes // self.layout.num_kv_heads)
 
     def park_state(self, request: Request, blocks: BlockManager) -> None:
-        """Prefill role: the pinned request's linear-attention states into KV blocks at the
-        end of its table, leased and shipped with the prompt's. None are written when the
-        cache is short of blocks (the decode node then finds no record and recomputes)."""
-        states, n = self.states, self.state_blocks
-        if states is None or not states.holds(request.request_id):
+        """Prefill role: the pinned request's linear-attention states (every rank's share)
+        into KV blocks at the end of its table, leased and shipped with the prompt's. None
+        are written when the cache is short of blocks or a share does not fit (the decode
+        node then finds no record and recomputes)."""
+        states, n, rid = self.states, self.state_blocks, request.request_id
+        if states is None or not states.holds(rid):
             return
         if not blocks.allocate(request, (len(request.block_ids) + n) * blocks.block_size):
-            log.warning("state_not_parked id=%s blocks=%d", request.request_id, n)
+            log.warning("state_not_parked id=%s blocks=%d", rid, n)
             return
-        states.save(request.request_id, request.block_ids[-n:], self.kv_cache)
+        call = StateCall(states.slot(rid), rid, tuple(request.block_ids[-n:]))
+        if not all(self._on_ranks(save_share, call)):
+            log.warning("state_not_parked id=%s reason=share_too_large", rid)
 
     def load_state(self, request_id: str, block_ids: list[int]) -> str | None:
         """Decode role: an imported request's states from the record at the end of its
-        table (``park_state``'s) into its slot; why it is refused, or None."""
+        table (``park_state``'s) into its slot on every rank; why it is refused (the slot
+        given back), or None."""
         if self.states is None:
             return None
-        return self.states.load(request_id, block_ids[-self.state_blocks :], self.kv_cache)
+        call = StateCall(self.states.slot(request_id), request_id,
+                         tuple(block_ids[-self.state_blocks :]))  # fmt: skip
+        why = next((w for w in self._on_ranks(load_share, call) if w is not None), None)
+        if why is not None:
+            self.states.release(request_id)
+        return why
+
+    def _on_ranks(self, fn: Callable[[ModelRunner, Any], T], arg: object) -> list[T]:
+        """``fn(runner, arg)`` on this runner, then on every other rank's (in step order)."""
+        mine = fn(self, arg)
+        return [mine, *(self.ranks.call_runners(fn, arg) if self.ranks is not None else [])]
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
@@ -203,6 +258,13 @@ class ModelRunner:
             return self._forward(inputs)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        states = inputs.meta.states
+        if states is not None and self.states is not None and states.conv is not self.states.conv:
+            # another rank's step (engine.parallel.messages): this rank's pool, same slots
+            own = dataclasses.replace(
+                states, conv=self.states.conv, recurrent=self.states.recurrent
+            )
+            inputs = inputs._replace(meta=dataclasses.replace(inputs.meta, states=own))
         if self.pipe is not None:
             return self.pipe.forward(self.model, inputs, self.kv_cache).float()
         if self.graphs is not None and (replayed := self.graphs.run(inputs)) is not None:
@@ -235,6 +297,26 @@ class ModelRunner:
             raise ValueError(
                 f"a chunk reaches position {longest}, beyond max_model_len {self.max_model_len}"
             )
+
+
+class StateCall(NamedTuple):
+    """A request's state slot (rank 0's number, every rank's) and its record's blocks."""
+
+    slot: int
+    request_id: str
+    blocks: tuple[int, ...]
+
+
+def save_share(runner: ModelRunner, call: StateCall) -> bool:
+    """This rank's share of the slot into the record (False: it does not fit)."""
+    assert runner.states is not None
+    return runner.states.save(call.slot, call.request_id, call.blocks, runner.kv_cache)
+
+
+def load_share(runner: ModelRunner, call: StateCall) -> str | None:
+    """This rank's share of the record into the slot; why it is refused, or None."""
+    assert runner.states is not None
+    return runner.states.load(call.slot, call.request_id, call.blocks, runner.kv_cache)
 
 
 def lora_batch(manager: LoraManager, out: SchedulerOutput) -> LoraBatch | None:

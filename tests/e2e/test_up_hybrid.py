@@ -1,8 +1,9 @@
 """A tiny Qwen3-Next model (Gated DeltaNet linear attention interleaved with gated full
-attention, MoE) through `splitserve up`: 1 prefill + 1 decode node over TCP answer like the
-offline engine, and the decode node moves each prompt's blocks of the attention layers and
-its linear-attention state record once. The model is random (built with transformers' own
-class) with the default model's tokenizer."""
+attention, MoE) through `splitserve up`: 1 prefill + 1 decode node over TCP and NIXL, and
+pools of different tensor-parallel sizes, answer like the offline engine, and the decode
+node moves each prompt's blocks of the attention layers and its linear-attention state
+record once (every rank's share of the state rides in the cells of its KV heads). The model
+is random (built with transformers' own class) with the default model's tokenizer."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_clusters import BLOCK_SIZE, check_disaggregated, tiny_family_dir
+from tiny_clusters import BLOCK_SIZE, DISAGGREGATED, check_disaggregated, tiny_family_dir
 
 from engine.model.config import ModelConfig
 
 pytestmark = pytest.mark.e2e
 
-HEADER_BYTES = 64  # engine.kv.linear_state's record header
+HEADER_BYTES = 64  # engine.kv.state_record's unit header
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +28,23 @@ def hybrid_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def moved_bytes(model_dir: Path, prompt_tokens: list[int]) -> int:
-    """Each prompt's blocks of the attention layers (fp32) and its state record's blocks."""
+    """Each prompt's blocks of the attention layers (fp32) and its state record's blocks: a
+    unit per KV head of a header and that head's part of the state, whatever the TP."""
     config = json.loads((model_dir / "config.json").read_text())
     spec = ModelConfig.from_dir(model_dir).linear
     assert spec is not None
-    kv_layers = config["layer_types"].count("full_attention")
-    block = kv_layers * 2 * BLOCK_SIZE * config["num_key_value_heads"] * config["head_dim"] * 4
+    kv_layers, heads = config["layer_types"].count("full_attention"), config["num_key_value_heads"]
+    cell = kv_layers * 2 * BLOCK_SIZE * config["head_dim"] * 4
     conv, rec = spec.conv_state_shape, spec.recurrent_shape
     state = len(spec.layers) * (conv[0] * conv[1] + rec[0] * rec[1] * rec[2]) * 4
-    record = -(-(HEADER_BYTES + state) // block)
-    return sum(-(-n // BLOCK_SIZE) + record for n in prompt_tokens) * block
+    record = -(-(HEADER_BYTES + -(-state // heads)) // cell)
+    return sum(-(-n // BLOCK_SIZE) + record for n in prompt_tokens) * cell * heads
 
 
+@DISAGGREGATED
 def test_disaggregated_hybrid_answers_like_offline_and_moves_the_state_once(
-    hybrid_dir: Path, tmp_path: Path
+    hybrid_dir: Path, tmp_path: Path, tp: list[str], transfer: str
 ) -> None:
-    check_disaggregated(hybrid_dir, tmp_path / "run", [], lambda n: moved_bytes(hybrid_dir, n))
+    check_disaggregated(
+        hybrid_dir, tmp_path / "run", tp, lambda n: moved_bytes(hybrid_dir, n), transfer
+    )

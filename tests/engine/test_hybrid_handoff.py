@@ -1,7 +1,8 @@
 """A hybrid model (Qwen3-Next) prefilled on one engine and decoded on another: the prefill
 role parks each request's linear-attention state in KV blocks at the end of its leased
 table, the decode role reads them with the prompt's blocks (the pairs the importer moves)
-into a state slot. The tokens equal a colocated engine's; a corrupt, foreign or missing
+into a state slot, every rank its share (between engines of different TP too). The tokens
+equal a colocated engine's; a corrupt, foreign or missing
 state record is refused (to be recomputed), never decoded; nothing leaks on either side."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from decode_node.importer import transfer_pairs
 from engine.config import EngineConfig
@@ -18,17 +20,22 @@ from engine.engine import LLMEngine
 from engine.scheduler.plan import ImportPlan
 from models.sampling_params import SamplingParams
 from tests.engine.model.test_families import PROMPTS
-from tests.engine.model.tiny_families import save_family
+from tests.engine.model.tiny_families import assert_greedy_near, hf_greedy_gaps, save_family
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+TIE = 1e-3  # logits of the top two tokens closer than this may swap with summation order
 Tamper = Callable[[LLMEngine, ImportPlan], None]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     path = tmp_path_factory.mktemp("qwen3_next")
-    save_family("qwen3_next", path)
-    return path
+    return save_family("qwen3_next", path), path
+
+
+@pytest.fixture(scope="module")
+def model_dir(hybrid: tuple[Any, Path]) -> Path:
+    return hybrid[1]
 
 
 def engine(path: Path, **kw: Any) -> LLMEngine:
@@ -90,6 +97,52 @@ def test_the_decode_node_continues_from_the_shipped_state(
     assert prefill.release("a")
     assert_idle(prefill)
     assert_idle(decode)
+
+
+def rank_caches(engine: LLMEngine) -> list[torch.Tensor]:
+    """Every rank's KV cache (rank 0's first), the memory the ranks write."""
+    others = engine.ranks.kv_caches() if engine.ranks is not None else []
+    return [engine.runner.kv_cache, *others]
+
+
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 1), (1, 2)])
+def test_the_state_moves_between_pools_of_different_tp(
+    hybrid: tuple[Any, Path], prefill_tp: int, decode_tp: int
+) -> None:
+    """Each rank's share of the state rides in the cells of its KV head; moved head by head
+    between a prefill engine of one TP and a decode engine of another (as the transfer plan
+    moves them), the decode engine's every rank reads its share, and the tokens are
+    transformers' (up to a near tie: the ranks sum in another order)."""
+    hf, model_dir = hybrid
+    prompt = PROMPTS[1]
+    want, gaps = hf_greedy_gaps(hf, prompt, PARAMS.max_tokens)
+    prefill = engine(model_dir, role="prefill", tensor_parallel_size=prefill_tp)
+    try:
+        prefill.add_request("a", prompt, PARAMS)
+        first = run(prefill)
+        pinned = prefill.pinned_blocks("a")
+        whole = [torch.cat(rank_caches(prefill), dim=4)[b].clone() for b in pinned]
+        assert prefill.release("a")
+        assert_idle(prefill)
+    finally:
+        prefill.close()
+    decode = engine(model_dir, role="decode", tensor_parallel_size=decode_tp)
+    try:
+        plan = decode.import_request("a", prompt, first, PARAMS)
+        assert plan is not None
+        remote, local = transfer_pairs(plan, list(range(len(whole))))
+        caches, start = rank_caches(decode), 0
+        for cache in caches:
+            heads = cache.shape[4]
+            for src, dst in zip(remote, local, strict=True):
+                cache[dst] = whole[src][:, :, :, start : start + heads]
+            start += heads
+        assert decode.load_imported_state("a") is None
+        decode.commit_import("a")
+        assert_greedy_near(first + run(decode), want, gaps, TIE)
+        assert_idle(decode)
+    finally:
+        decode.close()
 
 
 def _flip_payload_byte(decode: LLMEngine, plan: ImportPlan) -> None:

@@ -1,7 +1,8 @@
 """Qwen3-Next (Gated DeltaNet linear attention interleaved with gated full attention, MoE
 with a gated shared expert) against transformers' own classes on a tiny random-weight model:
 greedy tokens on the C, torch and Triton paths, prompts over several blocks prefilled in
-chunks across steps (the state carried from chunk to chunk), the no-prefix-hit rule,
+chunks across steps (the state carried from chunk to chunk), two tensor-parallel ranks,
+the no-prefix-hit rule,
 preemption, the state pool's slots given back, the KV layout naming the state."""
 
 from __future__ import annotations
@@ -89,12 +90,25 @@ def test_no_prefix_hit_for_a_hybrid_model(hybrid: tuple[Any, Path]) -> None:
 
 def test_a_preempted_request_resumes_with_the_same_tokens(hybrid: tuple[Any, Path]) -> None:
     """Too few blocks for the three prompts at once: requests are preempted (their state
-    slot given back) and recomputed from zeros, and every token is still transformers'."""
+    slot given back) and recomputed from zeros, and every token is still transformers'
+    (swapped instead: tests/engine/test_hybrid_swap.py)."""
     hf, path = hybrid
     engine = engine_of(path, attention_backend="torch", num_kv_blocks=12)
     check(hf, PROMPTS, greedy_tokens(engine, PROMPTS))
     assert engine.counters.preemptions > 0
     assert_idle(engine)
+
+
+def test_two_tensor_parallel_ranks_answer_as_transformers(hybrid: tuple[Any, Path]) -> None:
+    """Each rank holds one of the two key heads of the linear layers (their conv channels,
+    state and gated norm) and one KV head; prompts prefilled in chunks across steps."""
+    hf, path = hybrid
+    engine = engine_of(path, attention_backend="torch", tensor_parallel_size=2)
+    try:
+        check(hf, PROMPTS, greedy_tokens(engine, PROMPTS))
+        assert_idle(engine)
+    finally:
+        engine.close()
 
 
 def test_an_abort_mid_prefill_gives_the_slot_back(hybrid: tuple[Any, Path]) -> None:
@@ -145,8 +159,12 @@ def test_a_bad_config_is_refused_by_name(
 @pytest.mark.parametrize(
     ("setting", "named"),
     [
+        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
         ({"speculative_method": "ngram"}, "speculative_method='ngram'"),
-        ({"kv_offload_cpu_gb": 0.01}, "kv_offload_cpu_gb"),
+        (
+            {"kv_offload_cpu_gb": 0.01, "kv_offload_disk_path": "kv", "kv_offload_disk_gb": 0.01},
+            "kv_offload_disk_path",
+        ),
         ({"enable_lora": True}, "enable_lora"),
     ],
 )
