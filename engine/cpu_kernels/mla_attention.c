@@ -33,6 +33,7 @@
 #define MLA_MAX_BLOCK 128  /* block_size limit (the score buffer) */
 #define MLA_PARAM_BYTES 8  /* a quantized row's bf16 scales and mids, after its codes */
 #define MLA_NEG -3.0e38f
+#define MLA_CHUNK 4        /* accumulator vectors held in registers over a block's rows */
 
 struct mla_job {
     const float *q; /* [tokens, heads, latent] absorbed queries */
@@ -66,12 +67,24 @@ static inline float mla_dot(const float *a, const float *b, int n)
     return s;
 }
 
-/* acc[0 .. n) = acc * c + w * x (c: the online softmax's rescale) */
-static inline void mla_axpy(float *acc, float c, float w, const float *x, int n)
+/* acc[0 .. C) = acc * c + sum_t w[t] * x[t] over n rows x (stride xs): MLA_CHUNK vectors of
+   acc stay in registers over all the rows */
+static inline void mla_weighted_sum(float *acc, float c, const float *w, const float *x,
+                                    int64_t xs, int n, int C)
 {
     int i = 0;
-    for (; i + VW <= n; i += VW) storew(acc + i, loadw(acc + i) * c + loadw(x + i) * w);
-    for (; i < n; i++) acc[i] = acc[i] * c + x[i] * w;
+    for (; i + MLA_CHUNK * VW <= C; i += MLA_CHUNK * VW) {
+        vw a[MLA_CHUNK];
+        for (int j = 0; j < MLA_CHUNK; j++) a[j] = loadw(acc + i + j * VW) * c;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < MLA_CHUNK; j++) a[j] += loadw(x + t * xs + i + j * VW) * w[t];
+        for (int j = 0; j < MLA_CHUNK; j++) storew(acc + i + j * VW, a[j]);
+    }
+    for (; i < C; i++) {
+        float a = acc[i] * c;
+        for (int t = 0; t < n; t++) a += x[t * xs + i] * w[t];
+        acc[i] = a;
+    }
 }
 
 /* fp8 e4m3fn bits as fp32 (no infinities; 0x7f / 0xff are NaN, never written by the cache) */
@@ -113,15 +126,15 @@ static void mla_block_values(const struct mla_job *jb, int rows, const int *lim,
         if (n <= 0) continue;
         float top = m[r];
         for (int t = 0; t < n; t++) top = p[r][t] > top ? p[r][t] : top;
-        float c = exp1(m[r] - top), sum = 0.0f;
+        const float c = exp1(m[r] - top);
+        float sum = 0.0f;
         for (int t = 0; t < n; t++) {
             p[r][t] = exp1(p[r][t] - top);
             sum += p[r][t];
         }
         l[r] = l[r] * c + sum;
         m[r] = top;
-        float *a = acc + (int64_t)r * C;
-        for (int t = 0; t < n; t++, c = 1.0f) mla_axpy(a, c, p[r][t], k + t * kstride, C);
+        mla_weighted_sum(acc + (int64_t)r * C, c, p[r], k, kstride, n, C);
     }
 }
 
