@@ -63,7 +63,8 @@ def latent_attention(
     kernel of ``attention`` where it has one (None: torch)."""
     kernel = latent_kernel(attention, query.q_pe, kv_cache)
     if kernel is not None:
-        o_lat = kernel(absorb(query, weights), kv_cache, layer, meta, weights.w_uk.shape[2], scale)
+        q = absorb(query.q_nope, query.q_pe, weights)
+        o_lat = kernel(q, kv_cache, layer, meta, weights.w_uk.shape[2], scale)
         return torch.einsum("thc,hvc->thv", o_lat, weights.w_uv)
     d, n = meta.num_decodes, meta.num_tokens
     heads, v_dim = weights.w_uv.shape[:2]
@@ -88,7 +89,7 @@ def _decodes(
 ) -> torch.Tensor:
     """The absorbed form for the step's decodes, all in one SDPA call."""
     d, kv_lora = meta.num_decodes, weights.w_uk.shape[-1]
-    q = absorb(LatentQuery(query.q_nope[:d], query.q_pe[:d], query.rows[:d]), weights)
+    q = absorb(query.q_nope[:d], query.q_pe[:d], weights)  # [d, heads, latent]
     tables = meta.decode_block_tables  # [d, width]
     rows = read_plane(kv_cache, layer, 0, tables.flatten()).to(q.dtype)
     rows = rows.view(d, 1, -1, rows.shape[-1])  # [d, 1, keys, latent]
@@ -100,11 +101,11 @@ def _decodes(
     return torch.einsum("thc,hvc->thv", o_lat.squeeze(2), weights.w_uv)
 
 
-def absorb(query: LatentQuery, weights: Absorbed) -> torch.Tensor:
+def absorb(q_nope: torch.Tensor, q_pe: torch.Tensor, weights: Absorbed) -> torch.Tensor:
     """Queries in the latent space: [tokens, heads, latent], per head ``W_uk^T q_nope`` then
     the rotated ``q_pe``."""
-    q_lat = torch.einsum("thn,hnc->thc", query.q_nope, weights.w_uk)  # [tokens, heads, kv_lora]
-    return torch.cat((q_lat, query.q_pe), dim=-1)
+    q_lat = torch.einsum("thn,hnc->thc", q_nope, weights.w_uk)  # [tokens, heads, kv_lora]
+    return torch.cat((q_lat, q_pe), dim=-1)
 
 
 def _chunk(
