@@ -32,6 +32,7 @@ SOURCES = tuple(
         "quant_amx_bf16.c",
         "prefill_attention_amx.c",
         "lora.c",
+        "mla_attention.c",
     )
 )
 HEADERS = tuple(

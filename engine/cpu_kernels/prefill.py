@@ -61,9 +61,10 @@ def prefill_index(
     block_tables: torch.Tensor,
     tokens: int,
     block_size: int,
+    kernel: str = "paged_prefill_attention",
 ) -> PrefillIndex:
-    """Converts and checks the per-step index tensors of ``paged_prefill_attention`` (the C
-    side trusts them: a short table or a bad offset would read outside memory)."""
+    """Converts and checks the per-step index tensors of ``kernel`` (the C side trusts
+    them: a short table or a bad offset would read outside memory)."""
     qsl = query_start_loc.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
     tables = block_tables.to(torch.int32)
@@ -71,15 +72,14 @@ def prefill_index(
     seqs = lens.shape[0]
     if qsl.shape != (seqs + 1,) or tables.shape[0] != seqs:
         raise ValueError(
-            f"paged_prefill_attention: {seqs} context lengths, {qsl.shape[0]} query offsets, "
+            f"{kernel}: {seqs} context lengths, {qsl.shape[0]} query offsets, "
             f"{tables.shape[0]} block tables"
         )
     if seqs:
-        n = check_query_offsets(qsl, tokens, "paged_prefill_attention")
+        n = check_query_offsets(qsl, tokens, kernel)
         if bool((lens < n).any()) or int(lens.max()) > tables.shape[1] * block_size:
             raise ValueError(
-                "paged_prefill_attention: a context shorter than its chunk or longer than its "
-                "block table"
+                f"{kernel}: a context shorter than its chunk or longer than its block table"
             )
     return PrefillIndex(qsl, lens, tables, tokens, block_size)
 

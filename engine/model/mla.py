@@ -70,7 +70,7 @@ class LatentAttention(Packed):
         write_plane(kv_cache, self.index, 0, rows, meta.slot_mapping)
         query = LatentQuery(q[..., : mla.qk_nope_head_dim], q_pe, rows)
         weights = Absorbed.split(self.kv_b, self.num_heads, mla.qk_nope_head_dim)
-        o = latent_attention(query, weights, kv_cache, self.index, meta, self.scale)
+        o = latent_attention(query, weights, kv_cache, self.index, meta, self.scale, attention)
         return o.reshape(tokens, -1)
 
     def _query(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Attention over MLA's latent cache, in torch (every backend runs it: no C or Triton
-kernel reads a latent cache yet).
+"""Attention over MLA's latent cache: the C or Triton kernel where the step's backend has
+one (``engine.model.mla_kernels``: the absorbed form for decodes and prefill chunks alike),
+else torch, the kernels' oracle.
 
 A latent cache row of a token is ``[c, k_pe]``: the normed latent c (``kv_lora_rank``) and the
 rotated key shared by every head (``qk_rope_head_dim``). Per head h, the key is
@@ -11,7 +12,8 @@ rotated key shared by every head (``qk_rope_head_dim``). Per head h, the key is
   expanded, a step reads ``latent_dim`` values a token.
 - Prefill chunks expand their context's keys and values per head once (``kv_b_proj``) and
   attend as ordinary multi-head attention: fewer FLOPs than the absorbed form over a long
-  chunk (``qk_head_dim`` < ``latent_dim``).
+  chunk (``qk_head_dim`` < ``latent_dim``). The kernels keep the absorbed form there too
+  (one code path, no expanded keys written anywhere).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import NamedTuple
 import torch
 
 from engine.kv_format.rows import read_plane
-from engine.model.attention import AttentionMetadata
+from engine.model.attention import AttentionBackend, AttentionMetadata
+from engine.model.mla_kernels import latent_kernel
 from engine.model.torch_attention import attend, attend_batched, chunk_mask
 
 
@@ -54,8 +57,15 @@ def latent_attention(
     layer: int,
     meta: AttentionMetadata,
     scale: float,
+    attention: AttentionBackend | None = None,
 ) -> torch.Tensor:
-    """Attention of a step over the latent cache -> [tokens, heads, v_head_dim]."""
+    """Attention of a step over the latent cache -> [tokens, heads, v_head_dim], by the
+    kernel of ``attention`` where it has one (None: torch)."""
+    kernel = latent_kernel(attention, query.q_pe, kv_cache)
+    if kernel is not None:
+        q = absorb(query.q_nope, query.q_pe, weights)
+        o_lat = kernel(q, kv_cache, layer, meta, weights.w_uk.shape[2], scale)
+        return torch.einsum("thc,hvc->thv", o_lat, weights.w_uv)
     d, n = meta.num_decodes, meta.num_tokens
     heads, v_dim = weights.w_uv.shape[:2]
     out = query.q_nope.new_empty(n, heads, v_dim)
@@ -79,8 +89,7 @@ def _decodes(
 ) -> torch.Tensor:
     """The absorbed form for the step's decodes, all in one SDPA call."""
     d, kv_lora = meta.num_decodes, weights.w_uk.shape[-1]
-    q_lat = torch.einsum("thn,hnc->thc", query.q_nope[:d], weights.w_uk)  # [d, heads, kv_lora]
-    q = torch.cat((q_lat, query.q_pe[:d]), dim=-1)  # [d, heads, latent]
+    q = absorb(query.q_nope[:d], query.q_pe[:d], weights)  # [d, heads, latent]
     tables = meta.decode_block_tables  # [d, width]
     rows = read_plane(kv_cache, layer, 0, tables.flatten()).to(q.dtype)
     rows = rows.view(d, 1, -1, rows.shape[-1])  # [d, 1, keys, latent]
@@ -90,6 +99,13 @@ def _decodes(
         q.unsqueeze(2), rows, rows[..., :kv_lora], mask[:, None, None, :], scale, 0.0
     )
     return torch.einsum("thc,hvc->thv", o_lat.squeeze(2), weights.w_uv)
+
+
+def absorb(q_nope: torch.Tensor, q_pe: torch.Tensor, weights: Absorbed) -> torch.Tensor:
+    """Queries in the latent space: [tokens, heads, latent], per head ``W_uk^T q_nope`` then
+    the rotated ``q_pe``."""
+    q_lat = torch.einsum("thn,hnc->thc", q_nope, weights.w_uk)  # [tokens, heads, kv_lora]
+    return torch.cat((q_lat, q_pe), dim=-1)
 
 
 def _chunk(

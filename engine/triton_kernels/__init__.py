@@ -79,6 +79,24 @@ def paged_prefill_attention(
     return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len, window, softcap)
 
 
+def paged_mla_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    layer: int,
+    cu_q: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    kv_lora: int,
+    scale: float,
+    max_q_len: int,
+) -> torch.Tensor:
+    """MLA's absorbed attention over the latent cache, decodes and prefill chunks in one
+    launch; see ``mla_attention``."""
+    from engine.triton_kernels.mla_attention import paged_mla_attention as impl
+
+    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, kv_lora, scale, max_q_len)
+
+
 def write_kv(
     k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, layer: int, slot_mapping: torch.Tensor
 ) -> None:
@@ -126,6 +144,7 @@ __all__ = [
     "PAD_SLOT",
     "apply_rope",
     "paged_decode_attention",
+    "paged_mla_attention",
     "paged_prefill_attention",
     "rms_norm",
     "rope_write_kv",

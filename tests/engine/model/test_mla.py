@@ -12,9 +12,11 @@ import pytest
 import torch
 import transformers
 
+from engine import cpu_kernels
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv.cache import KVLayout
+from engine.model import mla_attention
 from engine.model.config import ModelConfig
 from engine.model.routing import Router, route_grouped
 from tests.engine.model.test_families import NEW_TOKENS, PATHS, PROMPTS, greedy_tokens
@@ -47,6 +49,19 @@ def engine_of(path: Path, **kw: Any) -> LLMEngine:
     )  # fmt: skip
 
 
+def kernels_only(monkeypatch: pytest.MonkeyPatch, c: bool = True) -> None:
+    """The torch path's decode and prefill halves fail the test: the kernel must run (the C
+    one unless ``c`` is False; without a C compiler the torch path is the C path's fallback)."""
+    if c and not cpu_kernels.available():
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the torch MLA path ran instead of a kernel")
+
+    for name in ("_decodes", "_chunk"):
+        monkeypatch.setattr(mla_attention, name, refuse)
+
+
 def check(hf: Any, prompts: list[list[int]], got: list[list[int]]) -> None:
     for prompt, tokens in zip(prompts, got, strict=True):
         want, gaps = hf_greedy_gaps(hf, prompt, NEW_TOKENS)
@@ -56,10 +71,16 @@ def check(hf: Any, prompts: list[list[int]], got: list[list[int]]) -> None:
 @pytest.mark.parametrize("path_name", list(PATHS))
 @pytest.mark.parametrize("family", MLA)
 def test_greedy_equals_transformers(
-    mla_dirs: dict[str, tuple[Any, Path]], family: str, path_name: str
+    mla_dirs: dict[str, tuple[Any, Path]],
+    family: str,
+    path_name: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """On the C and Triton paths the MLA kernels run, never the torch path."""
     if path_name == "triton":
         pytest.importorskip("triton")
+    if path_name != "torch":
+        kernels_only(monkeypatch, c=path_name == "c")
     hf, path = mla_dirs[family]
     prompts = PROMPTS if path_name != "triton" else PROMPTS[:2]
     engine = engine_of(path, **PATHS[path_name])
@@ -69,11 +90,12 @@ def test_greedy_equals_transformers(
 
 @pytest.mark.parametrize("family", MLA)
 def test_a_prefix_cache_hit_reads_the_latent_back(
-    mla_dirs: dict[str, tuple[Any, Path]], family: str
+    mla_dirs: dict[str, tuple[Any, Path]], family: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The second prompt shares 4 full blocks with the first: only its tail is computed,
-    its first decode attends over cached latent rows (absorbed) and prefill over them
-    (expanded), and the tokens are still transformers'."""
+    its chunk and decodes attend over the cached latent rows in the C kernel, and the
+    tokens are still transformers'."""
+    kernels_only(monkeypatch)
     check_prefix_hit(*mla_dirs[family])
 
 
@@ -106,8 +128,10 @@ def test_the_cache_holds_the_latent(mla_dirs: dict[str, tuple[Any, Path]]) -> No
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
 def test_quantized_latent_cache_runs_and_frees_its_blocks(
-    mla_dirs: dict[str, tuple[Any, Path]], kv_dtype: str
+    mla_dirs: dict[str, tuple[Any, Path]], kv_dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The C kernel reads int8 and fp8 latent rows."""
+    kernels_only(monkeypatch)
     _, path = mla_dirs["deepseek_v3"]
     engine = engine_of(path, attention_backend="torch", kv_cache_dtype=kv_dtype)
     assert engine.runner.layout.block_shape[1:] == (1, 4, 1, 48)

@@ -49,6 +49,7 @@ from engine.triton_kernels import (
     fused_moe,
     kv_write,
     lora,
+    mla_attention,
     norm,
     prefill_attention,
     rope,
@@ -123,7 +124,7 @@ def gpu_plan(launches: list[Launch]) -> Iterator[None]:
 
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(JITFunction, "run", record))
-        for module in (decode_attention, prefill_attention):
+        for module in (decode_attention, prefill_attention, mla_attention):
             stack.enter_context(mock.patch.object(module, "interpreted", lambda t: False))
         for module in (decode_attention, weight_only):
             stack.enter_context(mock.patch.object(module, "sm_count", lambda d: _H200_SMS))
@@ -158,6 +159,21 @@ def _attention(kv_dtype: str, dtype: torch.dtype, head_dim: int = HEAD_DIM) -> N
         prefill_attention.paged_prefill_attention(
             q, kv, 1, cu_q, ctx, tables, 0.125, max_q_len=24, softcap=softcap
         )
+
+
+def _mla(kv_dtype: str, dtype: torch.dtype) -> None:
+    """MLA over DeepSeek-V3's latent (512 + 64) at 16 heads a rank: decodes with a chunk."""
+    latent, kv_lora, heads = 576, 512, 16
+    shape = (32, 2, 1, BLOCK, 1)  # blocks, layers, the latent plane, tokens, one "head"
+    if kv_dtype == "auto":
+        kv = torch.zeros(*shape, latent, dtype=dtype)
+    else:
+        kv = torch.zeros(*shape, row_width(latent, kv_dtype), dtype=CODE_DTYPES[kv_dtype])
+    tables = torch.arange(32, dtype=torch.int32).reshape(2, 16)
+    ctx = torch.tensor([200, 256], dtype=torch.int32)
+    cu_q = torch.tensor([0, 1, 25], dtype=torch.int32)
+    q = torch.zeros(25, heads, latent, dtype=dtype)
+    mla_attention.paged_mla_attention(q, kv, 1, cu_q, ctx, tables, kv_lora, 0.1, 24)
 
 
 def _writes(kv_dtype: str, dtype: torch.dtype) -> None:
@@ -217,6 +233,7 @@ def cases() -> list[tuple[str, Callable[[], None]]]:
     for kv_dtype in ("auto", "int8", "fp8_e4m3"):
         out.append((f"attention {kv_dtype}", partial(_attention, kv_dtype, bf16)))
         out.append((f"writes {kv_dtype}", partial(_writes, kv_dtype, bf16)))
+        out.append((f"mla {kv_dtype}", partial(_mla, kv_dtype, bf16)))
     out += [("layers", partial(_layers, bf16)), ("weight-only", partial(_weight_only, bf16))]
     out.append(("attention fp32", partial(_attention, "auto", torch.float32, head_dim=16)))
     return out

@@ -37,9 +37,10 @@ def test_kernels_compile_for_hopper() -> None:
     counts = re.search(r"^kernels (\d+)/(\d+)$", done.stdout, re.M)
     assert counts and counts[1] == counts[2] and len(compiled) == int(counts[2]) >= 12, done.stdout
     assert {"_decode_split_kernel", "_prefill_kernel", "_fused_kernel", "_down_kernel"} <= compiled
+    assert "_mla_kernel" in compiled
     assert "quant=1" in done.stdout and "quant=2" in done.stdout
     # the attentions read a quantized cache's rows in 8-byte pieces, never byte by byte (the
     # byte loads had made int8 decode ~17x slower than a bf16 cache on an H200)
     for line in done.stdout.splitlines():
-        if line.startswith("ok _decode_split_kernel") or line.startswith("ok _prefill_kernel"):
+        if line.startswith(("ok _decode_split_kernel", "ok _prefill_kernel", "ok _mla_kernel")):
             assert line.endswith("byte_loads=0"), line
