@@ -143,7 +143,8 @@ def _cache(kv_dtype: str, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
 
 
 def _attention(kv_dtype: str, dtype: torch.dtype, head_dim: int = HEAD_DIM) -> None:
-    """Decode in one pass and split (with its reduce), prefill; soft-capped on a plain cache."""
+    """Decode in one pass and split (with its reduce), prefill; soft-capped on a plain cache;
+    with attention sinks."""
     kv = _cache(kv_dtype, dtype, head_dim)
     tables = torch.arange(32, dtype=torch.int32).reshape(2, 16)
     ctx = torch.tensor([200, 256], dtype=torch.int32)
@@ -158,6 +159,14 @@ def _attention(kv_dtype: str, dtype: torch.dtype, head_dim: int = HEAD_DIM) -> N
         prefill_attention.paged_prefill_attention(
             q, kv, 1, cu_q, ctx, tables, 0.125, max_q_len=24, softcap=softcap
         )
+    sinks = torch.zeros(HEADS)  # gpt-oss's attention sinks, in a window, one split and four
+    for splits in (1, 4):
+        decode_attention.paged_decode_attention(
+            q[:2], kv, 1, tables, ctx, 0.125, num_splits=splits, window=128, sinks=sinks
+        )
+    prefill_attention.paged_prefill_attention(
+        q, kv, 1, cu_q, ctx, tables, 0.125, max_q_len=24, window=128, sinks=sinks
+    )
 
 
 def _writes(kv_dtype: str, dtype: torch.dtype) -> None:
