@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.cpu_kernels.mxfp4 import Mxfp4Tensors
+
 BLOCK = 32  # values a scale covers
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 SCALE_BIAS = 127
@@ -67,6 +69,11 @@ class Mxfp4Experts(nn.Module):
 
     def __getitem__(self, expert: int) -> torch.Tensor:
         return dequantize(self.blocks[expert], self.scales[expert], self.dtype)
+
+    @property
+    def packed(self) -> Mxfp4Tensors:
+        """The codes and scales as the kernels take them (engine.cpu_kernels.mxfp4)."""
+        return Mxfp4Tensors(self.blocks.data, self.scales.data)
 
     @property
     def nbytes(self) -> int:

@@ -49,6 +49,7 @@ from engine.triton_kernels import (
     fused_moe,
     kv_write,
     lora,
+    mxfp4_moe,
     norm,
     prefill_attention,
     rope,
@@ -184,7 +185,8 @@ def _writes(kv_dtype: str, dtype: torch.dtype) -> None:
 
 
 def _layers(dtype: torch.dtype) -> None:
-    """RMSNorm with and without the residual, a MoE at decode and prefill sizes, LoRA."""
+    """RMSNorm with and without the residual, a MoE (and one over MXFP4 experts) at decode and
+    prefill sizes, LoRA."""
     x = torch.zeros(4, 576, dtype=dtype)
     norm.rms_norm(x, torch.ones(576, dtype=dtype), 1e-5)
     norm.rms_norm(x, torch.ones(576, dtype=dtype), 1e-5, residual=x.clone())
@@ -196,6 +198,13 @@ def _layers(dtype: torch.dtype) -> None:
         weights = torch.full((tokens, top_k), 0.5)
         x = torch.zeros(tokens, hidden, dtype=dtype)
         fused_moe.fused_moe(x, w13, w2, weights, ids, activation)
+        mxfp4 = [
+            (torch.zeros(experts, rows, cols // 32, 16, dtype=torch.uint8),
+             torch.zeros(experts, rows, cols // 32, dtype=torch.uint8))
+            for rows, cols in ((2 * inter, hidden), (hidden, inter))
+        ]  # fmt: skip
+        biases = (torch.zeros(experts, 2 * inter), torch.zeros(experts, hidden))
+        mxfp4_moe.mxfp4_moe(x, weights, ids, *mxfp4, biases, 1.702, 7.0)
     tokens, features, rank = 4, 576, 16
     slots = torch.tensor([0, -1, 1, 0], dtype=torch.int64)
     a = torch.zeros(2, 3 * rank, features, dtype=dtype)
