@@ -65,12 +65,19 @@ static void gather_rows(const float *x, int64_t ldx, const int32_t *slot_at, int
         memcpy(xs + p * H, x + (slot_at[p] / k) * ldx, sizeof(float) * H);
 }
 
-int splitserve_moe_sort(const int64_t *ids, int64_t slots, int32_t E, moe_order *o)
+int splitserve_moe_begin(const int64_t *ids, int32_t T, int32_t k, int32_t E,
+                         int64_t scratch_floats, moe_order *o)
 {
+    const int64_t slots = (int64_t)T * k;
+    if (k > MAX_TOP_K) return -3;
     for (int64_t s = 0; s < slots; s++)
         if (ids[s] < 0 || ids[s] >= E) return -2;
     int32_t *counts = calloc((size_t)E * 3 + 1 + 2 * (size_t)slots, sizeof(int32_t));
-    if (!counts) return -1;
+    o->scratch = malloc(sizeof(float) * (size_t)(scratch_floats + 1));
+    if (!counts || !o->scratch) {
+        free(counts), free(o->scratch);
+        return -1;
+    }
     o->mem = counts;
     o->offsets = counts + E, o->active = o->offsets + E + 1, o->slot_at = o->active + E;
     o->pos_of = o->slot_at + slots;
@@ -89,7 +96,7 @@ int splitserve_moe_sort(const int64_t *ids, int64_t slots, int32_t E, moe_order 
     return 0;
 }
 
-void splitserve_moe_order_free(moe_order *o) { free(o->mem); }
+void splitserve_moe_end(moe_order *o) { free(o->mem), free(o->scratch); }
 
 void splitserve_moe_reduce_token(const float *ys, const int64_t *ids, const float *weights,
                                  const int32_t *pos_of, int t, int k, int H, float *o,
@@ -121,20 +128,14 @@ int32_t splitserve_moe_f32(
     int32_t k, const float *w13, const float *w2, int32_t E, int32_t I, float *out,
     int64_t ldo, int32_t accumulate, int32_t activation, int32_t threads)
 {
-    if (k > MAX_TOP_K) return -3;
     const int64_t slots = (int64_t)T * k;
     moe_order o;
-    const int rc = splitserve_moe_sort(ids, slots, E, &o);
+    const int rc = splitserve_moe_begin(ids, T, k, E, slots * (2 * (int64_t)H + I), &o);
     if (rc) return rc;
-    float *scratch = malloc(sizeof(float) * (size_t)(slots * (2 * (int64_t)H + I) + 1));
-    if (!scratch) {
-        splitserve_moe_order_free(&o);
-        return -1;
-    }
     const int32_t *offsets = o.offsets, *active = o.active, *slot_at = o.slot_at,
                   *pos_of = o.pos_of;
     const int n_active = o.n_active;
-    float *xs = scratch, *ys = xs + slots * H, *act = ys + slots * H;
+    float *xs = o.scratch, *ys = xs + slots * H, *act = ys + slots * H;
     const int gu_panels = I / PANEL, down_panels = H / PANEL;
     const int parallel = slots * 3 * (int64_t)H * I >= PARALLEL_MIN;
     /* the gather and the sum share out threads only when large: each costs a barrier, and a
@@ -172,7 +173,6 @@ int32_t splitserve_moe_f32(
         for (int t = 0; t < T; t++)
             splitserve_moe_reduce_token(ys, ids, weights, pos_of, t, k, H, out + t * ldo,
                                         accumulate);
-    splitserve_moe_order_free(&o);
-    free(scratch);
+    splitserve_moe_end(&o);
     return 0;
 }

@@ -17,8 +17,11 @@
  *
  * As in moe.c, the (token, slot) pairs are counting-sorted by expert (moe.h), each expert's
  * rows gathered, and threads share out (expert, 16 weight rows) work items: gate/up +
- * bias + swiglu, then down + bias; each weight row is decoded once per TILE_ROWS rows routed
- * to its expert. A last pass adds each token's k rows, weighted, in ascending expert order.
+ * bias + swiglu, then down + bias. Up to PANEL_MIN_ROWS rows routed to an expert, each
+ * weight row is decoded once per TILE_ROWS of them, in registers; from PANEL_MIN_ROWS on, an
+ * item's 16 weight rows are dequantized PANEL_K inputs at a time into an L1 panel that the
+ * fp32 linear kernel (linear.h) runs every row over. A last pass adds each token's k rows,
+ * weighted, in ascending expert order.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,6 +32,7 @@
 #include <immintrin.h>
 #endif
 
+#include "linear.h"
 #include "moe.h"
 #include "vecw.h"
 
@@ -36,7 +40,10 @@
 #define QBYTES (QBLOCK / 2)    /* bytes of codes a block */
 #define NB (QBLOCK / VW)       /* vectors a decoded block fills */
 #define TILE_ROWS 4            /* activation rows a weight row is decoded for at once */
-#define ITEM_ROWS 16           /* weight rows of a work item (gate / up pairs stay together) */
+#define ITEM_ROWS PANEL        /* weight rows of a work item (gate / up pairs stay together) */
+#define PANEL_MIN_ROWS 16      /* an expert's rows from which its items go through panels */
+#define PANEL_K 256            /* input values of a dequantized panel chunk (16 KB) */
+#define PANEL_M 64             /* activation rows a panel chunk is used for at once */
 #define PARALLEL_MIN (1 << 18) /* multiply-adds below which the calling thread does it all */
 
 static const float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -153,11 +160,86 @@ static void weight_row(const mxfp4_weight *w, int64_t row, const float *x, int64
     }
 }
 
+/* Inputs [k0, k0 + kc) of weight rows [row0, row0 + PANEL) as a panel [kc][PANEL] of fp32,
+   the inputs in the codes' (deinterleaved) order. */
+static void dequant_panel(const mxfp4_weight *w, int64_t row0, int k0, int kc, float *panel)
+{
+    const int blocks = w->cols / QBLOCK;
+    float t[QBLOCK] __attribute__((aligned(64)));
+    for (int c = 0; c < PANEL; c++)
+        for (int b = k0 / QBLOCK; b < (k0 + kc) / QBLOCK; b++) {
+            const int64_t at = (row0 + c) * blocks + b;
+            vw v[NB];
+            decode_block(w->codes + at * QBYTES, v);
+            const vw s = splatw(e8m0(w->scales[at]));
+            for (int i = 0; i < NB; i++) storew(t + i * VW, v[i] * s);
+            float *dst = panel + (int64_t)(b * QBLOCK - k0) * PANEL + c;
+            for (int i = 0; i < QBLOCK; i++) dst[i * PANEL] = t[i];
+        }
+}
+
+/* c[r * ldc + j] = row r of x (n rows ldx apart) . weight row row0 + j, for j < PANEL and
+   r < n <= PANEL_M (no bias). */
+static void panel_product(const mxfp4_weight *w, int64_t row0, const float *x, int64_t ldx,
+                          int n, float *c, int64_t ldc)
+{
+    float panel[PANEL_K * PANEL] __attribute__((aligned(64)));
+    for (int k0 = 0; k0 < w->cols; k0 += PANEL_K) {
+        const int kc = w->cols - k0 < PANEL_K ? w->cols - k0 : PANEL_K;
+        dequant_panel(w, row0, k0, kc, panel);
+        splitserve_panel_rows(x + k0, ldx, panel, n, kc, c, ldc, k0 > 0);
+    }
+}
+
 static inline float clamped_swiglu(float g, float u, float alpha, float limit)
 {
     g = g < limit ? g : limit;
     u = u < -limit ? -limit : (u > limit ? limit : u);
     return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
+/* Gate / up rows [o0, o0 + ITEM_ROWS) of expert e for its n rows at sorted position base
+   through a dequantized panel: their swiglu into act (deinterleaved columns). */
+static void gate_up_panels(const mxfp4_weight *w, const float *xs, float *act, int64_t base,
+                           int n, int64_t e, int o0, float alpha, float limit)
+{
+    const int H = w->cols, I = w->rows / 2;
+    const int64_t row0 = e * w->rows + o0;
+    float gu[PANEL_M * PANEL] __attribute__((aligned(64)));
+    for (int r0 = 0; r0 < n; r0 += PANEL_M) {
+        const int m = n - r0 < PANEL_M ? n - r0 : PANEL_M;
+        panel_product(w, row0, xs + (base + r0) * H, H, m, gu, PANEL);
+        for (int r = 0; r < m; r++)
+            for (int c = 0; c < PANEL; c += 2) {
+                const float *b = w->bias ? w->bias + row0 + c : NULL;
+                const float g = gu[r * PANEL + c] + (b ? b[0] : 0.0f);
+                const float u = gu[r * PANEL + c + 1] + (b ? b[1] : 0.0f);
+                act[(base + r0 + r) * I + split_pos((o0 + c) / 2)] =
+                    clamped_swiglu(g, u, alpha, limit);
+            }
+    }
+}
+
+/* Down rows [h0, h0 + ITEM_ROWS) of expert e for its n rows at sorted position base, plus
+   their biases, into ys. */
+static void down_item(const mxfp4_weight *w, const float *act, float *ys, int64_t base, int n,
+                      int64_t e, int h0)
+{
+    const int H = w->rows, I = w->cols;
+    const int64_t row0 = e * H + h0;
+    if (n < PANEL_MIN_ROWS) {
+        for (int h = 0; h < ITEM_ROWS; h++)
+            weight_row(w, row0 + h, act + base * I, I, n, ys + base * H + h0 + h, H);
+        return;
+    }
+    for (int r0 = 0; r0 < n; r0 += PANEL_M) {
+        const int m = n - r0 < PANEL_M ? n - r0 : PANEL_M;
+        float *c = ys + (base + r0) * H + h0;
+        panel_product(w, row0, act + (base + r0) * I, I, m, c, H);
+        if (w->bias)
+            for (int r = 0; r < m; r++)
+                for (int j = 0; j < PANEL; j++) c[r * H + j] += w->bias[row0 + j];
+    }
 }
 
 /* Gate / up rows [o0, o0 + ITEM_ROWS) of expert e for its n rows at sorted position base:
@@ -167,6 +249,10 @@ static void gate_up_item(const mxfp4_weight *w, const float *xs, float *act, int
 {
     const int H = w->cols, I = w->rows / 2;
     float g[TILE_ROWS], u[TILE_ROWS];
+    if (n >= PANEL_MIN_ROWS) {
+        gate_up_panels(w, xs, act, base, n, e, o0, alpha, limit);
+        return;
+    }
     for (int r0 = 0; r0 < n; r0 += TILE_ROWS) {
         const int R = n - r0 < TILE_ROWS ? n - r0 : TILE_ROWS;
         const float *x = xs + (base + r0) * H;
@@ -188,21 +274,15 @@ int32_t splitserve_moe_mxfp4_f32(
     const uint8_t *w2_codes, const uint8_t *w2_scales, const float *b2, int32_t E, int32_t I,
     float alpha, float limit, float *out, int64_t ldo, int32_t accumulate, int32_t threads)
 {
-    if (k > MAX_TOP_K) return -3;
     const int64_t slots = (int64_t)T * k;
     moe_order o;
-    const int rc = splitserve_moe_sort(ids, slots, E, &o);
+    const int rc = splitserve_moe_begin(ids, T, k, E, slots * (2 * (int64_t)H + I), &o);
     if (rc) return rc;
-    float *scratch = malloc(sizeof(float) * (size_t)(slots * (2 * (int64_t)H + I) + 1));
-    if (!scratch) {
-        splitserve_moe_order_free(&o);
-        return -1;
-    }
     const mxfp4_weight w13 = {w13_codes, w13_scales, b13, 2 * I, H};
     const mxfp4_weight w2 = {w2_codes, w2_scales, b2, H, I};
     const int32_t *offsets = o.offsets, *active = o.active;
     const int n_active = o.n_active, gu_items = 2 * I / ITEM_ROWS, down_items = H / ITEM_ROWS;
-    float *xs = scratch, *ys = xs + slots * H, *act = ys + slots * H;
+    float *xs = o.scratch, *ys = xs + slots * H, *act = ys + slots * H;
     const int parallel = slots * 3 * (int64_t)H * I >= PARALLEL_MIN;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (parallel)
     {
@@ -216,18 +296,15 @@ int32_t splitserve_moe_mxfp4_f32(
         }
 #pragma omp for schedule(dynamic, 2)
         for (int it = 0; it < n_active * down_items; it++) {
-            const int e = active[it / down_items], h0 = (it % down_items) * ITEM_ROWS;
-            const int64_t base = offsets[e];
-            for (int h = h0; h < h0 + ITEM_ROWS; h++)
-                weight_row(&w2, (int64_t)e * H + h, act + base * I, I,
-                           offsets[e + 1] - offsets[e], ys + base * H + h, H);
+            const int e = active[it / down_items];
+            down_item(&w2, act, ys, offsets[e], offsets[e + 1] - offsets[e], e,
+                      (it % down_items) * ITEM_ROWS);
         }
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++)
             splitserve_moe_reduce_token(ys, ids, weights, o.pos_of, t, k, H, out + t * ldo,
                                         accumulate);
     }
-    splitserve_moe_order_free(&o);
-    free(scratch);
+    splitserve_moe_end(&o);
     return 0;
 }

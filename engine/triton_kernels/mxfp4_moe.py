@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.triton_kernels.fused_moe import align_by_expert
+from engine.triton_kernels.fused_moe import align_by_expert, expert_block, row_tile
 from engine.triton_kernels.layout import dot_precision, pow2
 
 _BLOCK = 32  # values a scale covers
@@ -69,11 +69,8 @@ def _mxfp4_gate_up_kernel(
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    expert, slots, valid = expert_block(slots_ptr, block_expert_ptr, num_slots, BLOCK_M)
     if expert >= 0:
-        slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = slots < num_slots
         tokens = (slots // TOP_K).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < INTER
@@ -83,11 +80,7 @@ def _mxfp4_gate_up_kernel(
         for k0 in range(0, H, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < H
-            a = tl.load(
-                x_ptr + tokens[:, None] * stride_x + ks[None, :],
-                mask=valid[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_M, BLOCK_K]
+            a = row_tile(x_ptr, tokens, stride_x, ks, H, valid)  # [BLOCK_M, BLOCK_K]
             w_mask = k_ok[:, None] & col_ok[None, :]
             wg = _mxfp4_tile(codes_ptr, scales_ptr, gate_rows, ks, w_mask, H, a.dtype)
             wu = _mxfp4_tile(codes_ptr, scales_ptr, gate_rows + 1, ks, w_mask, H, a.dtype)
@@ -124,11 +117,8 @@ def _mxfp4_down_kernel(
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    expert, slots, valid = expert_block(slots_ptr, block_expert_ptr, num_slots, BLOCK_M)
     if expert >= 0:
-        slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = slots < num_slots
         rows = slots.to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
@@ -137,11 +127,7 @@ def _mxfp4_down_kernel(
         for k0 in range(0, INTER, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < INTER
-            a = tl.load(
-                h_ptr + rows[:, None] * stride_h + ks[None, :],
-                mask=valid[:, None] & k_ok[None, :],
-                other=0.0,
-            )
+            a = row_tile(h_ptr, rows, stride_h, ks, INTER, valid)
             w_mask = k_ok[:, None] & col_ok[None, :]
             wd = _mxfp4_tile(codes_ptr, scales_ptr, w_rows, ks, w_mask, INTER, a.dtype)
             acc = tl.dot(a, wd, acc, input_precision=PRECISION)

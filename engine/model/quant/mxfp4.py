@@ -79,6 +79,14 @@ class Mxfp4Experts(nn.Module):
     def nbytes(self) -> int:
         return self.blocks.numel() + self.scales.numel()
 
+    def init_random(self, gen: torch.Generator) -> None:
+        """Seeded codes and scales of values ~ N(0, 1 / cols) (random-weight models), made
+        one expert at a time on the weights' device."""
+        rows, cols = self.shape[1:]
+        for e in range(self.shape[0]):
+            w = torch.randn(rows, cols, generator=gen, device=self.blocks.device)
+            self.blocks.data[e], self.scales.data[e] = quantize(w.mul_(cols**-0.5))
+
     def targets(self, name: str) -> dict[str, torch.Tensor]:
         """The checkpoint's ``name_blocks`` and ``name_scales`` -> the packed tensors."""
         return {f"{name}_blocks": self.blocks.data, f"{name}_scales": self.scales.data}

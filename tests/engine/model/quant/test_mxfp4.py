@@ -142,3 +142,17 @@ def test_two_ranks_read_their_experts_packed(mxfp4_pair: tuple[Path, Path]) -> N
     finally:
         engine.close()
     assert got == greedy_tokens(engine_of(twin), PROMPTS)
+
+
+def test_random_weights_fill_packed_experts_at_the_scale_of_plain_ones(
+    mxfp4_pair: tuple[Path, Path],
+) -> None:
+    """``load_format="random"`` (benchmarks of MXFP4 shapes) quantizes N(0, 1 / cols)
+    values into the packed experts, as plain matrices get them."""
+    engine = engine_of(mxfp4_pair[0], load_format="random")
+    moe = engine.runner.model.decoder_layers()[1].moe
+    assert isinstance(moe, SparseMoe) and isinstance(moe.w2, Mxfp4Experts)
+    for experts in (moe.w13, moe.w2):
+        assert isinstance(experts, Mxfp4Experts)
+        std = float(torch.stack([experts[e] for e in range(experts.shape[0])]).std())
+        assert 0.8 < std * experts.shape[2] ** 0.5 < 1.25
