@@ -164,6 +164,11 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
+# the same with its experts packed MXFP4, as gpt-oss ships them
+SHAPES["gpt-oss-cpu-mxfp4"] = SHAPES["gpt-oss-cpu"] | {
+    "quantization_config": {"quant_method": "mxfp4"}
+}
+
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 

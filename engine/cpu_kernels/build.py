@@ -25,6 +25,7 @@ SOURCES = tuple(
         "linear.c",
         "sampling.c",
         "moe.c",
+        "mxfp4.c",
         "quant_linear.c",
         "quant_int8.c",
         "quant_prefill.c",
@@ -37,7 +38,7 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     Path(__file__).with_name(n)
-    for n in ("vec8.h", "vecw.h", "linear.h", "amx.h", "quant_dequant.h")
+    for n in ("vec8.h", "vecw.h", "linear.h", "amx.h", "quant_dequant.h", "moe.h")
 )
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 # 8 or 16: build the kernels for that vector width instead of the machine's (vecw.h); the tests

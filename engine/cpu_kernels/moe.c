@@ -20,12 +20,12 @@
 #include <string.h>
 
 #include "linear.h"
+#include "moe.h"
 #include "vec8.h"
 
 #define ACT_SILU 0
 #define ACT_GELU_TANH 1
 #define MOE_ROWS 64    /* an expert's rows per pass of a gate/up item (stack partials) */
-#define MAX_TOP_K 64
 #define PARALLEL_MIN (1 << 18) /* multiply-adds below which the calling thread does it all */
 
 /* act(g): SiLU, or GELU with the tanh approximation written as g - g / (e^{2u} + 1). */
@@ -65,9 +65,42 @@ static void gather_rows(const float *x, int64_t ldx, const int32_t *slot_at, int
         memcpy(xs + p * H, x + (slot_at[p] / k) * ldx, sizeof(float) * H);
 }
 
-/* out[t] (+)= sum_i weights[t, i] * ys[sorted position of slot (t, i)], experts ascending. */
-static void reduce_token(const float *ys, const int64_t *ids, const float *weights,
-                         const int32_t *pos_of, int t, int k, int H, float *o, int accumulate)
+int splitserve_moe_begin(const int64_t *ids, int32_t T, int32_t k, int32_t E,
+                         int64_t scratch_floats, moe_order *o)
+{
+    const int64_t slots = (int64_t)T * k;
+    if (k > MAX_TOP_K) return -3;
+    for (int64_t s = 0; s < slots; s++)
+        if (ids[s] < 0 || ids[s] >= E) return -2;
+    int32_t *counts = calloc((size_t)E * 3 + 1 + 2 * (size_t)slots, sizeof(int32_t));
+    o->scratch = malloc(sizeof(float) * (size_t)(scratch_floats + 1));
+    if (!counts || !o->scratch) {
+        free(counts), free(o->scratch);
+        return -1;
+    }
+    o->mem = counts;
+    o->offsets = counts + E, o->active = o->offsets + E + 1, o->slot_at = o->active + E;
+    o->pos_of = o->slot_at + slots;
+    for (int64_t s = 0; s < slots; s++) counts[ids[s]]++;
+    o->n_active = 0;
+    for (int e = 0; e < E; e++) {
+        o->offsets[e + 1] = o->offsets[e] + counts[e];
+        if (counts[e]) o->active[o->n_active++] = e;
+    }
+    for (int64_t s = 0; s < slots; s++) { /* stable counting sort, counts reused as cursors */
+        const int e = (int)ids[s];
+        const int32_t p = o->offsets[e + 1] - counts[e]--;
+        o->slot_at[p] = (int32_t)s;
+        o->pos_of[s] = p;
+    }
+    return 0;
+}
+
+void splitserve_moe_end(moe_order *o) { free(o->mem), free(o->scratch); }
+
+void splitserve_moe_reduce_token(const float *ys, const int64_t *ids, const float *weights,
+                                 const int32_t *pos_of, int t, int k, int H, float *o,
+                                 int accumulate)
 {
     int order[MAX_TOP_K];
     for (int i = 0; i < k; i++) {
@@ -95,36 +128,14 @@ int32_t splitserve_moe_f32(
     int32_t k, const float *w13, const float *w2, int32_t E, int32_t I, float *out,
     int64_t ldo, int32_t accumulate, int32_t activation, int32_t threads)
 {
-    if (k > MAX_TOP_K) return -3;
     const int64_t slots = (int64_t)T * k;
-    int32_t *counts = calloc((size_t)E * 3 + 1, sizeof(int32_t));
-    int32_t *index = malloc(sizeof(int32_t) * (size_t)(2 * slots + 1));
-    float *scratch = malloc(sizeof(float) * (size_t)(slots * (2 * (int64_t)H + I) + 1));
-    if (!counts || !index || !scratch) {
-        free(counts), free(index), free(scratch);
-        return -1;
-    }
-    int32_t *offsets = counts + E, *active = offsets + E + 1, *slot_at = index,
-            *pos_of = index + slots;
-    float *xs = scratch, *ys = xs + slots * H, *act = ys + slots * H;
-    for (int64_t s = 0; s < slots; s++) {
-        if (ids[s] < 0 || ids[s] >= E) {
-            free(counts), free(index), free(scratch);
-            return -2;
-        }
-        counts[ids[s]]++;
-    }
-    int n_active = 0;
-    for (int e = 0; e < E; e++) {
-        offsets[e + 1] = offsets[e] + counts[e];
-        if (counts[e]) active[n_active++] = e;
-    }
-    for (int64_t s = 0; s < slots; s++) { /* stable counting sort, counts reused as cursors */
-        const int e = (int)ids[s];
-        const int32_t p = offsets[e + 1] - counts[e]--;
-        slot_at[p] = (int32_t)s;
-        pos_of[s] = p;
-    }
+    moe_order o;
+    const int rc = splitserve_moe_begin(ids, T, k, E, slots * (2 * (int64_t)H + I), &o);
+    if (rc) return rc;
+    const int32_t *offsets = o.offsets, *active = o.active, *slot_at = o.slot_at,
+                  *pos_of = o.pos_of;
+    const int n_active = o.n_active;
+    float *xs = o.scratch, *ys = xs + slots * H, *act = ys + slots * H;
     const int gu_panels = I / PANEL, down_panels = H / PANEL;
     const int parallel = slots * 3 * (int64_t)H * I >= PARALLEL_MIN;
     /* the gather and the sum share out threads only when large: each costs a barrier, and a
@@ -154,12 +165,14 @@ int32_t splitserve_moe_f32(
         if (wide) {
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++)
-                reduce_token(ys, ids, weights, pos_of, t, k, H, out + t * ldo, accumulate);
+                splitserve_moe_reduce_token(ys, ids, weights, pos_of, t, k, H, out + t * ldo,
+                                            accumulate);
         }
     }
     if (!wide)
         for (int t = 0; t < T; t++)
-            reduce_token(ys, ids, weights, pos_of, t, k, H, out + t * ldo, accumulate);
-    free(counts), free(index), free(scratch);
+            splitserve_moe_reduce_token(ys, ids, weights, pos_of, t, k, H, out + t * ldo,
+                                        accumulate);
+    splitserve_moe_end(&o);
     return 0;
 }

@@ -138,12 +138,8 @@ class AttentionBackend(Protocol):
 
 
 class TritonAttention:
-    """The Triton kernels (engine.triton_kernels) behind the same interface: the GPU backend.
-    Layers with attention sinks run ``sink_backend`` on the same device (the kernels take no
-    sinks; ``engine.model.backends`` gives the torch backend's explicit softmax)."""
-
-    def __init__(self, sink_backend: AttentionBackend | None = None) -> None:
-        self.sink_backend = sink_backend
+    """The Triton kernels (engine.triton_kernels) behind the same interface: the GPU backend
+    (windows, soft-caps and attention sinks in the kernels)."""
 
     def __call__(
         self,
@@ -158,26 +154,24 @@ class TritonAttention:
         from engine.triton_kernels import paged_decode_attention, paged_prefill_attention
 
         spec = spec or AttentionSpec(q.shape[-1] ** -0.5)
-        if spec.sinks is not None:
-            if self.sink_backend is None:
-                raise ValueError("TritonAttention: a layer with attention sinks needs sink_backend")
-            return self.sink_backend(q, k, v, kv_cache, layer, meta, spec)
         d, scale, window, cap = meta.num_decodes, spec.scale, spec.window, spec.softcap
+        sinks = spec.sinks
         if d == meta.num_tokens:
             return paged_decode_attention(
                 q, kv_cache, layer, meta.decode_block_tables, meta.context_lens, scale,
-                max_ctx_len=max(meta.context_lens_host), window=window, softcap=cap,
+                max_ctx_len=max(meta.context_lens_host), window=window, softcap=cap, sinks=sinks,
             )  # fmt: skip
         out = torch.empty_like(q)  # [tokens, heads, d]
         if d:
             out[:d] = paged_decode_attention(
                 q[:d], kv_cache, layer, meta.decode_block_tables, meta.context_lens[:d], scale,
                 max_ctx_len=max(meta.context_lens_host[:d]), window=window, softcap=cap,
+                sinks=sinks,
             )  # fmt: skip
         out[d:] = paged_prefill_attention(
             q[d:], kv_cache, layer, meta.prefill_query_start_loc, meta.context_lens[d:],
             meta.block_tables[d:], scale, max_q_len=max(meta.query_lens[d:]), window=window,
-            softcap=cap,
+            softcap=cap, sinks=sinks,
         )  # fmt: skip
         return out
 

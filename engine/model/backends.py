@@ -25,7 +25,7 @@ def select_attention(
     from engine.triton_kernels import triton_available
 
     if triton_available():
-        return TritonAttention(sink_backend=TorchAttention(cpu_kernel=False))
+        return TritonAttention()
     if name == "triton":
         raise ValueError(
             "attention_backend 'triton' needs triton and a CUDA device (or TRITON_INTERPRET=1)"

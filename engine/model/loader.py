@@ -19,6 +19,7 @@ from safetensors import safe_open
 from engine.model import shard_load
 from engine.model.checkpoint_files import IGNORED_SUFFIXES, checkpoint_files, text_model_name
 from engine.model.decoder import DecoderModel
+from engine.model.quant.mxfp4 import Mxfp4Experts
 
 
 def weight_targets(
@@ -110,15 +111,21 @@ def _ignored(name: str, model: DecoderModel) -> bool:
 def init_random_weights(model: DecoderModel, seed: int = 0) -> None:
     """Seeded random weights of the right scale, made on the model's device (no checkpoint).
 
-    Matrices ~ N(0, 1 / fan_in), norm weights ~ 1 + N(0, 0.04): activations stay in range
-    through any depth, so a random model's steps cost what a trained one's do.
+    Matrices ~ N(0, 1 / fan_in) (MXFP4 experts quantized from such), norm weights ~ 1 +
+    N(0, 0.04): activations stay in range through any depth, so a random model's steps cost
+    what a trained one's do.
     """
     device = model.embed.device
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for target in weight_targets(model).values():
+            if target.dtype == torch.uint8:
+                continue  # packed MXFP4 codes and scales: below
             noise = torch.randn(target.shape, generator=gen, device=device, dtype=torch.float32)
             if target.dim() == 1:
                 target.copy_(noise.mul_(0.2).add_(1.0))
             else:
                 target.copy_(noise.mul_(target.shape[-1] ** -0.5))
+        for module in model.modules():
+            if isinstance(module, Mxfp4Experts):
+                module.init_random(gen)

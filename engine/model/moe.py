@@ -9,8 +9,10 @@ chosen expert over its rows, any device), the C kernel (CPU fp32, ``engine.cpu_k
 or the Triton fused-MoE kernels (``engine.triton_kernels.fused_moe``). The caller picks the
 backend per step; the block holds its weights fused at load (gate and up rows in one
 ``w13`` per expert) and says which checkpoint tensors fill them (``weight_targets``).
-gpt-oss's experts (biases, the clamped SwiGLU over interleaved gate / up rows, MXFP4 packed
-weights dequantized per expert as it runs) take the torch path on every backend.
+gpt-oss's experts (biases, the clamped SwiGLU over interleaved gate / up rows) with MXFP4
+packed weights run packed in the C kernel (``engine.cpu_kernels.mxfp4``) or the Triton one
+(``engine.triton_kernels.mxfp4_moe``); in the model dtype, or on the torch backend, they take
+the torch path (MXFP4 dequantized one expert at a time as it runs).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu_kernels import moe as cpu_moe
+from engine.cpu_kernels import mxfp4 as cpu_mxfp4
 from engine.model import linear as cpu_linear
 from engine.model.layer_ops import act_mul
 from engine.model.layers import optional_weight, weight
@@ -181,6 +184,23 @@ class SparseMoe(nn.Module):
             return None
         return self.w13_bias, self.w2_bias
 
+    def _gpt_oss_experts(
+        self, x: torch.Tensor, routing: Routing, backend: str, act: ClampedSwiglu
+    ) -> torch.Tensor:
+        """MXFP4 experts in the C or Triton kernel, packed; else the torch path."""
+        w13, w2, biases = self.w13, self.w2, self._biases()
+        if isinstance(w13, Mxfp4Experts) and isinstance(w2, Mxfp4Experts):
+            packed = (w13.packed, w2.packed)
+            if backend == "c" and cpu_mxfp4.supported(*packed, x):
+                return cpu_mxfp4.fused_mxfp4_experts(
+                    x, *routing, *packed, biases, act.alpha, act.limit
+                )
+            if backend == "triton":
+                from engine.triton_kernels.mxfp4_moe import mxfp4_moe
+
+                return mxfp4_moe(x, *routing, *packed, biases, act.alpha, act.limit)
+        return experts_torch(x, w13, w2, routing, act, biases)
+
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         """x: [T, H] -> [T, H]; ``backend`` one of ``BACKENDS`` ("c" falls back to torch where
         the experts could not be packed)."""
@@ -193,8 +213,8 @@ class SparseMoe(nn.Module):
             routing = local_routing(routing, self.local)
         if backend not in BACKENDS:
             raise ValueError(f"MoE backend {backend!r} is not one of {BACKENDS}")
-        if self.swiglu is not None:  # gpt-oss: torch on every backend
-            out = experts_torch(x, self.w13, self.w2, routing, self.swiglu, self._biases())
+        if self.swiglu is not None:  # gpt-oss
+            out = self._gpt_oss_experts(x, routing, backend, self.swiglu)
         elif backend == "c" and self.packed_experts is not None:
             out = cpu_moe.fused_experts(x, *routing, self.packed_experts, self.activation)
         elif backend == "triton":

@@ -11,7 +11,8 @@ Shapes (d = head_dim):
   (cached + new), block_tables [batch, max_blocks] int32 -> [tokens, heads, d]. The new
   tokens' K/V must be written first (write_kv).
 - Both attentions take ``window``: 0 is full causal attention; > 0 a sliding window, a
-  query at position p sees the keys at (p - window, p].
+  query at position p sees the keys at (p - window, p]; and ``sinks`` [heads]: one more
+  logit per query head in each softmax's denominator (gpt-oss), None for none.
 - write_kv: k, v [tokens, kv_heads, d], slot_mapping [tokens] int64; a token whose slot is
   ``PAD_SLOT`` (negative: a CUDA graph's padding row) writes nothing, in rope_write_kv too.
 - rms_norm: x, residual [tokens, hidden], weight [hidden] -> (out, new_residual).
@@ -52,13 +53,15 @@ def paged_decode_attention(
     max_ctx_len: int | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention, one query per sequence; see ``decode_attention``."""
     from engine.triton_kernels.decode_attention import paged_decode_attention as impl
 
     return impl(
-        q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len, window, softcap
-    )
+        q, kv, layer, block_tables, ctx_lens, scale, num_splits, max_ctx_len, window, softcap,
+        sinks,
+    )  # fmt: skip
 
 
 def paged_prefill_attention(
@@ -72,11 +75,14 @@ def paged_prefill_attention(
     max_q_len: int | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Prefill attention over cached prefix + new tokens; see ``prefill_attention``."""
     from engine.triton_kernels.prefill_attention import paged_prefill_attention as impl
 
-    return impl(q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len, window, softcap)
+    return impl(
+        q, kv, layer, cu_q, ctx_lens, block_tables, scale, max_q_len, window, softcap, sinks
+    )
 
 
 def paged_mla_attention(

@@ -5,8 +5,11 @@ slice of one sequence's context for one KV head, once, and serves every query he
 group with a ``tl.dot`` (the group is padded to 16 rows, the minimum dot size). Splits write a
 partial output and a log2-sum-exp; a second kernel merges them. With one split the first
 kernel writes the output directly. With a sliding window the splits cover only the window's
-keys, the last ``window`` tokens of each context. A quantized cache (int8 / fp8 e4m3 rows)
-is dequantized in registers as each tile is read, then cast to q's dtype for the dots.
+keys, the last ``window`` tokens of each context. Attention sinks (gpt-oss: one learned logit
+per query head) add one more term to each softmax's denominator: where the output is written,
+after every split is merged, so a split never counts it twice. A quantized cache (int8 / fp8
+e4m3 rows) is dequantized in registers as each tile is read, then cast to q's dtype for the
+dots.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from engine.triton_kernels.layout import (
     interpreted,
     kv_layer_view,
     pow2,
+    sink_logits,
+    sink_share,
     sm_count,
     soft_cap,
 )
@@ -38,6 +43,7 @@ def _decode_split_kernel(
     bt_ptr,  # [batch, max_blocks] int32
     ctx_ptr,  # [batch]
     out_ptr,  # [batch, heads, d], written when SINGLE
+    sink_ptr,  # [heads] fp32 sink logits * log2(e), read when SINKS
     part_out_ptr,  # [batch, heads, splits, HEAD_PAD] fp32
     part_lse_ptr,  # [batch, heads, splits] fp32, log2 domain
     qk_scale,  # softmax scale * log2(e)
@@ -64,6 +70,7 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
     QUANT: tl.constexpr,  # 0: model dtype; 1: int8 rows; 2: fp8 e4m3 rows
+    SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -113,6 +120,9 @@ def _decode_split_kernel(
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     if SINGLE:
+        if SINKS:
+            sink = tl.load(sink_ptr + heads, mask=g_mask, other=0.0)
+            out = out * sink_share(m_i + tl.log2(safe_l), sink)[:, None]
         o_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
@@ -127,12 +137,14 @@ def _decode_reduce_kernel(
     part_out_ptr,  # [batch, heads, splits, HEAD_PAD] fp32
     part_lse_ptr,  # [batch, heads, splits] fp32
     out_ptr,  # [batch, heads, d]
+    sink_ptr,  # [heads] fp32 sink logits * log2(e), read when SINKS
     stride_ob,
     stride_oh,
     num_splits,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -140,13 +152,17 @@ def _decode_reduce_kernel(
     d = tl.arange(0, HEAD_PAD)
     row0 = (seq * tl.num_programs(1) + head) * num_splits
     lse = tl.load(part_lse_ptr + row0 + s, mask=s < num_splits, other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, 0))  # [SPLITS_PAD], empty splits weigh 0
+    top = tl.max(lse, 0)
+    weight = tl.exp2(lse - top)  # [SPLITS_PAD], empty splits weigh 0
     parts = tl.load(
         part_out_ptr + (row0 + s)[:, None] * HEAD_PAD + d[None, :],
         mask=(s < num_splits)[:, None],
         other=0.0,
     )  # [SPLITS_PAD, HEAD_PAD]
     out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+    if SINKS:
+        total = top + tl.log2(tl.sum(weight, 0))  # log2 of the whole context's sum
+        out = out * sink_share(total, tl.load(sink_ptr + head))
     o_ptrs = out_ptr + seq * stride_ob + head * stride_oh + d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
@@ -170,6 +186,7 @@ def paged_decode_attention(
     max_ctx_len: int | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context (itself included).
 
@@ -181,12 +198,14 @@ def paged_decode_attention(
     so pass one of them tight. ``num_splits`` overrides the plan (tests, benchmarks).
     ``window`` > 0 limits each query to the last ``window`` tokens of its context;
     ``softcap`` > 0 soft-caps each score at it (``softcap * tanh(score / softcap)``).
+    ``sinks`` [heads] adds one logit per query head to each softmax (attention sinks).
     """
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: full attention), got {window}")
     view = kv_layer_view(kv, layer)
     check_attention_inputs(q, kv, view, block_tables=block_tables, ctx_lens=ctx_lens)
     batch, heads, head_dim = q.shape
+    sink = sink_logits(sinks, q)
     group = heads // view.num_kv_heads
     head_pad = pow2(head_dim, 16)
     tile_n = 16 if interpreted(q) else 64
@@ -201,7 +220,7 @@ def paged_decode_attention(
     part_lse = torch.empty((batch, heads, splits), device=q.device, dtype=torch.float32)
     codes, params = cache_views(kv)
     _decode_split_kernel[(batch, view.num_kv_heads, splits)](
-        q, codes, params, block_tables, ctx_lens, out, part_out, part_lse,
+        q, codes, params, block_tables, ctx_lens, out, sink, part_out, part_lse,
         scale * _LOG2E, window, softcap * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
@@ -209,11 +228,12 @@ def paged_decode_attention(
         BLOCK_SIZE=view.block_size, GROUP=group, GROUP_PAD=pow2(group, 16),
         HEAD_DIM=head_dim, HEAD_PAD=head_pad, TILE_N=tile_n, SINGLE=splits == 1,
         PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0, QUANT=view.quant,
-        num_warps=4, num_stages=2,
+        SINKS=sinks is not None, num_warps=4, num_stages=2,
     )  # fmt: skip
     if splits > 1:
         _decode_reduce_kernel[(batch, heads)](
-            part_out, part_lse, out, out.stride(0), out.stride(1), splits,
-            HEAD_DIM=head_dim, HEAD_PAD=head_pad, SPLITS_PAD=pow2(splits), num_warps=1,
+            part_out, part_lse, out, sink, out.stride(0), out.stride(1), splits,
+            HEAD_DIM=head_dim, HEAD_PAD=head_pad, SPLITS_PAD=pow2(splits),
+            SINKS=sinks is not None, num_warps=1,
         )  # fmt: skip
     return out

@@ -66,6 +66,24 @@ def _act(g, ACT: tl.constexpr):
 
 
 @triton.jit
+def expert_block(slots_ptr, block_expert_ptr, num_slots, BLOCK_M: tl.constexpr):
+    """This program's row block of the sorted order: its expert (-1 past the last one), its
+    slot ids [BLOCK_M] and which of them are real (not padding)."""
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    return expert, slots, slots < num_slots
+
+
+@triton.jit
+def row_tile(ptr, rows, stride, ks, K, valid):
+    """[BLOCK_M, BLOCK_K] of the rows ``rows`` (int64) at columns ``ks``: 0 past K and in
+    the rows that are not ``valid``."""
+    mask = valid[:, None] & (ks < K)[None, :]
+    return tl.load(ptr + rows[:, None] * stride + ks[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, H]
     w_ptr,  # [E, 2 I, H]
@@ -86,11 +104,8 @@ def _gate_up_kernel(
     ACT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    expert, slots, valid = expert_block(slots_ptr, block_expert_ptr, num_slots, BLOCK_M)
     if expert >= 0:
-        slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = slots < num_slots
         tokens = (slots // TOP_K).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < INTER
@@ -100,11 +115,7 @@ def _gate_up_kernel(
         for k0 in range(0, H, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < H
-            a = tl.load(
-                x_ptr + tokens[:, None] * stride_x + ks[None, :],
-                mask=valid[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [BLOCK_M, BLOCK_K]
+            a = row_tile(x_ptr, tokens, stride_x, ks, H, valid)  # [BLOCK_M, BLOCK_K]
             w_mask = k_ok[:, None] & col_ok[None, :]
             wg = tl.load(w + ks[:, None], mask=w_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
             wu = tl.load(w + INTER * stride_wn + ks[:, None], mask=w_mask, other=0.0)
@@ -135,11 +146,8 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    expert, slots, valid = expert_block(slots_ptr, block_expert_ptr, num_slots, BLOCK_M)
     if expert >= 0:
-        slots = tl.load(slots_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = slots < num_slots
         rows = slots.to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
@@ -148,11 +156,7 @@ def _down_kernel(
         for k0 in range(0, INTER, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < INTER
-            a = tl.load(
-                h_ptr + rows[:, None] * stride_h + ks[None, :],
-                mask=valid[:, None] & k_ok[None, :],
-                other=0.0,
-            )
+            a = row_tile(h_ptr, rows, stride_h, ks, INTER, valid)
             wd = tl.load(w + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             acc = tl.dot(a, wd, acc, input_precision=PRECISION)
         scale = tl.load(weights_ptr + rows, mask=valid, other=0.0)

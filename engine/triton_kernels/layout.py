@@ -109,8 +109,31 @@ def check_attention_inputs(
             raise ValueError(f"{name} needs a contiguous last dimension")
 
 
+def sink_logits(sinks: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """The kernels' attention sinks: [heads] contiguous fp32 on q's device, times log2(e)
+    (the kernels' softmax is in the log2 domain); without sinks a one-element stand-in the
+    kernels never read (a pointer argument needs a tensor)."""
+    heads = q.shape[1]
+    if sinks is None:
+        return torch.zeros(1, dtype=torch.float32, device=q.device)
+    if sinks.shape != (heads,):
+        raise ValueError(f"attention sinks of shape {tuple(sinks.shape)} for {heads} heads")
+    if sinks.device != q.device:
+        raise ValueError(f"attention sinks on {sinks.device}, q on {q.device}")
+    return sinks.detach().float() * 1.4426950408889634
+
+
 @triton.jit
 def soft_cap(s, cap):
     """``cap * tanh(s / cap)`` of scores ``s``; in the log2 domain the kernels work in, pass
     ``cap`` times log2(e). tanh(y) = 1 - 2 / (e^2y + 1): exact at both ends, no overflow."""
     return cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
+
+
+@triton.jit
+def sink_share(lse, sink):
+    """The keys' share of a softmax whose keys sum to 2^lse beside an attention sink of logit
+    ``sink`` (both log2 domain): 2^lse / (2^lse + 2^sink); 0 where no key was seen."""
+    top = tl.maximum(lse, sink)
+    keys = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - top))
+    return keys / (keys + tl.exp2(sink - top))

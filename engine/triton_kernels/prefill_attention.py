@@ -12,6 +12,8 @@ keys its queries can see, in three runs of key tiles: those cut by the sliding w
 edge (masked), those every query of the tile sees (no mask), and those on the causal
 diagonal (masked). Tiles past the last query or below the window are never visited.
 A quantized cache (int8 / fp8 e4m3 rows) is dequantized in registers as each tile is read.
+Attention sinks (gpt-oss: one learned logit per query head) add one more term to each row's
+softmax denominator as the output is written.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from engine.triton_kernels.layout import (
     interpreted,
     kv_layer_view,
     pow2,
+    sink_logits,
+    sink_share,
     soft_cap,
 )
 
@@ -93,6 +97,7 @@ def _prefill_kernel(
     ctx_ptr,  # [batch]
     bt_ptr,  # [batch, max_blocks] int32
     out_ptr,  # [tokens, heads, d]
+    sink_ptr,  # [heads] fp32 sink logits * log2(e), read when SINKS
     qk_scale,  # softmax scale * log2(e)
     window,  # 0: full causal; else a query at p sees keys in (p - window, p]
     cap,  # soft-cap of the scores * log2(e), used when SOFTCAP
@@ -115,6 +120,7 @@ def _prefill_kernel(
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
     QUANT: tl.constexpr,  # 0: model dtype; 1: int8 rows; 2: fp8 e4m3 rows
+    SINKS: tl.constexpr,
 ):
     tile_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest tiles start first
     seq = tl.program_id(1)
@@ -170,7 +176,11 @@ def _prefill_kernel(
             BLOCK_SIZE, BLOCK_N, True, PRECISION, SOFTCAP, HEAD_DIM, QUANT,
         )  # fmt: skip
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / safe_l[:, None]
+    if SINKS:
+        sink = tl.load(sink_ptr + head, mask=r_mask, other=0.0)
+        out = out * sink_share(m_i + tl.log2(safe_l), sink)[:, None]
     o_rows = (q_start + r // GROUP).to(tl.int64) * stride_ot + head * stride_oh
     o_ptrs = out_ptr + o_rows[:, None] + d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -187,6 +197,7 @@ def paged_prefill_attention(
     max_q_len: int | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of new tokens over their sequence's cached prefix and themselves.
 
@@ -196,6 +207,7 @@ def paged_prefill_attention(
     max_blocks] int32. ``max_q_len`` (the longest query run) avoids a host sync when given.
     ``window`` > 0 is a sliding window: a query at position p sees keys in (p - window, p].
     ``softcap`` > 0 soft-caps each score at it (``softcap * tanh(score / softcap)``).
+    ``sinks`` [heads] adds one logit per query head to each softmax (attention sinks).
     Returns [tokens, heads, d] in q's dtype.
     """
     view = kv_layer_view(kv, layer)
@@ -206,6 +218,7 @@ def paged_prefill_attention(
         raise ValueError(f"cu_q must have batch + 1 = {batch + 1} entries, got {cu_q.shape[0]}")
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: full attention), got {window}")
+    sink = sink_logits(sinks, q)
     out = torch.empty_like(q)
     if tokens == 0 or batch == 0:
         return out
@@ -218,7 +231,7 @@ def paged_prefill_attention(
     grid = (triton.cdiv(max_q_len * group, block_m), batch, view.num_kv_heads)
     codes, params = cache_views(kv)
     _prefill_kernel[grid](
-        q, codes, params, cu_q, ctx_lens, block_tables, out,
+        q, codes, params, cu_q, ctx_lens, block_tables, out, sink,
         scale * _LOG2E, window, softcap * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         view.layer_offset, view.v_offset, view.block_stride, view.token_stride,
@@ -226,6 +239,6 @@ def paged_prefill_attention(
         BLOCK_SIZE=view.block_size, GROUP=group, HEAD_DIM=head_dim,
         HEAD_PAD=pow2(head_dim, 16), BLOCK_M=block_m, BLOCK_N=block_n,
         PRECISION=dot_precision(q.dtype), SOFTCAP=softcap > 0, QUANT=view.quant,
-        num_warps=4 if head_dim <= 64 else 8, num_stages=3,
+        SINKS=sinks is not None, num_warps=4 if head_dim <= 64 else 8, num_stages=3,
     )  # fmt: skip
     return out

@@ -36,11 +36,13 @@ def _attend(
     q_pos: torch.Tensor,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of queries at absolute positions ``q_pos`` over keys ``0..len(k)-1``.
 
     q: [n, heads, d]; k, v: [len, kv_heads, d]; q_pos: [n]. With ``window`` > 0 a query at
-    ``p`` sees only keys in ``(p - window, p]``. Returns [n, heads, d] in fp32.
+    ``p`` sees only keys in ``(p - window, p]``; with ``sinks`` [heads] one more logit per
+    head joins each softmax, its weight dropped. Returns [n, heads, d] in fp32.
     """
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)  # [len, heads, d]
@@ -51,7 +53,10 @@ def _attend(
     if window > 0:
         allowed &= key_pos[None, :] > q_pos[:, None] - window
     scores = scores.masked_fill(~allowed[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        sink = sinks.float().view(-1, 1, 1).expand(-1, scores.shape[1], 1)  # [heads, n, 1]
+        scores = torch.cat((scores, sink), dim=-1)
+    probs = torch.softmax(scores, dim=-1)[..., : k.shape[0]]
     return torch.einsum("hnl,lhd->nhd", probs, v)
 
 
@@ -63,8 +68,10 @@ def decode_attention_ref(
     ctx_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query per sequence over its whole context (its last ``window`` tokens if > 0).
+    """One query per sequence over its whole context (its last ``window`` tokens if > 0),
+    with ``sinks`` [heads] in each softmax when given.
 
     q: [batch, heads, d]; block_tables: [batch, max_blocks]; ctx_lens: [batch].
     Returns [batch, heads, d] in q's dtype.
@@ -74,7 +81,7 @@ def decode_attention_ref(
         length = int(ctx_lens[b])
         k, v = gather_kv(kv, layer, block_tables[b], length)
         pos = torch.tensor([length - 1], device=q.device)
-        out[b] = _attend(q[b : b + 1], k, v, pos, scale, window)[0].to(q.dtype)
+        out[b] = _attend(q[b : b + 1], k, v, pos, scale, window, sinks)[0].to(q.dtype)
     return out
 
 
@@ -87,8 +94,10 @@ def prefill_attention_ref(
     block_tables: torch.Tensor,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """New tokens of several sequences attending causally to cached prefix + themselves.
+    """New tokens of several sequences attending causally to cached prefix + themselves
+    (with ``sinks`` [heads] in each softmax when given).
 
     q: [tokens, heads, d]; cu_q: [batch + 1] query start offsets; ctx_lens: [batch] cached +
     new tokens; the new tokens' K/V are already in the cache; ``window`` > 0 limits each
@@ -100,7 +109,7 @@ def prefill_attention_ref(
         length = int(ctx_lens[b])
         k, v = gather_kv(kv, layer, block_tables[b], length)
         q_pos = torch.arange(length - (end - start), length, device=q.device)
-        out[start:end] = _attend(q[start:end], k, v, q_pos, scale, window).to(q.dtype)
+        out[start:end] = _attend(q[start:end], k, v, q_pos, scale, window, sinks).to(q.dtype)
     return out
 
 

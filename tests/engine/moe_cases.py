@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.model.moe import Routing
+from engine.model.quant.mxfp4 import Mxfp4Experts, quantize
 
 # name: (tokens, top_k, experts, the experts the tokens may choose)
 CASES: dict[str, tuple[int, int, int, list[int]]] = {
@@ -34,3 +35,24 @@ def random_routing(tokens: int, top_k: int, chosen: list[int], seed: int) -> Rou
     gen = torch.Generator().manual_seed(seed)
     picks = torch.rand(tokens, len(chosen), generator=gen).argsort(dim=1)[:, :top_k]
     return Routing(torch.rand(tokens, top_k, generator=gen), torch.tensor(chosen)[picks])
+
+
+def packed_experts(w: torch.Tensor) -> Mxfp4Experts:
+    """``w`` [E, rows, cols] quantized to MXFP4 and held packed."""
+    experts = Mxfp4Experts(*w.shape, torch.float32, "cpu")
+    experts.blocks.data, experts.scales.data = quantize(w)
+    return experts
+
+
+def mxfp4_case(
+    experts: int, hidden: int, inter: int, seed: int
+) -> tuple[Mxfp4Experts, Mxfp4Experts, tuple[torch.Tensor, torch.Tensor]]:
+    """gpt-oss-like experts packed as MXFP4 (values spread over the e2m1 codes) and random
+    gate / up and down biases."""
+    w13, w2 = random_experts(experts, hidden, inter, seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    biases = (
+        torch.randn(experts, 2 * inter, generator=gen),
+        torch.randn(experts, hidden, generator=gen),
+    )
+    return packed_experts(w13 * 4), packed_experts(w2 * 4), biases

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.cpu_kernels.mxfp4 import Mxfp4Tensors
+
 BLOCK = 32  # values a scale covers
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 SCALE_BIAS = 127
@@ -69,8 +71,21 @@ class Mxfp4Experts(nn.Module):
         return dequantize(self.blocks[expert], self.scales[expert], self.dtype)
 
     @property
+    def packed(self) -> Mxfp4Tensors:
+        """The codes and scales as the kernels take them (engine.cpu_kernels.mxfp4)."""
+        return Mxfp4Tensors(self.blocks.data, self.scales.data)
+
+    @property
     def nbytes(self) -> int:
         return self.blocks.numel() + self.scales.numel()
+
+    def init_random(self, gen: torch.Generator) -> None:
+        """Seeded codes and scales of values ~ N(0, 1 / cols) (random-weight models), made
+        one expert at a time on the weights' device."""
+        rows, cols = self.shape[1:]
+        for e in range(self.shape[0]):
+            w = torch.randn(rows, cols, generator=gen, device=self.blocks.device)
+            self.blocks.data[e], self.scales.data[e] = quantize(w.mul_(cols**-0.5))
 
     def targets(self, name: str) -> dict[str, torch.Tensor]:
         """The checkpoint's ``name_blocks`` and ``name_scales`` -> the packed tensors."""

@@ -11,7 +11,9 @@ one fused matrix (q, k, v; gate, up) are stacked and the matrix is kept packed:
 - int4 and fp8 on CUDA: the Triton w4a16 and fp8 GEMMs (``gpu_weight``);
 - fp8 on the CPU: dequantized into the fp32 weight at load (no fp8 kernel on the CPU yet).
 
-Modules the checkpoint keeps in full precision (embeddings, the LM head, ``lm_head`` in
+An image-text checkpoint (``Gemma3ForConditionalGeneration``) is read by its text model's
+names; its vision tower and projector, quantized or not, are not read. Modules the checkpoint
+keeps in full precision (embeddings, the LM head, ``lm_head`` in
 ``modules_to_not_convert``) load as they are, as do MoE experts, which are dequantized into
 their fused fp32 tensors. Missing, unexpected or misshapen tensors raise ValueError naming the
 file and the tensor.
@@ -29,7 +31,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from engine.model.checkpoint_files import IGNORED_SUFFIXES, checkpoint_files
+from engine.model.checkpoint_files import IGNORED_SUFFIXES, checkpoint_files, text_model_name
 from engine.model.decoder import DecoderModel
 from engine.model.layers import Packed
 from engine.model.quant import fp8_checkpoint, int4_checkpoint
@@ -103,25 +105,33 @@ def load_quantized(model: DecoderModel, model_dir: Path, method: str) -> None:
 
 
 class _Tensors:
-    """Random access to a checkpoint's tensors across its files."""
+    """Random access to a checkpoint's tensors across its files, by the text model's names
+    (an image-text checkpoint's ``language_model`` tensors as a causal LM's; its vision
+    tower and projector left out: ``text_model_name``)."""
 
     def __init__(self, files: list[Path]) -> None:
-        self._files: dict[str, Path] = {}
+        self._files: dict[str, tuple[Path, str]] = {}  # text name -> (file, name there)
         self._handles: dict[Path, Any] = {}
         for path in files:
             if not path.is_file():
                 raise ValueError(f"{path}: safetensors file named by the index is missing")
             handle = safe_open(str(path), framework="pt")
             self._handles[path] = handle
-            self._files |= dict.fromkeys(handle.keys(), path)
+            keys: list[str] = handle.keys()  # a safe_open handle is not iterable
+            for key in keys:
+                name = text_model_name(key)
+                if name is not None:
+                    self._files[name] = (path, key)
         self.names = set(self._files)
 
     def file_of(self, name: str) -> Path:
-        return self._files.get(name, next(iter(self._handles), Path(".")))
+        return self._files[name][0] if name in self._files else next(iter(self._handles), Path("."))
 
     def get(self, name: str) -> torch.Tensor | None:
-        path = self._files.get(name)
-        return None if path is None else self._handles[path].get_tensor(name)
+        if name not in self._files:
+            return None
+        path, key = self._files[name]
+        return self._handles[path].get_tensor(key)
 
 
 def _int4_modules(tensors: _Tensors) -> dict[str, str]:

@@ -190,7 +190,7 @@ def test_windows_softcap_and_scale_on_every_path(path: str, spec_name: str) -> N
     spec = SPECS[spec_name]
     if path == "triton":
         needs_triton()
-        backend, device = TritonAttention(TorchAttention(cpu_kernel=False)), TRITON_DEVICE
+        backend, device = TritonAttention(), TRITON_DEVICE
         if spec.sinks is not None:
             spec = replace(spec, sinks=spec.sinks.to(device))
     elif path == "c":

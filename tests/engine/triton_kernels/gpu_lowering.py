@@ -50,6 +50,7 @@ from engine.triton_kernels import (
     kv_write,
     lora,
     mla_attention,
+    mxfp4_moe,
     norm,
     prefill_attention,
     rope,
@@ -144,7 +145,8 @@ def _cache(kv_dtype: str, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
 
 
 def _attention(kv_dtype: str, dtype: torch.dtype, head_dim: int = HEAD_DIM) -> None:
-    """Decode in one pass and split (with its reduce), prefill; soft-capped on a plain cache."""
+    """Decode in one pass and split (with its reduce), prefill; soft-capped on a plain cache;
+    with attention sinks."""
     kv = _cache(kv_dtype, dtype, head_dim)
     tables = torch.arange(32, dtype=torch.int32).reshape(2, 16)
     ctx = torch.tensor([200, 256], dtype=torch.int32)
@@ -159,6 +161,14 @@ def _attention(kv_dtype: str, dtype: torch.dtype, head_dim: int = HEAD_DIM) -> N
         prefill_attention.paged_prefill_attention(
             q, kv, 1, cu_q, ctx, tables, 0.125, max_q_len=24, softcap=softcap
         )
+    sinks = torch.zeros(HEADS)  # gpt-oss's attention sinks, in a window, one split and four
+    for splits in (1, 4):
+        decode_attention.paged_decode_attention(
+            q[:2], kv, 1, tables, ctx, 0.125, num_splits=splits, window=128, sinks=sinks
+        )
+    prefill_attention.paged_prefill_attention(
+        q, kv, 1, cu_q, ctx, tables, 0.125, max_q_len=24, window=128, sinks=sinks
+    )
 
 
 def _mla(kv_dtype: str, dtype: torch.dtype) -> None:
@@ -191,7 +201,8 @@ def _writes(kv_dtype: str, dtype: torch.dtype) -> None:
 
 
 def _layers(dtype: torch.dtype) -> None:
-    """RMSNorm with and without the residual, a MoE at decode and prefill sizes, LoRA."""
+    """RMSNorm with and without the residual, a MoE (and one over MXFP4 experts) at decode and
+    prefill sizes, LoRA."""
     x = torch.zeros(4, 576, dtype=dtype)
     norm.rms_norm(x, torch.ones(576, dtype=dtype), 1e-5)
     norm.rms_norm(x, torch.ones(576, dtype=dtype), 1e-5, residual=x.clone())
@@ -203,6 +214,13 @@ def _layers(dtype: torch.dtype) -> None:
         weights = torch.full((tokens, top_k), 0.5)
         x = torch.zeros(tokens, hidden, dtype=dtype)
         fused_moe.fused_moe(x, w13, w2, weights, ids, activation)
+        mxfp4 = [
+            (torch.zeros(experts, rows, cols // 32, 16, dtype=torch.uint8),
+             torch.zeros(experts, rows, cols // 32, dtype=torch.uint8))
+            for rows, cols in ((2 * inter, hidden), (hidden, inter))
+        ]  # fmt: skip
+        biases = (torch.zeros(experts, 2 * inter), torch.zeros(experts, hidden))
+        mxfp4_moe.mxfp4_moe(x, weights, ids, *mxfp4, biases, 1.702, 7.0)
     tokens, features, rank = 4, 576, 16
     slots = torch.tensor([0, -1, 1, 0], dtype=torch.int64)
     a = torch.zeros(2, 3 * rank, features, dtype=dtype)

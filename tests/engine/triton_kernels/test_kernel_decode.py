@@ -117,3 +117,34 @@ def test_decode_rejects_a_negative_window() -> None:
         paged_decode_attention(
             q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25, window=-2
         )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("window", [0, 6])
+def test_decode_with_attention_sinks_matches_reference(
+    window: int, num_splits: int | None, dtype: torch.dtype
+) -> None:
+    """One logit per query head in each softmax's denominator (gpt-oss), counted once however
+    many splits the keys are cut into, in and out of a sliding window; sinks large enough to
+    take most of the weight change the answer."""
+    lengths = [1, 5, 23, 41]
+    cache = make_cache(lengths, 4, KV_HEADS, HEAD_DIM, dtype)
+    q = torch.randn(len(lengths), KV_HEADS * 3, HEAD_DIM, device=DEVICE).to(dtype)
+    sinks = torch.tensor([0.5, -1.0, 3.0, 0.0, 6.0, -4.0], device=DEVICE)
+    args = (q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, HEAD_DIM**-0.5)
+    out = paged_decode_attention(*args, num_splits, window=window, sinks=sinks)
+    expected = decode_attention_ref(*args, window=window, sinks=sinks)
+    torch.testing.assert_close(out, expected, **tolerance(dtype))
+    plain = decode_attention_ref(*args, window=window)
+    assert not torch.allclose(out.float(), plain.float(), atol=1e-2)
+
+
+def test_decode_rejects_sinks_of_the_wrong_shape() -> None:
+    cache = make_cache([3], 4, KV_HEADS, HEAD_DIM, torch.float32)
+    q = torch.randn(1, KV_HEADS * 2, HEAD_DIM, device=DEVICE)
+    with pytest.raises(ValueError, match="sinks"):
+        paged_decode_attention(
+            q, cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25,
+            sinks=torch.zeros(3, device=DEVICE),
+        )  # fmt: skip

@@ -133,3 +133,33 @@ def test_prefill_rejects_a_negative_window() -> None:
             q, cache.kv, LAYER, _cu([4]).to(DEVICE), cache.ctx_lens, cache.block_tables, 0.25,
             window=-1,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [0, 7, 20])
+def test_prefill_with_attention_sinks_matches_reference(window: int, dtype: torch.dtype) -> None:
+    """One logit per query head in each row's softmax denominator (gpt-oss), over several
+    query and key tiles, in and out of a sliding window, grouped heads."""
+    cache = make_cache(WINDOW_CTX_LENS, 4, 2, HEAD_DIM, dtype)
+    q = torch.randn(sum(WINDOW_Q_LENS), 6, HEAD_DIM, device=DEVICE).to(dtype)
+    sinks = torch.tensor([0.5, -1.0, 3.0, 0.0, 6.0, -4.0], device=DEVICE)
+    cu_q = _cu(WINDOW_Q_LENS).to(DEVICE)
+    args = (q, cache.kv, LAYER, cu_q, cache.ctx_lens, cache.block_tables, HEAD_DIM**-0.5)
+    out = paged_prefill_attention(*args, window=window, sinks=sinks)
+    expected = prefill_attention_ref(*args, window=window, sinks=sinks)
+    torch.testing.assert_close(out, expected, **tolerance(dtype))
+    plain = prefill_attention_ref(*args, window=window)
+    assert not torch.allclose(out.float(), plain.float(), atol=1e-2)
+
+
+def test_prefill_last_row_with_sinks_equals_decode_of_that_token() -> None:
+    q_lens, ctx_lens = [9], [21]
+    cache = make_cache(ctx_lens, 4, 2, HEAD_DIM, torch.float32)
+    q = torch.randn(9, 4, HEAD_DIM, device=DEVICE)
+    sinks = torch.tensor([1.0, -2.0, 0.5, 4.0], device=DEVICE)
+    tail = (cache.ctx_lens, cache.block_tables, 0.25)
+    out = paged_prefill_attention(q, cache.kv, LAYER, _cu(q_lens).to(DEVICE), *tail, sinks=sinks)
+    last = paged_decode_attention(
+        q[-1:], cache.kv, LAYER, cache.block_tables, cache.ctx_lens, 0.25, sinks=sinks
+    )
+    torch.testing.assert_close(out[-1:], last, atol=1e-5, rtol=1e-5)

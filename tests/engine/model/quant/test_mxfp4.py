@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.model.moe import SparseMoe
+from engine.model import moe as moe_module
+from engine.model.moe import SparseMoe, expert_weight_bytes
 from engine.model.quant.mxfp4 import E2M1, Mxfp4Experts, dequantize, quantize
 from tests.engine.model.test_families import PATHS, PROMPTS, greedy_tokens
 from tests.engine.model.test_mla import engine_of
@@ -74,18 +75,43 @@ def mxfp4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "mxfp4", root / "twin"
 
 
-@pytest.mark.parametrize("path_name", ["c", "torch"])
+@pytest.mark.parametrize("path_name", list(PATHS))
 def test_an_mxfp4_checkpoint_equals_its_dequantized_twin(
-    mxfp4_pair: tuple[Path, Path], path_name: str
+    mxfp4_pair: tuple[Path, Path], path_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Greedy tokens of the packed checkpoint equal its fp32 twin's on every path; on the C
+    and Triton paths the experts run in the packed kernels (the torch path and the per-expert
+    dequantization are never called) over weights held at 4.25 bits a value."""
+    if path_name == "triton":
+        pytest.importorskip("triton")
     packed, twin = mxfp4_pair
     engine = engine_of(packed, **PATHS[path_name])
-    moe = engine.runner.model.decoder_layers()[0].moe
-    assert isinstance(moe, SparseMoe) and isinstance(moe.w13, Mxfp4Experts)
-    assert moe.w13.blocks.dtype == torch.uint8  # kept packed: half a byte a value
-    got = greedy_tokens(engine, PROMPTS)
+    moes = [layer.moe for layer in engine.runner.model.decoder_layers()]
+    assert all(isinstance(m, SparseMoe) and isinstance(m.w13, Mxfp4Experts) for m in moes)
+    held = sum(expert_weight_bytes(m, include_packed=True) for m in moes if m is not None)
+    assert held == len(moes) * packed_bytes(moes[0])
+    if path_name != "torch":
+        with monkeypatch.context() as m:
+            m.setattr(moe_module, "experts_torch", _not_called)
+            m.setattr(Mxfp4Experts, "__getitem__", _not_called)
+            got = greedy_tokens(engine, PROMPTS)
+    else:
+        got = greedy_tokens(engine, PROMPTS)
     assert engine.stats().free_blocks == engine.stats().total_blocks
     assert got == greedy_tokens(engine_of(twin, **PATHS[path_name]), PROMPTS)
+
+
+def packed_bytes(block: SparseMoe | None) -> int:
+    """An MXFP4 block's expert bytes: half a byte a value and a byte a scale (32 values),
+    and the fp32 biases."""
+    assert block is not None and block.w13_bias is not None and block.w2_bias is not None
+    values = block.w13.shape.numel() + block.w2.shape.numel()
+    biases = block.w13_bias.numel() + block.w2_bias.numel()
+    return values // 2 + values // 32 + 4 * biases
+
+
+def _not_called(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("the packed experts ran outside their kernel")
 
 
 def test_another_quantization_is_refused_for_an_mxfp4_checkpoint(
@@ -116,3 +142,17 @@ def test_two_ranks_read_their_experts_packed(mxfp4_pair: tuple[Path, Path]) -> N
     finally:
         engine.close()
     assert got == greedy_tokens(engine_of(twin), PROMPTS)
+
+
+def test_random_weights_fill_packed_experts_at_the_scale_of_plain_ones(
+    mxfp4_pair: tuple[Path, Path],
+) -> None:
+    """``load_format="random"`` (benchmarks of MXFP4 shapes) quantizes N(0, 1 / cols)
+    values into the packed experts, as plain matrices get them."""
+    engine = engine_of(mxfp4_pair[0], load_format="random")
+    moe = engine.runner.model.decoder_layers()[1].moe
+    assert isinstance(moe, SparseMoe) and isinstance(moe.w2, Mxfp4Experts)
+    for experts in (moe.w13, moe.w2):
+        assert isinstance(experts, Mxfp4Experts)
+        std = float(torch.stack([experts[e] for e in range(experts.shape[0])]).std())
+        assert 0.8 < std * experts.shape[2] ** 0.5 < 1.25
