@@ -30,6 +30,17 @@ def test_fewer_kv_heads_than_ranks_replicate_the_kv_head() -> None:
         Shard(0, 4).heads(6, 2)  # 3 query heads per KV head do not split over 2 ranks
 
 
+def test_linear_attention_goes_by_key_head(tmp_path: Path) -> None:
+    """Qwen3-Next's Gated DeltaNet layers: each rank holds an even share of the key heads,
+    each with its value heads (2 of 4 here)."""
+    save_family("qwen3_next", tmp_path)
+    local = shard_config(ModelConfig.from_dir(tmp_path), Shard(1, 2)).linear
+    assert local is not None and (local.num_k_heads, local.num_v_heads) == (1, 2)
+    assert Shard(1, 2).linear_heads(4) == Span(2, 2)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size \(4\) must divide linear_num"):
+        Shard(0, 4).linear_heads(6)
+
+
 def test_vocabulary_rows_are_padded_to_equal_parts() -> None:
     assert [Shard(r, 2).vocab(7) for r in range(2)] == [Span(0, 4), Span(4, 3)]
     assert Shard(1, 2).vocab_rows(7) == 4
