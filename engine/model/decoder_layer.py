@@ -16,8 +16,9 @@ from engine.model.gated_delta import GatedDeltaNet
 from engine.model.layer_ops import LayerOps
 from engine.model.layers import GatedMlp, Packed, SelfAttention, optional_weight, weight
 from engine.model.mla import LatentAttention
-from engine.model.moe import SparseMoe, checkpoint_naming
-from engine.model.moe import weight_targets as moe_weight_targets
+from engine.model.moe import SparseMoe
+from engine.model.moe_names import checkpoint_naming
+from engine.model.moe_names import weight_targets as moe_weight_targets
 from engine.model.routing import Router
 from engine.model.shard import Shard, experts
 

@@ -22,13 +22,8 @@ from transformers import (
 )
 
 from engine import cpu_kernels
-from engine.model.moe import (
-    SparseMoe,
-    checkpoint_naming,
-    expert_weight_bytes,
-    route,
-    weight_targets,
-)
+from engine.model.moe import SparseMoe, expert_weight_bytes, route
+from engine.model.moe_names import checkpoint_naming, weight_targets
 
 COMMON: dict[str, Any] = {
     "vocab_size": 64,
