@@ -28,6 +28,7 @@ from kv_transfer.errors import (
     TransferError,
     TransferTimeout,
 )
+from kv_transfer.transport import settle
 
 logger = logging.getLogger(__name__)
 
@@ -214,11 +215,11 @@ class NixlDriver:
             self._inflight.remove(item)
         if error is None:
             _call(item.on_done, item.agent, item.handle, what="transfer report hook")
-            _resolve(item.future, None)  # the blocks are in: the caller goes on now
+            settle(item.future, None)  # the blocks are in: the caller goes on now
         _release(item.handle)
         _call(item.on_finish, error, what="transfer completion hook")
         if error is not None:
-            _resolve(item.future, error)
+            settle(item.future, error)
 
     def _drain_notifs(self) -> None:
         for agent, on_notif in self._sources:
@@ -246,15 +247,6 @@ def _release(handle: Any) -> None:
         handle.release()  # cancels a request still in progress
     except Exception:
         logger.exception("NIXL could not release a transfer handle; its request may linger")
-
-
-def _resolve(future: cf.Future[None], error: TransferError | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
 
 
 def as_transfer_error(exc: BaseException) -> TransferError:

@@ -26,7 +26,7 @@ from kv_transfer.shards import KVShards
 from kv_transfer.tcp_client import BlockRead, ConnectionPool
 from kv_transfer.tcp_heads import RankRead, rank_spans
 from kv_transfer.tcp_server import BlockServer
-from kv_transfer.transport import ReadWindow, ServedHook, TransferCounters
+from kv_transfer.transport import ReadWindow, ServedHook, TransferCounters, settle
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class TcpTransport:
         delivered: asyncio.Future[None] = loop.create_future()
 
         def on_data() -> None:  # reader thread
-            loop.call_soon_threadsafe(_settle, delivered, None)
+            loop.call_soon_threadsafe(settle, delivered, None)
 
         job.on_data = on_data
         ended = asyncio.wrap_future(self._executor.submit(self._counted, job))
@@ -229,15 +229,6 @@ class TcpTransport:
         self._pool.close()
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
-
-
 def _settle_from(delivered: asyncio.Future[None], ended: asyncio.Future[None]) -> None:
     """A reader thread ended: fail or cancel the caller's wait unless its blocks came."""
     if ended.cancelled():  # the pool shut down before the READ started
@@ -246,7 +237,7 @@ def _settle_from(delivered: asyncio.Future[None], ended: asyncio.Future[None]) -
     error = ended.exception()
     if error is not None and delivered.done():
         logger.error("reader thread failed after its READ completed: %r", error)
-    _settle(delivered, error)
+    settle(delivered, error)
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:

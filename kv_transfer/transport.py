@@ -233,6 +233,24 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+class Settable(Protocol):
+    """A future of either kind (concurrent.futures or asyncio)."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: None, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+def settle(future: Settable, error: BaseException | None) -> None:
+    """End `future` with None or `error`, unless it has ended already."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
 def release_message(request_id: str) -> bytes:
     return RELEASE_PREFIX + request_id.encode()
 
