@@ -83,7 +83,7 @@ class PullResult:
     nbytes: int = 0
     seconds: float = 0.0
     kind: str = "other"
-    window_s: float = 0.0  # post to completion (TransferResult)
+    window_s: float = 0.0  # the READ as the node waited for it (TransferResult)
     pieces: int = 0
     retries: int = 0
     facts: Facts = field(default_factory=dict)  # what the transport library reported

@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kv_transfer.agent import KVTransferAgent, TransferCounters
+    from kv_transfer.agent import KVTransferAgent
     from kv_transfer.config import TransferConfig
     from kv_transfer.errors import (
         LayoutMismatch,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from kv_transfer.lease import Lease, LeaseCounts, LeaseTable
     from kv_transfer.nixl_loader import nixl_available
     from kv_transfer.peer_info import PeerInfo, TransportKind
-    from kv_transfer.transport import Facts, TransferResult
+    from kv_transfer.transport import Facts, TransferCounters, TransferResult
 
 _EXPORTS = {
     "Facts": "kv_transfer.transport",
@@ -41,7 +41,7 @@ _EXPORTS = {
     "PeerUnavailable": "kv_transfer.errors",
     "TransferCancelled": "kv_transfer.errors",
     "TransferConfig": "kv_transfer.config",
-    "TransferCounters": "kv_transfer.agent",
+    "TransferCounters": "kv_transfer.transport",
     "TransferError": "kv_transfer.errors",
     "TransferRefused": "kv_transfer.errors",
     "TransferResult": "kv_transfer.transport",

@@ -16,7 +16,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -33,20 +32,10 @@ from kv_transfer.region import KVRegion, check_block_ids
 from kv_transfer.shards import KVShards
 from kv_transfer.tcp_heads import local_shards
 from kv_transfer.tcp_transport import TcpTransport
-from kv_transfer.transport import ReadWindow, TransferResult, Transport
+from kv_transfer.transport import ReadWindow, TransferCounters, TransferResult, Transport
 from kv_transfer.version import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TransferCounters:
-    """Reads by outcome and bytes moved, for the node's metrics."""
-
-    ok: int = 0
-    failed: int = 0
-    timed_out: int = 0
-    bytes: int = 0
 
 
 class KVTransferAgent:
@@ -79,7 +68,7 @@ class KVTransferAgent:
         )
         self.transport: Transport = _select_transport(self.region, self.identity, config, shards)
         weakref.finalize(self, self.transport.close)  # at the latest at interpreter exit
-        self.counters = TransferCounters()
+        self.counters: TransferCounters = self.transport.counters
         self.info = PeerInfo(
             node_name=config.node_name,
             incarnation=self.identity.incarnation,
@@ -120,6 +109,7 @@ class KVTransferAgent:
         start = time.perf_counter()
         plan = self._head_plan(peer)
         window = ReadWindow(trace)
+        window.start()
         try:
             if plan is None:
                 nbytes = await self.transport.read(
@@ -131,11 +121,13 @@ class KVTransferAgent:
         except TransferError as exc:
             self._count_failure(exc, peer)
             raise
+        window.end()
         self.counters.ok += 1
         self.counters.bytes += nbytes
         seconds = time.perf_counter() - start
+        facts = {**window.facts, "splitserve.wire_ms": window.wire_seconds() * 1e3}
         return TransferResult(
-            nbytes, seconds, window.seconds(), window.pieces, window.retries, window.facts
+            nbytes, seconds, window.seconds(), window.pieces, window.retries, facts
         )
 
     def rank_listeners(self) -> list[RankListener]:

@@ -2,10 +2,12 @@
 
 Why a thread: a READ over CMA copies inside `transfer()`, which would stall the caller's
 event loop for the whole copy; and NIXL agents are not thread safe, so one thread makes all
-calls. The thread never spins: between checks of an in-flight transfer it sleeps on its job
-queue (50 us, doubling up to 1 ms); with nothing in flight it wakes every
-`notify_interval_s` to collect notifications (which also progresses agents that have no
-progress thread of their own).
+calls. A transfer that `transfer()` did not finish moves on only while it is checked (the
+reading agent has no progress thread: each check progresses UCX), so for its first 2 ms the
+thread checks it without sleeping, yielding the GIL between checks; after that it sleeps on
+its job queue between checks (50 us, doubling up to 1 ms). With nothing in flight it never
+spins: it wakes every `notify_interval_s` to collect notifications (which also progresses
+agents that have no progress thread of their own).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from kv_transfer.errors import (
     TransferError,
     TransferTimeout,
 )
+from kv_transfer.transport import settle
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_FIRST_WAIT_S = 50e-6
+_SPIN_S = 2e-3  # after posting, check without sleeping this long
+_FIRST_WAIT_S = 50e-6  # then sleep between checks this long, doubling
 _MAX_WAIT_S = 1e-3
 
 OnFinish = Callable[[TransferError | None], None]
@@ -47,6 +51,7 @@ class _Inflight:
     on_finish: OnFinish
     deadline: Deadline
     next_check: float
+    spin_until: float
     wait_s: float
     on_done: OnDone | None = None
 
@@ -96,9 +101,13 @@ class NixlDriver:
     ) -> cf.Future[None]:
         """Create a transfer with `make_handle` (on the thread), post it, and watch it.
 
-        The future ends with None or a TransferError; the handle is released either way, then
-        `on_finish(error)` runs on the thread (only if `make_handle` returned a handle). A
-        transfer that completed is first shown to `on_done(agent, handle)` (its telemetry)."""
+        The future ends with None or a TransferError. A transfer that completed is shown to
+        `on_done(agent, handle)` (keep it short: the caller still waits), then its future
+        resolves, then its handle is released and `on_finish(None)` runs (the release notice:
+        off the caller's path). A failed one's handle is released (which cancels a request
+        still in progress) and `on_finish(error)` runs before its future fails, so nothing
+        writes any more once the caller sees the error. `on_finish` runs only if
+        `make_handle` returned a handle."""
         future: cf.Future[None] = cf.Future()
         post = (make_handle, deadline, on_finish, future, on_done)
         self._jobs.put(lambda: self._post(*post))
@@ -122,13 +131,15 @@ class NixlDriver:
     def _run(self) -> None:
         next_notify = time.monotonic()
         while True:
+            wait_s = self._wait_s(next_notify)
             try:
-                job = self._jobs.get(timeout=self._wait_s(next_notify))
+                job = self._jobs.get(timeout=wait_s) if wait_s > 0 else self._jobs.get_nowait()
                 if job is None:
                     break
                 job()
             except queue.Empty:
-                pass
+                if wait_s == 0:
+                    time.sleep(0)  # spinning: let the event loop's thread have the GIL
             self._check_inflight()
             if time.monotonic() >= next_notify:
                 self._drain_notifs()
@@ -155,15 +166,15 @@ class NixlDriver:
         except BaseException as exc:
             fut.set_exception(as_transfer_error(exc))
             return
-        first_check = time.monotonic() + _FIRST_WAIT_S
-        item = _Inflight(
-            agent, handle, fut, on_finish, deadline, first_check, _FIRST_WAIT_S, on_done
-        )
+        now = time.monotonic()
+        first = _FIRST_WAIT_S / 2  # the first wait after the spin: doubled, 50 us
+        item = _Inflight(agent, handle, fut, on_finish, deadline, now, now, first, on_done)
         try:
             state = agent.transfer(handle)
         except Exception as exc:
             self._finish(item, as_transfer_error(exc))
             return
+        item.spin_until = time.monotonic() + _SPIN_S
         self._settle(item, state)
 
     def _check_inflight(self) -> None:
@@ -187,8 +198,12 @@ class NixlDriver:
         else:
             if item not in self._inflight:
                 self._inflight.append(item)
+            now = time.monotonic()
+            if now < item.spin_until:
+                item.next_check = now
+                return
             item.wait_s = min(item.wait_s * 2, _MAX_WAIT_S)
-            item.next_check = min(time.monotonic() + item.wait_s, item.deadline.at)
+            item.next_check = min(now + item.wait_s, item.deadline.at)
 
     def _abort(self, fut: cf.Future[None]) -> None:
         for item in list(self._inflight):
@@ -198,25 +213,13 @@ class NixlDriver:
     def _finish(self, item: _Inflight, error: TransferError | None) -> None:
         if item in self._inflight:
             self._inflight.remove(item)
-        if error is None and item.on_done is not None:
-            try:
-                item.on_done(item.agent, item.handle)
-            except Exception:
-                logger.exception("transfer report hook failed")
-        try:
-            item.handle.release()  # cancels a request still in progress
-        except Exception:
-            logger.exception("NIXL could not release a transfer handle; its request may linger")
-        try:
-            item.on_finish(error)
-        except Exception:
-            logger.exception("transfer completion hook failed")
-        if item.future.done():
-            return
         if error is None:
-            item.future.set_result(None)
-        else:
-            item.future.set_exception(error)
+            _call(item.on_done, item.agent, item.handle, what="transfer report hook")
+            settle(item.future, None)  # the blocks are in: the caller goes on now
+        _release(item.handle)
+        _call(item.on_finish, error, what="transfer completion hook")
+        if error is not None:
+            settle(item.future, error)
 
     def _drain_notifs(self) -> None:
         for agent, on_notif in self._sources:
@@ -228,6 +231,22 @@ class NixlDriver:
             for sender, messages in notifs.items():
                 for message in messages:
                     on_notif(sender, message)
+
+
+def _call(hook: Callable[..., None] | None, *args: Any, what: str) -> None:
+    if hook is None:
+        return
+    try:
+        hook(*args)
+    except Exception:
+        logger.exception("%s failed", what)
+
+
+def _release(handle: Any) -> None:
+    try:
+        handle.release()  # cancels a request still in progress
+    except Exception:
+        logger.exception("NIXL could not release a transfer handle; its request may linger")
 
 
 def as_transfer_error(exc: BaseException) -> TransferError:

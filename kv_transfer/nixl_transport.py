@@ -13,6 +13,7 @@ import asyncio
 import collections
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +36,13 @@ from kv_transfer.nixl_waits import all_or_none, named
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
 from kv_transfer.shards import KVShards, read_descriptors
-from kv_transfer.transport import ReadWindow, ServedHook, parse_release, release_message
+from kv_transfer.transport import (
+    ReadWindow,
+    ServedHook,
+    TransferCounters,
+    parse_release,
+    release_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,7 @@ class NixlTransport:
         # every rank's tensor is registered: a head READ reads into and from any of them
         self._tensors = shards.tensors if shards is not None else [region.kv]
         self._releases: collections.deque[str] = collections.deque()
+        self.counters = TransferCounters()
         self._peers = NixlPeers()  # touched on the driver thread only
         self._reading: Any = None
         self._local: Any = None
@@ -193,14 +201,17 @@ class NixlTransport:
         release: bytes | None = None,
     ) -> None:
         """Post the transfer ``make`` creates on the connection ``connect`` gives (both on
-        the driver thread) and wait for it, noting post and completion (as the driver sees
-        it) in ``window``; send ``release`` to that agent when it completes. A failure is a
-        TransferError that starts with ``label``."""
+        the driver thread) and wait for it, noting in ``window`` the connection set-up, the
+        post and the completion (as the driver sees it). Once it completes, the caller goes
+        on; ``release`` then goes to that agent. A failure is a TransferError that starts
+        with ``label``."""
         used: list[NixlPeer] = []
 
         def make_handle() -> tuple[Any, Any]:
             agent = self._reading_agent()
-            conn = connect()
+            began = time.perf_counter()
+            conn = connect()  # loads the peer's metadata on first use
+            window.setup(time.perf_counter() - began)
             try:
                 handle = make(agent, conn)
             except Exception:
@@ -211,29 +222,24 @@ class NixlTransport:
             window.post()  # the driver posts it next
             return agent, handle
 
+        def on_done(agent: Any, handle: Any) -> None:
+            window.complete()
+            if window.traced:  # NIXL's telemetry is for the span; untraced, skip its cost
+                self._note_report(window, agent, handle)
+
         def on_finish(error: TransferError | None) -> None:
             conn = used[0]
             conn.inflight -= 1
-            if error is None:
-                window.complete()
             if error is None and release is not None:
                 self._notify(conn, release)
             elif error is not None and not isinstance(error, TransferCancelled):
                 self._peers.retire(conn)  # reconnect from scratch next time
             self._peers.reap(conn)
 
-        def on_done(agent: Any, handle: Any) -> None:
-            report = read_report(agent, handle)
-            if report is not None:
-                facts = merged(window.facts, report)
-                facts[PREFIX + "ucx_tls"] = self._ucx_tls
-                window.note(facts)
-
         future = self._driver.transfer(make_handle, deadline, on_finish, on_done)
         try:
-            await asyncio.wait_for(
-                asyncio.wrap_future(future), max(deadline.left(), 0.0) + _STUCK_GRACE_S
-            )
+            async with asyncio.timeout(max(deadline.left(), 0.0) + _STUCK_GRACE_S):
+                await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.wrap_future(self._driver.cancel(future)))
             raise
@@ -244,6 +250,13 @@ class NixlTransport:
             raise named(stalled, label) from None
         except TransferError as exc:
             raise named(exc, label) from exc
+
+    def _note_report(self, window: ReadWindow, agent: Any, handle: Any) -> None:
+        report = read_report(agent, handle)
+        if report is not None:
+            facts = merged(window.facts, report)
+            facts[PREFIX + "ucx_tls"] = self._ucx_tls
+            window.note(facts)
 
     async def release(self, peer: PeerInfo, request_id: str, deadline: Deadline) -> None:
         def notify() -> None:
@@ -279,10 +292,11 @@ class NixlTransport:
     def _notify(self, conn: NixlPeer, message: bytes) -> None:
         """Tell the owner the READ is done. Sent after completion rather than attached to the
         transfer, so the READ does not wait for the owner to acknowledge it; a lost notice
-        only delays the release until the lease expires."""
+        only delays the release until the lease expires (counted)."""
         try:
             self._reading.send_notif(conn.name, message)
         except Exception as exc:
+            self.counters.release_failed += 1
             logger.warning("release notice to %s failed: %s", conn.name, exc)
 
     def _on_notif(self, sender: str, message: bytes) -> None:
@@ -321,7 +335,7 @@ class NixlTransport:
                 self._peers.close()
             if self._local is not None:
                 self._local.release()
-            self._local = self._reading = None
+            self._local = self._reading = self._peers.agent = None
             self._driver.forget_agents()  # the last references: destructors run here
 
         if self._driver.stopped:

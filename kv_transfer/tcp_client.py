@@ -8,8 +8,10 @@ staging buffer that is then copied to the device (CUDA).
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -36,6 +38,8 @@ from kv_transfer.tcp_protocol import (
 )
 from kv_transfer.transport import ReadWindow
 from kv_transfer.version import PROTOCOL_VERSION, mismatch, peer_version
+
+logger = logging.getLogger(__name__)
 
 
 class ConnectionPool:
@@ -98,6 +102,8 @@ class BlockRead:
         self._sock: socket.socket | None = None
         self._aborted = False
         self.window = ReadWindow()  # the caller's, to time the reads
+        self.on_data: Callable[[], None] = _nothing  # the blocks are in (before the RELEASE)
+        self.release_failed = False  # the RELEASE after the blocks could not be sent
 
     def abort(self) -> None:
         self._aborted = True
@@ -111,8 +117,10 @@ class BlockRead:
                 raise TransferCancelled("transfer cancelled")
             cached = self.pool.take(self.peer, self.key)
             try:
-                sock = cached or self._guarded(self._connect)
+                sock = cached or self._dial()
                 self._exchange_on(sock)
+            except _ReleaseFailed:
+                return  # the blocks are in; the owner's lease ends at its expiry
             except _StaleSocket:
                 if self._aborted:
                     raise TransferCancelled("transfer cancelled") from None
@@ -152,6 +160,14 @@ class BlockRead:
         except BaseException:
             sock.close()
             raise
+
+    def _dial(self) -> socket.socket:
+        """A new connection; the time it takes is set-up, not moving blocks."""
+        began = time.perf_counter()
+        try:
+            return self._guarded(self._connect)
+        finally:
+            self.window.setup(time.perf_counter() - began)
 
     def _guarded(self, step: Callable[[], socket.socket]) -> socket.socket:
         """Run a socket step, mapping every failure to a TransferError (or _StaleSocket)."""
@@ -221,8 +237,19 @@ class BlockRead:
             raise TransferError(f"{self.peer.agent_name} sent {kind.name} of {length} bytes")
         self._receive(sock)
         self.window.complete()
-        send_json(sock, Kind.RELEASE, {"request_id": self.request_id})
+        self.on_data()
+        self._release_on(sock)
         return sock
+
+    def _release_on(self, sock: socket.socket) -> None:
+        """Send the RELEASE after the blocks; a failure is logged and noted, not raised (the
+        READ has succeeded: the caller already has its blocks)."""
+        try:
+            send_json(sock, Kind.RELEASE, {"request_id": self.request_id})
+        except OSError as exc:
+            self.release_failed = True
+            logger.warning("release notice to %s failed: %s", self.label, exc)
+            raise _ReleaseFailed() from exc
 
     def _receive(self, sock: socket.socket) -> None:
         region = self.region
@@ -240,6 +267,14 @@ class BlockRead:
         index = torch.tensor(self.local_ids, device=region.kv.device)
         region.bytes.index_copy_(0, index, staging.to(region.kv.device, non_blocking=True))
         torch.cuda.synchronize(region.kv.device)
+
+
+class _ReleaseFailed(Exception):
+    """The RELEASE after a completed READ could not be sent: drop the socket, keep the READ."""
+
+
+def _nothing() -> None:
+    pass
 
 
 class _StaleSocket(Exception):

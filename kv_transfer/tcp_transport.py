@@ -12,12 +12,13 @@ import asyncio
 import collections
 import concurrent.futures as cf
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from kv_transfer.config import TransferConfig
 from kv_transfer.deadline import Deadline
-from kv_transfer.errors import TransferCancelled, TransferTimeout
+from kv_transfer.errors import TransferCancelled, TransferError, TransferTimeout
 from kv_transfer.head_plan import HeadPlan
 from kv_transfer.peer_info import Identity, PeerInfo, TransportKind
 from kv_transfer.region import KVRegion
@@ -25,7 +26,9 @@ from kv_transfer.shards import KVShards
 from kv_transfer.tcp_client import BlockRead, ConnectionPool
 from kv_transfer.tcp_heads import RankRead, rank_spans
 from kv_transfer.tcp_server import BlockServer
-from kv_transfer.transport import ReadWindow, ServedHook
+from kv_transfer.transport import ReadWindow, ServedHook, TransferCounters, settle
+
+logger = logging.getLogger(__name__)
 
 _READ_THREADS = 16  # concurrent READs x sending ranks
 _STUCK_GRACE_S = 2.0  # beyond the deadline, stop waiting for a reader thread that hangs
@@ -50,6 +53,7 @@ class TcpTransport:
         )
         self._pool = ConnectionPool()
         self._executor = cf.ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="kv-tcp-read")
+        self.counters = TransferCounters()
         self._inflight = 0
         self.peak_inflight = 0  # the most reader threads (one per sending rank) busy at once
         self._lock = threading.Lock()
@@ -92,7 +96,8 @@ class TcpTransport:
         for job in jobs:
             job.window = window
         await self._run_all(jobs, deadline)
-        await self.release(peer, request_id, deadline)
+        notice = BlockRead(*args[:4], ([], []), request_id, deadline)
+        self._executor.submit(self._release_after, notice)  # off the caller's path
         return sum(job.nbytes() for job in jobs)
 
     async def _run_all(self, jobs: list[RankRead], deadline: Deadline) -> None:
@@ -126,15 +131,23 @@ class TcpTransport:
             raise TransferTimeout("transfer exceeded its deadline (reader thread stalled)")
 
     async def _run(self, job: BlockRead, deadline: Deadline) -> None:
-        """Run a READ on a reader thread within the deadline; abort it on cancellation."""
-        future = asyncio.wrap_future(self._executor.submit(self._counted, job))
+        """Run a READ on a reader thread within the deadline; abort it on cancellation. It
+        returns as soon as the blocks are in: the thread sends the RELEASE after."""
+        loop = asyncio.get_running_loop()
+        delivered: asyncio.Future[None] = loop.create_future()
+
+        def on_data() -> None:  # reader thread
+            loop.call_soon_threadsafe(settle, delivered, None)
+
+        job.on_data = on_data
+        ended = asyncio.wrap_future(self._executor.submit(self._counted, job))
+        ended.add_done_callback(lambda f: _settle_from(delivered, f))
         try:
-            await asyncio.wait_for(
-                asyncio.shield(future), max(deadline.left(), 0.0) + _STUCK_GRACE_S
-            )
+            async with asyncio.timeout(max(deadline.left(), 0.0) + _STUCK_GRACE_S):
+                await delivered
         except asyncio.CancelledError:
             job.abort()
-            await asyncio.wait([future])  # the thread stops writing into local blocks first
+            await asyncio.wait([ended])  # the thread stops writing into local blocks first
             raise
         except TimeoutError:
             job.abort()
@@ -167,6 +180,21 @@ class TcpTransport:
     def _counted(self, job: BlockRead) -> None:
         with self._counting():
             job.run()
+        if job.release_failed:
+            self._count_release_failure()
+
+    def _release_after(self, job: BlockRead) -> None:
+        """Send a completed READ's release notice (reader thread); a failure is logged and
+        counted: the owner's lease then ends at its expiry."""
+        try:
+            job.release_only()
+        except TransferError as exc:
+            logger.warning("release notice to %s failed: %s", job.peer.agent_name, exc)
+            self._count_release_failure()
+
+    def _count_release_failure(self) -> None:
+        with self._lock:
+            self.counters.release_failed += 1
 
     @contextlib.contextmanager
     def _counting(self) -> Iterator[None]:
@@ -199,6 +227,17 @@ class TcpTransport:
         self._server.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._pool.close()
+
+
+def _settle_from(delivered: asyncio.Future[None], ended: asyncio.Future[None]) -> None:
+    """A reader thread ended: fail or cancel the caller's wait unless its blocks came."""
+    if ended.cancelled():  # the pool shut down before the READ started
+        delivered.cancel()
+        return
+    error = ended.exception()
+    if error is not None and delivered.done():
+        logger.error("reader thread failed after its READ completed: %r", error)
+    settle(delivered, error)
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -23,9 +24,10 @@ Facts = Mapping[str, str | int | float]
 
 class TransferResult(NamedTuple):
     """What one READ moved and how long it took: `seconds` from the call to completion
-    (connection set-up included), `window_s` from posting the first read to the last data
-    in (ReadWindow), over `pieces` reads; `retries`: stale connections replaced; `facts`:
-    what the transport library itself reported (span attributes; NIXL's telemetry)."""
+    (connection set-up included); `window_s` the READ as its caller waits for it, from
+    handing it to the transport to having the blocks, less connection set-up (ReadWindow);
+    over `pieces` reads; `retries`: stale connections replaced; `facts`: what the transport
+    itself measured (span attributes: the wire time, NIXL's telemetry)."""
 
     nbytes: int
     seconds: float
@@ -36,29 +38,70 @@ class TransferResult(NamedTuple):
 
     @property
     def gbps(self) -> float:
-        """Bandwidth over the post-to-completion window (GB/s)."""
+        """Bandwidth over the window (GB/s)."""
         return self.nbytes / self.window_s / 1e9 if self.window_s > 0 else 0.0
 
 
+@dataclass
+class TransferCounters:
+    """Reads by outcome, bytes moved, and release notices that failed after their READ
+    completed (the owner's lease then ends at its expiry), for the node's metrics."""
+
+    ok: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    bytes: int = 0
+    release_failed: int = 0
+
+
 class ReadWindow:
-    """When a READ's data was first asked for and last arrived (time.perf_counter()), in how
-    many pieces, and how many stale connections it replaced. Reader threads fill it in.
-    `trace`: the reader's W3C trace context (`traceparent`, `tracestate`), which the TCP
-    READ message carries so that the serving side's span joins the reader's trace."""
+    """One READ's times (time.perf_counter()). The caller brackets it (`start`, `end`): the
+    window it reports is what the caller waited, hand-offs to and from the transport's
+    thread included, less the connection set-up the transport notes (`setup`: a first READ
+    to a peer, a dead connection replaced). The transport's threads note when data was
+    first asked for and last arrived (`post`, `complete`: the wire time, a fact of its own),
+    in how many pieces, and how many stale connections it replaced. `trace`: the reader's
+    W3C trace context (`traceparent`, `tracestate`), which the TCP READ message carries so
+    that the serving side's span joins the reader's trace."""
 
     def __init__(self, trace: Mapping[str, str] | None = None) -> None:
         self.trace: dict[str, str] = dict(trace or {})
         self._lock = threading.Lock()
+        self.started: float | None = None
+        self.ended: float | None = None
+        self.setup_s = 0.0
         self.posted: float | None = None
         self.completed: float | None = None
         self.pieces = 0
         self.retries = 0
         self.facts: Facts = {}
 
+    @property
+    def traced(self) -> bool:
+        """Whether the READ's trace context is sampled (its span records attributes)."""
+        flags = self.trace.get("traceparent", "").rsplit("-", 1)[-1]
+        try:
+            return bool(int(flags, 16) & 1)
+        except ValueError:
+            return False
+
     def note(self, facts: Facts) -> None:
         """What the transport library reported of the READ so far (replaces the last)."""
         with self._lock:
             self.facts = dict(facts)
+
+    def start(self) -> None:
+        """The caller hands the READ to the transport."""
+        self.started = time.perf_counter()
+
+    def end(self) -> None:
+        """The caller has the blocks."""
+        self.ended = time.perf_counter()
+
+    def setup(self, seconds: float) -> None:
+        """`seconds` went to connecting (not to moving the blocks)."""
+        with self._lock:
+            self.setup_s += seconds
 
     def post(self) -> None:
         """A piece was asked for (NIXL: posted; TCP: its READ message sent)."""
@@ -78,6 +121,13 @@ class ReadWindow:
             self.retries += 1
 
     def seconds(self) -> float:
+        """From `start` to `end`, less connection set-up; 0 until both are noted."""
+        if self.started is None or self.ended is None:
+            return 0.0
+        return max(self.ended - self.started - self.setup_s, 0.0)
+
+    def wire_seconds(self) -> float:
+        """From the first post to the last byte in, as the transport's threads saw them."""
         if self.posted is None or self.completed is None:
             return 0.0
         return max(self.completed - self.posted, 0.0)
@@ -110,9 +160,12 @@ class Transport(Protocol):
 
     Validation (ids, layouts) happens before a transport is called. Owner side: readers'
     release notices are queued by the transport and collected with `take_releases`.
+    Reader side: a READ returns once its blocks are in; the release notice that follows goes
+    out after, off the caller's path, and a failure to send it counts in `counters`.
     """
 
     kind: TransportKind
+    counters: TransferCounters
 
     def describe(self) -> str:
         """One line for the log: the transport and its settings."""
@@ -178,6 +231,24 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Settable(Protocol):
+    """A future of either kind (concurrent.futures or asyncio)."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: None, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+def settle(future: Settable, error: BaseException | None) -> None:
+    """End `future` with None or `error`, unless it has ended already."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def release_message(request_id: str) -> bytes:

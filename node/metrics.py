@@ -253,12 +253,12 @@ class NodeMetrics:
         pair = [*_LABELS, "transport", "peer"]  # peer: the node read from
         self._window = Histogram(
             "splitserve_kv_transfer_window_seconds",
-            "KV READs that completed: from posting the first read to the last byte in",
+            "KV READs that completed: the decode node's wait, less connection set-up",
             pair, buckets=WINDOW_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self._gbps = Histogram(
             "splitserve_kv_transfer_bandwidth_gbps",
-            "KV READs that completed: bytes / post-to-completion window, in GB/s",
+            "KV READs that completed: bytes / window, in GB/s",
             pair, buckets=GBPS_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self._size = Histogram(

@@ -41,7 +41,7 @@ NODE_COUNTERS = {
     "prefix_query_tokens": "splitserve_prefix_cache_query_tokens_total",
     "generated_tokens": "splitserve_generation_tokens_total",
 }
-# per (transport, peer): completed READs, their post-to-completion windows and bytes
+# per (transport, peer): completed READs, their windows and bytes
 PAIR_SUMS = {
     "reads": "splitserve_kv_transfer_window_seconds_count",
     "window_s": "splitserve_kv_transfer_window_seconds_sum",

@@ -1,5 +1,5 @@
-"""bench.transfer's reported-bandwidth columns: the nodes' figure (bytes over the
-post-to-completion window) against the benchmark's (over the call) and the memcpy's."""
+"""bench.transfer's reported-bandwidth columns: the nodes' figure (bytes over the READ's
+window) against the benchmark's (over the awaited call) and the memcpy's."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 from collections.abc import Iterator
 
@@ -154,6 +155,21 @@ def test_auto_picks_nixl_and_logs_ucx_settings(caplog: pytest.LogCaptureFixture)
     agent.close()
     assert agent.info.transport is TransportKind.NIXL and agent.info.nixl_metadata
     assert "transport nixl (UCX backend, UCX_TLS" in caplog.text
+
+
+@pytest.mark.skipif(not nixl_available(), reason="needs NIXL")
+def test_close_destroys_both_nixl_agents() -> None:
+    """close() drops the last references to the serving and the reading NIXL agent on the
+    driver thread; one left to interpreter exit can abort the process ("terminate called
+    without an active exception")."""
+    config = TransferConfig("closing", transport="nixl")
+    agent = KVTransferAgent(torch.zeros(SHAPE), fingerprint="f", layout="l", config=config)
+    name = agent.identity.agent_name
+    assert agent.transport.inflight() == 0  # the reading agent has started by now
+    agent.close()
+    gc.collect()
+    alive = [o for o in gc.get_objects() if type(o).__name__ == "nixl_agent"]
+    assert [o.name for o in alive if o.name.startswith(name)] == []
 
 
 async def test_a_release_without_a_read_ends_the_lease() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import resource
 import select
@@ -26,7 +27,10 @@ from kv_transfer import (
     TransferError,
     TransferTimeout,
     nixl_available,
+    nixl_loader,
+    tcp_client,
 )
+from kv_transfer.tcp_protocol import Kind
 
 sys.path.insert(0, str(Path(__file__).parent))
 from owner_process import FINGERPRINT, LAYOUT, SHAPE, reference_kv
@@ -149,11 +153,16 @@ async def test_random_blocks_arrive_byte_equal(
 async def test_a_read_reports_what_the_transport_library_measured(
     reader: KVTransferAgent, owner: OwnerProcess, transport: str
 ) -> None:
-    """NIXL's own report of the READ (backend, its timing, bytes, descriptors) and the
-    UCX_TLS in force come with the result; TCP reports nothing of the kind."""
-    result = await reader.read_blocks(owner.info, [3, 4, 7], [3, 4, 7], request_id="facts")
+    """A traced READ's result brings NIXL's own report of it (backend, its timing, bytes,
+    descriptors) and the UCX_TLS in force; TCP reports nothing of the kind. Either way the
+    wire time (first post to last byte) is a fact, within the window."""
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    result = await reader.read_blocks(
+        owner.info, [3, 4, 7], [3, 4, 7], request_id="facts", trace=trace
+    )
+    assert 0 < float(result.facts["splitserve.wire_ms"]) <= result.window_s * 1e3
     if transport != "nixl":
-        assert result.facts == {}
+        assert set(result.facts) == {"splitserve.wire_ms"}
         return
     facts = result.facts
     assert facts["splitserve.nixl.backend"] == "UCX"
@@ -199,6 +208,55 @@ async def test_a_release_notice_without_a_read_ends_the_lease(
     assert counts["freed"].count("cached-all") == 1
     assert counts["free"] == start["free"] and counts["held"] == 0
     assert torch.equal(local_kv(reader), before) and reader.counters.bytes == read_before
+
+
+def fail_release_notices(monkeypatch: pytest.MonkeyPatch, transport: str) -> None:
+    """Make every release notice this process sends fail."""
+    if transport == "nixl":
+        api = nixl_loader.load_nixl()
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("notification refused")
+
+        monkeypatch.setattr(api.nixl_agent, "send_notif", refuse)
+        return
+    send = tcp_client.send_json
+
+    def send_json(sock: Any, kind: Kind, body: dict[str, Any]) -> None:
+        if kind is Kind.RELEASE:
+            raise BrokenPipeError("connection lost")
+        send(sock, kind, body)
+
+    monkeypatch.setattr(tcp_client, "send_json", send_json)
+
+
+async def test_a_lost_release_notice_is_counted_and_the_lease_expires(
+    reader: KVTransferAgent,
+    owner: OwnerProcess,
+    transport: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The READ returns once its blocks are in; its release notice goes after. One that
+    cannot be sent leaves the READ a success: the failure is logged and counted, and the
+    owner's lease frees the blocks at its expiry."""
+    start = owner.ask(op="counts")
+    blocks = owner.ask(op="grant", request_id="lost-1", num_blocks=3, ttl_s=0.5)["blocks"]
+    failed = reader.counters.release_failed
+    fail_release_notices(monkeypatch, transport)
+    with caplog.at_level(logging.WARNING, logger="kv_transfer"):
+        await reader.read_blocks(owner.info, blocks, [20, 21, 22], request_id="lost-1")
+        assert torch.equal(local_kv(reader)[[20, 21, 22]], reference_kv(owner.seed)[blocks])
+        give_up = time.monotonic() + 10
+        while reader.counters.release_failed == failed and time.monotonic() < give_up:
+            await asyncio.sleep(0.01)
+    assert reader.counters.release_failed == failed + 1
+    assert "release notice to" in caplog.text
+    counts = owner.wait_counts(lambda c: "lost-1" in c["freed"])
+    assert counts["free"] == start["free"] and counts["held"] == 0
+    monkeypatch.undo()
+    await reader.read_blocks(owner.info, [5], [5], request_id="after-lost")
+    assert torch.equal(local_kv(reader)[[5]], reference_kv(owner.seed)[[5]])
 
 
 async def test_lease_expiry_frees_unreleased_blocks(owner: OwnerProcess) -> None:
