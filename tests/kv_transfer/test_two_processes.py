@@ -267,12 +267,27 @@ async def test_lease_expiry_frees_unreleased_blocks(owner: OwnerProcess) -> None
     assert counts["free"] == start["free"] and counts["held"] == 0 and counts["leases"] == 0
 
 
+def _stopped(pid: int) -> bool:
+    """Every thread of `pid` stopped: SIGSTOP takes effect as each thread is next scheduled,
+    so a request sent at once could still be served."""
+    states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in _tasks(pid)]
+    return all(state in "Tt" for state in states)
+
+
+def _tasks(pid: int) -> list[Path]:
+    return list(Path(f"/proc/{pid}/task").iterdir())
+
+
 async def test_stalled_peer_times_out_without_spinning(
     reader: KVTransferAgent, owner: OwnerProcess
 ) -> None:
     await reader.read_blocks(owner.info, [1], [1], request_id="warm")  # connection cached
     owner.signal(signal.SIGSTOP)
     try:
+        deadline = time.monotonic() + 30
+        while not _stopped(owner.proc.pid):
+            assert time.monotonic() < deadline, "the owner did not stop within 30 s"
+            await asyncio.sleep(0.01)
         cpu_before, t = _cpu_seconds(), time.monotonic()
         with pytest.raises(TransferTimeout):
             await reader.read_blocks(owner.info, [3, 4], [3, 4], request_id="st", deadline_s=1.0)
