@@ -25,6 +25,7 @@ import torch
 from oracle_runs import GreedyRun, logprob_greedy
 from quant_checkpoints import save_quantized
 from reduced_precision import (
+    RoutingRecord,
     greedy_agreement,
     record_routing,
     routing_ties,
@@ -90,7 +91,10 @@ def test_tiny_qwen3(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     prompts = [torch.randint(3, 120, (n,), generator=gen).tolist() for n in lengths]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=TOP_K)
     record = record_routing(monkeypatch)
-    runs, forced, routes, scored = [], [], [], []
+    runs: list[list[GenerationOutput]] = []
+    forced: list[list[torch.Tensor]] = []
+    routes: list[list[RoutingRecord]] = []
+    scored: list[list[int]] = []
     for int8 in (False, True):
         with LLM(tmp_path, num_kv_blocks=128, int8_activations=int8) as llm:
             weights = llm.engine.runner.model.quantized_weights()
