@@ -1,6 +1,6 @@
 """Offline throughput of the engine against the same-run matmul peak (and, optionally, HF).
 
-    python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync]
+    python -m bench.offline [--model smollm2] [--compare-hf] [--compare-sync] [--int8-activations]
                             [--compare-vllm PYTHON (bench.references)]
                             [--random-model NAME (bench.random_model.SHAPES)] [--out PATH]
                             [--tensor-parallel-size N] [--pipeline-parallel-size N]
@@ -210,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         "--float32-matmul-precision", choices=["highest", "medium"], default="highest",
         help="the engine's (medium: bf16 products on AMX tiles where the build has them)",
     )  # fmt: skip
+    ap.add_argument(
+        "--int8-activations", action="store_true",
+        help="the engine's int8_activations (packed weights' products on integer dots)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "offline.json")
     ap.add_argument(
         "--speculative-method", choices=["ngram", "draft"], default=None,
@@ -229,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     tmp = tempfile.TemporaryDirectory()
-    options: dict[str, Any] = {"float32_matmul_precision": args.float32_matmul_precision}
+    options: dict[str, Any] = {
+        "float32_matmul_precision": args.float32_matmul_precision,
+        "int8_activations": args.int8_activations,
+    }
     if args.random_model:
         default_dir = ensure_model("smollm2")  # the tokenizer
         model_dir = write_random_model_dir(args.random_model, Path(tmp.name), default_dir)

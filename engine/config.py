@@ -137,13 +137,13 @@ class EngineConfig:
         "the packed layers' products over many rows take bf16 inputs, summed in fp32: a bf16 "
         "model's precision, prefill about 2x faster)", choices=MATMUL_PRECISIONS,
     )  # fmt: skip
-    # CPU packed weights (GGUF, AWQ, GPTQ): products of up to 64 rows (decode steps) round
-    # each activation row to int8 per block of 16 (Q8_0-like, as llama.cpp) and run on
-    # integer dot products (AVX2, AVX-512 VNNI; engine.cpu_kernels.quant_int8), about 2x the
-    # exact kernel's speed. Opt-in, as every setting that changes precision: by default each
-    # product is exact to the fp32 conversion's (the transformers oracle's answers).
+    # CPU packed weights (GGUF, AWQ, GPTQ): every product rounds each activation row to int8
+    # per block of 32 (Q8_0, as llama.cpp) and runs on integer dot products (AVX2, AVX-512
+    # VNNI; engine.cpu_kernels.quant_int8), 2-3x the exact kernel's speed. Opt-in, as every
+    # setting that changes precision: by default each product is exact to the fp32
+    # conversion's (the transformers oracle's answers).
     int8_activations: bool = setting(
-        False, "CPU packed weights: decode products on int8-rounded activations and integer dot "
+        False, "CPU packed weights: products on int8-rounded activations and integer dot "
         "products (faster; greedy tokens may differ from the exact path)", helm=Helm.CHART,
     )  # fmt: skip
     # Plan step N + 1 while step N runs (one host sync per step; stops by token seen one

@@ -28,6 +28,7 @@ SOURCES = tuple(
         "mxfp4.c",
         "quant_linear.c",
         "quant_int8.c",
+        "quant_int8_gemm.c",
         "quant_prefill.c",
         "quant_amx.c",
         "quant_amx_bf16.c",
@@ -38,7 +39,7 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     Path(__file__).with_name(n)
-    for n in ("vec8.h", "vecw.h", "linear.h", "amx.h", "quant_dequant.h", "moe.h")
+    for n in ("vec8.h", "vecw.h", "linear.h", "amx.h", "quant_dequant.h", "moe.h", "quant_int8.h")
 )
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 # 8 or 16: build the kernels for that vector width instead of the machine's (vecw.h); the tests

@@ -23,49 +23,81 @@
  * it); threads split the panels. Quantizing A happens once per call, before the threads.
  */
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "quant_int8.h"
 
-#include "vecw.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && VW == 16
-#define QI8_ISA 2
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define QI8_ISA 1
-#else
-#define QI8_ISA 0
-#endif
-
-#define QI8_BLOCK 16 /* inputs per rounded block of a row (the groups are multiples of 16) */
+/* inputs per rounded block of a row: QI8_BLOCK where the weight's group is a multiple of it,
+   else 16 (every group is a multiple of 16) */
+#define QI8_BLOCK 32
+#define QI8_GEMM_ROWS 8
 
 /* 1: AVX2, 2: AVX-512 VNNI, 0: none (the caller keeps quant_linear.c) */
 int32_t splitserve_qi8_isa(void) { return QI8_ISA; }
-int32_t splitserve_qi8_block(void) { return QI8_BLOCK; }
+int32_t splitserve_qi8_block_for(int32_t group) { return group % QI8_BLOCK ? 16 : QI8_BLOCK; }
+/* rows from which a product runs quant_int8_gemm.c's tiles */
+int32_t splitserve_qi8_gemm_rows(void) { return QI8_GEMM_ROWS; }
 
-/* Rows of A as int8 blocks: q [M][K], the block scales d [M][K / qb] and the blocks' sums of
-   q [M][K / qb]. */
-void splitserve_qi8_quantize(const float *a, int64_t lda, int32_t M, int32_t K, int32_t qb,
-                             int8_t *q, float *d, int32_t *sums)
+/* max |x_k| over qb inputs */
+static inline float block_amax(const float *x, int qb)
 {
+    int k = 0;
+    float amax = 0.0f;
+#if QI8_ISA == 2
+    __m512 m = _mm512_setzero_ps();
+    for (; k + 16 <= qb; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    amax = _mm512_reduce_max_ps(m);
+#elif QI8_ISA == 1
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (; k + 8 <= qb; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    float t[8];
+    _mm256_storeu_ps(t, m);
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, t[i]);
+#endif
+    for (; k < qb; k++) amax = fmaxf(amax, fabsf(x[k]));
+    return amax;
+}
+
+/* q_k = rint(x_k * inv) (round to nearest even, as the vector conversions); their sum */
+static inline int32_t block_round(const float *x, float inv, int qb, int8_t *q)
+{
+    int k = 0;
+    int32_t s = 0;
+#if QI8_ISA == 2
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (; k + 16 <= qb; k += 16) {
+        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), iv));
+        _mm_storeu_si128((__m128i *)(q + k), _mm512_cvtsepi32_epi8(r));
+        s += _mm512_reduce_add_epi32(r);
+    }
+#endif
+    for (; k < qb; k++) {
+        q[k] = (int8_t)rintf(x[k] * inv);
+        s += q[k];
+    }
+    return s;
+}
+
+/* Rows of A as int8 blocks of qb inputs (qi8_rows): q [M][K], the block scales d, the
+   blocks' sums of q, and per group of `group` inputs the sum of d * sum(q), [M][K / group]. */
+void splitserve_qi8_quantize(const float *a, int64_t lda, int32_t M, int32_t K, int32_t qb,
+                             int32_t group, int8_t *q, float *d, int32_t *sums, float *dsum,
+                             int32_t threads)
+{
+    const int blocks = K / qb, per = group / qb;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) \
+    if ((int64_t)M * K >= 1 << 15)
     for (int r = 0; r < M; r++)
-        for (int b = 0; b < K / qb; b++) {
+        for (int b = 0; b < blocks; b++) {
             const float *x = a + r * lda + b * qb;
-            float amax = 0.0f;
-            for (int k = 0; k < qb; k++) amax = fmaxf(amax, fabsf(x[k]));
-            const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int8_t *out = q + (int64_t)r * K + b * qb;
-            int32_t s = 0;
-            for (int k = 0; k < qb; k++) {
-                out[k] = (int8_t)rintf(x[k] * inv);
-                s += out[k];
-            }
-            d[(int64_t)r * (K / qb) + b] = scale;
-            sums[(int64_t)r * (K / qb) + b] = s;
+            const float amax = block_amax(x, qb);
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const int64_t i = (int64_t)r * blocks + b;
+            d[i] = amax / 127.0f;
+            sums[i] = block_round(x, inv, qb, q + (int64_t)r * K + b * qb);
+            float *ds = dsum + (int64_t)r * (K / group) + b / per;
+            *ds = (b % per ? *ds : 0.0f) + d[i] * (float)sums[i];
         }
 }
 
@@ -80,27 +112,8 @@ typedef struct {
     const int8_t *q; /* the quantized rows, [M][K] */
     const float *d;
     const int32_t *sums;
+    const float *dsum;
 } qi8_job;
-
-/* 16 scales or mins from element `at` of p (fp16 where `half`) as fp32, into f */
-static inline void params16(const void *p, int half, int64_t at, float *f)
-{
-    if (!half) {
-        memcpy(f, (const float *)p + at, 16 * sizeof(float));
-        return;
-    }
-    const uint16_t *h = (const uint16_t *)p + at;
-    for (int i = 0; i < 16; i += 8)
-        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-}
-
-/* four int8 activations as one int32, to broadcast */
-static inline int32_t four(const int8_t *q)
-{
-    int32_t v;
-    memcpy(&v, q, sizeof v);
-    return v;
-}
 
 #if QI8_ISA == 2
 typedef __m512i isum_t; /* 16 columns of int32 sums */
@@ -120,16 +133,16 @@ static inline __attribute__((always_inline)) void block_dots(const qi8_job *j, c
             const __m512i lo = _mm512_and_si512(x, nib);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
             for (int r = 0; r < R; r++) {
-                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(four(q[r] + k)));
-                odd[r] = _mm512_dpbusd_epi32(odd[r], hi, _mm512_set1_epi32(four(q[r] + k + 4)));
+                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(qi8_four(q[r] + k)));
+                odd[r] = _mm512_dpbusd_epi32(odd[r], hi, _mm512_set1_epi32(qi8_four(q[r] + k + 4)));
             }
         }
     } else {
         for (int k = k0; k < k0 + j->qb; k += 8, w += 128) {
             const __m512i x0 = _mm512_loadu_si512(w), x1 = _mm512_loadu_si512(w + 64);
             for (int r = 0; r < R; r++) {
-                acc[r] = _mm512_dpbusd_epi32(acc[r], x0, _mm512_set1_epi32(four(q[r] + k)));
-                odd[r] = _mm512_dpbusd_epi32(odd[r], x1, _mm512_set1_epi32(four(q[r] + k + 4)));
+                acc[r] = _mm512_dpbusd_epi32(acc[r], x0, _mm512_set1_epi32(qi8_four(q[r] + k)));
+                odd[r] = _mm512_dpbusd_epi32(odd[r], x1, _mm512_set1_epi32(qi8_four(q[r] + k + 4)));
             }
         }
     }
@@ -179,8 +192,8 @@ static inline __attribute__((always_inline)) void block_dots(const qi8_job *j, c
                 const __m256i lo = _mm256_and_si256(x, nib);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
                 for (int r = 0; r < R; r++) {
-                    const __m256i a0 = _mm256_set1_epi32(four(q[r] + k));
-                    const __m256i a1 = _mm256_set1_epi32(four(q[r] + k + 4));
+                    const __m256i a0 = _mm256_set1_epi32(qi8_four(q[r] + k));
+                    const __m256i a1 = _mm256_set1_epi32(qi8_four(q[r] + k + 4));
                     s16[r][h] = _mm256_add_epi16(s16[r][h], _mm256_maddubs_epi16(lo, a0));
                     s16[r][h] = _mm256_add_epi16(s16[r][h], _mm256_maddubs_epi16(hi, a1));
                 }
@@ -195,7 +208,7 @@ static inline __attribute__((always_inline)) void block_dots(const qi8_job *j, c
             const __m256i x = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 32 * h)), flip);
             const __m256i ax = _mm256_abs_epi8(x);
             for (int r = 0; r < R; r++) {
-                const __m256i s = _mm256_sign_epi8(_mm256_set1_epi32(four(q[r] + k)), x);
+                const __m256i s = _mm256_sign_epi8(_mm256_set1_epi32(qi8_four(q[r] + k)), x);
                 acc[r].h[h] = _mm256_add_epi32(acc[r].h[h],
                                                _mm256_madd_epi16(_mm256_maddubs_epi16(ax, s), ones));
             }
@@ -249,9 +262,8 @@ static inline __attribute__((always_inline)) void qi8_tile(const qi8_job *j, int
     float param[16] __attribute__((aligned(64)));
     for (int g = 0; g < groups; g++) {
         const int64_t at = (p * groups + g) * 16;
-        params16(j->scales, j->halves & 1, at, param);
+        qi8_params16(j->scales, j->halves & 1, at, param);
         const fsum_t scale = fload(param);
-        float qsum[RT] = {0};
         for (int b = g * per; b < (g + 1) * per; b++) {
             isum_t acc[RT];
             block_dots(j, panel + (int64_t)(b * j->qb / line_k) * 64, q, b * j->qb, R, acc);
@@ -259,13 +271,12 @@ static inline __attribute__((always_inline)) void qi8_tile(const qi8_job *j, int
                 const int64_t i = (int64_t)(m0 + r) * blocks + b;
                 if (offset) acc[r] = ioffset(acc[r], 128 * j->sums[i]);
                 out[r] = fscaled(acc[r], j->d[i], scale, out[r]);
-                qsum[r] += j->d[i] * (float)j->sums[i];
             }
         }
         if (!j->mins) continue;
-        params16(j->mins, j->halves & 2, at, param);
+        qi8_params16(j->mins, j->halves & 2, at, param);
         const fsum_t min = fload(param);
-        for (int r = 0; r < R; r++) out[r] = fmadd1(qsum[r], min, out[r]);
+        for (int r = 0; r < R; r++) out[r] = fmadd1(j->dsum[(int64_t)(m0 + r) * groups + g], min, out[r]);
     }
     for (int r = 0; r < R; r++) fstore(c + r * ldc, out[r]);
 }
@@ -303,15 +314,18 @@ int32_t splitserve_linear_qi8(const float *a, int64_t lda, const uint8_t *codes,
                               int64_t ldc, int32_t accumulate, int32_t threads)
 {
     if (M <= 0) return 1;
-    const int qb = QI8_BLOCK, blocks = K / qb;
+    const int qb = splitserve_qi8_block_for(group), blocks = K / qb, groups = K / group;
     const size_t qbytes = ((size_t)M * K + 63) / 64 * 64, dbytes = (size_t)M * blocks * 4;
-    char *buf = qi8_scratch(qbytes + 2 * dbytes);
+    char *buf = qi8_scratch(qbytes + 2 * dbytes + (size_t)M * groups * 4);
     if (!buf) return 0;
     int8_t *q = (int8_t *)buf;
-    float *d = (float *)(buf + qbytes);
+    float *d = (float *)(buf + qbytes), *dsum = (float *)(buf + qbytes + 2 * dbytes);
     int32_t *sums = (int32_t *)(buf + qbytes + dbytes);
-    splitserve_qi8_quantize(a, lda, M, K, qb, q, d, sums);
-    const qi8_job j = {codes, scales, mins, bits, group, K, halves, qb, q, d, sums};
+    splitserve_qi8_quantize(a, lda, M, K, qb, group, q, d, sums, dsum, threads);
+    const qi8_rows rows = {q, d, sums, dsum, K, qb, group};
+    const qi8_weight w = {codes, scales, mins, bits, group, halves};
+    if (M >= QI8_GEMM_ROWS && qi8_gemm(&rows, &w, M, N, c, ldc, accumulate, threads)) return 1;
+    const qi8_job j = {codes, scales, mins, bits, group, K, halves, qb, q, d, sums, dsum};
     const int panels = N / 16;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) \
     if ((int64_t)M * N * K >= 1 << 16)

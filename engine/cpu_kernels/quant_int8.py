@@ -5,8 +5,11 @@ in integer sums, each block's sums scaled in fp32. The result is the product of 
 dequantized weights with the rounded activations, not bit for bit the FMA path
 (``quant_linear``); the rounding moves each activation by at most max|a| / 254 of its block.
 
-Kernels where the build targets them: AVX-512 VNNI (``isa() == 2``) or AVX2 (1); 0: none,
-and the callers keep ``quant_linear``. AMX-int8 is not written.
+Kernels where the build targets them: AVX-512 VNNI (``isa() == 2``) or AVX2 (1, 4-bit codes
+from ``gemm_rows()`` rows on, else the few-row tiles); 0: none, and the callers keep
+``quant_linear``. Up to ``gemm_rows()`` rows the few-row tiles of ``quant_int8.c`` run (decode
+steps), from there ``quant_int8_gemm.c``'s, blocked for the host's caches (prefill chunks,
+decode batches). AMX-int8 is not written.
 """
 
 from __future__ import annotations
@@ -20,10 +23,6 @@ from engine import cpu_kernels
 from engine.cpu_kernels.quant_linear import QuantLinear
 
 _I64, _I32, _P = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-# Products of up to this many rows take the kernel where a weight allows it
-# (QuantWeight.use_int8_activations): decode steps up to the default max_num_seqs; prefill
-# chunks above it keep the exact path.
-MAX_ROWS = 64
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512_vnni"}
 
 
@@ -32,9 +31,14 @@ def isa() -> int:
     return int(_lib().splitserve_qi8_isa()) if cpu_kernels.available() else 0
 
 
-def block_size() -> int:
-    """Inputs per block of a rounded activation row (16)."""
-    return int(_lib().splitserve_qi8_block())
+def block_size(group: int) -> int:
+    """Inputs per block of a rounded activation row for a weight of this group."""
+    return int(_lib().splitserve_qi8_block_for(group))
+
+
+def gemm_rows() -> int:
+    """Rows from which a product runs the many-row tiles (``quant_int8_gemm.c``)."""
+    return int(_lib().splitserve_qi8_gemm_rows())
 
 
 def repack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -82,26 +86,31 @@ class QuantInt8Linear:
         return out
 
 
-def quantize_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's rounding of x [M, K] fp32: codes [M, K] int8 and scales [M, K / block]
-    (x ~ codes * scales per block), for the tests' reference."""
+def quantize_rows(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's rounding of x [M, K] fp32 for a weight of this group: codes [M, K] int8
+    and scales [M, K / block_size(group)] (x ~ codes * scales per block), for the tests."""
     m, k = x.shape
+    block = block_size(group)
     q = torch.empty(m, k, dtype=torch.int8)
     d = torch.empty(m, k // block, dtype=torch.float32)
     sums = torch.empty(m, k // block, dtype=torch.int32)
+    dsum = torch.empty(m, k // group, dtype=torch.float32)
     x = x if x.stride(-1) == 1 else x.contiguous()
     _lib().splitserve_qi8_quantize(
-        x.data_ptr(), x.stride(0), m, k, block, q.data_ptr(), d.data_ptr(), sums.data_ptr()
-    )
+        x.data_ptr(), x.stride(0), m, k, block, group, q.data_ptr(), d.data_ptr(),
+        sums.data_ptr(), dsum.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
     return q, d
 
 
 @functools.cache
 def _lib() -> ctypes.CDLL:
     lib = cpu_kernels._require()
-    for name in ("splitserve_qi8_isa", "splitserve_qi8_block"):
+    for name in ("splitserve_qi8_isa", "splitserve_qi8_gemm_rows"):
         getattr(lib, name).restype = _I32
         getattr(lib, name).argtypes = []
+    lib.splitserve_qi8_block_for.restype = _I32
+    lib.splitserve_qi8_block_for.argtypes = [_I32]
     lib.splitserve_linear_qi8.restype = _I32
     lib.splitserve_linear_qi8.argtypes = [
         _P, _I64, _P, _P, _P,  # x, its row stride, int8-layout codes, scales, mins (or NULL)
@@ -109,5 +118,8 @@ def _lib() -> ctypes.CDLL:
         _P, _I64, _I32, _I32,  # out, its row stride, accumulate, threads
     ]  # fmt: skip
     lib.splitserve_qi8_quantize.restype = None
-    lib.splitserve_qi8_quantize.argtypes = [_P, _I64, _I32, _I32, _I32, _P, _P, _P]
+    lib.splitserve_qi8_quantize.argtypes = [
+        _P, _I64, _I32, _I32, _I32, _I32,  # x, its row stride, M, K, block, group
+        _P, _P, _P, _P, _I32,  # codes, scales, sums of codes, group sums of d x sum, threads
+    ]  # fmt: skip
     return lib

@@ -107,9 +107,9 @@ class DecoderModel(nn.Module):
         return len(on)
 
     def use_int8_activations(self, enable: bool) -> int:
-        """Let every packed weight (the decoder layers' and a packed lm_head) compute products
-        of up to ``quant_int8.MAX_ROWS`` rows on integer dots (``EngineConfig.
-        int8_activations``); returns how many do (0 where the build has no such kernel)."""
+        """Let every packed weight (the decoder layers' and a packed lm_head) compute its
+        products on integer dots (``EngineConfig.int8_activations``); returns how many do (0
+        where the build has no such kernel)."""
         weights = [w for w in self.quantized_weights() if isinstance(w, QuantWeight)]
         return sum(w.use_int8_activations(enable) for w in weights)
 

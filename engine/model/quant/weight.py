@@ -152,7 +152,7 @@ class QuantWeight(PackedMatrix):
             and x.stride(-1) == 1
             and (out is None or out.stride(-1) == 1)
         ):
-            if self.int8_kernel is not None and x.shape[0] <= quant_int8.MAX_ROWS:
+            if self.int8_kernel is not None:
                 return self.int8_kernel(x, out)
             return kernel(x, out, bf16_products=self.bf16_products)
         w = self.dequantize().to(x.dtype)
@@ -177,7 +177,7 @@ class QuantWeight(PackedMatrix):
         return self.bf16_products
 
     def use_int8_activations(self, enable: bool) -> bool:
-        """Run products of up to ``quant_int8.MAX_ROWS`` rows on integer dots, the activations
+        """Run this weight's products on integer dots, the activations
         rounded to int8 per block (``quant_int8``), where this build has the kernel; returns
         whether they now do. Off: every product exact to the fp32 conversion's kernel."""
         kernel = self._cpu_kernel

@@ -3,7 +3,8 @@ per block (Q8_0: |a - d q| <= d / 2, |q| <= 127), and the product equals, to fp3
 dequantized weights times those rounded activations, for 4- and 8-bit codes, with and without
 mins, fp16 and fp32 scales, groups of 16 to 128, every row-tile tail, accumulation into
 strided outputs, one and two threads. The build picks the kernel for the host: AVX-512 VNNI at
-16 lanes, AVX2 at 8 (SPLITSERVE_CPU_VEC_WIDTH); a QuantWeight takes it only up to MAX_ROWS."""
+16 lanes, AVX2 at 8 (SPLITSERVE_CPU_VEC_WIDTH); a QuantWeight takes it for every product
+while int8_activations is on."""
 
 from __future__ import annotations
 
@@ -26,25 +27,29 @@ CASES = [  # (bits, group, mins, N, K)
     (4, 16, True, 32, 272),
     (8, 32, False, 80, 160),
     (8, 16, True, 48, 96),
+    (4, 32, True, 48, 1056),  # over more than one buffer of the many-row tiles
+    (8, 32, True, 48, 1088),
 ]
 TOLERANCE = 1e-6  # of the sum of |terms|
 
 
-def rounded(x: torch.Tensor) -> torch.Tensor:
-    """The kernel's rounding of x's rows, back in float64."""
-    q, d = quant_int8.quantize_rows(x, quant_int8.block_size())
-    block = quant_int8.block_size()
+def rounded(x: torch.Tensor, group: int) -> torch.Tensor:
+    """The kernel's rounding of x's rows for a weight of this group, back in float64."""
+    q, d = quant_int8.quantize_rows(x, group)
+    block = quant_int8.block_size(group)
     blocks = q.double().view(x.shape[0], x.shape[1] // block, block)
     return (blocks * d.double()[..., None]).view(x.shape)
 
 
 def test_rows_round_to_int8_per_block() -> None:
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0)) * 4
-    x[1, :16] = 0.0  # an all-zero block: code 0, scale 0
-    q, d = quant_int8.quantize_rows(x, quant_int8.block_size())
-    assert q.abs().max() <= 127 and d[1, 0] == 0 and (q[1, :16] == 0).all()
-    half_step = d.repeat_interleave(quant_int8.block_size(), dim=1) / 2
-    assert ((x.double() - rounded(x)).abs() <= half_step.double() * (1 + 1e-6)).all()
+    x[1, :32] = 0.0  # an all-zero block: code 0, scale 0
+    for group in (16, 32):
+        q, d = quant_int8.quantize_rows(x, group)
+        assert q.abs().max() <= 127 and d[1, 0] == 0 and (q[1, :32] == 0).all()
+        half_step = d.repeat_interleave(quant_int8.block_size(group), dim=1) / 2
+        err = (x.double() - rounded(x, group)).abs()
+        assert (err <= half_step.double() * (1 + 1e-6)).all()
 
 
 @pytest.mark.parametrize(("bits", "group", "mins", "n", "k"), CASES)
@@ -57,9 +62,11 @@ def test_the_product_of_the_rounded_rows(
     linear = quant_int8.QuantInt8Linear(kernel)
     dense = weight.dequantize().double()
     gen = torch.Generator().manual_seed(threads)
-    for m in range(10):  # every tail of the 4-row tiles, and no rows at all
+    # every tail of the 4-row tiles of both kernels (the many-row one from gemm_rows()), and
+    # no rows at all
+    for m in [*range(10), 13, 14, 15, 24, 37]:
         x = torch.randn(m + 3, k + 8, generator=gen)[3:, 8:] * 3  # rows k + 8 apart
-        xr = rounded(x)
+        xr = rounded(x, group)
         want, scale = xr @ dense.T, xr.abs() @ dense.abs().T
         got = linear(x)
         assert ((got.double() - want).abs() <= TOLERANCE * scale).all(), m
@@ -84,18 +91,18 @@ def test_fp32_scales_give_what_fp16_ones_do() -> None:
     assert torch.equal(weight.linear(x), wide.linear(x))
 
 
-def test_a_weight_takes_the_kernel_up_to_max_rows_only() -> None:
+def test_a_weight_takes_the_kernel_at_every_row_count_while_on() -> None:
     weight = random_weight(32, 64, 4, 32, True, seed=2)
-    x = torch.randn(quant_int8.MAX_ROWS + 1, 64, generator=torch.Generator().manual_seed(3))
-    exact = weight.linear(x)
-    assert weight.use_int8_activations(True)
-    assert torch.equal(weight.linear(x), exact)  # above MAX_ROWS: the exact kernel
-    small = x[: quant_int8.MAX_ROWS]
     kernel = weight._cpu_kernel
     assert kernel is not None
-    assert torch.equal(weight.linear(small), quant_int8.QuantInt8Linear(kernel)(small))
-    assert not weight.use_int8_activations(False) and weight.int8_kernel is None
-    assert torch.equal(weight.linear(small), exact[: quant_int8.MAX_ROWS])
+    int8 = quant_int8.QuantInt8Linear(kernel)
+    for rows in (1, quant_int8.gemm_rows(), 300):  # decode, a batch, a prefill chunk
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+        exact = weight.linear(x)
+        assert weight.use_int8_activations(True)
+        assert torch.equal(weight.linear(x), int8(x))
+        assert not weight.use_int8_activations(False) and weight.int8_kernel is None
+        assert torch.equal(weight.linear(x), exact)
 
 
 def test_the_build_picks_the_kernel_for_its_width() -> None:
