@@ -39,7 +39,16 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     Path(__file__).with_name(n)
-    for n in ("vec8.h", "vecw.h", "linear.h", "amx.h", "quant_dequant.h", "moe.h", "quant_int8.h")
+    for n in (
+        "vec8.h",
+        "vecw.h",
+        "linear.h",
+        "amx.h",
+        "quant_dequant.h",
+        "moe.h",
+        "quant_int8.h",
+        "cache_sizes.h",
+    )
 )
 CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 # 8 or 16: build the kernels for that vector width instead of the machine's (vecw.h); the tests

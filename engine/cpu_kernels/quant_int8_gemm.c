@@ -24,12 +24,7 @@
 #include <omp.h>
 #endif
 
-#ifndef SPLITSERVE_L1D_BYTES
-#define SPLITSERVE_L1D_BYTES (32 << 10)
-#endif
-#ifndef SPLITSERVE_L2_BYTES
-#define SPLITSERVE_L2_BYTES (1 << 20)
-#endif
+#include "cache_sizes.h"
 
 #if QI8_ISA > 0
 
