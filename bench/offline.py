@@ -35,6 +35,7 @@ import torch
 from tqdm import tqdm
 
 from bench.common import RESULTS_DIR, ModelShape, environment, matmul_peak_gflops, write_json
+from bench.offline_grammar import bench_grammar
 from bench.random_model import SHAPES as RANDOM_SHAPES
 from bench.random_model import write_random_model_dir
 from bench.references import VLLM_HELP, run_hf, run_vllm
@@ -123,31 +124,6 @@ def run_engine(
             else {}
         ),
     }
-
-
-# Every request of --compare-json-schema writes this: an array of at least 64 small records,
-# so that the grammar stays live for the whole fixed-length output (it cannot close early).
-BENCH_SCHEMA = {
-    "type": "array",
-    "minItems": 64,
-    "items": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 16},
-            "age": {"type": "integer", "minimum": 0, "maximum": 120},
-            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-        },
-        "required": ["name", "age"],
-    },
-}
-
-
-def bench_grammar() -> str:
-    import llguidance
-
-    return llguidance.LLMatcher.grammar_from_json_schema(
-        BENCH_SCHEMA, defaults={"whitespace_flexible": False}
-    )
 
 
 def _faster(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
