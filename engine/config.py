@@ -109,6 +109,14 @@ class EngineConfig:
     )
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    # hybrid models (linear-attention layers, Qwen3-Next): slots of checkpointed states at
+    # block boundaries, the only places a prefix-cache hit can resume from
+    # (engine.kv.state_checkpoints); None: max_num_seqs, 0: no prefix hits
+    linear_state_checkpoints: int | None = setting(
+        None, "hybrid (linear-attention) models: checkpoints of the layers' states at block "
+        "boundaries kept for prefix-cache hits, each the size of a request's states (default: "
+        "--max-num-seqs; 0: no prefix-cache hits)", ge=0,
+    )  # fmt: skip
     attention_backend: str = "auto"  # auto | torch | triton
     # CPU fp32: keep packed copies of the linear weights for the C linear kernel
     # (engine.model.linear), faster at every step size, at the cost of a second copy of them.
@@ -312,6 +320,14 @@ def engine_config(
     if device.startswith("cuda"):
         given.setdefault("max_num_seqs", CUDA_MAX_NUM_SEQS)
     return EngineConfig(model_dir=Path(model_dir), device=device, dtype=dtype, **given)
+
+
+def checkpoint_slots(config: EngineConfig) -> int:
+    """The state checkpoints a hybrid model's engine keeps (0: none, no prefix hits)."""
+    n = config.linear_state_checkpoints
+    if not config.enable_prefix_caching:
+        return 0
+    return config.max_num_seqs if n is None else n
 
 
 def check_fraction(value: float, name: str = "gpu_memory_utilization") -> None:

@@ -78,7 +78,7 @@ def check_hybrid(config: Any) -> None:
     refused = {
         f"pipeline_parallel_size={pp}": pp > 1,
         f"speculative_method={config.speculative_method!r}": config.speculative_method != "none",
-        # the host tier serves preemption's swap only: no prefix cache to keep on disk
+        # blocks on disk outlive a restart, the state checkpoints a hit resumes from do not
         "kv_offload_disk_path": config.kv_offload_disk_path is not None,
         "enable_lora": config.enable_lora,
     }

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 from engine.admission import check_input, check_request, release_window
-from engine.config import EngineConfig, Role
+from engine.config import EngineConfig, Role, checkpoint_slots
 from engine.config_checks import check_hybrid
 from engine.kv.offload import build_tiers
+from engine.kv.state_checkpoints import StateCheckpoints
 from engine.lora.manager import LoraManager, LoraStats
 from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
@@ -30,6 +31,7 @@ from engine.speculative.draft import draft_kv_cache, load_draft
 from engine.speculative.guess_lookahead import GuessLookahead
 from engine.speculative.rows import GuessRowLayout
 from engine.speculative.step_hook import SpeculationHook
+from engine.step.checkpoint_hook import CheckpointHook
 from engine.step.counters import EngineCounters, EngineStats
 from engine.step.grammar_hook import GrammarHook
 from engine.step.hooks import StepHook
@@ -46,9 +48,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.model_config = ModelConfig.from_dir(config.model_dir)
         if self.model_config.linear is not None:
-            # no prefix hits: a cached block has no state of the linear layers to resume from
             check_hybrid(config)
-            config = dataclasses.replace(config, enable_prefix_caching=False)
+            if not checkpoint_slots(config):  # a hit resumes only from a state checkpoint
+                config = dataclasses.replace(config, enable_prefix_caching=False)
         self.config = config
         self.max_model_len = min(
             config.max_model_len or self.model_config.max_position_embeddings,
@@ -89,6 +91,7 @@ class LLMEngine:
             swap,
             window=release_window(config, self.model_config),
             state_room=runner.state_swap,
+            checkpoints=self._checkpoints,
         )
         self.grammars = Grammars(
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
@@ -104,6 +107,8 @@ class LLMEngine:
             overlap = self.runner.device.type == "cuda"
         overlap = overlap and config.role is not Role.PREFILL
         hooks: list[StepHook] = [GrammarHook(self.grammars)]
+        if runner.hybrid is not None and runner.hybrid.checkpoints is not None:
+            hooks.append(CheckpointHook(runner.hybrid))
         self.speculator: Speculator | None = None
         if speculates:
             self.speculator = Speculator(config, self.model_config, self.runner.num_blocks, draft)
@@ -286,7 +291,13 @@ class LLMEngine:
             free_state_slots=states.num_free if states is not None else 0,
             total_state_slots=states.num_slots if states is not None else 0,
             swapped_states=swap.num_used if (swap := self.runner.state_swap) is not None else 0,
+            state_checkpoints=book.num_used if (book := self._checkpoints) is not None else 0,
         )
+
+    @property
+    def _checkpoints(self) -> StateCheckpoints | None:
+        hybrid = self.runner.hybrid
+        return hybrid.checkpoints if hybrid is not None else None
 
     # ---- the step ---------------------------------------------------------------------------
 

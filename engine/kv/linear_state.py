@@ -23,7 +23,7 @@ import torch
 
 from engine.kv.sizing import SharedCache
 from engine.kv.state_record import StateShare, read_record, write_record
-from engine.model.attention import LinearStates
+from engine.model.attention import LinearStates, StateTensors
 from engine.model.config import ModelConfig
 from engine.model.shard import Shard, Span
 from engine.model.specs import LinearAttnSpec
@@ -64,12 +64,8 @@ class StatePool:
             raise ValueError(f"StatePool needs at least one slot, got {slots}")
         place = place or Placement()
         k = place.k_heads or Span(0, spec.num_k_heads)
-        self.spec = local = local_spec(spec, k.length)
-        layers = len(spec.layers)
-        # conv: [slots, layers, conv_dim, kernel - 1] in the model dtype;
-        # recurrent: [slots, layers, v_heads, k_dim, v_dim] fp32
-        self.conv = torch.zeros(slots, layers, *local.conv_state_shape, dtype=dtype, device=device)
-        self.recurrent = torch.zeros(slots, layers, *local.recurrent_shape, device=device)
+        self.spec = local_spec(spec, k.length)
+        self.conv, self.recurrent = self.more(slots, dtype, device)
         self.num_slots = slots
         self.shape_crc = zlib.crc32(f"{spec.describe()}|{dtype}".encode())
         group = slot_bytes(local_spec(spec, 1), dtype)  # one key head's group, every layer
@@ -82,9 +78,23 @@ class StatePool:
         self._free = list(range(slots - 1, -1, -1))
 
     @staticmethod
-    def cache(spec: LinearAttnSpec, slots: int, dtype: torch.dtype) -> SharedCache:
+    def cache(
+        spec: LinearAttnSpec, slots: int, dtype: torch.dtype, name: str = "linear_state"
+    ) -> SharedCache:
         """The pool (of a rank's ``spec``) as a fixed share of the KV budget."""
-        return SharedCache("linear_state", 0, fixed_bytes=slots * slot_bytes(spec, dtype))
+        return SharedCache(name, 0, fixed_bytes=slots * slot_bytes(spec, dtype))
+
+    def more(
+        self, slots: int, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> StateTensors:
+        """Zero states of ``slots`` slots shaped as this pool's (its checkpoints')."""
+        dtype = dtype or self.conv.dtype
+        device = device or self.conv.device
+        local, layers = self.spec, len(self.spec.layers)
+        # conv: [slots, layers, conv_dim, kernel - 1] in the model dtype;
+        # recurrent: [slots, layers, v_heads, k_dim, v_dim] fp32
+        conv = torch.zeros(slots, layers, *local.conv_state_shape, dtype=dtype, device=device)
+        return StateTensors(conv, torch.zeros(slots, layers, *local.recurrent_shape, device=device))
 
     @property
     def num_free(self) -> int:

@@ -8,24 +8,52 @@ oracle) and the Triton kernels (the GPU).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
+
+
+class StateTensors(NamedTuple):
+    """Slots of every linear-attention layer's states (a pool's, or its checkpoints')."""
+
+    conv: torch.Tensor  # [slots, linear_layers, conv_dim, kernel - 1]
+    recurrent: torch.Tensor  # [slots, linear_layers, v_heads, k_dim, v_dim] fp32
 
 
 @dataclass(frozen=True)
 class LinearStates:
     """The state pool of the linear-attention layers (``engine.kv.linear_state``) as a step
     reads it: each sequence's slot, in step order, and whether it starts from zeros (its
-    chunk begins at position 0)."""
+    chunk begins at position 0).
+
+    With state checkpoints (``engine.kv.state_checkpoints``): ``loads[i]``, the checkpoint
+    sequence ``i``'s chunk starts from (a prefix-cache hit; None: zeros or as it was), and
+    ``saves[i]``, (offset in its chunk, checkpoint) pairs in order: the state after that
+    many of the chunk's tokens is copied into the checkpoint. Empty tuples: none at all."""
 
     conv: torch.Tensor  # [slots, linear_layers, conv_dim, kernel - 1]
     recurrent: torch.Tensor  # [slots, linear_layers, v_heads, k_dim, v_dim] fp32
     slots: tuple[int, ...]
     fresh: tuple[bool, ...]
+    checkpoints: StateTensors | None = None
+    loads: tuple[int | None, ...] = ()
+    saves: tuple[tuple[tuple[int, int], ...], ...] = ()
+
+    def load(self, seq: int) -> int | None:
+        return self.loads[seq] if self.loads else None
+
+    def saves_of(self, seq: int) -> tuple[tuple[int, int], ...]:
+        return self.saves[seq] if self.saves else ()
+
+    def on(self, pool: StateTensors, checkpoints: StateTensors | None) -> LinearStates:
+        """The same step over another rank's tensors (the slot numbers are rank 0's)."""
+        return dataclasses.replace(
+            self, conv=pool.conv, recurrent=pool.recurrent, checkpoints=checkpoints
+        )
 
 
 @dataclass(frozen=True)

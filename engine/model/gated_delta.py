@@ -12,6 +12,8 @@ its output is RMS-normed, gated by silu(z) and projected back (``o_proj``, the c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -115,11 +117,9 @@ class GatedDeltaNet(Packed):
             rows = _fresh(conv.index_select(0, slots), states.fresh[:d])
             out[:d] = conv_decodes(mixed[:d], rows, self.conv)
             conv.index_copy_(0, slots, rows)
-        for i, start, end in _chunks(meta):
-            slot = states.slots[i]
-            if states.fresh[i]:
-                conv[slot].zero_()
-            out[start:end] = conv_chunk(mixed[start:end], conv[slot], self.conv)
+        saved = states.checkpoints.conv[:, self.index] if states.checkpoints else None
+        for state, start, end in _pieces(meta, states, conv, saved):
+            out[start:end] = conv_chunk(mixed[start:end], state, self.conv)
         return out
 
     def _recur(
@@ -132,11 +132,9 @@ class GatedDeltaNet(Packed):
             s = _fresh(rec.index_select(0, slots), states.fresh[:d])
             part = DeltaInputs(*(t[:d] for t in inputs))
             rec.index_copy_(0, slots, step(s, *part, out[:d]))
-        for i, start, end in _chunks(meta):
-            slot = states.slots[i]
-            if states.fresh[i]:
-                rec[slot].zero_()
-            out[start:end] = recur(DeltaInputs(*(t[start:end] for t in inputs)), rec[slot])
+        saved = states.checkpoints.recurrent[:, self.index] if states.checkpoints else None
+        for state, start, end in _pieces(meta, states, rec, saved):
+            out[start:end] = recur(DeltaInputs(*(t[start:end] for t in inputs)), state)
         return out
 
     def _scratch(self, seqs: int, device: torch.device) -> LinearStates:
@@ -169,6 +167,35 @@ def _fresh(rows: torch.Tensor, fresh: tuple[bool, ...]) -> torch.Tensor:
     if any(fresh):
         rows[torch.tensor(fresh, device=rows.device)] = 0
     return rows
+
+
+def _pieces(
+    meta: AttentionMetadata,
+    states: LinearStates,
+    pool: torch.Tensor,
+    saved: torch.Tensor | None,
+) -> Iterator[tuple[torch.Tensor, int, int]]:
+    """(state, first token, end) of each piece of the step's prefill chunks, in order, for
+    one layer (``pool``: its slots' states, ``saved``: its checkpoints'). A chunk's state
+    starts from zeros, from a checkpoint (a prefix-cache hit) or as its previous chunk left
+    it; the chunk is cut where it saves a checkpoint, the state copied there once the
+    piece before has run."""
+    for i, start, end in _chunks(meta):
+        state, load = pool[states.slots[i]], states.load(i)
+        if load is not None:
+            assert saved is not None
+            state.copy_(saved[load])
+        elif states.fresh[i]:
+            state.zero_()
+        at = start
+        for offset, slot in states.saves_of(i):
+            assert saved is not None
+            if start + offset > at:
+                yield state, at, start + offset
+                at = start + offset
+            saved[slot].copy_(state)
+        if end > at:
+            yield state, at, end
 
 
 def _chunks(meta: AttentionMetadata) -> list[tuple[int, int, int]]:

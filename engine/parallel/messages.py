@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.model.attention import AttentionMetadata
+from engine.model.attention import AttentionMetadata, StateTensors
 from engine.step.batch import StepInputs
 
 _META_TENSORS = ("positions", "slot_mapping", "query_start_loc", "context_lens", "block_tables")
@@ -29,9 +29,8 @@ class StepPlan:
         meta = inputs.meta
         if meta.states is not None:  # the slots only: each rank steps its own state pool
             empty = torch.empty(0)
-            meta = dataclasses.replace(
-                meta, states=dataclasses.replace(meta.states, conv=empty, recurrent=empty)
-            )
+            states = meta.states.on(StateTensors(empty, empty), None)
+            meta = dataclasses.replace(meta, states=states)
         return cls(
             inputs.input_ids.cpu(),
             _moved(meta, "cpu"),

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from engine.config import EngineConfig, Role
 from engine.kv.block_manager import BlockManager
+from engine.kv.state_checkpoints import StateCheckpoints
 from engine.scheduler.kv_imports import HeldImports
 from engine.scheduler.lookahead import Lookahead
 from engine.scheduler.plan import ImportPlan, RequestTooLargeError, SchedulerOutput, StepUpdate
@@ -55,6 +56,8 @@ class Scheduler:
     `swap`: preemption's cost rule (engine.scheduler.swap); None always recomputes.
     `state_room`: a hybrid model's swap space for the linear-attention states; a request is
     swapped out only with room there too.
+    `checkpoints`: a hybrid model's state checkpoints: a prefix hit stops at the last cached
+    block whose end has one (engine.kv.state_checkpoints).
     `window`: the sliding window every layer of the model has (0: some layer attends to its
     whole context); a decoding request gives back its blocks behind it.
     """
@@ -67,6 +70,7 @@ class Scheduler:
         swap: SwapRule | None = None,
         window: int = 0,
         state_room: StateRoom | None = None,
+        checkpoints: StateCheckpoints | None = None,
     ) -> None:
         if block_manager.block_size != config.block_size:
             raise ValueError(
@@ -83,7 +87,7 @@ class Scheduler:
         self._imports = HeldImports(block_manager)
         self._step_scheduler = StepScheduler(
             config, block_manager, self._waiting, self._running, self._imports, lookahead, swap,
-            state_room,
+            state_room, checkpoints,
         )  # fmt: skip
         self._updater = StepUpdater(
             config, block_manager, self._live, lookahead, self._after_token, window

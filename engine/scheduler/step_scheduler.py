@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig, Role
 from engine.kv.block_manager import BlockManager
+from engine.kv.state_checkpoints import CheckpointHit, StateCheckpoints
+from engine.kv.tier_book import TierHit
 from engine.scheduler.kv_imports import HeldImports
 from engine.scheduler.lookahead import Lookahead
 from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
@@ -54,8 +56,10 @@ class StepScheduler:
         lookahead: Lookahead | None,
         swap: SwapRule | None = None,
         state_room: StateRoom | None = None,
+        checkpoints: StateCheckpoints | None = None,
     ) -> None:
         self._config = config
+        self._checkpoints = checkpoints
         self._swap = swap
         self._state_room = state_room
         self._blocks = blocks
@@ -248,14 +252,30 @@ class StepScheduler:
             if not num_tokens or not blocks.swap_in(request, cached + num_tokens):
                 return 0
         else:
-            root = request.hash_root
-            hits = blocks.match_prefix(request.all_token_ids, root)
-            lower = blocks.match_lower(request.all_token_ids, hits, root)
+            hits, lower, resume = self._prefix(request)
             cached = (len(hits) + len(lower)) * blocks.block_size
             num_tokens = self._chunk_len(request.num_tokens - cached, budget)
             if not num_tokens or not blocks.allocate(request, cached + num_tokens, hits, lower):
                 return 0
+            if self._checkpoints is not None:
+                self._checkpoints.claim(request.request_id, *resume)
         return num_tokens
+
+    def _prefix(
+        self, request: Request
+    ) -> tuple[list[int], list[TierHit], tuple[CheckpointHit | None, int]]:
+        """The request's cached leading blocks (on the device, then below), and for a hybrid
+        model the checkpoint they are cut back to (a hit resumes only from one) and how many
+        matched."""
+        blocks, root, tokens = self._blocks, request.hash_root, request.all_token_ids
+        hits = blocks.match_prefix(tokens, root)
+        lower = blocks.match_lower(tokens, hits, root)
+        matched = len(hits) + len(lower)
+        if self._checkpoints is None:
+            return hits, lower, (None, matched)
+        hit = self._checkpoints.find(tokens, root, matched)
+        n = hit.num_blocks if hit is not None else 0
+        return hits[:n], lower[: max(0, n - len(hits))], (hit, matched)
 
     def _chunk_len(self, remaining: int, budget: int) -> int:
         """Tokens to compute now out of remaining; 0 when it must wait for a later step."""

@@ -28,6 +28,11 @@ class EngineCounters:
     spec_chunks: int = 0
     spec_acceptance_sum: float = 0.0
     spec_acceptance_buckets: tuple[int, ...] = ()
+    # a hybrid model's state checkpoints (engine.kv.state_checkpoints): published, started
+    # from (prefix-cache hits), dropped for room
+    state_checkpoint_saves: int = 0
+    state_checkpoint_hits: int = 0
+    state_checkpoint_evictions: int = 0
     # KV tiers below the device (engine.kv.offload.KVTiers.stats): flat numbers per tier,
     # replaced (never changed in place) after every step; empty without tiers
     kv_tiers: dict[str, float] = field(default_factory=dict)
@@ -44,6 +49,7 @@ class EngineStats:
     free_state_slots: int = 0  # of a hybrid model's linear-attention state pool
     total_state_slots: int = 0
     swapped_states: int = 0  # preempted requests' states held in the host swap space
+    state_checkpoints: int = 0  # checkpoint slots holding a state (or about to)
 
     @property
     def kv_usage(self) -> float:

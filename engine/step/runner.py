@@ -16,22 +16,21 @@ import torch
 from engine.config import EngineConfig
 from engine.kv.block_manager import BlockManager
 from engine.kv.cache import allocate_kv_cache
-from engine.kv.linear_state import StatePool, placement
 from engine.kv.sizing import DeviceMemory, SharedCache, plan_kv_cache
-from engine.kv.state_swap import StateSwap
 from engine.lora.delta import LoraBatch, choose_kernel
 from engine.lora.manager import LoraManager
-from engine.model.attention import AttentionBackend, AttentionMetadata
+from engine.model.attention import AttentionBackend, AttentionMetadata, StateTensors
 from engine.model.config import ModelConfig
 from engine.model.decoder import DecoderModel
 from engine.model.shard import Shard, shard_config
 from engine.model.stage import Stage
 from engine.phases import phase
-from engine.scheduler.plan import ScheduledChunk, SchedulerOutput
+from engine.scheduler.plan import SchedulerOutput
 from engine.scheduler.request import Request
 from engine.step.batch import PersistentBatch, StepInputs
 from engine.step.chunk_rows import ChunkRowLayout
 from engine.step.graphs import eager_reason, estimate_graph_memory, graph_sizes, start_graphs
+from engine.step.hybrid_states import HybridStates, hybrid_states, state_caches
 from engine.step.memory_profile import BatchShape, measure_device_memory, profile_lengths
 from engine.step.model_load import LoadedModel, load_model
 
@@ -112,10 +111,7 @@ class ModelRunner:
         if linear is not None:  # the state pool's bytes (this rank's) come off the KV budget
             local = shard_config(model_config, shard or Shard()).linear
             assert local is not None
-            shared_caches = (
-                *shared_caches,
-                StatePool.cache(local, config.max_num_seqs, config.torch_dtype),
-            )
+            shared_caches = (*shared_caches, *state_caches(config, local))
         with phase("kv_cache"):
             self.kv_capacity = plan_kv_cache(
                 config, self.layout, self._measure_memory, shared_caches
@@ -125,16 +121,13 @@ class ModelRunner:
                 self.num_blocks = pipe.min_int(self.num_blocks)
             # kv_cache: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
             self.kv_cache = allocate_kv_cache(self.layout, self.num_blocks, self.device)
-            self.states: StatePool | None = None
-            # preempted requests' states in host memory (they swap with the blocks, to the
-            # host tier)
-            self.state_swap: StateSwap | None = None
+            # a hybrid model's: the pool of per-request states, preempted requests' states
+            # in host memory (they swap with the blocks, to the host tier), checkpoints
+            self.hybrid: HybridStates | None = None
             if linear is not None:
-                place = placement(model_config, shard or Shard())
-                seqs, dtype = config.max_num_seqs, config.torch_dtype
-                self.states = StatePool(linear, seqs, dtype, self.device, place)
-                if config.kv_offload_cpu_gb is not None:
-                    self.state_swap = StateSwap(seqs)
+                self.hybrid = hybrid_states(config, model_config, shard, self.device)
+        self.states = self.hybrid.pool if self.hybrid is not None else None
+        self.state_swap = self.hybrid.swap if self.hybrid is not None else None
         self.max_blocks = min(self.max_blocks, self.num_blocks)
         self.batch = PersistentBatch(
             config.max_num_seqs,
@@ -166,46 +159,19 @@ class ModelRunner:
             raise ValueError("execute() needs at least one scheduled chunk")
         inputs = self.batch.prepare(out, sampled_prefills)
         self._check_lengths(inputs.meta)
-        if self.states is not None:
-            ids = [*(r.request_id for r in out.decodes), *(c.request_id for c in out.prefills)]
-            fresh = [False] * len(out.decodes) + [c.start == 0 for c in out.prefills]
-            self._resume_states(out.prefills)
-            meta = dataclasses.replace(inputs.meta, states=self.states.step(ids, fresh))
+        if self.hybrid is not None:
+            meta = dataclasses.replace(inputs.meta, states=self.hybrid.step(out))
             inputs = inputs._replace(meta=meta)
         if self.lora is not None:
             inputs = inputs._replace(lora=lora_batch(self.lora, out))
         return inputs
 
     def release(self, request_id: str) -> None:
-        """The request left the running batch: free its row and its state slot (its states
-        first copied to the swap space when it was preempted by swapping; a copy dropped
-        when it finished or was aborted)."""
+        """The request left the running batch: free its row and its states
+        (engine.step.hybrid_states)."""
         self.batch.release(request_id)
-        states, swap = self.states, self.state_swap
-        if states is None:
-            return
-        if swap is not None and swap.awaits_copy(request_id) and states.holds(request_id):
-            slot = states.slot(request_id)
-            swap.put(request_id, states.conv[slot], states.recurrent[slot])
-        elif swap is not None:
-            swap.release(request_id)
-        states.release(request_id)
-
-    def _resume_states(self, chunks: Sequence[ScheduledChunk]) -> None:
-        """A chunk past position 0 of a request without a slot resumes after a swap: its
-        states back from the swap space into a slot."""
-        states = self.states
-        assert states is not None
-        for chunk in chunks:
-            rid = chunk.request_id
-            if chunk.start == 0 or states.holds(rid):
-                continue
-            if self.state_swap is None or not self.state_swap.holds_copy(rid):
-                raise RuntimeError(f"request {rid} resumes at {chunk.start} with no state")
-            conv, recurrent = self.state_swap.take(rid)
-            slot = states.slot(rid)
-            states.conv[slot].copy_(conv)
-            states.recurrent[slot].copy_(recurrent)
+        if self.hybrid is not None:
+            self.hybrid.release(request_id)
 
     @property
     def state_blocks(self) -> int:
@@ -258,12 +224,10 @@ class ModelRunner:
             return self._forward(inputs)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        states = inputs.meta.states
-        if states is not None and self.states is not None and states.conv is not self.states.conv:
-            # another rank's step (engine.parallel.messages): this rank's pool, same slots
-            own = dataclasses.replace(
-                states, conv=self.states.conv, recurrent=self.states.recurrent
-            )
+        states, hybrid = inputs.meta.states, self.hybrid
+        if states is not None and hybrid is not None and states.conv is not hybrid.pool.conv:
+            # another rank's step (engine.parallel.messages): this rank's tensors, same slots
+            own = states.on(StateTensors(hybrid.pool.conv, hybrid.pool.recurrent), hybrid.saved)
             inputs = inputs._replace(meta=dataclasses.replace(inputs.meta, states=own))
         if self.pipe is not None:
             return self.pipe.forward(self.model, inputs, self.kv_cache).float()

@@ -2,8 +2,8 @@
 with a gated shared expert) against transformers' own classes on a tiny random-weight model:
 greedy tokens on the C, torch and Triton paths, prompts over several blocks prefilled in
 chunks across steps (the state carried from chunk to chunk), two tensor-parallel ranks,
-the no-prefix-hit rule,
-preemption, the state pool's slots given back, the KV layout naming the state."""
+preemption, the state pool's slots given back, the KV layout naming the state (prefix-cache
+hits: tests/engine/test_hybrid_prefix.py)."""
 
 from __future__ import annotations
 
@@ -71,21 +71,6 @@ def test_chunked_prefill_carries_the_state_across_steps(
     engine = engine_of(path, attention_backend="torch", max_num_batched_tokens=budget)
     check(hf, PROMPTS, greedy_tokens(engine, PROMPTS))
     assert_idle(engine)
-
-
-def test_no_prefix_hit_for_a_hybrid_model(hybrid: tuple[Any, Path]) -> None:
-    """A cached block holds no state of the linear layers to resume from: the second prompt
-    shares 4 full blocks with the first and is still computed whole (documented rule)."""
-    hf, path = hybrid
-    shared = PROMPTS[2][:16]
-    first, second = shared + [5, 6, 7], shared + [40, 41, 42, 43, 44]
-    engine = engine_of(path, attention_backend="torch")
-    assert not engine.config.enable_prefix_caching
-    check(hf, [first], greedy_tokens(engine, [first]))
-    before = engine.counters.tokens_computed
-    check(hf, [second], greedy_tokens(engine, [second]))
-    assert engine.counters.tokens_computed - before == len(second) + NEW_TOKENS - 1
-    assert engine.counters.prefix_hit_tokens == 0
 
 
 def test_a_preempted_request_resumes_with_the_same_tokens(hybrid: tuple[Any, Path]) -> None:
