@@ -50,6 +50,18 @@ TOTALS: dict[str, tuple[str, str]] = {
         "Tokens looked up in the prefix cache at admission",
     ),
     "splitserve_preemptions": ("preemptions", "Requests preempted for lack of KV blocks"),
+    "splitserve_state_checkpoint_saves": (
+        "state_checkpoint_saves",
+        "Hybrid models: linear-attention state checkpoints saved at block boundaries",
+    ),
+    "splitserve_state_checkpoint_hits": (
+        "state_checkpoint_hits",
+        "Hybrid models: prefills resumed from a state checkpoint (a prefix-cache hit)",
+    ),
+    "splitserve_state_checkpoint_evictions": (
+        "state_checkpoint_evictions",
+        "Hybrid models: state checkpoints dropped for room",
+    ),
     "splitserve_constrained_requests": (
         "constrained_requests",
         "Requests admitted with a grammar (structured output or a forced tool call)",

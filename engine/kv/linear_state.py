@@ -7,8 +7,10 @@ bytes come off the KV cache's budget, ``engine.kv.sizing.SharedCache``). A reque
 slot at its first step and gives it back when it leaves the running batch (finished,
 aborted, preempted: a preempted request is recomputed from its first token, its state
 rebuilt from zeros). A chunk at position 0 starts from zeros, later chunks and decodes from
-what the request's previous step left. With tensor parallelism each rank's pool holds its
-key heads' share of every slot (the slot numbers are rank 0's, the same on every rank).
+what the request's previous step left; the first chunk of a prompt found in the prefix cache
+from a checkpoint of the states (``engine.kv.state_checkpoints``, slots of the same shape).
+With tensor parallelism each rank's pool holds its key heads' share of every slot (the slot
+numbers are rank 0's, the same on every rank).
 The prefill role ships a request's states in KV blocks (``engine.kv.state_record``).
 """
 

@@ -7,7 +7,8 @@ v go through a causal depthwise conv (its last inputs kept per request) and SiLU
 are l2-normed; the recurrence (``engine.model.delta_rule``) runs over a per-request state;
 its output is RMS-normed, gated by silu(z) and projected back (``o_proj``, the checkpoint's
 ``out_proj``). Nothing goes to the paged KV cache: the states live in the step's
-``AttentionMetadata.states``.
+``AttentionMetadata.states``, which also names the checkpoints a chunk starts from or saves
+(``engine.kv.state_checkpoints``).
 """
 
 from __future__ import annotations

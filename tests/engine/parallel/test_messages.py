@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from engine.model.attention import AttentionMetadata, LinearStates
+from engine.model.attention import AttentionMetadata, LinearStates, StateTensors
 from engine.parallel.messages import StepPlan
 from engine.step.batch import StepInputs
 
@@ -25,10 +25,13 @@ def test_a_step_plan_carries_the_plain_decode_mark(plain: bool) -> None:
 
 
 def test_a_step_plan_carries_the_state_slots_not_the_pool() -> None:
-    """A hybrid model's step names each sequence's state slot; every rank steps its own
-    pool (its key heads' share), so rank 0's pool tensors never travel."""
+    """A hybrid model's step names each sequence's state slot and the checkpoints its chunk
+    starts from and saves; every rank steps its own pool and checkpoints (its key heads'
+    share), so rank 0's tensors never travel."""
     pool = torch.zeros(4, 2, 96, 3)
-    states = LinearStates(pool, torch.zeros(4, 2, 4, 16, 8), (2, 0), (False, True))
+    saved = StateTensors(torch.zeros(2, 2, 96, 3), torch.zeros(2, 2, 4, 16, 8))
+    moves = {"loads": (None, 1), "saves": ((), ((2, 0),))}
+    states = LinearStates(pool, torch.zeros(4, 2, 4, 16, 8), (2, 0), (False, True), saved, **moves)
     meta = dataclasses.replace(
         AttentionMetadata.build([1, 3], [3, 0], [[0], [1]], 4), states=states
     )
@@ -36,5 +39,6 @@ def test_a_step_plan_carries_the_state_slots_not_the_pool() -> None:
     sent = pickle.loads(pickle.dumps(StepPlan.of(inputs)))
     got = sent.inputs(torch.device("cpu")).meta.states
     assert got is not None and (got.slots, got.fresh) == ((2, 0), (False, True))
-    assert got.conv.numel() == got.recurrent.numel() == 0
+    assert (got.loads, got.saves) == (moves["loads"], moves["saves"])
+    assert got.conv.numel() == got.recurrent.numel() == 0 and got.checkpoints is None
     assert inputs.meta.states is states  # rank 0's own step keeps its pool
