@@ -2,8 +2,10 @@
 attention, MoE) through `splitserve up`: 1 prefill + 1 decode node over TCP and NIXL, and
 pools of different tensor-parallel sizes, answer like the offline engine, and the decode
 node moves each prompt's blocks of the attention layers and its linear-attention state
-record once (every rank's share of the state rides in the cells of its KV heads). The model
-is random (built with transformers' own class) with the default model's tokenizer."""
+record once (every rank's share of the state rides in the cells of its KV heads); a prompt
+that repeats the first one and goes on resumes on the prefill node from a state checkpoint
+and still answers like the offline engine. The model is random (built with transformers'
+own class) with the default model's tokenizer."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from engine.model.config import ModelConfig
 pytestmark = pytest.mark.e2e
 
 HEADER_BYTES = 64  # engine.kv.state_record's unit header
+# sent after the first prompt: the prefill node resumes from the state checkpoint it saved
+# at the first prompt's last block boundary, and ships the whole state after the hit
+FOLLOW_UP = " Its river, bridges and old streets draw visitors all year round."
 
 
 @pytest.fixture(scope="module")
@@ -46,5 +51,6 @@ def test_disaggregated_hybrid_answers_like_offline_and_moves_the_state_once(
     hybrid_dir: Path, tmp_path: Path, tp: list[str], transfer: str
 ) -> None:
     check_disaggregated(
-        hybrid_dir, tmp_path / "run", tp, lambda n: moved_bytes(hybrid_dir, n), transfer
-    )
+        hybrid_dir, tmp_path / "run", tp, lambda n: moved_bytes(hybrid_dir, n), transfer,
+        follow_up=FOLLOW_UP,
+    )  # fmt: skip

@@ -60,10 +60,15 @@ def check_disaggregated(
     tp: list[str],
     moved_bytes: Callable[[list[int]], int],
     transfer: str = "tcp",
+    follow_up: str = "",
 ) -> None:
     """PROMPTS through a 1P+1D cluster over ``transfer`` (``tp``: its TP flags) give the
-    offline engine's texts; the decode node received ``moved_bytes(prompt token counts)``."""
-    want = Oracle(model_dir).complete(PROMPTS, MAX_TOKENS)
+    offline engine's texts; the decode node received ``moved_bytes(prompt token counts)``.
+    ``follow_up``: then PROMPTS[0] followed by it, which the prefill node resumes from its
+    prefix cache and which still gives the offline text."""
+    extra = [PROMPTS[0] + follow_up] if follow_up else []
+    outs = Oracle(model_dir).complete(PROMPTS + extra, MAX_TOKENS)  # one batch: no hit
+    want, again = outs[: len(PROMPTS)], outs[len(PROMPTS) :]
     args = ["--prefill", "1", "--decode", "1", *tp, "--num-kv-blocks", "64"]
     args += ["--transfer", transfer]
     with running_cluster(model_dir, run_dir, *args, check_clean_exit=True) as up:
@@ -80,6 +85,12 @@ def check_disaggregated(
         counters = up.stats(up.node_names("decode")[0]).counters
         assert counters["transfer_ok"] == len(PROMPTS)
         assert counters["transfer_bytes"] == moved_bytes(prompt_tokens)
+        for prompt, expected in zip(extra, again, strict=True):
+            got = client.completions.create(
+                model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+            )
+            assert got.choices[0].text == expected.text
+            assert up.stats(up.node_names("prefill")[0]).counters["prefix_hit_tokens"] > 0
         for name, stats in up.wait_idle(list(up.layout["nodes"])).items():
             assert stats.load.free_blocks == stats.load.total_blocks, name
     assert session_processes(up.proc.pid) == []
