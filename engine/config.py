@@ -115,7 +115,7 @@ class EngineConfig:
     linear_state_checkpoints: int | None = setting(
         None, "hybrid (linear-attention) models: checkpoints of the layers' states at block "
         "boundaries kept for prefix-cache hits, each the size of a request's states (default: "
-        "--max-num-seqs; 0: no prefix-cache hits)", ge=0,
+        "--max-num-seqs; 0: no prefix-cache hits)", ge=0, up=Up.POOL,
     )  # fmt: skip
     attention_backend: str = "auto"  # auto | torch | triton
     # CPU fp32: keep packed copies of the linear weights for the C linear kernel

@@ -113,12 +113,13 @@ class GatedDeltaNet(Packed):
     ) -> torch.Tensor:
         out = torch.empty_like(mixed)
         d, conv = meta.num_decodes, states.conv[:, self.index]  # [slots, conv_dim, k - 1]
+        saved = states.checkpoints.conv[:, self.index] if states.checkpoints else None
         if d:
             slots = torch.tensor(states.slots[:d], device=mixed.device)
-            rows = _fresh(conv.index_select(0, slots), states.fresh[:d])
+            rows = _started(conv.index_select(0, slots), states, saved)
             out[:d] = conv_decodes(mixed[:d], rows, self.conv)
             conv.index_copy_(0, slots, rows)
-        saved = states.checkpoints.conv[:, self.index] if states.checkpoints else None
+            _save_rows(rows, states, saved)
         for state, start, end in _pieces(meta, states, conv, saved):
             out[start:end] = conv_chunk(mixed[start:end], state, self.conv)
         return out
@@ -128,12 +129,13 @@ class GatedDeltaNet(Packed):
     ) -> torch.Tensor:
         out = torch.empty_like(inputs.v)
         d, rec = meta.num_decodes, states.recurrent[:, self.index]
+        saved = states.checkpoints.recurrent[:, self.index] if states.checkpoints else None
         if d:
             slots = torch.tensor(states.slots[:d], device=out.device)
-            s = _fresh(rec.index_select(0, slots), states.fresh[:d])
-            part = DeltaInputs(*(t[:d] for t in inputs))
-            rec.index_copy_(0, slots, step(s, *part, out[:d]))
-        saved = states.checkpoints.recurrent[:, self.index] if states.checkpoints else None
+            s = _started(rec.index_select(0, slots), states, saved)
+            s = step(s, *DeltaInputs(*(t[:d] for t in inputs)), out[:d])
+            rec.index_copy_(0, slots, s)
+            _save_rows(s, states, saved)
         for state, start, end in _pieces(meta, states, rec, saved):
             out[start:end] = recur(DeltaInputs(*(t[start:end] for t in inputs)), state)
         return out
@@ -163,11 +165,29 @@ class GatedDeltaNet(Packed):
         }
 
 
-def _fresh(rows: torch.Tensor, fresh: tuple[bool, ...]) -> torch.Tensor:
-    """rows [d, ...] gathered states, zeroed where a sequence starts fresh."""
+def _started(rows: torch.Tensor, states: LinearStates, saved: torch.Tensor | None) -> torch.Tensor:
+    """rows [d, ...]: the one-token sequences' gathered states (decodes, and prefill chunks
+    of one token), zeroed where a sequence starts fresh, a checkpoint's where it starts
+    from one."""
+    fresh = states.fresh[: rows.shape[0]]
     if any(fresh):
         rows[torch.tensor(fresh, device=rows.device)] = 0
+    for i in range(rows.shape[0]):
+        load = states.load(i)
+        if load is not None:
+            assert saved is not None
+            rows[i] = saved[load]
     return rows
+
+
+def _save_rows(rows: torch.Tensor, states: LinearStates, saved: torch.Tensor | None) -> None:
+    """The one-token sequences' states after their token into the checkpoints they save."""
+    if not states.saves:
+        return
+    for i in range(rows.shape[0]):
+        for _, slot in states.saves_of(i):  # a one-token chunk saves after its token
+            assert saved is not None
+            saved[slot] = rows[i]
 
 
 def _pieces(

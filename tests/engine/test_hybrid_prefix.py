@@ -29,6 +29,9 @@ FIRST = SHARED + [5, 6, 7]  # 19 tokens: its checkpoint at 16, the end of the sh
 SECOND = SHARED + [40, 41, 42, 43, 44]  # matches the four blocks, resumes at 16
 SYSTEM = PROMPTS[0][:12]  # three blocks a prompt starts with, then goes its own way
 ASKS = [SYSTEM + [30 + k, 31, 32, 33, 34, 35, 36] for k in range(3)]
+# prefilled a token a step beside three decodes: its checkpoint at 8 saved by a chunk of one
+# token, then read by another prompt and by one whose chunk after the hit is one token
+SLOW, AFTER, REPEAT = SHARED[:8] + [5, 6, 7], SHARED[:8] + [40, 41, 42, 43, 44], SHARED[:9]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 @pytest.fixture(scope="module")
 def expected(hybrid: tuple[Any, Path]) -> dict[tuple[int, ...], tuple[list[int], list[float]]]:
     hf, _ = hybrid
-    prompts = [FIRST, SECOND, *ASKS, *PROMPTS]
+    prompts = [FIRST, SECOND, *ASKS, *PROMPTS, SLOW, AFTER, REPEAT]
     return {tuple(p): hf_greedy_gaps(hf, p, NEW_TOKENS) for p in prompts}
 
 
@@ -106,6 +109,21 @@ def test_a_repeated_prefix_resumes_from_its_checkpoint(
     assert engine.counters.prefix_hit_tokens == 16
     check(expected, FIRST, first)
     check(expected, SECOND, second)
+    assert_idle(engine)
+
+
+def test_chunks_of_one_token_save_and_resume(
+    hybrid: tuple[Any, Path], expected: dict[tuple[int, ...], Any]
+) -> None:
+    """A chunk of one token runs with the decodes (one token each): it too saves the state
+    after its token and starts from a checkpoint."""
+    engine = engine_of(hybrid[1], max_num_batched_tokens=4)
+    *_, (slow, none) = generate(engine, [[7], [8], [9], SLOW])
+    [(after, hit)] = generate(engine, [AFTER])
+    [(repeat, again)] = generate(engine, [REPEAT])
+    assert (none, hit, again) == (0, 8, 8)
+    for prompt, tokens in ((SLOW, slow), (AFTER, after), (REPEAT, repeat)):
+        check(expected, prompt, tokens)
     assert_idle(engine)
 
 
