@@ -34,6 +34,8 @@ from typing import NamedTuple
 
 from models.block_hash import prefix_block_hashes
 
+MAX_UNPUBLISHED = 4  # steps planned and not yet published (one or two in flight in practice)
+
 
 class CheckpointHit(NamedTuple):
     """A prompt's leading blocks whose end has a checkpoint, its slot and its key."""
@@ -147,6 +149,8 @@ class StateCheckpoints:
         """Each prefill chunk's loads and saves in ``step``: the saves' slots are taken now
         (pending until ``publish(step)``), never one a chunk of the step reads."""
         self._steps.append(step)
+        if len(self._steps) > MAX_UNPUBLISHED:
+            self._lose(self._steps.pop(0))
         loads = [self._take_load(c) for c in chunks]
         saves = [self._saves(step, c) for c in chunks]
         out = [ChunkCheckpoints(*moves) for moves in zip(loads, saves, strict=True)]
@@ -161,12 +165,11 @@ class StateCheckpoints:
         index = next((i for i, s in enumerate(self._steps) if s is step), None)
         if index is None:
             return
-        done, self._steps = self._steps[: index + 1], self._steps[index + 1 :]
-        ended = {id(d) for d in done}
+        for lost in self._steps[:index]:
+            self._lose(lost)
+        self._steps = self._steps[index + 1 :]
         mine = [s for s in self._pending if s.step is step]
-        lost = [s for s in self._pending if s.step is not step and id(s.step) in ended]
-        self._pending = [s for s in self._pending if id(s.step) not in ended]
-        self._free.extend(s.slot for s in lost)
+        self._pending = [s for s in self._pending if s.step is not step]
         for save in mine:
             if save.key in self._entries:  # another request saved the same prefix first
                 self._free.append(save.slot)
@@ -232,6 +235,11 @@ class StateCheckpoints:
         self._held[slot] -= 1
         if not self._held[slot]:
             del self._held[slot]
+
+    def _lose(self, step: object) -> None:
+        """A step that will never be published: its saves' slots back."""
+        self._free.extend(s.slot for s in self._pending if s.step is step)
+        self._pending = [s for s in self._pending if s.step is not step]
 
     def _drop_claim(self, request_id: str) -> None:
         claim = self._claims.pop(request_id, None)

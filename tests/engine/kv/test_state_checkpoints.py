@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv.state_checkpoints import ChunkCheckpoints, ChunkSpan, StateCheckpoints
+from engine.kv.state_checkpoints import (
+    MAX_UNPUBLISHED,
+    ChunkCheckpoints,
+    ChunkSpan,
+    StateCheckpoints,
+)
 
 SIZE = 4
 PROMPT = list(range(100, 119))  # 19 tokens: the last boundary before its last token is 16
@@ -72,6 +77,15 @@ def test_an_unpublished_save_gives_its_slot_back(how: str) -> None:
     book.publish("next")
     assert book.num_used == 1 and book.num_pending == 0
     assert book.find(PROMPT, None, 4) is None and book.find(other, None, 4) is not None
+
+
+def test_steps_never_published_give_their_slots_back() -> None:
+    """Steps run outside the engine's stepper are never published: the oldest ones' saves
+    are dropped as more steps are planned, so the slots stay bounded."""
+    book = StateCheckpoints(8, SIZE)
+    for k in range(MAX_UNPUBLISHED + 3):
+        book.plan(f"s{k}", [span(f"r{k}", [k, *PROMPT[1:]], 0, 19)])
+    assert book.num_pending == book.num_used == MAX_UNPUBLISHED
 
 
 def test_the_least_recently_used_checkpoint_makes_room() -> None:
