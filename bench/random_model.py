@@ -155,6 +155,24 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 6, "num_attention_heads": 16, "num_key_value_heads": 2,
         "layer_types": ["sliding_attention", "full_attention"] * 3,
     },
+    # Qwen3-Next scaled to a small CPU machine: its Gated DeltaNet layers (two value heads per
+    # key head, a conv of 4) with a full-attention layer every fourth, 8 of 64 experts plus
+    # the gated shared expert, 512 wide, 8 layers, the default model's vocabulary
+    "qwen3-next-cpu": {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        "vocab_size": 49152, "hidden_size": 512, "intermediate_size": 1024,
+        "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 64, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-6, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
+        "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
+        "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 256, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "norm_topk_prob": True, "full_attention_interval": 4,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+        },
+    },
     # the step-overhead benchmark's model: the arithmetic of a step is next to nothing
     "tiny": {
         "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
