@@ -256,3 +256,8 @@ def _until_done(engine: LLMEngine) -> list[Any]:
     while engine.has_unfinished():
         outs += engine.step()
     return outs
+
+
+def test_a_negative_number_of_checkpoints_is_refused_by_name(hybrid: tuple[Any, Path]) -> None:
+    with pytest.raises(ValueError, match="linear_state_checkpoints must be >= 0, got -1"):
+        engine_of(hybrid[1], linear_state_checkpoints=-1)
