@@ -103,12 +103,3 @@ def test_split_inputs_give_the_same_bits_every_call() -> None:
     first = weight_only_linear(x, *args, fused=FusedConfig(16, 16, 4))
     for _ in range(3):
         assert torch.equal(weight_only_linear(x, *args, fused=FusedConfig(16, 16, 4)), first)
-
-
-def test_a_block_k_that_splits_a_packed_word_is_refused() -> None:
-    packed = pack_int4(_int4(16, 64, 32), torch.float32, DEVICE)
-    with pytest.raises(ValueError, match="block_k 12: not a multiple of 8"):
-        weight_only_linear(
-            _x(2, 64).to(DEVICE), 16, INT4, packed.qweight, packed.scales, packed.zeros, 32,
-            fused=FusedConfig(16, 12, 1),
-        )  # fmt: skip
