@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, tolerance
+from kernel_cases import DEVICE, random_int4, tolerance
 
 pytest.importorskip("triton")
 
@@ -18,15 +18,7 @@ from engine.triton_kernels.w4a16_decode import DecodeConfig, int4_decode_linear,
 
 
 def _weight(out: int, inp: int, group: int, ordered: bool = False) -> Int4Weight:
-    gen = torch.Generator().manual_seed(out * 1000 + inp + group)
-    groups = -(-inp // group)
-    return Int4Weight(
-        codes=torch.randint(0, 16, (out, inp), generator=gen, dtype=torch.uint8),
-        scales=torch.rand(out, groups, generator=gen) * 0.05 + 0.01,
-        zeros=torch.randint(0, 16, (out, groups), generator=gen).float(),
-        group_size=group,
-        perm=torch.randperm(inp, generator=gen) if ordered else None,
-    )
+    return random_int4(out, inp, group, ordered, seed=out * 1000 + inp + group)
 
 
 def _x(rows: int, inp: int) -> torch.Tensor:
