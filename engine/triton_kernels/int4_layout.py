@@ -6,10 +6,12 @@ the inputs into blocks of ``KBLOCK`` (128); the words are ``[N / tile_n, K / 8, 
 
 - one column tile's words are contiguous, block after block: a program streams its
   (tile, input slice) as one run of memory, ``KBLOCK * tile_n / 2`` bytes per block;
-- inside a block, word row ``r`` (0..15) of column ``c`` holds inputs ``r, 16 + r, ...,
-  112 + r`` of the block in nibbles 0..7 (low bits first). Nibble ``s`` of the block's
-  [16, tile_n] words is then the codes of inputs ``16 s .. 16 s + 15``: a [16, tile_n]
-  operand of a dot with 16 contiguous activation columns, unpacked by one shift and mask.
+- inside a block the inputs form eight planes of 16 (plane ``s``: inputs ``16 s .. 16 s +
+  15``), each a [16, tile_n] operand of a dot with 16 contiguous activation columns. Word
+  row ``8 h + r`` (h 0..1, r 0..7) of column ``c`` holds, for planes ``s = 4 h + j``, input
+  ``2 r`` of plane s at bits ``4 j`` and input ``2 r + 1`` at bits ``16 + 4 j``. The two
+  inputs a dot operand register holds side by side are then the two halves of one word:
+  one shift and one mask-and-or give both as 16-bit float patterns (``plane_operand``).
 
 N and K are padded to whole tiles and blocks with code 0 (the kernels mask the padded
 outputs and read the padded inputs' activations as 0). The tiled kernel and the dequantizer
@@ -42,11 +44,13 @@ def pack_codes(codes: torch.Tensor, tile_n: int) -> torch.Tensor:
     padded = torch.zeros(_up(n, tile_n), _up(k, KBLOCK), dtype=torch.int32, device=codes.device)
     padded[:n, :k] = codes
     tiles, blocks = padded.shape[0] // tile_n, padded.shape[1] // KBLOCK
-    # [tile, c, block, s, r] -> [tile, block, r, c, s]
-    planes = padded.view(tiles, tile_n, blocks, 8, PLANE).permute(0, 2, 4, 1, 3)
-    words = torch.zeros(tiles, blocks, PLANE, tile_n, dtype=torch.int32, device=codes.device)
-    for s in range(8):
-        words |= planes[..., s] << (4 * s)  # int32 wraps: nibble 7 sets the sign bit
+    # input 16 (4 h + j) + 2 r + p of a block -> word row 8 h + r, bits 4 j + 16 p
+    split = padded.view(tiles, tile_n, blocks, 2, 4, PLANE // 2, 2)  # [t, c, b, h, j, r, p]
+    parts = split.permute(0, 2, 3, 5, 1, 4, 6)  # [t, b, h, r, c, j, p]
+    words = torch.zeros(parts.shape[:5], dtype=torch.int32, device=codes.device)
+    for j in range(4):
+        for p in range(2):
+            words |= parts[..., j, p] << (4 * j + 16 * p)
     return words.view(tiles, blocks * PLANE, tile_n)
 
 
@@ -54,9 +58,9 @@ def unpack_codes(words: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The inverse of ``pack_codes``: codes [n, k] uint8."""
     tiles, rows, tile_n = words.shape
     blocks = rows // PLANE
-    planes = [(words >> (4 * s)) & 0xF for s in range(8)]
-    codes = torch.stack(planes, dim=-1).view(tiles, blocks, PLANE, tile_n, 8)
-    codes = codes.permute(0, 3, 1, 4, 2).reshape(tiles * tile_n, blocks * KBLOCK)
+    parts = [(words >> (4 * j + 16 * p)) & 0xF for j in range(4) for p in range(2)]
+    codes = torch.stack(parts, dim=-1).view(tiles, blocks, 2, PLANE // 2, tile_n, 4, 2)
+    codes = codes.permute(0, 4, 1, 2, 5, 3, 6).reshape(tiles * tile_n, blocks * KBLOCK)
     return codes[:n, :k].to(torch.uint8)
 
 
@@ -68,26 +72,38 @@ def _up(n: int, multiple: int) -> int:
 def gather_codes(w_ptr, ks, cols, mask, stride_t, TILE_N: tl.constexpr):
     """Codes [len(ks), len(cols)] int32 at inputs ``ks`` and outputs ``cols``, one word
     loaded per element (0 where ``mask`` is off)."""
-    rows = (ks // 128) * 16 + ks % 16  # the word row of each input
-    shifts = ((ks % 128) // 16) * 4  # its nibble
+    plane = (ks % 128) // 16
+    rows = (ks // 128) * 16 + (plane // 4) * 8 + (ks % 16) // 2  # the word row of each input
+    shifts = (plane % 4) * 4 + (ks % 2) * 16  # its nibble
     col_off = (cols // TILE_N).to(tl.int64) * stride_t + cols % TILE_N
     words = tl.load(w_ptr + col_off[None, :] + rows[:, None] * TILE_N, mask=mask, other=0)
     return (words >> shifts[:, None]) & 0xF
 
 
 @triton.jit
-def codes_as(codes, DTYPE: tl.constexpr):
-    """int32 codes (0..15) as ``DTYPE`` by their bits, no int-to-float conversion: bf16
-    ``128 + q``, fp16 ``1024 + q`` (a 16-bit pattern with the code in the low mantissa bits;
-    the caller removes ``code_offset(DTYPE)``), fp32 ``q`` (2^23 + q, less 2^23: exact)."""
-    if tl.bfloat16 == DTYPE:
-        return (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif tl.float16 == DTYPE:
-        return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+def plane_operand(words, j: tl.constexpr, DTYPE: tl.constexpr):
+    """Nibble plane ``j`` (0..3) of [8, n] words as a [16, n] dot operand of ``DTYPE``: row
+    2 r from bits 4 j of word row r, row 2 r + 1 from bits 16 + 4 j. The codes become floats
+    by their bits, no int-to-float conversion: in 16 bits one mask-and-or makes both halves
+    at once, bf16 ``128 + q`` or fp16 ``1024 + q`` (the caller removes ``code_offset``); fp32
+    ``2^23 + q``, less 2^23 (exact)."""
+    if DTYPE.primitive_bitwidth == 16:
+        magic: tl.constexpr = 0x43004300 if DTYPE.is_bf16() else 0x64006400
+        pair = ((words >> (4 * j)) & 0x000F000F) | magic
+        even = pair.to(tl.int16).to(DTYPE, bitcast=True)
+        odd = (pair >> 16).to(tl.int16).to(DTYPE, bitcast=True)
     else:
-        return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        even = _fp32_codes((words >> (4 * j)) & 0xF)
+        odd = _fp32_codes((words >> (16 + 4 * j)) & 0xF)
+    both = tl.permute(tl.join(even, odd), (0, 2, 1))  # [8, 2, n]
+    return tl.reshape(both, (2 * words.shape[0], words.shape[1]))
+
+
+@triton.jit
+def _fp32_codes(codes):
+    return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
 
 def code_offset(dtype: torch.dtype) -> float:
-    """What ``codes_as`` adds to each code in ``dtype``."""
+    """What ``plane_operand`` adds to each code in ``dtype``."""
     return {torch.bfloat16: 128.0, torch.float16: 1024.0}.get(dtype, 0.0)

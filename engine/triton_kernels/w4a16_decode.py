@@ -2,12 +2,14 @@
 
 It reads the prepacked words of ``engine.triton_kernels.int4_layout``. A program owns one
 column tile (``tile_n`` outputs) and a slice of the input blocks; per block it loads the
-tile's [16, tile_n] words, one contiguous run (16-byte vector loads), and for each of the
-eight nibble planes shifts and masks the words into a [16, tile_n] operand of codes, turned
-into the activation dtype by their bits (``codes_as``: no int-to-float conversion), and dots
-it with 16 contiguous activation columns. The dot runs on the raw codes; a scale and a zero
-point apply once per group plane set: ``acc += (x.q - (z + offset) sum(x)) s``, so the inner
-loop is a shift, a mask and the dot. Accumulation is fp32.
+tile's [16, tile_n] words, one contiguous run (16-byte asynchronous copies, pipelined), and
+for each of the eight nibble planes shifts and masks the words into a [16, tile_n] operand
+of codes in the activation dtype by their bits (``plane_operand``: two codes a mask-and-or,
+no int-to-float conversion), and dots it with 16 contiguous activation columns. The dot runs
+on the raw codes (plus ``code_offset``); a scale and a zero point apply once per group:
+``acc += (x.q - (z + offset) sum(x)) s``. Accumulation is fp32. On sm_90 the inner loop
+compiles to about 440 instructions per block a thread (128 codes; ``gpu_lowering.py``
+compiles it), so the issue rate allows roughly 8 KB per 440 cycles per SM.
 
 When the column tiles are too few to fill the GPU, the input blocks are split across
 programs; each split writes its fp32 partial sums to a [splits, M, N] workspace and a second
@@ -23,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.triton_kernels.int4_layout import KBLOCK, PLANE, code_offset, codes_as
+from engine.triton_kernels.int4_layout import KBLOCK, PLANE, code_offset, plane_operand
 from engine.triton_kernels.layout import dot_precision, pow2, sm_count, sum_splits
 
 PROGRAMS_PER_SM = 2  # the splits aim at this many programs per SM (to be tuned on a device)
@@ -50,7 +52,7 @@ def _decode_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_wt, stride_s, stride_os,
     stride_om, blocks_per_split,
     GROUP: tl.constexpr, PLANES: tl.constexpr, TILE_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    OFFSET: tl.constexpr, PRECISION: tl.constexpr,
+    OFFSET: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out[split] = x[:, split's blocks] @ W^T[split's blocks, tile's columns]."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -63,19 +65,21 @@ def _decode_kernel(
     w_tile = (
         w_ptr
         + tl.program_id(1).to(tl.int64) * stride_wt
-        + tl.arange(0, 16)[:, None] * TILE_N
+        + tl.arange(0, 8)[:, None] * TILE_N
         + tl.arange(0, TILE_N)[None, :]
     )
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_M, TILE_N), dtype=tl.float32)
     for b in range(b_start, b_end):
-        words = tl.load(w_tile + b * (16 * TILE_N))  # [16, TILE_N], padded: no mask
+        low = tl.load(w_tile + b * (16 * TILE_N))  # [8, TILE_N]: planes 0-3 (padded: no mask)
+        high = tl.load(w_tile + b * (16 * TILE_N) + 8 * TILE_N)  # planes 4-7
         part = tl.zeros((BLOCK_M, TILE_N), dtype=tl.float32)
         sx = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for s in tl.static_range(8):
             ks = b * 128 + s * 16 + tl.arange(0, 16)
-            a = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
-            q = codes_as((words >> (4 * s)) & 0xF, a.dtype)  # [16, TILE_N]
+            k_ok = (ks < K) | EVEN_K  # [16]; no test when K is whole blocks
+            a = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            q = plane_operand(low if s < 4 else high, s % 4, a.dtype)  # [16, TILE_N]
             part = tl.dot(a, q, part, input_precision=PRECISION)
             sx += tl.sum(a.to(tl.float32), axis=1)
             if (s + 1) % PLANES == 0:  # the group's planes are in: scale them
@@ -137,7 +141,7 @@ def int4_decode_linear(
         x, words, scales, zeros, out, m, n, k, x.stride(0), words.stride(0), scales.stride(0),
         out.stride(0), out.stride(1), per_split,
         GROUP=group, PLANES=min(group, KBLOCK) // PLANE, TILE_N=tile_n, BLOCK_M=bm,
-        OFFSET=code_offset(x.dtype), PRECISION=dot_precision(x.dtype), num_warps=cfg.warps,
-        num_stages=cfg.stages,
+        OFFSET=code_offset(x.dtype), EVEN_K=k % KBLOCK == 0, PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     return out[0] if splits == 1 else sum_splits(out, x.dtype)
