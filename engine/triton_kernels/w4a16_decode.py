@@ -28,9 +28,13 @@ import triton.language as tl
 from engine.triton_kernels.int4_layout import KBLOCK, PLANE, code_offset, plane_operand
 from engine.triton_kernels.layout import dot_precision, pow2, sm_count, sum_splits
 
-PROGRAMS_PER_SM = 2  # the splits aim at this many programs per SM (to be tuned on a device)
+# The split plan's assumptions, to be confirmed by the sweep on a device. The kernel takes 72
+# registers a thread and 25 KB of shared memory at four warps (sm_90), so about seven
+# programs fit an SM; four keep four 16 KB pipelines of words in flight on each.
+PROGRAMS_PER_SM = 4
 MIN_BLOCKS_PER_SPLIT = 2  # a split streams at least this many input blocks
 MAX_SPLITS = 16
+WORKSPACE_SHARE = 0.25  # the fp32 partial sums, at most this share of the weight's bytes
 
 
 class DecodeConfig(NamedTuple):
@@ -102,15 +106,16 @@ def row_tile(m: int) -> int:
 
 
 def plan_decode(m: int, n: int, k: int, tile_n: int, device: torch.device) -> DecodeConfig:
-    """Splits of the input blocks, assuming a streaming kernel wants about
-    ``PROGRAMS_PER_SM`` programs on each SM (the SM count read from the device; 1 in the
-    interpreter, so no split there) and each split at least ``MIN_BLOCKS_PER_SPLIT`` blocks
-    so its loads pipeline; at most ``MAX_SPLITS`` (the workspace grows with them). Three
-    stages of 8 KB words, four warps. To be confirmed by the sweep on a device."""
+    """Input splits: enough programs for ``PROGRAMS_PER_SM`` on each SM (the SM count read
+    from the device; 1 in the interpreter, so no split there), each split at least
+    ``MIN_BLOCKS_PER_SPLIT`` blocks so its loads pipeline, the partial sums' workspace
+    ([splits, m, n] fp32, written and read once) within ``WORKSPACE_SHARE`` of the weight's
+    bytes, and at most ``MAX_SPLITS``. Three stages, four warps."""
     programs = triton.cdiv(m, row_tile(m)) * triton.cdiv(n, tile_n)
-    blocks = triton.cdiv(k, KBLOCK)
     wanted = triton.cdiv(PROGRAMS_PER_SM * sm_count(device), programs)
-    return DecodeConfig(splits=max(1, min(wanted, blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS)))
+    blocks = triton.cdiv(k, KBLOCK) // MIN_BLOCKS_PER_SPLIT
+    workspace = int(WORKSPACE_SHARE * (k / 2) / (4 * m))  # splits * m * n * 4 <= share * n * k / 2
+    return DecodeConfig(splits=max(1, min(wanted, blocks, workspace, MAX_SPLITS)))
 
 
 def int4_decode_linear(

@@ -127,6 +127,7 @@ def test_the_plan_splits_the_inputs_when_the_tiles_cannot_fill_the_gpu() -> None
     h200 = torch.device("cuda", 0)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("engine.triton_kernels.w4a16_decode.sm_count", lambda d: 132)
-        assert plan_decode(1, 4096, 4096, 128, h200).splits == 9  # 32 tiles, 264 programs
-        assert plan_decode(1, 28672, 4096, 128, h200).splits == 2  # 224 tiles
+        assert plan_decode(1, 4096, 4096, 128, h200).splits == 16  # 32 tiles: the most splits
+        assert plan_decode(1, 28672, 4096, 128, h200).splits == 3  # 224 tiles: 672 programs
+        assert plan_decode(16, 4096, 4096, 128, h200).splits == 8  # the workspace's share
         assert plan_decode(16, 4096, 256, 128, h200).splits == 1  # two blocks: one split
