@@ -8,8 +8,8 @@ of codes in the activation dtype by their bits (``plane_operand``: two codes a m
 no int-to-float conversion), and dots it with 16 contiguous activation columns. The dot runs
 on the raw codes (plus ``code_offset``); a scale and a zero point apply once per group:
 ``acc += (x.q - (z + offset) sum(x)) s``. Accumulation is fp32. On sm_90 the inner loop
-compiles to about 440 instructions per block a thread (128 codes; ``gpu_lowering.py``
-compiles it), so the issue rate allows roughly 8 KB per 440 cycles per SM.
+compiles to about 400 instructions per block a thread (128 codes; ``gpu_lowering.py``
+compiles it), so the issue rate allows roughly 8 KB per 400 cycles per SM.
 
 When the column tiles are too few to fill the GPU, the input blocks are split across
 programs; each split writes its fp32 partial sums to a [splits, M, N] workspace and a second
@@ -28,7 +28,7 @@ import triton.language as tl
 from engine.triton_kernels.int4_layout import KBLOCK, PLANE, code_offset, plane_operand
 from engine.triton_kernels.layout import dot_precision, pow2, sm_count, sum_splits
 
-# The split plan's assumptions, to be confirmed by the sweep on a device. The kernel takes 72
+# The split plan's assumptions, to be confirmed by the sweep on a device. The kernel takes 71
 # registers a thread and 25 KB of shared memory at four warps (sm_90), so about seven
 # programs fit an SM; four keep four 16 KB pipelines of words in flight on each.
 PROGRAMS_PER_SM = 4
@@ -78,23 +78,24 @@ def _decode_kernel(
         low = tl.load(w_tile + b * (16 * TILE_N))  # [8, TILE_N]: planes 0-3 (padded: no mask)
         high = tl.load(w_tile + b * (16 * TILE_N) + 8 * TILE_N)  # planes 4-7
         part = tl.zeros((BLOCK_M, TILE_N), dtype=tl.float32)
-        sx = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        xs = tl.zeros((BLOCK_M, 16), dtype=tl.float32)  # the group's activations, by column
         for s in tl.static_range(8):
             ks = b * 128 + s * 16 + tl.arange(0, 16)
             k_ok = (ks < K) | EVEN_K  # [16]; no test when K is whole blocks
             a = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             q = plane_operand(low if s < 4 else high, s % 4, a.dtype)  # [16, TILE_N]
             part = tl.dot(a, q, part, input_precision=PRECISION)
-            sx += tl.sum(a.to(tl.float32), axis=1)
+            xs += a.to(tl.float32)
             if (s + 1) % PLANES == 0:  # the group's planes are in: scale them
                 # padded inputs past the last group read its parameters (their x is 0)
                 g = tl.minimum((b * 128 + (s + 1 - PLANES) * 16) // GROUP, (K - 1) // GROUP)
                 at = g * stride_s + cols
                 scale = tl.load(s_ptr + at, mask=col_ok, other=0.0).to(tl.float32)
                 zero = tl.load(z_ptr + at, mask=col_ok, other=0.0).to(tl.float32) + OFFSET
+                sx = tl.sum(xs, axis=1)  # [BLOCK_M]
                 acc += (part - sx[:, None] * zero[None, :]) * scale[None, :]
                 part = tl.zeros((BLOCK_M, TILE_N), dtype=tl.float32)
-                sx = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                xs = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
     dst = out_ptr + split.to(tl.int64) * stride_os + rows[:, None].to(tl.int64) * stride_om
     mask = row_ok[:, None] & col_ok[None, :]
     tl.store(dst + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
