@@ -233,7 +233,8 @@ def _layers(dtype: torch.dtype) -> None:
 
 def _weight_only(dtype: torch.dtype) -> None:
     """int4 and fp8 weights at Llama-3-8B's q_proj: int4's decode kernel at 1 and 16 rows
-    (split inputs, their sum), the fused tiled kernel at 64 rows, dequantize + matmul."""
+    (split inputs, their sum; also at a small model's shape), the fused tiled kernel at 64
+    rows, dequantize + matmul."""
     n, k, group = 4096, 4096, 128
     words = torch.zeros(n // 128, k // 8, 128, dtype=torch.int32)  # int4_layout, tile_n 128
     params = torch.zeros(k // group, n, dtype=dtype)
@@ -242,6 +243,12 @@ def _weight_only(dtype: torch.dtype) -> None:
     for m in (1, 16):  # split over the 132 SMs, summed by layout.sum_splits
         x = torch.zeros(m, k, dtype=dtype)
         w4a16_decode.int4_decode_linear(x, words, params, params, n, group)
+    # the default model's q/k/v (960 x 576): tiles of 64, a part block, groups of 64
+    small = torch.zeros(960 // 64, 640 // 8, 64, dtype=torch.int32)
+    groups = torch.zeros(576 // 64, 960, dtype=dtype)
+    w4a16_decode.int4_decode_linear(
+        torch.zeros(1, 576, dtype=dtype), small, groups, groups, 960, 64
+    )
     for m in (16, 64, weight_only.DEQUANT_ROWS):
         x = torch.zeros(m, k, dtype=dtype)
         if m > 16:
