@@ -69,9 +69,36 @@ def _up(n: int, multiple: int) -> int:
 
 
 @triton.jit
-def gather_codes(w_ptr, ks, cols, mask, stride_t, TILE_N: tl.constexpr):
-    """Codes [len(ks), len(cols)] int32 at inputs ``ks`` and outputs ``cols``, one word
-    loaded per element (0 where ``mask`` is off)."""
+def tile_codes(w_ptr, k0, k_end, c0, ks, cols, mask, stride_t, TILE_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Codes [BLOCK_K, BLOCK_N] int32 of inputs ``ks`` (from ``k0``, before ``k_end``) and
+    outputs ``cols`` (from ``c0``). Whole blocks inside one column tile load their words as
+    rows and unpack them in registers (the caller masks past ``k_end``); other tiles gather
+    a word per code (0 where ``mask`` is off)."""
+    if BLOCK_K % 128 == 0 and TILE_N % BLOCK_N == 0:
+        return _block_codes(w_ptr, k0, k_end, c0, stride_t, TILE_N, BLOCK_K, BLOCK_N)
+    return _gather_codes(w_ptr, ks, cols, mask, stride_t, TILE_N)
+
+
+@triton.jit
+def _block_codes(w_ptr, k0, k_end, c0, stride_t, TILE_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """``tile_codes`` of whole blocks (``k0`` a multiple of 128) in one column tile."""
+    rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)  # word rows (block, h, r)
+    tile = w_ptr + (c0 // TILE_N).to(tl.int64) * stride_t + c0 % TILE_N
+    row_ok = (rows // 16) * 128 < k_end  # the block exists (padded to whole blocks)
+    words = tl.load(tile + rows[:, None] * TILE_N + tl.arange(0, BLOCK_N)[None, :],
+                    mask=row_ok[:, None], other=0)  # fmt: skip
+    i = tl.arange(0, 8)  # (j, p): bits 4 j + 16 p
+    codes = (words[:, None, :] >> ((i // 2) * 4 + (i % 2) * 16)[None, :, None]) & 0xF
+    codes = tl.reshape(codes, (BLOCK_K // 128, 2, 8, 4, 2, BLOCK_N))  # b, h, r, j, p, n
+    codes = tl.permute(codes, (0, 1, 3, 2, 4, 5))  # input 128 b + 64 h + 16 j + 2 r + p
+    return tl.reshape(codes, (BLOCK_K, BLOCK_N))
+
+
+@triton.jit
+def _gather_codes(w_ptr, ks, cols, mask, stride_t, TILE_N: tl.constexpr):
+    """``tile_codes`` with one word loaded per code."""
     plane = (ks % 128) // 16
     rows = (ks // 128) * 16 + (plane // 4) * 8 + (ks % 16) // 2  # the word row of each input
     shifts = (plane % 4) * 4 + (ks % 2) * 16  # its nibble

@@ -103,3 +103,25 @@ def test_split_inputs_give_the_same_bits_every_call() -> None:
     first = weight_only_linear(x, *args, fused=FusedConfig(16, 16, 4))
     for _ in range(3):
         assert torch.equal(weight_only_linear(x, *args, fused=FusedConfig(16, 16, 4)), first)
+
+
+@pytest.mark.parametrize(
+    ("out", "fused"),
+    [
+        (128, FusedConfig(64, 128, 1)),  # half a column tile, one block a step
+        (128, FusedConfig(128, 256, 2)),  # two blocks a step, split, the last step ragged
+        (40, FusedConfig(64, 128, 1)),  # tiles of 16 columns: the tile shrinks to one
+    ],
+)
+def test_int4_tiles_of_whole_blocks_read_the_words_by_rows(out: int, fused: FusedConfig) -> None:
+    """The tiled kernel reads whole blocks of the prepacked words as rows (the decode
+    layout), as it does at Llama's shapes."""
+    w = _int4(out, 384, 64)
+    packed = pack_int4(w, torch.float32, DEVICE)
+    x = _x(20, 384)
+    args = (out, INT4, packed.qweight, packed.scales, packed.zeros, 64)
+    want = x @ w.dequantize().t()
+    got = weight_only_linear(x.to(DEVICE), *args, fused=fused, dequant=False)
+    torch.testing.assert_close(got.cpu(), want, **tolerance(torch.float32))
+    dequantized = weight_only_linear(x.to(DEVICE), *args, dequant=True)
+    torch.testing.assert_close(dequantized.cpu(), want, **tolerance(torch.float32))
