@@ -69,7 +69,7 @@ def test_odd_output_and_input_tails(out: int, inp: int, group: int) -> None:
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32])
 def test_half_precision_activations(dtype: torch.dtype) -> None:
     """16-bit activations dot the codes' bit patterns (bf16 128 + q, fp16 1024 + q) and
-    remove the offset per group (bf16 on a GPU only: the interpreter's bf16 dots are not)."""
+    remove the offset per group (bf16 on a GPU only: the interpreter's bf16 dots are wrong)."""
     w = _weight(64, 256, 128)
     x = _x(5, 256)
     got = _decode(x, w, dtype)
