@@ -94,13 +94,15 @@ def prefill_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
 
 
 def gemm_figures(result: Any, _: str, __: dict[str, Figures]) -> Figures:
-    """The worst speed-up over cuBLAS bf16 of the int4 and fp8 products at 1-16 rows, and
-    the int4 weight read against the same-run copy traffic."""
+    """The worst speed-up over cuBLAS bf16 at 1-16 rows of the int4 product as the engine
+    runs it (the decode kernel), of the tiled int4 kernel beside it and of fp8; the int4
+    weight read against the same-run copy traffic."""
     decode = [c for c in result["cases"] if c["m"] <= 16]
     figures: Figures = {}
-    for kind in ("w4a16", "fp8"):
+    for kind in ("w4a16", "w4a16_tiled", "fp8"):
         speedups = [c["bf16"]["time_ms"] / c[kind]["time_ms"] for c in decode if kind in c]
-        figures[f"{kind}_min_speedup_1_16_rows"] = min(speedups)
+        if speedups:
+            figures[f"{kind}_min_speedup_1_16_rows"] = min(speedups)
     reads = [c["w4a16"]["read_over_copy"] for c in decode if "w4a16" in c]
     figures["w4a16_min_read_over_copy"] = min(reads)
     return figures
@@ -213,7 +215,10 @@ BENCHMARKS: list[Step] = [
         ("-m", "bench.weight_only_gemm", "--rows", "1", "16", "2048"),
         timeout_s=60,
         figures_of=gemm_figures,
-        targets={"int4>=1.5x": lambda f: f["w4a16_min_speedup_1_16_rows"] >= 1.5},
+        targets={
+            "int4>=1.5x": lambda f: f["w4a16_min_speedup_1_16_rows"] >= 1.5,
+            "int4_read>=0.6_copy": lambda f: f["w4a16_min_read_over_copy"] >= 0.6,
+        },
     ),
     Step(
         "offline_llama_1b",

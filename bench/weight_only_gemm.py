@@ -1,11 +1,14 @@
 """Weight-only GEMMs on CUDA (int4 w4a16, FP8 e4m3) against limits measured in the same run.
 
     python -m bench.weight_only_gemm --out bench/results/weight_only_gemm.json
+    python -m bench.weight_only_gemm --shapes o --rows 1 16 --sweep  # the kernels' tiles
 
-For each projection shape (Llama-3-8B's by default) and each row count M, three products of
+For each projection shape (Llama-3-8B's by default) and each row count M, the products of
 the same weight, in bf16 activations:
 - ``bf16``: torch's ``F.linear`` on the dequantized weight (cuBLAS), the baseline;
-- ``w4a16``: ``engine.triton_kernels.w4a16`` (GPTQ packing, a scale and zero per 128 inputs);
+- ``w4a16``: ``engine.triton_kernels.w4a16`` as the engine calls it (codes prepacked at load, a
+  scale and zero per 128 inputs): its decode kernel up to ``DECODE_ROWS`` rows, the tiled
+  kernel above; at decode rows also ``w4a16_tiled``, the tiled kernel on the same codes;
 - ``fp8``: ``engine.triton_kernels.fp8_linear`` (e4m3 codes, a scale per output channel).
 Few rows are bound by reading the weight: the figure is weight bytes / time against the
 same-run DRAM traffic of a device-to-device copy (``read / copy``). Many rows are bound by
@@ -28,6 +31,7 @@ import torch
 
 from bench.common import RESULTS_DIR, environment, triton_device, write_json
 from bench.kernels import bench_copy, time_ms
+from bench.weight_only_report import report
 
 # (name, out features N, in features K): Llama-3-8B's projections (q/k/v and gate/up fused)
 LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
@@ -79,31 +83,43 @@ def weight_bytes(w: dict[str, Any]) -> dict[str, int]:
         return sum(t.numel() * t.element_size() for t in ts)
 
     q, f = w["int4"], w["fp8"]
+    int4 = size(q.qweight, q.scales, q.zeros)  # the padded words: what the kernels read
     return {
         "bf16": size(w["bf16_int4"]),
-        "w4a16": size(q.qweight, q.scales, q.zeros),
+        "w4a16": int4,
+        "w4a16_tiled": int4,
         "fp8": size(f.codes, f.scales),
     }
 
 
 def products(w: dict[str, Any], **how: Any) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """The three products of one weight; ``how`` (``fused``, ``dequant``) goes to
-    ``weight_only_linear`` (default: its own choice, as the engine calls it)."""
+    """The products of one weight. ``how``: ``decode`` (a ``DecodeConfig``) goes to the int4
+    decode kernel, the rest (``fused``, ``dequant``) to ``weight_only_linear``, the tiled
+    kernel (default: their own choices)."""
+    from engine.triton_kernels.w4a16 import w4a16_linear
+    from engine.triton_kernels.w4a16_decode import int4_decode_linear
     from engine.triton_kernels.weight_only import FP8, INT4, weight_only_linear
 
     q, f = w["int4"], w["fp8"]
+    tiled = {key: v for key, v in how.items() if key != "decode"}
 
-    def w4a16(x: torch.Tensor) -> torch.Tensor:
-        n = q.qweight.shape[1]
-        return weight_only_linear(x, n, INT4, q.qweight, q.scales, q.zeros, q.group, **how)
+    def w4a16_tiled(x: torch.Tensor) -> torch.Tensor:
+        n = q.out_features
+        return weight_only_linear(x, n, INT4, q.qweight, q.scales, q.zeros, q.group, **tiled)
+
+    def w4a16_decode(x: torch.Tensor) -> torch.Tensor:
+        args = (q.qweight, q.scales, q.zeros, q.out_features, q.group, how.get("decode"))
+        return int4_decode_linear(x, *args)
 
     def fp8(x: torch.Tensor) -> torch.Tensor:
         n = f.codes.shape[0]
-        return weight_only_linear(x, n, FP8, f.codes, f.scales.float(), tile=f.block, **how)
+        return weight_only_linear(x, n, FP8, f.codes, f.scales.float(), tile=f.block, **tiled)
 
     return {
         "bf16": lambda x: torch.nn.functional.linear(x, w["bf16_int4"]),
-        "w4a16": w4a16,
+        "w4a16": lambda x: w4a16_linear(x, q),
+        "w4a16_tiled": w4a16_tiled,
+        "w4a16_decode": w4a16_decode,
         "fp8": fp8,
     }
 
@@ -125,6 +141,8 @@ def bench_shape(
     name: str, n: int, k: int, rows: list[int], iters: int, device: torch.device, copy_gbps: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The cases of one shape, and the weight copies they cycled through."""
+    from engine.triton_kernels.w4a16 import decodes
+
     cuda = device.type == "cuda"
     first = make_weights(n, k, device)
     nbytes = weight_bytes(first)
@@ -134,13 +152,11 @@ def bench_shape(
     out = []
     for m in rows:
         x = torch.randn(m, k, device=device).to(act_dtype(device))
-        # the error of each kernel against cuBLAS on the weight it dequantizes to
-        errors = {
-            "w4a16": rel_err(calls["w4a16"](x), x @ first["bf16_int4"].t()),
-            "fp8": rel_err(calls["fp8"](x), x @ first["bf16_fp8"].t()),
-        }
+        # the tiled int4 kernel beside the decode kernel, where the engine takes the latter
+        kinds = ["bf16", "w4a16", "fp8"] + (["w4a16_tiled"] if decodes(m, first["int4"]) else [])
         case: dict[str, Any] = {"shape": name, "n": n, "k": k, "m": m, "weight_copies": copies}
-        for kind in ("bf16", "w4a16", "fp8"):
+        case["w4a16_kernel"] = "decode" if decodes(m, first["int4"]) else "tiled"
+        for kind in kinds:
             ms = timed(weights, kind, x, iters, cuda)
             case[kind] = {
                 "time_ms": ms,
@@ -149,9 +165,11 @@ def bench_shape(
                 "read_over_copy": nbytes[kind] / (ms * 1e-3) / 1e9 / copy_gbps,
                 "weight_bytes": nbytes[kind],
             }
-        for kind in ("w4a16", "fp8"):
+        for kind in kinds[1:]:
+            # the error of each kernel against cuBLAS on the weight it dequantizes to
+            dense = first["bf16_fp8" if kind == "fp8" else "bf16_int4"]
             case[kind]["speedup_vs_bf16"] = case["bf16"]["time_ms"] / case[kind]["time_ms"]
-            case[kind]["rel_err_vs_cublas"] = errors[kind]
+            case[kind]["rel_err_vs_cublas"] = rel_err(calls[kind](x), x @ dense.t())
         out.append(case)
     return out, weights
 
@@ -159,16 +177,16 @@ def bench_shape(
 def crossover(
     weights: list[dict[str, Any]], k: int, rows: list[int], iters: int, cuda: bool
 ) -> list[dict[str, Any]]:
-    """Fused kernel against dequantize-then-matmul at each row count (``DEQUANT_ROWS``)."""
+    """The tiled kernel against dequantize-then-matmul at each row count (``DEQUANT_ROWS``)."""
     out = []
     device = weights[0]["bf16_int4"].device
     for m in rows:
         x = torch.randn(m, k, device=device).to(act_dtype(device))
         case: dict[str, Any] = {"m": m}
-        for kind in ("w4a16", "fp8"):
+        for kind, product in (("w4a16", "w4a16_tiled"), ("fp8", "fp8")):
             case[kind] = {
-                "fused_ms": timed(weights, kind, x, iters, cuda, dequant=False),
-                "dequant_ms": timed(weights, kind, x, iters, cuda, dequant=True),
+                "fused_ms": timed(weights, product, x, iters, cuda, dequant=False),
+                "dequant_ms": timed(weights, product, x, iters, cuda, dequant=True),
             }
         out.append(case)
     return out
@@ -177,47 +195,58 @@ def crossover(
 def sweep(
     weights: list[dict[str, Any]], k: int, rows: list[int], iters: int, cuda: bool
 ) -> list[dict[str, Any]]:
-    """The fused kernel's tiles and input splits at each row count: the best and the plan's."""
-    from triton.runtime.errors import OutOfResources
-
+    """At each row count: the tiled kernel's tiles and input splits (int4, fp8) and the int4
+    decode kernel's splits, stages and warps; the best of each and the plan's."""
+    from engine.triton_kernels.w4a16_decode import DecodeConfig, plan_decode
     from engine.triton_kernels.weight_only import FP8, INT4, FusedConfig, plan_fused
 
-    out = []
     device = weights[0]["bf16_int4"].device
-    n = weights[0]["bf16_int4"].shape[0]
-    grid = [
-        (bn, bk, sp, st)
-        for bn in (32, 64, 128)
-        for bk in (128, 256)
-        for sp in (1, 2, 4, 8)
-        for st in (2, 3)
-    ]
+    q = weights[0]["int4"]
+    n, tile_n = q.out_features, q.qweight.shape[2]
+    tiled = [(bn, bk, sp, st) for bn in (32, 64, 128) for bk in (128, 256) for sp in (1, 2, 4, 8)
+             for st in (2, 3)]  # fmt: skip
+    decode = [(sp, st, wa) for sp in (1, 2, 4, 8, 12, 16) for st in (2, 3, 4) for wa in (4, 8)]
     if not cuda:
-        grid = grid[:2]
+        tiled, decode = tiled[:2], decode[:2]
+    out = []
     for m in rows:
         x = torch.randn(m, k, device=device).to(act_dtype(device))
-        for kind in ("w4a16", "fp8"):
-            times = {}
-            for cfg in grid:
-                try:
-                    how = {"fused": FusedConfig(*cfg), "dequant": False}
-                    times[cfg] = timed(weights, kind, x, iters, cuda, **how)
-                except OutOfResources:  # too many stages of too large tiles
-                    continue
-            best = min(times, key=lambda c: times[c])
-            fmt = INT4 if kind == "w4a16" else FP8
+        for kind, fmt in (("w4a16_tiled", INT4), ("fp8", FP8)):
             plan = plan_fused(m, n, k, fmt, act_dtype(device), device)
-            planned = timed(weights, kind, x, iters, cuda, fused=plan, dequant=False)
-            out.append(
-                {
-                    "m": m,
-                    "kind": kind,
-                    "best": {"config": list(best), "ms": times[best]},
-                    "plan": {"config": list(plan), "ms": planned},
-                    "all": {"/".join(map(str, c)): t for c, t in times.items()},
-                }
-            )
+            how = {c: {"fused": FusedConfig(*c), "dequant": False} for c in [*tiled, tuple(plan)]}
+            out.append(_best(weights, kind, x, how, tuple(plan), iters, cuda))
+        plan_d = tuple(plan_decode(m, n, k, tile_n, device))
+        how = {c: {"decode": DecodeConfig(*c)} for c in [*decode, plan_d]}
+        out.append(_best(weights, "w4a16_decode", x, how, plan_d, iters, cuda))
     return out
+
+
+def _best(
+    weights: list[dict[str, Any]],
+    kind: str,
+    x: torch.Tensor,
+    how: dict[tuple[int, ...], dict[str, Any]],
+    plan: tuple[int, ...],
+    iters: int,
+    cuda: bool,
+) -> dict[str, Any]:
+    """Each configuration of ``kind`` timed; the best and the plan's."""
+    from triton.runtime.errors import OutOfResources
+
+    times = {}
+    for config, kwargs in how.items():
+        try:
+            times[config] = timed(weights, kind, x, iters, cuda, **kwargs)
+        except OutOfResources:  # too many stages of too large tiles
+            continue
+    best = min(times, key=lambda c: times[c])
+    return {
+        "m": x.shape[0],
+        "kind": kind,
+        "best": {"config": list(best), "ms": times[best]},
+        "plan": {"config": list(plan), "ms": times.get(plan, float("nan"))},
+        "all": {"/".join(map(str, c)): t for c, t in times.items()},
+    }
 
 
 def matmul_peak_tflops(n: int, iters: int, device: torch.device) -> float:
@@ -225,44 +254,6 @@ def matmul_peak_tflops(n: int, iters: int, device: torch.device) -> float:
     b = torch.randn(n, n, device=device).to(act_dtype(device))
     ms = time_ms(lambda: a @ b, iters, device.type == "cuda")
     return 2 * n**3 / (ms * 1e-3) / 1e12
-
-
-def report(result: dict[str, Any]) -> None:
-    if not result["cuda"]:
-        print("no CUDA: tiny case under TRITON_INTERPRET=1; these figures mean nothing")
-    print(
-        f"same run: copy traffic {result['copy_traffic_gbps']:.0f} GB/s, "
-        f"bf16 matmul peak {result['matmul_peak_tflops']:.0f} TFLOP/s"
-    )
-    head = f"{'shape':<8}{'M':>6}"
-    for kind in ("bf16", "w4a16", "fp8"):
-        head += f"{kind + ' us':>11}{'read/copy':>10}{'/peak':>7}"
-    print(head + f"{'w4 x':>7}{'fp8 x':>7}")
-    peak = result["matmul_peak_tflops"]
-    for c in result["cases"]:
-        line = f"{c['shape']:<8}{c['m']:>6}"
-        for kind in ("bf16", "w4a16", "fp8"):
-            r = c[kind]
-            line += (
-                f"{r['time_ms'] * 1e3:>11.1f}{r['read_over_copy']:>10.2f}{r['tflops'] / peak:>7.2f}"
-            )
-        line += f"{c['w4a16']['speedup_vs_bf16']:>7.2f}{c['fp8']['speedup_vs_bf16']:>7.2f}"
-        print(line)
-    for name, cases in result["crossover"].items():
-        for c in cases:
-            w, f = c["w4a16"], c["fp8"]
-            print(
-                f"crossover {name} M {c['m']}: w4a16 fused {w['fused_ms'] * 1e3:.1f} us, "
-                f"dequant {w['dequant_ms'] * 1e3:.1f} us; fp8 fused {f['fused_ms'] * 1e3:.1f} "
-                f"us, dequant {f['dequant_ms'] * 1e3:.1f} us"
-            )
-    for name, cases in result["sweep"].items():
-        for c in cases:
-            b, p = c["best"], c["plan"]
-            print(
-                f"sweep {name} M {c['m']} {c['kind']}: best {b['config']} {b['ms'] * 1e3:.1f} "
-                f"us, plan {p['config']} {p['ms'] * 1e3:.1f} us"
-            )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -275,12 +266,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=20, help="products per timed graph replay")
     ap.add_argument(
         "--crossover", type=int, nargs="*", metavar="M",
-        help=f"time the fused kernel against dequantize + matmul at these row counts "
+        help=f"time the tiled kernel against dequantize + matmul at these row counts "
         f"(none named: {CROSSOVER_ROWS})",
     )  # fmt: skip
     ap.add_argument(
         "--sweep", type=int, nargs="*", metavar="M",
-        help=f"time the fused kernel's tiles and splits (none named: {SWEEP_ROWS})",
+        help=f"time the tiled kernel's tiles and splits and the int4 decode kernel's splits, "
+        f"stages and warps, at these row counts (none named: {SWEEP_ROWS})",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "weight_only_gemm.json")
     return ap.parse_args(argv)

@@ -105,6 +105,10 @@ def _width_flags() -> tuple[str, ...]:
         return ()
     if width not in ("8", "16"):
         raise KernelBuildError(f"{WIDTH_ENV}={width!r}: the vector width must be 8 or 16")
+    if width == "8" and platform.machine().lower() in ("x86_64", "amd64"):
+        # the code an AVX2 host builds, on any x86 host: no AVX-512 instruction, 16 vector
+        # registers (with AVX-512VL the compiler would use 32 and hide an AVX2 spill)
+        return (f"-DSPLITSERVE_VEC_WIDTH={width}", "-mno-avx512f")
     return (f"-DSPLITSERVE_VEC_WIDTH={width}",)
 
 

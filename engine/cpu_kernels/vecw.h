@@ -27,6 +27,7 @@ typedef float vwu __attribute__((vector_size(VW * 4), aligned(4))); /* unaligned
 
 static inline vw loadw(const float *p) { return *(const vwu *)p; }
 static inline void storew(float *p, vw v) { *(vwu *)p = v; }
-static inline vw splatw(float x) { return (vw){0} + x; }
+/* x - 0 is x for every x (0 + x is not, for -0): the subtraction folds away, a broadcast is left */
+static inline vw splatw(float x) { return x - (vw){0}; }
 
 #endif

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from engine.kv.sizing import SharedCache
 from engine.kv.state_record import StateShare, read_record, write_record
@@ -76,6 +77,9 @@ class StatePool:
             spec.num_k_heads * group, k.start * group, k.length * group, kv.start, kv.length,
             place.num_kv_heads,
         )  # fmt: skip
+        # a KV head over several ranks (tensor parallelism past the KV heads): each holds a
+        # part of its head's unit, and every replica writes the whole unit (``whole_unit``)
+        self.replicated = k.length * place.num_kv_heads < spec.num_k_heads
         self._slots: dict[str, int] = {}
         self._free = list(range(slots - 1, -1, -1))
 
@@ -137,6 +141,9 @@ class StatePool:
         (the prefill role ships them with the prompt's blocks). False when they do not fit."""
         self._check_blocks(blocks, kv)
         data = pack(self.spec, self.conv[slot], self.recurrent[slot])
+        if self.replicated:
+            return write_record(*whole_unit(self.share, data), self._ids(request_id), kv,
+                                list(blocks))  # fmt: skip
         return write_record(self.share, data, self._ids(request_id), kv, list(blocks))
 
     def load(
@@ -159,6 +166,20 @@ class StatePool:
         n = self.record_blocks(cell_bytes(kv))
         if len(blocks) != n:
             raise ValueError(f"a state record takes {n} blocks, got {len(blocks)}")
+
+
+def whole_unit(share: StateShare, data: torch.Tensor) -> tuple[StateShare, torch.Tensor]:
+    """A replicated KV head's whole unit (its key heads' bytes of the stream) from every
+    rank's share, gathered over the group (each rank's key heads follow the previous
+    rank's); every rank calls it for the same request at once (``RankGroup.call_runners``)."""
+    parts = [torch.empty_like(data) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, data)
+    stream = torch.cat(parts)
+    if stream.numel() != share.total:
+        raise RuntimeError(f"the ranks' shares make {stream.numel()} bytes, not {share.total}")
+    h, n = share.unit_start, share.num_units
+    lo, hi = h * share.total // n, (h + 1) * share.total // n
+    return dataclasses.replace(share, start=lo, length=hi - lo), stream[lo:hi]
 
 
 def local_spec(spec: LinearAttnSpec, k_heads: int) -> LinearAttnSpec:

@@ -12,8 +12,9 @@ of any tensor-parallel sizes, engine ``kv_transfer.head_plan``) hold one unit: a
 those bytes. A rank splits its share over the KV heads it holds, so whatever rank of the
 other pool holds a head receives that head's bytes. A rank reading a record takes its share
 from its heads' units, and refuses the record when a unit is foreign, corrupt, or its units
-do not cover its share (a pool that replicates KV heads over its ranks writes only one
-replica's share per head: a decode node then recomputes).
+do not cover its share. Where ranks replicate a KV head, each holds part of that head's
+key heads: they gather their shares and every replica writes the whole unit
+(``engine.kv.linear_state.whole_unit``).
 """
 
 from __future__ import annotations

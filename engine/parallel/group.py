@@ -178,19 +178,29 @@ class RankGroup:
         dist.gather_object(self.pipe.times, every, dst=0)
         return [t for t in every if t is not None and t.tp_rank == 0]
 
-    def call_runners(self, fn: Callable[[Any, Any], T], arg: object) -> list[T]:
-        """``fn(runner, arg)`` run by ranks 1..N-1 on their ModelRunner, in order with the
-        steps (a module-level function: it travels by name); their answers. RankFailed
-        when a rank is gone."""
+    def call_runners(self, fn: Callable[[Any, Any], T], runner: Any, arg: object) -> list[T]:
+        """``fn(runner, arg)`` on every rank's ModelRunner, in order with the steps (a
+        module-level function: it travels by name), rank 0's ``runner`` after the others
+        have been sent the call, so that ``fn`` may run collectives; the answers in rank
+        order. RankFailed when a rank is gone."""
         if self.failure is not None:
             raise RankFailed(self.failure)
         every: list[Any] = [None] * (len(self.processes) + 1)
         try:
             self._broadcast(RunnerCall(fn, arg))
+        except Exception as exc:
+            raise RankFailed(self._explain(exc)) from exc
+        try:
+            mine, error = fn(runner, arg), None
+        except Exception as exc:  # the ranks' answers still to collect: the group stays usable
+            mine, error = None, exc
+        try:
             dist.gather_object(None, every, dst=0)
         except Exception as exc:
             raise RankFailed(self._explain(exc)) from exc
-        return every[1:]
+        if error is not None:
+            raise error
+        return [mine, *every[1:]]
 
     def close(self) -> None:
         """Stop the ranks (Stop, then a kill for those still running); leave the group."""

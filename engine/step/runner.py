@@ -45,8 +45,9 @@ class StepBroadcast(Protocol):
         """Send ``inputs``; rank 0's forward runs inside (a failed rank raises there)."""
         ...
 
-    def call_runners(self, fn: Callable[[Any, Any], T], arg: object) -> list[T]:
-        """``fn(runner, arg)`` on every other rank's runner, between steps; the answers."""
+    def call_runners(self, fn: Callable[[Any, Any], T], runner: Any, arg: object) -> list[T]:
+        """``fn(runner, arg)`` on every rank's runner (this one's ``runner``), between
+        steps; the answers in rank order."""
         ...
 
 
@@ -209,9 +210,8 @@ class ModelRunner:
         return why
 
     def _on_ranks(self, fn: Callable[[ModelRunner, Any], T], arg: object) -> list[T]:
-        """``fn(runner, arg)`` on this runner, then on every other rank's (in step order)."""
-        mine = fn(self, arg)
-        return [mine, *(self.ranks.call_runners(fn, arg) if self.ranks is not None else [])]
+        """``fn(runner, arg)`` on this runner and on every other rank's (in step order)."""
+        return [fn(self, arg)] if self.ranks is None else self.ranks.call_runners(fn, self, arg)
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:

@@ -79,6 +79,28 @@ def pow2(n: int, minimum: int = 1) -> int:
     return max(triton.next_power_of_2(n), minimum)
 
 
+@triton.jit
+def _sum_splits_kernel(ws_ptr, out_ptr, total, splits, BLOCK: tl.constexpr):
+    """out[i] = sum over s in order of ws[s, i] (fp32), in out's dtype."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < total
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(splits):
+        acc += tl.load(ws_ptr + s * total + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_splits(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """partial [splits, *shape] fp32 (contiguous) summed over the splits in order, as
+    ``dtype``: one kernel, and the same bits every call (no atomics)."""
+    out = torch.empty(partial.shape[1:], dtype=dtype, device=partial.device)
+    total, block = out.numel(), 1024
+    _sum_splits_kernel[(triton.cdiv(total, block),)](
+        partial, out, total, partial.shape[0], BLOCK=block
+    )
+    return out
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """Exact fp32 dots for fp32 inputs (TF32 would miss the reference); default otherwise."""
     return "ieee" if dtype == torch.float32 else "tf32"

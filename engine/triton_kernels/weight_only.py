@@ -1,15 +1,18 @@
 """The weight-only GEMM both quantized formats run: ``x @ W.T`` with W dequantized tile by tile.
 
 One tile reader; its ``FORMAT`` picks how a [BLOCK_K, BLOCK_N] tile of W^T is read:
-- ``INT4``: GPTQ's packing, codes eight to an int32 down the input dimension ([in / 8, out]),
-  a scale and a zero point per (group of ``GROUP`` inputs, output column), ``(q - z) s``
-  (``engine.triton_kernels.w4a16``). Each packed word is loaded once and its eight nibbles
-  are shifted out; a tile inside one group loads one row of scales and zeros;
+- ``INT4``: the codes prepacked for the decode kernel (``engine.triton_kernels.int4_layout``:
+  eight to an int32, column tiles of ``TILE_N``), a scale and a zero point per (group of
+  ``GROUP`` inputs, output column), ``(q - z) s`` (``engine.triton_kernels.w4a16``). A tile
+  of whole 128-input blocks inside one column tile loads its words as rows and unpacks them
+  in registers (other tiles gather a word per code); a tile inside one group loads one row
+  of scales and zeros;
 - ``FP8``: e4m3 codes [out, in] and a scale per (``SN`` rows, ``SK`` columns) tile
   (``engine.triton_kernels.fp8_linear``).
 The tile is dequantized in fp32, the dot runs in the activation's dtype and accumulates in
-fp32. Two ways to use it, by the number of rows:
-- fewer than ``DEQUANT_ROWS`` (decode steps): the fused kernel, which reads each weight byte
+fp32. Two ways to use it, by the number of rows (int4 at up to ``w4a16.DECODE_ROWS`` rows takes
+its own decode kernel instead, ``engine.triton_kernels.w4a16_decode``):
+- fewer than ``DEQUANT_ROWS``: the fused kernel, which reads each weight byte
   once per row tile. The product is bound by reading the weight, so when the output tiles
   are too few to fill the GPU the input dimension is split too, the partial sums summed in
   a fixed order afterwards (no atomics: the same inputs give the same bits);
@@ -27,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.triton_kernels.layout import dot_precision, pow2, sm_count
+from engine.triton_kernels.int4_layout import tile_codes
+from engine.triton_kernels.layout import dot_precision, pow2, sm_count, sum_splits
 
 INT4, FP8 = 0, 1
 DEQUANT_ROWS = 128  # from this many rows on: dequantize, then torch's matmul
@@ -44,22 +48,17 @@ class FusedConfig(NamedTuple):
 
 
 @triton.jit
-def _weight_tile(w_ptr, s_ptr, z_ptr, k0, k_end, cols, col_ok, stride_w, stride_s,
+def _weight_tile(w_ptr, s_ptr, z_ptr, k0, k_end, c0, cols, col_ok, stride_w, stride_s,
                  FORMAT: tl.constexpr, GROUP: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """W^T[k0 : k0 + BLOCK_K, cols] in fp32; 0 at inputs from ``k_end`` on."""
+                 TILE_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """W^T[k0 : k0 + BLOCK_K, cols] in fp32 (``cols`` from ``c0``); 0 at inputs from
+    ``k_end`` on."""
     ks = k0 + tl.arange(0, BLOCK_K)
     k_ok = ks < k_end
     mask = k_ok[:, None] & col_ok[None, :]
     if FORMAT == 0:
-        wr = k0 // 8 + tl.arange(0, BLOCK_K // 8)  # packed rows: eight inputs each
-        words = tl.load(
-            w_ptr + wr[:, None].to(tl.int64) * stride_w + cols[None, :],
-            mask=(wr < k_end // 8)[:, None] & col_ok[None, :],
-            other=0,
-        )  # [BLOCK_K / 8, BLOCK_N]
-        shifts = tl.arange(0, 8) * 4
-        codes = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+        codes = tile_codes(w_ptr, k0, k_end, c0, ks, cols, mask, stride_w, TILE_N, BLOCK_K,
+                           BLOCK_N)  # fmt: skip
         if GROUP % BLOCK_K == 0:  # the tile lies inside one group: one row of parameters
             g = (k0 // GROUP) * stride_s + cols
             scale = tl.load(s_ptr + g, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -86,7 +85,7 @@ def _fused_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, stride_xm, stride_w, stride_s, stride_os,
     stride_om, k_per_split,
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out[split] = x[:, split's inputs] @ W^T[split's inputs]; one split writes the output."""
@@ -105,8 +104,9 @@ def _fused_kernel(
             mask=row_ok[:, None] & (ks < k_end)[None, :],
             other=0.0,
         )  # [BLOCK_M, BLOCK_K]
-        w = _weight_tile(w_ptr, s_ptr, z_ptr, k0, k_end, cols, col_ok, stride_w, stride_s,
-                         FORMAT, GROUP, SN, SK, BLOCK_K, BLOCK_N)  # fmt: skip
+        w = _weight_tile(w_ptr, s_ptr, z_ptr, k0, k_end, tl.program_id(1) * BLOCK_N, cols, col_ok,
+                         stride_w, stride_s,
+                         FORMAT, GROUP, SN, SK, TILE_N, BLOCK_K, BLOCK_N)  # fmt: skip
         acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)
     dst = out_ptr + split.to(tl.int64) * stride_os + rows[:, None].to(tl.int64) * stride_om
     tl.store(
@@ -120,14 +120,15 @@ def _fused_kernel(
 def _dequant_kernel(
     w_ptr, s_ptr, z_ptr, out_ptr, N, K, stride_w, stride_s, stride_ok, stride_on,
     FORMAT: tl.constexpr, GROUP: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    TILE_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """out[k, n] (strides ``stride_ok``, ``stride_on``) = W^T[k, n] in out's dtype."""
     k0 = tl.program_id(0) * BLOCK_K
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    w = _weight_tile(w_ptr, s_ptr, z_ptr, k0, K, cols, col_ok, stride_w, stride_s, FORMAT,
-                     GROUP, SN, SK, BLOCK_K, BLOCK_N)  # fmt: skip
+    w = _weight_tile(w_ptr, s_ptr, z_ptr, k0, K, tl.program_id(1) * BLOCK_N, cols, col_ok,
+                     stride_w, stride_s, FORMAT,
+                     GROUP, SN, SK, TILE_N, BLOCK_K, BLOCK_N)  # fmt: skip
     ks = k0 + tl.arange(0, BLOCK_K)
     dst = out_ptr + ks[:, None].to(tl.int64) * stride_ok + cols[None, :].to(tl.int64) * stride_on
     tl.store(dst, w.to(out_ptr.dtype.element_ty), mask=(ks < K)[:, None] & col_ok[None, :])
@@ -184,20 +185,20 @@ def weight_only_linear(
     if dequant if dequant is not None else m >= DEQUANT_ROWS:
         return x @ dequantize(n, k, fmt, weight, scales, zeros, group, tile, x.dtype)
     cfg = fused or plan_fused(m, n, k, fmt, x.dtype, x.device)
-    if cfg.block_k % 8:
-        raise ValueError(f"block_k {cfg.block_k}: not a multiple of 8 (int4 words)")
     bm = min(64, pow2(m, 16))
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.splits), cfg.block_k) * cfg.block_k
     splits = triton.cdiv(k, k_per_split)
     shape, dtype = ((splits, m, n), torch.float32) if splits > 1 else ((1, m, n), x.dtype)
     out = torch.empty(shape, dtype=dtype, device=x.device)
-    _fused_kernel[(triton.cdiv(m, bm), triton.cdiv(n, cfg.block_n), splits)](
+    tile_n, block_n = _columns(fmt, weight, cfg.block_n)
+    _fused_kernel[(triton.cdiv(m, bm), triton.cdiv(n, block_n), splits)](
         x, weight, scales, zeros, out, m, n, k, x.stride(0), weight.stride(0), scales.stride(0),
         out.stride(0), out.stride(1), k_per_split,
-        FORMAT=fmt, GROUP=group, SN=tile[0], SK=tile[1], BLOCK_M=bm, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, PRECISION=dot_precision(x.dtype), num_warps=4, num_stages=cfg.stages,
+        FORMAT=fmt, GROUP=group, SN=tile[0], SK=tile[1], TILE_N=tile_n, BLOCK_M=bm,
+        BLOCK_N=block_n, BLOCK_K=cfg.block_k, PRECISION=dot_precision(x.dtype), num_warps=4,
+        num_stages=cfg.stages,
     )  # fmt: skip
-    return out[0] if splits == 1 else out.sum(0).to(x.dtype)
+    return out[0] if splits == 1 else sum_splits(out, x.dtype)
 
 
 def dequantize(
@@ -218,11 +219,19 @@ def dequantize(
     else:
         out = torch.empty(n, k, dtype=dtype, device=weight.device)
         strides, result = (1, k), out.t()
-    block_k = min(64, pow2(k, 16))
-    block_n = min(64, pow2(n, 16))
+    block_k = min(128 if fmt == INT4 else 64, pow2(k, 16))  # int4: whole blocks of codes
+    tile_n, block_n = _columns(fmt, weight, min(64, pow2(n, 16)))
     _dequant_kernel[(triton.cdiv(k, block_k), triton.cdiv(n, block_n))](
         weight, scales, zeros, out, n, k, weight.stride(0), scales.stride(0), *strides,
-        FORMAT=fmt, GROUP=group, SN=tile[0], SK=tile[1], BLOCK_K=block_k, BLOCK_N=block_n,
-        num_warps=4, num_stages=2,
+        FORMAT=fmt, GROUP=group, SN=tile[0], SK=tile[1], TILE_N=tile_n, BLOCK_K=block_k,
+        BLOCK_N=block_n, num_warps=4, num_stages=2,
     )  # fmt: skip
     return result
+
+
+def _columns(fmt: int, weight: torch.Tensor, block_n: int) -> tuple[int, int]:
+    """(TILE_N, BLOCK_N): int4's prepacked words [tiles, in' / 8, tile_n] keep a program's
+    columns inside one tile, so it reads whole rows of words; fp8 has no tiles (1)."""
+    if fmt != INT4:
+        return 1, block_n
+    return weight.shape[2], min(block_n, weight.shape[2])

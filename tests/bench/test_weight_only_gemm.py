@@ -22,9 +22,14 @@ def test_writes_figures_marked_meaningless_on_cpu(tmp_path: Path) -> None:
     assert result["meaningful"] is False
     assert [c["m"] for c in result["cases"]] == [1, 3]
     for case in result["cases"]:
-        for kind in ("w4a16", "fp8"):
-            assert case[kind]["rel_err_vs_cublas"] < 1e-2  # bf16 activations
+        # at decode rows the decode kernel, and the tiled kernel beside it
+        assert case["w4a16_kernel"] == "decode"
+        for kind in ("w4a16", "w4a16_tiled", "fp8"):
+            assert case[kind]["rel_err_vs_cublas"] < 1e-2  # half-precision activations
             assert case[kind]["weight_bytes"] < case["bf16"]["weight_bytes"]
+            assert case[kind]["speedup_vs_bf16"] > 0
     (crossing,) = result["crossover"]["tiny"]
     assert crossing["w4a16"]["fused_ms"] > 0 and crossing["fp8"]["dequant_ms"] > 0
-    assert {s["kind"] for s in result["sweep"]["tiny"]} == {"w4a16", "fp8"}
+    kinds = {s["kind"] for s in result["sweep"]["tiny"]}
+    assert kinds == {"w4a16_tiled", "w4a16_decode", "fp8"}
+    assert all(s["plan"]["ms"] > 0 for s in result["sweep"]["tiny"])

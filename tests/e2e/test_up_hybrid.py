@@ -54,3 +54,16 @@ def test_disaggregated_hybrid_answers_like_offline_and_moves_the_state_once(
         hybrid_dir, tmp_path / "run", tp, lambda n: moved_bytes(hybrid_dir, n), transfer,
         follow_up=FOLLOW_UP,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("tp", [["--prefill-tp", "2", "--decode-tp", "1"]], ids=["2x1"])
+def test_a_prefill_pool_past_the_kv_heads_ships_the_whole_state(
+    default_model_dir: Path, tmp_path: Path, tp: list[str]
+) -> None:
+    """One KV head over a prefill pool of TP 2: both ranks hold a part of that head's state,
+    the one replica the decode node reads carries all of it (the ranks gather their shares),
+    so the decode node decodes the shipped state, never recomputes, and equals offline."""
+    model_dir = tiny_family_dir(
+        "qwen3_next", default_model_dir, tmp_path / "model", num_key_value_heads=1
+    )
+    check_disaggregated(model_dir, tmp_path / "run", tp, lambda n: moved_bytes(model_dir, n))

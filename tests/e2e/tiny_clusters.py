@@ -84,6 +84,7 @@ def check_disaggregated(
             prompt_tokens.append(got.usage.prompt_tokens)
         counters = up.stats(up.node_names("decode")[0]).counters
         assert counters["transfer_ok"] == len(PROMPTS)
+        assert counters.get("recomputes_total", 0) == 0, counters  # decoded what was shipped
         assert counters["transfer_bytes"] == moved_bytes(prompt_tokens)
         for prompt, expected in zip(extra, again, strict=True):
             got = client.completions.create(

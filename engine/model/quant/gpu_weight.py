@@ -1,5 +1,6 @@
-"""Quantized matrices on CUDA, computed by the Triton GEMMs that dequantize in tiles: int4
-(AWQ / GPTQ, ``engine.triton_kernels.w4a16``) and fp8 (``engine.triton_kernels.fp8_linear``).
+"""Quantized matrices on CUDA, computed by Triton GEMMs: int4 (AWQ / GPTQ,
+``engine.triton_kernels.w4a16``: codes prepacked once at load, a decode kernel for up to
+``DECODE_ROWS`` rows, the tiled kernel above) and fp8 (``engine.triton_kernels.fp8_linear``).
 They stand in for the layers' weights as ``QuantWeight`` does on the CPU."""
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ float32's greedy answers does not depend on the width through it (bench.kv_greed
 from __future__ import annotations
 
 import os
+import platform
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +121,26 @@ def test_a_bad_width_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     monkeypatch.setenv(WIDTH_ENV, "12")
     with pytest.raises(KernelBuildError, match=f"{WIDTH_ENV}='12'.*8 or 16"):
         build(tmp_path)
+
+
+# an AVX-512 instruction in AT&T syntax: a zmm or mask register, or ymm16-31 (EVEX only)
+AVX512_OPERAND = re.compile(r"%zmm|%k[0-7]\b|%ymm(1[6-9]|2\d|3[01])\b|%xmm(1[6-9]|2\d|3[01])\b")
+
+
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64") or not shutil.which("objdump"),
+    reason="x86 only, and needs objdump",
+)
+def test_the_8_lane_build_runs_on_an_avx2_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Built for 8 lanes on any x86 host, the library holds no AVX-512 instruction: what the
+    suite checks at 8 lanes is the code an AVX2-only machine builds and runs."""
+    monkeypatch.setenv(WIDTH_ENV, "8")
+    lib = build(tmp_path)
+    listing = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True,
+        check=True, timeout=300,
+    ).stdout  # fmt: skip
+    found = [line for line in listing.splitlines() if AVX512_OPERAND.search(line)]
+    assert found == [], found[:5]

@@ -5,8 +5,12 @@ request's."""
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from engine.kv.linear_state import Placement, StatePool, local_spec, pack, unpack
 from engine.model.shard import Span
@@ -107,14 +111,47 @@ def test_each_rank_reads_its_share_from_its_heads_units() -> None:
     assert torch.equal(back.recurrent[0], whole.recurrent[slot])
 
 
-def test_a_share_its_heads_do_not_carry_is_refused() -> None:
-    """A model of one KV head, replicated over two ranks: the head's unit carries the first
-    rank's share only, so the second rank refuses (its request is recomputed)."""
-    kv = kv_cache()
-    first = pool(k_heads=Span(0, 1), kv_heads=Span(0, 1), num_kv_heads=1)
-    second = pool(k_heads=Span(1, 1), kv_heads=Span(0, 1), num_kv_heads=1)
-    blocks = list(range(first.record_blocks(128)))
-    one_head = kv[:, :, :, :, :1].clone()
-    assert first.save(filled(first), "a", blocks, one_head)
-    assert first.load(1, "a", blocks, one_head) is None
-    assert "do not cover" in str(second.load(0, "a", blocks, one_head))
+def _replica(rank: int, store: str, stream: torch.Tensor, out: str) -> None:
+    """Rank ``rank`` of two sharing the model's one KV head: its key head's share of
+    ``stream`` in its slot, the record written into its own copy of the head's cells."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        part = pool(k_heads=Span(rank, 1), kv_heads=Span(0, 1), num_kv_heads=1)
+        assert part.replicated
+        half = len(stream) // 2
+        unpack(part.spec, stream[rank * half : (rank + 1) * half], part.conv[0], part.recurrent[0])
+        kv = kv_cache()[:, :, :, :, :1].clone()
+        assert part.save(0, "a", list(range(part.record_blocks(128))), kv)
+        torch.save(kv, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_replicas_of_a_kv_head_each_write_its_whole_unit(tmp_path: Path) -> None:
+    """A model of one KV head over two ranks (each one key head): the ranks gather their
+    shares, so whichever replica the transfer reads carries the whole state, and a pool of
+    one rank, or either rank, reads it back."""
+    whole = pool(kv_heads=Span(0, 1), num_kv_heads=1)
+    slot = filled(whole)
+    stream = pack(whole.spec, whole.conv[slot], whole.recurrent[slot])
+    outs = [str(tmp_path / f"kv{rank}.pt") for rank in range(2)]
+    context = multiprocessing.get_context("spawn")
+    procs = [
+        context.Process(target=_replica, args=(r, str(tmp_path / "store"), stream, outs[r]))
+        for r in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    blocks = list(range(whole.record_blocks(128)))
+    for out in outs:
+        kv = torch.load(out)
+        back = pool(kv_heads=Span(0, 1), num_kv_heads=1)
+        assert back.load(0, "a", blocks, kv) is None
+        assert torch.equal(back.conv[0], whole.conv[slot])
+        assert torch.equal(back.recurrent[0], whole.recurrent[slot])
+        second = pool(k_heads=Span(1, 1), kv_heads=Span(0, 1), num_kv_heads=1)
+        assert second.load(0, "a", blocks, kv) is None
+        assert torch.equal(second.recurrent[0], whole.recurrent[slot][:, 2:])

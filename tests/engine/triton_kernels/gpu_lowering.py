@@ -54,6 +54,7 @@ from engine.triton_kernels import (
     norm,
     prefill_attention,
     rope,
+    w4a16_decode,
     weight_only,
 )
 
@@ -127,7 +128,7 @@ def gpu_plan(launches: list[Launch]) -> Iterator[None]:
         stack.enter_context(mock.patch.object(JITFunction, "run", record))
         for module in (decode_attention, prefill_attention, mla_attention):
             stack.enter_context(mock.patch.object(module, "interpreted", lambda t: False))
-        for module in (decode_attention, weight_only):
+        for module in (decode_attention, weight_only, w4a16_decode):
             stack.enter_context(mock.patch.object(module, "sm_count", lambda d: _H200_SMS))
         yield
 
@@ -231,16 +232,29 @@ def _layers(dtype: torch.dtype) -> None:
 
 
 def _weight_only(dtype: torch.dtype) -> None:
-    """int4 and fp8 weights at Llama-3-8B's q_proj: fused decode rows, dequantize + matmul."""
+    """int4 and fp8 weights at Llama-3-8B's q_proj: int4's decode kernel at 1 and 16 rows
+    (split inputs, their sum; also at a small model's shape), the fused tiled kernel at 64
+    rows, dequantize + matmul."""
     n, k, group = 4096, 4096, 128
-    words = torch.zeros(k // 8, n, dtype=torch.int32)
+    words = torch.zeros(n // 128, k // 8, 128, dtype=torch.int32)  # int4_layout, tile_n 128
     params = torch.zeros(k // group, n, dtype=dtype)
     codes = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
     scales = torch.zeros(n // 128, k // 128, dtype=torch.float32)
-    for m in (16, weight_only.DEQUANT_ROWS):
+    for m in (1, 16):  # split over the 132 SMs, summed by layout.sum_splits
         x = torch.zeros(m, k, dtype=dtype)
-        weight_only.weight_only_linear(x, n, weight_only.INT4, words, params, params, group)
-        weight_only.weight_only_linear(x, n, weight_only.FP8, codes, scales, tile=(128, 128))
+        w4a16_decode.int4_decode_linear(x, words, params, params, n, group)
+    # the default model's q/k/v (960 x 576): tiles of 64, a part block, groups of 64
+    small = torch.zeros(960 // 64, 640 // 8, 64, dtype=torch.int32)
+    groups = torch.zeros(576 // 64, 960, dtype=dtype)
+    w4a16_decode.int4_decode_linear(
+        torch.zeros(1, 576, dtype=dtype), small, groups, groups, 960, 64
+    )
+    for m in (16, 64, weight_only.DEQUANT_ROWS):
+        x = torch.zeros(m, k, dtype=dtype)
+        if m > 16:
+            weight_only.weight_only_linear(x, n, weight_only.INT4, words, params, params, group)
+        if m != 64:
+            weight_only.weight_only_linear(x, n, weight_only.FP8, codes, scales, tile=(128, 128))
 
 
 def cases() -> list[tuple[str, Callable[[], None]]]:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from engine.kv_format.rows import quantize_rows
+from engine.model.quant.int4_checkpoint import Int4Weight
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -32,6 +33,20 @@ class PagedCache(NamedTuple):
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
     return {"atol": 2e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+
+
+def random_int4(out: int, inp: int, group: int, ordered: bool = False, seed: int = 0) -> Int4Weight:
+    """Random int4 codes, scales and zero points (a last group cut short where ``group`` does
+    not divide ``inp``); activation-ordered when ``ordered``."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = -(-inp // group)
+    return Int4Weight(
+        codes=torch.randint(0, 16, (out, inp), generator=gen, dtype=torch.uint8),
+        scales=torch.rand(out, groups, generator=gen) * 0.05 + 0.01,
+        zeros=torch.randint(0, 16, (out, groups), generator=gen).float(),
+        group_size=group,
+        perm=torch.randperm(inp, generator=gen) if ordered else None,
+    )
 
 
 def make_cache(

@@ -105,10 +105,23 @@ def test_split_inputs_give_the_same_bits_every_call() -> None:
         assert torch.equal(weight_only_linear(x, *args, fused=FusedConfig(16, 16, 4)), first)
 
 
-def test_a_block_k_that_splits_a_packed_word_is_refused() -> None:
-    packed = pack_int4(_int4(16, 64, 32), torch.float32, DEVICE)
-    with pytest.raises(ValueError, match="block_k 12: not a multiple of 8"):
-        weight_only_linear(
-            _x(2, 64).to(DEVICE), 16, INT4, packed.qweight, packed.scales, packed.zeros, 32,
-            fused=FusedConfig(16, 12, 1),
-        )  # fmt: skip
+@pytest.mark.parametrize(
+    ("out", "fused"),
+    [
+        (128, FusedConfig(64, 128, 1)),  # half a column tile, one block a step
+        (128, FusedConfig(128, 256, 2)),  # two blocks a step, split, the last step ragged
+        (40, FusedConfig(64, 128, 1)),  # tiles of 16 columns: the tile shrinks to one
+    ],
+)
+def test_int4_tiles_of_whole_blocks_read_the_words_by_rows(out: int, fused: FusedConfig) -> None:
+    """The tiled kernel reads whole blocks of the prepacked words as rows (the decode
+    layout), as it does at Llama's shapes."""
+    w = _int4(out, 384, 64)
+    packed = pack_int4(w, torch.float32, DEVICE)
+    x = _x(20, 384)
+    args = (out, INT4, packed.qweight, packed.scales, packed.zeros, 64)
+    want = x @ w.dequantize().t()
+    got = weight_only_linear(x.to(DEVICE), *args, fused=fused, dequant=False)
+    torch.testing.assert_close(got.cpu(), want, **tolerance(torch.float32))
+    dequantized = weight_only_linear(x.to(DEVICE), *args, dequant=True)
+    torch.testing.assert_close(dequantized.cpu(), want, **tolerance(torch.float32))
