@@ -14,7 +14,6 @@ from engine.admission import check_input, check_request, release_window
 from engine.config import EngineConfig, Role, checkpoint_slots
 from engine.config_checks import check_hybrid
 from engine.kv.offload import build_tiers
-from engine.kv.state_checkpoints import StateCheckpoints
 from engine.lora.manager import LoraManager, LoraStats
 from engine.lora.request import LoRARequest
 from engine.model.config import ModelConfig
@@ -35,6 +34,7 @@ from engine.step.checkpoint_hook import CheckpointHook
 from engine.step.counters import EngineCounters, EngineStats
 from engine.step.grammar_hook import GrammarHook
 from engine.step.hooks import StepHook
+from engine.step.hybrid_states import state_counts
 from engine.step.result import StepResult
 from engine.step.runner import ModelRunner
 from engine.step.stepper import Stepper
@@ -91,7 +91,7 @@ class LLMEngine:
             swap,
             window=release_window(config, self.model_config),
             state_room=runner.state_swap,
-            checkpoints=self._checkpoints,
+            checkpoints=runner.hybrid.checkpoints if runner.hybrid is not None else None,
         )
         self.grammars = Grammars(
             config.model_dir, self.model_config.vocab_size, self.model_config.eos_token_ids
@@ -280,7 +280,6 @@ class LLMEngine:
         return self.scheduler.has_work or self.stepper.in_flight is not None
 
     def stats(self) -> EngineStats:
-        states = self.runner.states
         return EngineStats(
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
@@ -288,16 +287,8 @@ class LLMEngine:
             importing=self.scheduler.num_importing,
             free_blocks=self.block_manager.num_free_blocks,
             total_blocks=self.block_manager.num_total_blocks,
-            free_state_slots=states.num_free if states is not None else 0,
-            total_state_slots=states.num_slots if states is not None else 0,
-            swapped_states=swap.num_used if (swap := self.runner.state_swap) is not None else 0,
-            state_checkpoints=book.num_used if (book := self._checkpoints) is not None else 0,
+            **state_counts(self.runner.hybrid),
         )
-
-    @property
-    def _checkpoints(self) -> StateCheckpoints | None:
-        hybrid = self.runner.hybrid
-        return hybrid.checkpoints if hybrid is not None else None
 
     # ---- the step ---------------------------------------------------------------------------
 

@@ -125,3 +125,18 @@ def hybrid_states(
     saved = checkpoint_slots(config)
     book = StateCheckpoints(saved, config.block_size) if saved else None
     return HybridStates(pool, swap, book)
+
+
+def state_counts(hybrid: HybridStates | None) -> dict[str, int]:
+    """``EngineStats``' counts of a hybrid model's states (zeros for any other model)."""
+    if hybrid is None:
+        return dict.fromkeys(
+            ("free_state_slots", "total_state_slots", "swapped_states", "state_checkpoints"), 0
+        )
+    book = hybrid.checkpoints
+    return {
+        "free_state_slots": hybrid.pool.num_free,
+        "total_state_slots": hybrid.pool.num_slots,
+        "swapped_states": hybrid.swap.num_used if hybrid.swap is not None else 0,
+        "state_checkpoints": book.num_used if book is not None else 0,
+    }
