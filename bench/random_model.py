@@ -183,6 +183,15 @@ SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 # the same with its experts packed MXFP4, as gpt-oss ships them
+# the same layer kinds, small enough for the bench's own test
+SHAPES["qwen3-next-tiny"] = SHAPES["qwen3-next-cpu"] | {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32, "full_attention_interval": 2,
+    "layer_types": ["linear_attention", "full_attention"],
+}  # fmt: skip
 SHAPES["gpt-oss-cpu-mxfp4"] = SHAPES["gpt-oss-cpu"] | {
     "quantization_config": {"quant_method": "mxfp4"}
 }
