@@ -39,6 +39,7 @@ EXPECTED = {
 }  # fmt: skip
 TIMED_CLIENT = Path(__file__).with_name("timed_client.py")
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200"}  # ms between the exporter's batches
+SKEW_NS = 100_000_000  # spans of two processes on a loaded 2-core machine: 100 ms of slack
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,11 @@ def _check_one_trace(up: Cluster, receiver: OtlpReceiver, rid: str, transport: s
         send = by_name["prefill.kv_send"]
         assert send.parent_id == transfer.span_id
         assert send.attrs["splitserve.bytes"] == transfer.attrs["splitserve.bytes"]
-        assert transfer.start_ns <= send.start_ns <= send.end_ns <= transfer.end_ns
+        # stamped in another process, which may be scheduled out between the last byte and
+        # its clock reads (and the reader now ends its span before it sends RELEASE): nested
+        # within that skew
+        lo, hi = transfer.start_ns - SKEW_NS, transfer.end_ns + SKEW_NS
+        assert lo <= send.start_ns <= send.end_ns <= hi
     assert by_name["decode.generate"].attrs["splitserve.tokens"] == 7  # token 1 came from prefill
     assert by_name["prefill.compute"].attrs["splitserve.chunks"] >= 1
     routes = {s.attrs["splitserve.pool"]: s for s in trace if s.name == "router.route"}
