@@ -149,13 +149,22 @@ def packed_runs(
 ) -> dict[str, Callable[[int], object]]:
     """One call of each path over every layer, x and xb by input width."""
     from engine import cpu_kernels
-    from engine.cpu_kernels.quant_int8 import QuantInt8Linear, isa
+    from engine.cpu_kernels.quant_int8 import QuantInt8Linear, amx_int8, isa, without_amx
     from engine.cpu_kernels.quant_linear import quant_linear
 
     int8 = [(QuantInt8Linear(q._cpu_kernel), k) for q, _p, _b, k in layers] if isa() else []
+    vnni = {}
+    if int8 and amx_int8():  # the AMX-int8 kernel against the VNNI one it replaces
+
+        def vnni_run(_: int) -> object:
+            with without_amx():
+                return [q(x[k]) for q, k in int8]
+
+        vnni = {"packed_int8_vnni": vnni_run}
     return {
         "packed": lambda _: [q.linear(x[k]) for q, _p, _b, k in layers],
         **({"packed_int8": lambda _: [q(x[k]) for q, k in int8]} if int8 else {}),
+        **vnni,
         "packed_fma": lambda _: [
             quant_linear(x[k], q.codes, q.scales, q.mins, 4, 32, amx_rows=0)
             for q, _p, _b, k in layers
@@ -167,6 +176,7 @@ def packed_runs(
 
 def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
     from engine import cpu_kernels
+    from engine.cpu_kernels.quant_int8 import kernel_name
     from engine.cpu_kernels.quant_linear import amx_available, prefill_blocking
     from engine.model.quant.weight import QuantWeight, RowQuant
 
@@ -191,6 +201,7 @@ def bench_packed_linear(args: argparse.Namespace) -> dict[str, Any]:
     widths = sorted({s[1] for s in shapes.values()})
     out: dict[str, Any] = {
         "amx": amx_available(),
+        "int8_kernel": kernel_name(),
         "prefill_blocking": {f"k_{k}": prefill_blocking(k)._asdict() for k in widths},
     }
     for rows in tqdm(args.packed_rows, desc="packed linear", file=sys.stderr):

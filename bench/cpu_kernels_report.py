@@ -33,7 +33,8 @@ def print_rows(result: dict[str, Any], rows: list[int]) -> None:
 
 def print_packed(packed: dict[str, Any], rows: list[int]) -> None:
     print(
-        f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}), fp32 / bf16 matmul "
+        f"decoder linear layers packed as Q4_1 (AMX: {packed['amx']}; integer kernel: "
+        f"{packed.get('int8_kernel', '?')}), fp32 / bf16 matmul "
         f"peak {packed['fp32_matmul_peak_gflop_s']:.1f} / "
         f"{packed['bf16_matmul_peak_gflop_s']:.1f} GFLOP/s, fp32 per CPU-second "
         f"{packed['fp32_matmul_peak_cpu_gflop_s']:.1f}; each path: GFLOP/s, its ratio to the "

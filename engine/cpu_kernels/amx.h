@@ -1,8 +1,8 @@
 /*
- * What the AMX kernels (quant_amx.c, quant_amx_bf16.c) share: whether this build has the
- * tiles (SPLITSERVE_HAS_AMX: the build targets AMX-TILE, AMX-BF16, AVX512-BF16, AVX512-BW and
- * AVX512-VBMI on Linux), the OS's grant of the tile state, the tile configuration, per-thread
- * buffers and bf16 conversions.
+ * What the AMX kernels (quant_amx.c, quant_amx_bf16.c, quant_int8_amx.c) share: whether this
+ * build has the tiles (SPLITSERVE_HAS_AMX: the build targets AMX-TILE, AMX-BF16, AVX512-BF16,
+ * AVX512-BW and AVX512-VBMI on Linux), the OS's grant of the tile state, the tile
+ * configuration, per-thread buffers and bf16 conversions.
  */
 #ifndef SPLITSERVE_AMX_H
 #define SPLITSERVE_AMX_H
@@ -19,6 +19,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+
+/* LDTILECFG's 64 bytes: palette 1 gives 8 tiles of up to 16 rows x 64 bytes */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) tilecfg;
 
 #ifdef SPLITSERVE_HAS_AMX
 
@@ -39,12 +46,6 @@ static inline int amx_permitted(void)
     }
     return s > 0;
 }
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed, aligned(64))) tilecfg;
 
 /* Every thread loads it before its first tile instruction (other libraries in the process
    may have loaded theirs): 8 tiles of 16 rows x 64 bytes. */

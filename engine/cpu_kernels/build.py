@@ -29,6 +29,7 @@ SOURCES = tuple(
         "quant_linear.c",
         "quant_int8.c",
         "quant_int8_gemm.c",
+        "quant_int8_amx.c",
         "quant_prefill.c",
         "quant_amx.c",
         "quant_amx_bf16.c",
@@ -54,6 +55,9 @@ CACHE_ENV = "SPLITSERVE_KERNEL_CACHE"
 # 8 or 16: build the kernels for that vector width instead of the machine's (vecw.h); the tests
 # use it to run the other width's code on any machine.
 WIDTH_ENV = "SPLITSERVE_CPU_VEC_WIDTH"
+# "1": build the AMX-int8 kernel with its tile instructions done in C (quant_int8_amx.c), so
+# the tests run its logic on a host without AMX. Never for serving: the emulation is slow.
+AMX_EMULATE_ENV = "SPLITSERVE_AMX_EMULATE"
 CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
 _BASE_FLAGS = (
     "-O3",
@@ -86,7 +90,7 @@ def build(cache_dir: Path | None = None) -> Path:
         raise KernelBuildError("no C compiler found (set CC, or install gcc)")
     source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     errors = []
-    base = _BASE_FLAGS + _width_flags() + cache_flags()
+    base = _BASE_FLAGS + _width_flags() + _emulate_flags() + cache_flags()
     for flags in (base + ("-march=native",), base):
         target = (cache_dir or default_cache_dir()) / f"splitserve_cpu-{_key(cc, flags, source)}.so"
         if target.exists():
@@ -110,6 +114,15 @@ def _width_flags() -> tuple[str, ...]:
         # registers (with AVX-512VL the compiler would use 32 and hide an AVX2 spill)
         return (f"-DSPLITSERVE_VEC_WIDTH={width}", "-mno-avx512f")
     return (f"-DSPLITSERVE_VEC_WIDTH={width}",)
+
+
+def _emulate_flags() -> tuple[str, ...]:
+    told = os.environ.get(AMX_EMULATE_ENV, "").strip()
+    if not told:
+        return ()
+    if told != "1":
+        raise KernelBuildError(f"{AMX_EMULATE_ENV}={told!r}: must be 1 (or unset)")
+    return ("-DSPLITSERVE_AMX_INT8_EMULATE=1",)
 
 
 def cache_flags() -> tuple[str, ...]:

@@ -18,7 +18,7 @@
  *   AVX2 (8 lanes): VPMADDUBSW (codes times activations, pairs added into int16; a 4-bit
  *     block's sums stay below 2^15) then VPMADDWD by ones into int32; 8-bit codes go back to
  *     signed and multiply as |w| times sign(w) q (llama.cpp's way: no int16 overflow).
- * AMX-int8 (TDPBUSD) is not written: no machine here to run it on.
+ *   AMX-INT8 (from 16 rows, inside quant_int8_gemm.c's blocks): quant_int8_amx.c.
  * Rows go RT at a time under each panel (the panel stays in L1 while every row tile reads
  * it); threads split the panels. Quantizing A happens once per call, before the threads.
  */

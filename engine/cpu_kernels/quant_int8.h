@@ -63,6 +63,31 @@ static inline void qi8_params16(const void *p, int half, int64_t at, float *f)
 }
 #endif
 
+/* panels of 16 columns in one buffer of quant_int8_gemm.c */
+#if QI8_ISA == 2
+#define QI8_PANELS 2
+#else
+#define QI8_PANELS 1
+#endif
+
+/* One buffer of quant_int8_gemm.c: each panel's line at the buffer's first input (64 bytes per
+   4 inputs, byte 4 c + j holding column c at input 4 l + j of line l), the scales and mins of
+   its groups as fp32 ([QI8_PANELS][groups][16]; no mins: min NULL), over [k0, k0 + kc). */
+typedef struct {
+    const uint8_t *lines[QI8_PANELS];
+    const float *scale, *min;
+    int k0, kc;
+} qi8_chunk;
+
+/* AMX-int8 (quant_int8_amx.c): 1 where this build has it, the OS grants the tiles and
+   splitserve_qi8_amx_enable turned it on; then each thread of a product calls qi8_amx_begin
+   once (the tile configuration for blocks of qb), and qi8_amx_rows takes the first rows of a
+   row block, a multiple of 16 (it returns how many), of the chunk's np panels. */
+int qi8_amx_ready(void);
+void qi8_amx_begin(int qb);
+int qi8_amx_rows(const qi8_rows *a, const qi8_chunk *ch, int bits, int m0, int rows, float *c,
+                 int64_t ldc, int load_c, int np);
+
 /* 1 if it computed C = (or +=) rows x W^T over M rows and N columns, 0 where this kernel does
    not take the weight (the caller runs the few-row kernel). quant_int8_gemm.c. */
 int qi8_gemm(const qi8_rows *a, const qi8_weight *w, int M, int N, float *c, int64_t ldc,

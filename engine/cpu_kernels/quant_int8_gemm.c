@@ -16,7 +16,8 @@
  *     of at most 2 * 15 * 127 for a block of 32);
  *   - per block, the integer sums to fp32 times d * scale into the fp32 sums, which stay in
  *     registers over the buffer's inputs; per group the mins times the group's sum of d q.
- * Threads split the panel blocks.
+ * Threads split the panel blocks. Where the AMX-int8 kernel is on (quant_int8_amx.c), it
+ * takes each row block's rows 16 at a time over the same buffers, and these tiles the rest.
  */
 #include "quant_int8.h"
 
@@ -29,11 +30,7 @@
 #if QI8_ISA > 0
 
 #define ROWS 4
-#if QI8_ISA == 2
-#define PANELS 2
-#else
-#define PANELS 1
-#endif
+#define PANELS QI8_PANELS
 #define NV (16 / VW) /* vectors of fp32 sums per panel */
 /* inputs per buffer: PANELS panels of one byte per (input, column) in half of L1 */
 #define KC_RAW (SPLITSERVE_L1D_BYTES / 2 / (PANELS * 16) / 32 * 32)
@@ -76,13 +73,7 @@ static inline void ifloat(iacc acc, vw *f)
 }
 #endif
 
-/* One buffer: each panel's line at the block's first input (64 bytes per 4 inputs), the
-   scales and mins of its groups as fp32 ([PANELS][groups][16]; no mins: min NULL). */
-typedef struct {
-    const uint8_t *lines[PANELS];
-    const float *scale, *min;
-    int k0, kc;
-} chunk;
+typedef qi8_chunk chunk;
 
 /* R rows from m0 times np panels (np <= PANELS) of the chunk into c. */
 static inline __attribute__((always_inline)) void tile(const qi8_rows *a, const chunk *ch,
@@ -199,11 +190,14 @@ int qi8_gemm(const qi8_rows *a, const qi8_weight *w, int M, int N, float *c, int
     const int panels = N / 16, units = (panels + PANELS - 1) / PANELS;
     int mc = (int)((int64_t)SPLITSERVE_L2_BYTES / 2 / K) / ROWS * ROWS;
     mc = mc < ROWS ? ROWS : mc;
+    const int amx = M >= 16 && qi8_amx_ready();
+    if (amx) mc = mc < 32 ? 32 : mc / 32 * 32; /* pairs of AMX m-tiles */
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if ((int64_t)M * N * K >= 1 << 16)
     {
         uint8_t codes[PANELS * KC * 16] __attribute__((aligned(64)));
         float params[2 * PANELS * (KC / 16) * 16] __attribute__((aligned(64)));
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        if (amx) qi8_amx_begin(a->qb);
         const int lo = (int)((int64_t)units * id / nt), hi = (int)((int64_t)units * (id + 1) / nt);
         for (int m0 = 0; m0 < M; m0 += mc) {
             const int rows = M - m0 < mc ? M - m0 : mc;
@@ -212,8 +206,10 @@ int qi8_gemm(const qi8_rows *a, const qi8_weight *w, int M, int N, float *c, int
                 for (int k0 = 0; k0 < K; k0 += kc_max) {
                     chunk ch = {{0}, 0, 0, 0, 0};
                     fill(w, K, p0, np, k0, K - k0 < kc_max ? K - k0 : kc_max, codes, params, &ch);
-                    block_rows(a, &ch, w->bits, m0, rows, c + m0 * ldc + p0 * 16, ldc,
-                               accumulate || k0 > 0, np);
+                    const int load_c = accumulate || k0 > 0;
+                    float *cb = c + m0 * ldc + p0 * 16;
+                    const int done = amx ? qi8_amx_rows(a, &ch, w->bits, m0, rows, cb, ldc, load_c, np) : 0;
+                    block_rows(a, &ch, w->bits, m0 + done, rows - done, cb + done * ldc, ldc, load_c, np);
                 }
             }
         }
