@@ -27,6 +27,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's torch threads (and so the C kernels' OpenMP threads): the
+    cores over the workers, at least one. Two workers each running 2-thread OpenMP regions on
+    2 cores wait at every barrier for a thread the other worker holds: an engine test that
+    took 4 s alone took 176 s in the suite."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Where a C compiler exists, the CPU kernels must build: the kernel tests skip when the
     kernels are unavailable, so a failed build (an error, a timeout) would otherwise turn

@@ -35,6 +35,7 @@ CLASSES: dict[str, type] = {"router": RouterSettings, "node": NodeSettings}
 # handed from `up` to a child (cluster.listen), or the tests' own
 OTHER_VARIABLES = {
     "SPLITSERVE_CPU_KERNELS", "SPLITSERVE_KERNEL_CACHE", "SPLITSERVE_CPU_VEC_WIDTH",
+    "SPLITSERVE_AMX_EMULATE",
     "SPLITSERVE_LISTEN_FD", "SPLITSERVE_CHROMIUM", "SPLITSERVE_TEST_MODEL_DIR",
 }  # fmt: skip
 # named in prose: an abbreviation shown refused (commands.md), docker build's (helm.md), the

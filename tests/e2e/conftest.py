@@ -6,15 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from oracle import Oracle
 
 
 @pytest.fixture(scope="session")
 def oracle(default_model_dir: Path) -> Iterator[Oracle]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        yield Oracle(default_model_dir)
-    finally:
-        torch.set_num_threads(threads)
+    yield Oracle(default_model_dir)  # on the threads tests/conftest.py gave this worker
