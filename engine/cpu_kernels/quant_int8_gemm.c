@@ -15,7 +15,10 @@
  *     widened once per block by VPMADDWD (a block's int16 sums stay below 2^15: 8 products
  *     of at most 2 * 15 * 127 for a block of 32);
  *   - per block, the integer sums to fp32 times d * scale into the fp32 sums, which stay in
- *     registers over the buffer's inputs; per group the mins times the group's sum of d q.
+ *     registers over the buffer's inputs with AVX-512; with AVX2 they go to the output rows
+ *     (16 registers do not hold 8 int16 sums and 8 fp32 ones: the compiler had kept the int16
+ *     sums on the stack, reloaded every 4 inputs); per group the mins times the group's sum
+ *     of d q.
  * Threads split the panel blocks. Where the AMX-int8 kernel is on (quant_int8_amx.c), it
  * takes each row block's rows 16 at a time over the same buffers, and these tiles the rest.
  */
@@ -36,39 +39,34 @@
 #define KC_RAW (SPLITSERVE_L1D_BYTES / 2 / (PANELS * 16) / 32 * 32)
 #define KC (KC_RAW < 32 ? 32 : KC_RAW > 2048 ? 2048 : KC_RAW)
 
+/* A panel's 16 columns as HALVES vectors: the sums of one (row, panel) are iacc[HALVES],
+   plain vectors (a struct of two would be kept in memory, not registers). */
 #if QI8_ISA == 2
-typedef __m512i wvec;
-typedef __m512i iacc; /* 16 columns of int32 sums */
-static inline wvec wload(const uint8_t *p) { return _mm512_loadu_si512(p); }
+#define HALVES 1
+typedef __m512i ivec; /* 16 columns of int32 sums; a line of codes */
+static inline ivec wload(const uint8_t *p, int h) { return (void)h, _mm512_loadu_si512(p); }
 static inline __m512i abcast(int32_t x) { return _mm512_set1_epi32(x); }
-static inline iacc iacc_zero(void) { return _mm512_setzero_si512(); }
-static inline iacc idot(iacc acc, wvec w, __m512i a) { return _mm512_dpbusd_epi32(acc, w, a); }
+static inline ivec izero(void) { return _mm512_setzero_si512(); }
+static inline ivec idot(ivec acc, ivec w, __m512i a) { return _mm512_dpbusd_epi32(acc, w, a); }
 /* 8-bit codes carry +128: take off 128 * sum(q) of the block */
-static inline iacc ioffset(iacc acc, int32_t x) { return _mm512_sub_epi32(acc, _mm512_set1_epi32(x)); }
-static inline void ifloat(iacc acc, vw *f) { f[0] = (vw)_mm512_cvtepi32_ps(acc); }
+static inline void ifloat(const ivec *acc, int bits, int32_t sum_q, vw *f)
+{
+    f[0] = (vw)_mm512_cvtepi32_ps(bits == 8 ? _mm512_sub_epi32(acc[0], _mm512_set1_epi32(128 * sum_q)) : acc[0]);
+}
 #else
-typedef struct {
-    __m256i h[2]; /* columns 0-7, 8-15 */
-} wvec;
-typedef wvec iacc; /* int16 sums, two a column */
-static inline wvec wload(const uint8_t *p)
-{
-    return (wvec){{_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 32))}};
-}
+#define HALVES 2
+typedef __m256i ivec; /* columns 0-7 or 8-15: int16 sums, two a column; half a line */
+static inline ivec wload(const uint8_t *p, int h) { return _mm256_loadu_si256((const __m256i *)(p + 32 * h)); }
 static inline __m256i abcast(int32_t x) { return _mm256_set1_epi32(x); }
-static inline iacc iacc_zero(void) { return (iacc){{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
-static inline iacc idot(iacc acc, wvec w, __m256i a)
-{
-    for (int h = 0; h < 2; h++) acc.h[h] = _mm256_add_epi16(acc.h[h], _mm256_maddubs_epi16(w.h[h], a));
-    return acc;
-}
-static inline iacc ioffset(iacc acc, int32_t x) { return (void)x, acc; } /* 4-bit only */
-static inline void ifloat(iacc acc, vw *f)
+static inline ivec izero(void) { return _mm256_setzero_si256(); }
+static inline ivec idot(ivec acc, ivec w, __m256i a) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, a)); }
+static inline void ifloat(const ivec *acc, int bits, int32_t sum_q, vw *f) /* 4-bit only */
 {
     float t[16];
     const __m256i ones = _mm256_set1_epi16(1);
+    (void)bits, (void)sum_q;
     for (int h = 0; h < 2; h++)
-        _mm256_storeu_ps(t + 8 * h, _mm256_cvtepi32_ps(_mm256_madd_epi16(acc.h[h], ones)));
+        _mm256_storeu_ps(t + 8 * h, _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[h], ones)));
     for (int v = 0; v < NV; v++) f[v] = loadw(t + v * VW);
 }
 #endif
@@ -82,24 +80,32 @@ static inline __attribute__((always_inline)) void tile(const qi8_rows *a, const 
 {
     const int K = a->K, qb = a->qb, per = a->group / qb, groups = ch->kc / a->group;
     const int blocks_row = K / qb, groups_row = K / a->group, g0 = ch->k0 / a->group;
+#if QI8_ISA == 2
     vw out[ROWS][PANELS][NV];
+#define OUT(r, p, v) out[r][p][v]
+#else /* AVX2's 16 registers hold the int16 sums; the fp32 sums stay in C (same order) */
+#define OUT(r, p, v) (*(vwu *)(c + (r) * ldc + (p) * 16 + (v) * VW))
+#endif
     for (int r = 0; r < R; r++)
         for (int p = 0; p < NP; p++)
             for (int v = 0; v < NV; v++)
-                out[r][p][v] = load_c ? loadw(c + r * ldc + p * 16 + v * VW) : splatw(0.0f);
+                OUT(r, p, v) = load_c ? loadw(c + r * ldc + p * 16 + v * VW) : splatw(0.0f);
     const int8_t *q = a->q + (int64_t)m0 * K + ch->k0;
     for (int g = 0; g < groups; g++) {
         for (int b = 0; b < per; b++) {
             const int kb = (g * per + b) * qb;
-            iacc acc[ROWS][PANELS];
+            ivec acc[ROWS][PANELS][HALVES];
             for (int r = 0; r < R; r++)
-                for (int p = 0; p < NP; p++) acc[r][p] = iacc_zero();
+                for (int p = 0; p < NP; p++)
+                    for (int h = 0; h < HALVES; h++) acc[r][p][h] = izero();
             for (int k = kb; k < kb + qb; k += 4) {
-                wvec w[PANELS];
-                for (int p = 0; p < NP; p++) w[p] = wload(ch->lines[p] + k / 4 * 64);
+                ivec w[PANELS][HALVES];
+                for (int p = 0; p < NP; p++)
+                    for (int h = 0; h < HALVES; h++) w[p][h] = wload(ch->lines[p] + k / 4 * 64, h);
                 for (int r = 0; r < R; r++) {
                     const __typeof__(abcast(0)) x = abcast(qi8_four(q + (int64_t)r * K + k));
-                    for (int p = 0; p < NP; p++) acc[r][p] = idot(acc[r][p], w[p], x);
+                    for (int p = 0; p < NP; p++)
+                        for (int h = 0; h < HALVES; h++) acc[r][p][h] = idot(acc[r][p][h], w[p][h], x);
                 }
             }
             for (int r = 0; r < R; r++) {
@@ -107,9 +113,9 @@ static inline __attribute__((always_inline)) void tile(const qi8_rows *a, const 
                 const vw dr = splatw(a->d[i]);
                 for (int p = 0; p < NP; p++) {
                     vw f[NV];
-                    ifloat(bits == 8 ? ioffset(acc[r][p], 128 * a->sums[i]) : acc[r][p], f);
+                    ifloat(acc[r][p], bits, a->sums[i], f);
                     const float *sc = ch->scale + (p * groups + g) * 16;
-                    for (int v = 0; v < NV; v++) out[r][p][v] += f[v] * (dr * loadw(sc + v * VW));
+                    for (int v = 0; v < NV; v++) OUT(r, p, v) += f[v] * (dr * loadw(sc + v * VW));
                 }
             }
         }
@@ -118,12 +124,13 @@ static inline __attribute__((always_inline)) void tile(const qi8_rows *a, const 
             const vw ds = splatw(a->dsum[(int64_t)(m0 + r) * groups_row + g0 + g]);
             for (int p = 0; p < NP; p++)
                 for (int v = 0; v < NV; v++)
-                    out[r][p][v] += ds * loadw(ch->min + (p * groups + g) * 16 + v * VW);
+                    OUT(r, p, v) += ds * loadw(ch->min + (p * groups + g) * 16 + v * VW);
         }
     }
     for (int r = 0; r < R; r++)
         for (int p = 0; p < NP; p++)
-            for (int v = 0; v < NV; v++) storew(c + r * ldc + p * 16 + v * VW, out[r][p][v]);
+            for (int v = 0; v < NV; v++) storew(c + r * ldc + p * 16 + v * VW, OUT(r, p, v));
+#undef OUT
 }
 
 /* The last rows of a block (fewer than ROWS), each height unrolled on its own. */
