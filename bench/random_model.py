@@ -182,7 +182,6 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
-# the same with its experts packed MXFP4, as gpt-oss ships them
 # the same layer kinds, small enough for the bench's own test
 SHAPES["qwen3-next-tiny"] = SHAPES["qwen3-next-cpu"] | {
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -192,6 +191,7 @@ SHAPES["qwen3-next-tiny"] = SHAPES["qwen3-next-cpu"] | {
     "shared_expert_intermediate_size": 32, "full_attention_interval": 2,
     "layer_types": ["linear_attention", "full_attention"],
 }  # fmt: skip
+# the same with its experts packed MXFP4, as gpt-oss ships them
 SHAPES["gpt-oss-cpu-mxfp4"] = SHAPES["gpt-oss-cpu"] | {
     "quantization_config": {"quant_method": "mxfp4"}
 }

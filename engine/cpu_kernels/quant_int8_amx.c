@@ -9,8 +9,9 @@
  *   - TDPBSUD (signed activations times unsigned codes) into 4 int32 C tiles (0-3: m-tile i,
  *     panel j at 2 i + j), started from zero, stored once the block is done;
  *   - the block's sums to fp32 (8-bit: less 128 * the block's sum of q first), times d *
- *     scale into the fp32 sums, kept in a 32 x 32 buffer over the chunk's inputs; per group
- *     the mins times the group's sum of d q. Each is the VNNI kernel's expression.
+ *     scale into the fp32 sums, kept in C over the chunk's inputs (as the AVX2 tiles keep
+ *     theirs); per group the mins times the group's sum of d q. Each is the VNNI kernel's
+ *     expression.
  * A block's sums are exact integers (below 2^24, so exact in fp32 too) whichever unit formed
  * them. The tile unit computes 16 x 16 x qb products per instruction; what bounds this
  * kernel is the fp32 scaling, once per block and output, as in the VNNI kernel, whose dots
@@ -126,12 +127,13 @@ static inline __attribute__((always_inline)) void tiles(const qi8_rows *a, const
 {
     const int K = a->K, qb = a->qb, per = a->group / qb, groups = ch->kc / a->group;
     const int blocks_row = K / qb, groups_row = K / a->group, g0 = ch->k0 / a->group;
-    float out[32][32] __attribute__((aligned(64))); /* [row][panel * 16 + column] */
     int32_t sums[4][16][16] __attribute__((aligned(64)));
-    for (int r = 0; r < 16 * MT; r++)
-        for (int p = 0; p < NP; p++)
-            for (int v = 0; v < NV; v++)
-                storew(out[r] + p * 16 + v * VW, load_c ? loadw(c + r * ldc + p * 16 + v * VW) : splatw(0.0f));
+    /* the fp32 sums of (row, panel, vector) where they go: in C */
+#define OUT(r, p, v) (c + (r) * ldc + (p) * 16 + (v) * VW)
+    if (!load_c)
+        for (int r = 0; r < 16 * MT; r++)
+            for (int p = 0; p < NP; p++)
+                for (int v = 0; v < NV; v++) storew(OUT(r, p, v), splatw(0.0f));
     const int8_t *q = a->q + (int64_t)m0 * K + ch->k0;
     for (int g = 0; g < groups; g++) {
         for (int b = 0; b < per; b++) {
@@ -161,7 +163,7 @@ static inline __attribute__((always_inline)) void tiles(const qi8_rows *a, const
                     const float *sc = ch->scale + (p * groups + g) * 16;
                     for (int v = 0; v < NV; v++) {
                         const vw f = __builtin_convertvector(*(const vwi *)(s + v * VW) - off, vw);
-                        float *o = out[r] + p * 16 + v * VW;
+                        float *o = OUT(r, p, v);
                         vw acc = loadw(o);
                         acc += f * (dr * loadw(sc + v * VW));
                         storew(o, acc);
@@ -174,16 +176,14 @@ static inline __attribute__((always_inline)) void tiles(const qi8_rows *a, const
             const vw ds = splatw(a->dsum[(int64_t)(m0 + r) * groups_row + g0 + g]);
             for (int p = 0; p < NP; p++)
                 for (int v = 0; v < NV; v++) {
-                    float *o = out[r] + p * 16 + v * VW;
+                    float *o = OUT(r, p, v);
                     vw acc = loadw(o);
                     acc += ds * loadw(ch->min + (p * groups + g) * 16 + v * VW);
                     storew(o, acc);
                 }
         }
     }
-    for (int r = 0; r < 16 * MT; r++)
-        for (int p = 0; p < NP; p++)
-            for (int v = 0; v < NV; v++) storew(c + r * ldc + p * 16 + v * VW, loadw(out[r] + p * 16 + v * VW));
+#undef OUT
 }
 
 int qi8_amx_rows(const qi8_rows *a, const qi8_chunk *ch, int bits, int m0, int rows, float *c,

@@ -71,10 +71,8 @@ static inline void ifloat(const ivec *acc, int bits, int32_t sum_q, vw *f) /* 4-
 }
 #endif
 
-typedef qi8_chunk chunk;
-
 /* R rows from m0 times np panels (np <= PANELS) of the chunk into c. */
-static inline __attribute__((always_inline)) void tile(const qi8_rows *a, const chunk *ch,
+static inline __attribute__((always_inline)) void tile(const qi8_rows *a, const qi8_chunk *ch,
                                                        int bits, int m0, float *c, int64_t ldc,
                                                        int load_c, const int R, const int NP)
 {
@@ -134,7 +132,7 @@ static inline __attribute__((always_inline)) void tile(const qi8_rows *a, const 
 }
 
 /* The last rows of a block (fewer than ROWS), each height unrolled on its own. */
-static void tail(const qi8_rows *a, const chunk *ch, int bits, int m0, float *c, int64_t ldc,
+static void tail(const qi8_rows *a, const qi8_chunk *ch, int bits, int m0, float *c, int64_t ldc,
                  int load_c, int rows, const int NP)
 {
     switch (rows) {
@@ -146,7 +144,7 @@ static void tail(const qi8_rows *a, const chunk *ch, int bits, int m0, float *c,
 }
 
 /* Rows [m0, m0 + rows) times the chunk's np panels. */
-static void block_rows(const qi8_rows *a, const chunk *ch, int bits, int m0, int rows, float *c,
+static void block_rows(const qi8_rows *a, const qi8_chunk *ch, int bits, int m0, int rows, float *c,
                        int64_t ldc, int load_c, int np)
 {
     int m = 0;
@@ -162,7 +160,7 @@ static void block_rows(const qi8_rows *a, const chunk *ch, int bits, int m0, int
 
 /* Panels p0.. (np of them) over inputs [k0, k0 + kc) into the buffers, described by ch. */
 static void fill(const qi8_weight *w, int K, int p0, int np, int k0, int kc, uint8_t *codes,
-                 float *params, chunk *ch)
+                 float *params, qi8_chunk *ch)
 {
     const int groups = kc / w->group, groups_row = K / w->group, g0 = k0 / w->group;
     float *scale = params, *min = params + PANELS * groups * 16;
@@ -211,7 +209,7 @@ int qi8_gemm(const qi8_rows *a, const qi8_weight *w, int M, int N, float *c, int
             for (int u = lo; u < hi; u++) {
                 const int p0 = u * PANELS, np = panels - p0 < PANELS ? panels - p0 : PANELS;
                 for (int k0 = 0; k0 < K; k0 += kc_max) {
-                    chunk ch = {{0}, 0, 0, 0, 0};
+                    qi8_chunk ch = {{0}, 0, 0, 0, 0};
                     fill(w, K, p0, np, k0, K - k0 < kc_max ? K - k0 : kc_max, codes, params, &ch);
                     const int load_c = accumulate || k0 > 0;
                     float *cb = c + m0 * ldc + p0 * 16;
